@@ -1,0 +1,33 @@
+# Two commands a newcomer runs on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench-access bench-wallclock clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m topk_middleware demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench-access: $(STAMP)
+	$(BIN)/python -m benchmarks access
+
+bench-wallclock: $(STAMP)
+	$(BIN)/python -m benchmarks wallclock
+
+clean:
+	rm -rf $(VENV) .pytest_cache demo-data

@@ -1,0 +1,100 @@
+"""`private_top_k`: the front door of the middleware."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .access import AccessStats, CountedAccess, Source
+from .mechanisms.oneshot import oneshot_top_k
+from .mechanisms.threshold import Batching, private_threshold_top_k
+from .noise import make_noise
+from .noise_list import EagerNoiseList
+from .privacy import PrivacyGuarantee, calibrate
+
+NOISES = ("gumbel", "laplace")
+METHODS = ("threshold", "oneshot")
+ORACLES = ("eager",)
+
+
+@dataclass(frozen=True)
+class TopKResult:
+    """A private top-k release and what it cost."""
+
+    items: list[Any]  # item ids, best (largest noisy score) first
+    privacy: PrivacyGuarantee
+    accesses: AccessStats
+    ranked: bool  # True when the order of `items` is part of the release (Gumbel, Remark 3.5)
+    method: str
+    m: int
+
+
+def check_common(k: Any, epsilon: Any, delta: Any) -> None:
+    """Refuse bad (k, epsilon, delta) before anything is read or drawn."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k must be an integer, got {k!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
+        raise TypeError(f"epsilon must be a real number, got {epsilon!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+        raise TypeError(f"delta must be a real number, got {delta!r}")
+    if not (0.0 <= delta < 1.0):
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
+
+
+def check_k_within(k: int, m: int) -> None:
+    if m < 1:
+        raise ValueError("the source is empty: there is no item to select")
+    if k > m:
+        raise ValueError(f"k = {k} exceeds the number of items m = {m}")
+
+
+def private_top_k(
+    source: Source,
+    k: int,
+    epsilon: float,
+    delta: float = 0.0,
+    noise: Literal["gumbel", "laplace"] = "gumbel",
+    method: Literal["threshold", "oneshot"] = "threshold",
+    seed: int | None = None,
+    *,
+    oracle: Literal["eager"] = "eager",
+    batching: Batching | None = None,
+) -> TopKResult:
+    """Release the (approximately) k most voted items under (epsilon, delta)-DP.
+
+    `epsilon`, `delta` are the total guarantee of the release; the per-item noise scale is derived
+    from them (privacy.calibrate). `method="threshold"` runs the private threshold algorithm
+    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2, a full read. Both have
+    the same output distribution, and with the same seed and the eager oracle the same output.
+    `seed` makes a run reproducible; without it randomness comes from the operating system.
+    """
+    check_common(k, epsilon, delta)
+    if noise not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if oracle not in ORACLES:
+        raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+    batching = batching or Batching()
+    k = int(k)
+    with source.snapshot():
+        access = CountedAccess(source)
+        check_k_within(k, access.m)
+        guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta))
+        distribution = make_noise(noise, guarantee.scale)
+        rng = np.random.default_rng(seed)
+        if method == "oneshot":
+            ranks = oneshot_top_k(access, distribution.sample(rng, access.m), k)
+        else:
+            noise_list = EagerNoiseList.draw(distribution, access.m, rng)
+            ranks = private_threshold_top_k(access, noise_list, k, batching)
+        items = access.ids_of(ranks)
+    return TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)

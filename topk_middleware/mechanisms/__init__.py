@@ -1,0 +1,1 @@
+"""Private top-k mechanisms. Each reads the data store only through a CountedAccess."""
