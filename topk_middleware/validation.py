@@ -33,4 +33,4 @@ def check_unique_ids(ids: np.ndarray, where: str) -> None:
     values, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
         dup = values[counts > 1]
-        raise ValueError(f"{where} has {len(dup)} duplicate id(s), e.g. {dup[0]!r}")
+        raise ValueError(f"{where} has {len(dup)} duplicate id(s), e.g. {dup[0].item()!r}")

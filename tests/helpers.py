@@ -1,0 +1,63 @@
+"""Test helpers: a counting wrapper around any Source, and small histogram generators."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from topk_middleware.access import Rows, Source
+
+
+class CountingSource:
+    """Wraps a Source and counts, independently of CountedAccess, every row and call it serves."""
+
+    def __init__(self, inner: Source) -> None:
+        self.inner = inner
+        self.sorted_rows = 0
+        self.rank_rows = 0
+        self.id_rows = 0
+        self.calls = 0
+
+    @property
+    def rows(self) -> int:
+        return self.sorted_rows + self.rank_rows + self.id_rows
+
+    def domain_size(self) -> int:
+        self.calls += 1
+        return self.inner.domain_size()
+
+    def snapshot(self) -> AbstractContextManager[Any]:
+        return self.inner.snapshot()
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        rows = self.inner.read_sorted(start, count)
+        self.calls += 1
+        self.sorted_rows += len(rows)
+        return rows
+
+    def read_ranks(self, ranks: np.ndarray) -> Rows:
+        rows = self.inner.read_ranks(ranks)
+        self.calls += 1
+        self.rank_rows += len(rows)
+        return rows
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        scores = self.inner.read_ids(ids)
+        self.calls += 1
+        self.id_rows += len(scores)
+        return scores
+
+
+def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:
+    """The lower-bound instance of Wu et al. (Theorem 5.4): sqrt(mk) items tied at the top.
+
+    The tied items sit at random positions (fixed seed) so that ids carry no order.
+    """
+    size = min(m, round(math.sqrt(m * k)))
+    scores = np.zeros(m)
+    scores[np.random.default_rng(12345).choice(m, size, replace=False)] = height or float(m)
+    return scores
