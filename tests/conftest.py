@@ -5,7 +5,13 @@ Each defines a fixture `make_<name>_source` (name with '-' as '_') that returns 
 `(scores, ids) -> Source` building that store over the given histogram, and cleans up afterwards.
 """
 
-pytest_plugins = ["tests.stores_memory"]
+pytest_plugins = ["tests.stores_memory", "tests.stores_sqlalchemy"]
 
 # The stores every conformance test runs against, in this order.
-STORE_NAMES: list[str] = ["memory"]
+STORE_NAMES: list[str] = [
+    "memory",
+    "sqlalchemy-sqlite",
+    "sqlalchemy-postgres",
+    "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
+]

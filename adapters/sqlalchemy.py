@@ -1,0 +1,644 @@
+"""SQLAlchemyTable: a table of per-item counts in any SQLAlchemy database, served as a Source.
+
+Tested on SQLite, PostgreSQL (psycopg 3), MariaDB (PyMySQL) and DuckDB (duckdb-engine).
+
+The canonical order of topk_middleware/access.py (score descending, ties by id ascending, text
+ids in byte order) is computed once, by `prepare()`, into a *rank table* (rank, id, score) with
+rank = ROW_NUMBER() OVER (ORDER BY score DESC, id) - 1. Every read of a run goes to that table:
+sorted access at depth t is a range of ranks, item sampling (Algorithm 3 of Wu, Ohrimenko, Wirth,
+ICML 2023, samples a uniformly random unseen item) is `rank IN (...)`, and random access by id is
+`id IN (...)`; all three are index reads, so a run reads O(rows it needs), not the table.
+
+Consistency. The rank table is a snapshot of the counts taken by `prepare()`: writes to the counts
+table after it are not seen until `prepare()` runs again (it rebuilds the rank table in one
+transaction, so a run in progress keeps the old snapshot). `is_stale()` says, at the price of one
+full scan, whether the counts table has changed since. Every read of one run happens inside
+`snapshot()`, one read-only transaction with the strongest read-consistent isolation of the
+dialect, so a concurrent `prepare()` cannot mix two versions into one answer.
+
+All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, never pasted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import ColumnElement
+
+from topk_middleware.access import AccessError, Rows
+
+__all__ = ["SQLAlchemyTable", "StaleRankTableError"]
+
+# Rows per IN list: below every driver's parameter limit (psycopg 65535; SQLite 32766 since
+# 3.32, 999 before).
+DEFAULT_MAX_PARAMS = 10_000
+OLD_SQLITE_MAX_PARAMS = 999
+# PostgreSQL truncates identifiers at 63 bytes, MariaDB refuses more than 64 characters.
+MAX_NAME_BYTES = 63
+# Length of a text id in the MariaDB rank table when the source column has none (TEXT): the
+# longest utf8mb4 VARCHAR that InnoDB can index (3072 bytes).
+MYSQL_TEXT_ID_LENGTH = 768
+
+
+class StaleRankTableError(RuntimeError):
+    """The counts table changed after `prepare()` built the rank table."""
+
+
+def _digest(*parts: str | None) -> str:
+    return hashlib.sha1("\x00".join(p or "" for p in parts).encode("utf-8")).hexdigest()[:10]
+
+
+def _fit(name: str, suffix: str) -> str:
+    """`name` + `suffix`, the name cut so that the whole fits MAX_NAME_BYTES."""
+    head = name.encode("utf-8")[: MAX_NAME_BYTES - len(suffix.encode("utf-8"))]
+    return head.decode("utf-8", "ignore") + suffix
+
+
+def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
+    return isinstance(type_, sa.Integer | sa.Numeric) and not isinstance(type_, sa.Boolean)
+
+
+def _plain(values: Sequence[Any] | np.ndarray) -> list[Any]:
+    """Python scalars (numpy scalars converted) to bind as parameters."""
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return [v.item() if isinstance(v, np.generic) else v for v in values]
+
+
+def _id_array(values: Sequence[Any]) -> np.ndarray:
+    """Ids as int64 when they are all integers, else as an object array (text kept exactly)."""
+    values = list(values)
+    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+class SQLAlchemyTable:
+    """A histogram in a database table, read through an SQLAlchemy engine (any dialect).
+
+    `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
+    with one row per item of the public domain (zero counts included). Call `prepare()` once (and
+    again after the counts change) before running `private_top_k` on it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: str | sa.Table,
+        id: str = "id",
+        score: str = "score",
+        *,
+        schema: str | None = None,
+        rank_table: str | None = None,
+        max_params: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
+            raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
+        if isinstance(table, sa.Table):
+            schema = table.schema
+            table = table.name
+        self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
+        self.id_column, self.score_column = id, score
+        self._source = _reflect(engine, table, schema, self.where)
+        for name in (id, score):
+            if name not in self._source.c:
+                raise ValueError(
+                    f"{self.where} has no column {name!r} (columns: {list(self._source.c.keys())})"
+                )
+        self._from: sa.FromClause = self._source
+        self._id: ColumnElement[Any] = self._source.c[id]
+        self._score: ColumnElement[Any] = self._source.c[score]
+        score_type = self._source.c[score].type
+        if not (_is_numeric(score_type) or (self.dialect == "sqlite" and _untyped(score_type))):
+            raise TypeError(
+                f"{self.where} column {score!r} must be numeric, its type is {score_type}"
+            )
+        digest = _digest(schema, table, id, score)
+        self._init_ranks(rank_table or _fit(table, f"__topk_rank_{digest}"), schema, max_params)
+        self._source_indexes = self._index_specs(digest)
+
+    # ----- construction from raw votes ------------------------------------------------------
+    @classmethod
+    def from_votes(
+        cls,
+        engine: Engine,
+        votes_table: str,
+        items_table: str,
+        client: str = "client",
+        item: str = "item",
+        items_id: str = "id",
+        *,
+        schema: str | None = None,
+        rank_table: str | None = None,
+        max_params: int | None = None,
+    ) -> SQLAlchemyTable:
+        """Counts from raw votes: score = COUNT(DISTINCT client) per item of the public domain.
+
+        `items_table` lists the public item domain (column `items_id`); `votes_table` holds
+        (client, item) rows. An outer join keeps the items without votes (score 0), so m is the
+        size of the public domain, not the number of items that happen to have votes. Votes for
+        items outside the domain are not counted; NULL clients are not counted.
+        """
+        self = cls.__new__(cls)
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        items_where = f"table {items_table!r}"
+        votes_where = f"table {votes_table!r}"
+        items = _reflect(engine, items_table, schema, items_where)
+        votes = _reflect(engine, votes_table, schema, votes_where)
+        for where, tab, name in (
+            (items_where, items, items_id),
+            (votes_where, votes, client),
+            (votes_where, votes, item),
+        ):
+            if name not in tab.c:
+                raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
+        counts = (
+            sa.select(
+                items.c[items_id].label("id"),
+                sa.func.count(sa.distinct(votes.c[client])).label("score"),
+            )
+            .select_from(items.outerjoin(votes, votes.c[item] == items.c[items_id]))
+            .group_by(items.c[items_id])
+            .subquery("topk_counts")
+        )
+        self.where = f"votes {votes_table!r} over items {items_table!r}"
+        self.id_column, self.score_column = items_id, "score"
+        self._source = None
+        self._from = counts
+        self._id, self._score = counts.c.id, counts.c.score
+        self._id_type = items.c[items_id].type
+        digest = _digest(schema, votes_table, items_table, client, item, items_id)
+        name = rank_table or _fit(f"{votes_table}__{items_table}", f"__topk_votes_{digest}")
+        self._init_ranks(name, schema, max_params, score_type=sa.BigInteger())
+        self._source_indexes = []
+        return self
+
+    def _init_ranks(
+        self,
+        name: str,
+        schema: str | None,
+        max_params: int | None,
+        score_type: sa.types.TypeEngine[Any] | None = None,
+    ) -> None:
+        id_type = self._id_type if self._source is None else self._source.c[self.id_column].type
+        self.rank_table_name = name
+        self._ranks = sa.Table(
+            name,
+            sa.MetaData(),
+            sa.Column("rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("id", self._rank_id_type(id_type), nullable=False),
+            sa.Column("score", score_type or _copy_score_type(self._score.type), nullable=False),
+            sa.Index(_fit("ix", f"_topk_{_digest(schema, name)}_id"), "id"),
+            schema=schema,
+        )
+        self._text_ids = isinstance(id_type, sa.String)
+        if max_params is None:
+            old = self.dialect == "sqlite" and _sqlite_version(self.engine) < (3, 32)
+            max_params = OLD_SQLITE_MAX_PARAMS if old else DEFAULT_MAX_PARAMS
+        if max_params < 1:
+            raise ValueError(f"max_params must be >= 1, got {max_params}")
+        self.max_params = int(max_params)
+        self._conn: Connection | None = None
+        self._m: int | None = None
+
+    # ----- dialect specifics ----------------------------------------------------------------
+    def _mysql_bin_collation(self) -> str:
+        """A binary, NO PAD utf8mb4 collation: code point order = UTF-8 byte order, and
+        'a' != 'a ' (the PAD SPACE utf8mb4_bin would ignore trailing spaces)."""
+        if getattr(self.engine.dialect, "is_mariadb", False):
+            return "utf8mb4_nopad_bin"  # MariaDB >= 10.2
+        return "utf8mb4_0900_bin"  # MySQL >= 8.0
+
+    def _id_key(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        """The id as compared in the canonical order: text in byte order on every dialect."""
+        if not self._text_ids:
+            return column
+        if self.dialect == "postgresql":
+            return column.collate("C")
+        if self.dialect == "sqlite":
+            return column.collate("BINARY")
+        if self.dialect == "duckdb":
+            return column.collate("binary")
+        if self.dialect in ("mysql", "mariadb"):
+            as_utf8 = sa.cast(column, mysql.CHAR(charset="utf8mb4"))
+            return as_utf8.collate(self._mysql_bin_collation())
+        return column  # other dialects: their default collation must be a binary one
+
+    def _rank_id_type(self, source_type: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
+        """The id column of the rank table; text ids get a byte-order collation so that
+        `id IN (...)` is an exact, case- and space-sensitive match."""
+        if not isinstance(source_type, sa.String):
+            return source_type.copy()
+        if self.dialect == "postgresql":
+            return sa.Text(collation="C")
+        if self.dialect == "sqlite":
+            return sa.Text(collation="BINARY")
+        if self.dialect in ("mysql", "mariadb"):
+            length = source_type.length or MYSQL_TEXT_ID_LENGTH
+            return mysql.VARCHAR(length, charset="utf8mb4", collation=self._mysql_bin_collation())
+        return sa.String()
+
+    def _not_finite(self) -> ColumnElement[bool] | None:
+        """A condition true for NaN or infinite scores, where the dialect can store them."""
+        score = self._score
+        if not isinstance(score.type, sa.Float | sa.Numeric) and not _untyped(score.type):
+            return None  # integers are finite
+        if self.dialect == "postgresql":
+            # PostgreSQL orders NaN above every number and treats NaN = NaN as true.
+            as_float = sa.cast(score, sa.Double)
+            return as_float.in_([math.nan, math.inf, -math.inf])
+        if self.dialect == "duckdb":
+            return sa.not_(sa.func.isfinite(sa.cast(score, sa.Double)))
+        if self.dialect == "sqlite":
+            return score.in_([math.inf, -math.inf])  # SQLite stores NaN as NULL
+        return None  # MariaDB / MySQL: DOUBLE cannot hold NaN or infinity
+
+    def _index_specs(self, digest: str) -> list[sa.Index]:
+        """Indexes on the counts table itself, where the dialect uses them: (score DESC, id) lets
+        the window function of prepare() read in order, (id) serves is_stale()."""
+        if self.dialect == "duckdb" or self._source is None:
+            return []  # DuckDB does not use indexes for ORDER BY; no index on a query
+        id_type = self._source.c[self.id_column].type
+        if self.dialect in ("mysql", "mariadb") and isinstance(id_type, sa.String):
+            if not id_type.length:
+                return []  # MariaDB cannot index TEXT without a prefix length
+        key = self._id_key(self._id) if self.dialect == "postgresql" else self._id
+        return [
+            sa.Index(_fit("ix", f"_topk_{digest}_score_id"), self._score.desc(), key),
+            sa.Index(_fit("ix", f"_topk_{digest}_id"), self._id),
+        ]
+
+    # ----- prepare ------------------------------------------------------------------------
+    def prepare(self, *, index_source: bool = True) -> None:
+        """Validate the counts and (re)build what sublinear access needs; idempotent.
+
+        Creates, if missing, the rank table (rank primary key, index on id) and, with
+        `index_source`, indexes on (score DESC, id) and (id) of the counts table; then validates
+        the counts and refills the rank table in one transaction (a concurrent run keeps the
+        snapshot it started with). Raises ValueError naming the table and column for a missing,
+        empty, NULL, NaN, infinite or negative score, a NULL id or a duplicate id.
+        """
+        if self._conn is not None:
+            raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
+        with self.engine.begin() as conn:
+            self._create_rank_table(conn)
+            if index_source:
+                for index in self._source_indexes:
+                    index.create(conn, checkfirst=True)
+        with self.engine.begin() as conn:
+            self._validate(conn)
+            conn.execute(sa.delete(self._ranks))
+            position = sa.func.row_number().over(
+                order_by=(self._score.desc(), self._id_key(self._id))
+            )
+            conn.execute(
+                sa.insert(self._ranks).from_select(
+                    ["rank", "id", "score"],
+                    sa.select(position - 1, self._id, self._score).select_from(self._from),
+                )
+            )
+        if self.dialect in ("postgresql", "sqlite"):
+            # Fresh statistics, so that the planner reads the rank table by its indexes.
+            with self.engine.begin() as conn:
+                name = self.engine.dialect.identifier_preparer.format_table(self._ranks)
+                conn.exec_driver_sql(f"ANALYZE {name}")
+
+    def _create_rank_table(self, conn: Connection) -> None:
+        schema, name = self._ranks.schema, self._ranks.name
+        if sa.inspect(conn).has_table(name, schema=schema):
+            have = set(_reflect(conn, name, schema, f"rank table {name!r}").c.keys())
+            if have != {"rank", "id", "score"}:
+                raise ValueError(
+                    f"rank table {name!r} exists with columns {sorted(have)}, not "
+                    "(rank, id, score): drop it or pass another rank_table name"
+                )
+            return
+        self._ranks.create(conn)
+
+    def _validate(self, conn: Connection) -> None:
+        """One aggregate pass and one duplicate probe over the counts (DESIGN invariant 6)."""
+        score, id_ = self._score, self._id
+        zero_one = lambda cond: sa.func.sum(sa.case((cond, 1), else_=0))  # noqa: E731
+        checks: dict[str, Any] = {
+            "rows": sa.func.count(),
+            "ids": sa.func.count(id_),
+            "scores": sa.func.count(score),
+            "negative": zero_one(score < 0),
+        }
+        not_finite = self._not_finite()
+        if not_finite is not None:
+            checks["not_finite"] = zero_one(not_finite)
+        if self.dialect == "sqlite":  # a column type is only a hint in SQLite
+            checks["not_numeric"] = zero_one(
+                sa.and_(score.is_not(None), sa.func.typeof(score).not_in(["integer", "real"]))
+            )
+        query = sa.select(*(expr.label(name) for name, expr in checks.items()))
+        facts = {
+            k: int(v or 0)
+            for k, v in conn.execute(query.select_from(self._from)).one()._asdict().items()
+        }
+        where, id_name, score_name = self.where, self.id_column, self.score_column
+        if facts["rows"] == 0:
+            raise ValueError(f"{where} is empty: there is no item to select")
+        if facts["ids"] != facts["rows"]:
+            raise ValueError(
+                f"{where} column {id_name!r} has {facts['rows'] - facts['ids']} NULL id(s)"
+            )
+        if facts.get("not_numeric"):
+            raise TypeError(
+                f"{where} column {score_name!r} has {facts['not_numeric']} non-numeric value(s)"
+            )
+        if facts["scores"] != facts["rows"]:
+            raise ValueError(
+                f"{where} column {score_name!r} has {facts['rows'] - facts['scores']} NULL score(s)"
+            )
+        if facts.get("not_finite"):
+            raise ValueError(
+                f"{where} column {score_name!r} has {facts['not_finite']} NaN or infinite score(s)"
+            )
+        if facts["negative"]:
+            raise ValueError(
+                f"{where} column {score_name!r} has {facts['negative']} negative score(s)"
+            )
+        key = self._id_key(id_)
+        duplicate = conn.execute(
+            sa.select(sa.func.min(id_), sa.func.count())
+            .select_from(self._from)
+            .group_by(key)
+            .having(sa.func.count() > 1)
+            .limit(1)
+        ).first()
+        if duplicate is not None:
+            raise ValueError(
+                f"{where} column {id_name!r} has duplicate ids, e.g. {duplicate[0]!r} "
+                f"({duplicate[1]} rows): each item must appear once"
+            )
+
+    def is_stale(self) -> bool:
+        """Whether the counts differ from the rank table built by the last `prepare()`.
+
+        One full scan of the counts (a join on id): the price of knowing for sure.
+        """
+        live = (
+            sa.select(self._id.label("id"), self._score.label("score"))
+            .select_from(self._from)
+            .subquery("live")
+        )
+        ranks = self._ranks
+        match = sa.and_(ranks.c.id == self._id_key(live.c.id), ranks.c.score == live.c.score)
+        with self._connection() as conn:
+            unmatched = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(live.outerjoin(ranks, match))
+                .where(ranks.c.rank.is_(None))
+            ).scalar_one()
+            live_rows = conn.execute(sa.select(sa.func.count()).select_from(live)).scalar_one()
+            rank_rows = conn.execute(sa.select(sa.func.count()).select_from(ranks)).scalar_one()
+        return bool(unmatched or live_rows != rank_rows)
+
+    # ----- the Source protocol ---------------------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One read-only transaction for every read of a run (DESIGN invariant 4).
+
+        PostgreSQL: REPEATABLE READ READ ONLY. MariaDB / MySQL: REPEATABLE READ, START TRANSACTION
+        WITH CONSISTENT SNAPSHOT, READ ONLY. SQLite: an explicit BEGIN plus a first read, which
+        fixes the read snapshot at once (in WAL mode writers go on; otherwise they wait), and
+        PRAGMA query_only. DuckDB: one transaction (MVCC). In each, the rank table is read at
+        once, so the snapshot is taken when the context is entered.
+        """
+        if self._conn is not None:
+            yield  # nested: the outer snapshot holds
+            return
+        with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn = conn.execution_options(
+                    isolation_level="REPEATABLE READ", postgresql_readonly=True
+                )
+            elif self.dialect in ("mysql", "mariadb"):
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            transaction = conn.begin()
+            try:
+                if self.dialect in ("mysql", "mariadb"):
+                    conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                elif self.dialect == "sqlite":
+                    conn.exec_driver_sql("BEGIN")
+                    conn.exec_driver_sql("PRAGMA query_only = ON")
+                self._m = self._count(conn)  # the first read fixes the snapshot
+                self._conn = conn
+                yield
+            finally:
+                self._conn = None
+                self._m = None
+                transaction.rollback()
+                if self.dialect == "sqlite":
+                    conn.exec_driver_sql("PRAGMA query_only = OFF")
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        """The snapshot's connection inside `snapshot()`, else a short-lived one."""
+        if self._conn is not None:
+            yield self._conn
+            return
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _count(self, conn: Connection) -> int:
+        """m from the rank primary key (dense ranks 0..m-1): an index read, not a scan."""
+        try:
+            low, high = conn.execute(
+                sa.select(sa.func.min(self._ranks.c.rank), sa.func.max(self._ranks.c.rank))
+            ).one()
+        except sa.exc.DBAPIError as error:
+            if not sa.inspect(conn).has_table(self._ranks.name, schema=self._ranks.schema):
+                raise RuntimeError(
+                    f"rank table {self._ranks.name!r} of {self.where} does not exist: call "
+                    "prepare() first"
+                ) from error
+            raise
+        if high is None:
+            raise RuntimeError(
+                f"rank table {self._ranks.name!r} of {self.where} is empty: call prepare() first"
+            )
+        if low != 0:
+            raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
+        return int(high) + 1
+
+    def domain_size(self) -> int:
+        if self._m is not None:
+            return self._m
+        with self._connection() as conn:
+            return self._count(conn)
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        """Ranks start .. start+count-1: one range read of the rank primary key."""
+        r = self._ranks.c
+        query = (
+            sa.select(r.rank, r.id, r.score)
+            .where(r.rank >= int(start), r.rank < int(start) + int(count))
+            .order_by(r.rank)
+        )
+        with self._connection() as conn:
+            return self._rows(conn.execute(query).all(), round_trips=1)
+
+    def read_ranks(self, ranks: np.ndarray) -> Rows:
+        """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
+        wanted = _plain(np.asarray(ranks, dtype=np.int64))
+        r = self._ranks.c
+        query = sa.select(r.rank, r.id, r.score).where(
+            r.rank.in_(sa.bindparam("ranks", expanding=True))
+        )
+        records: list[Any] = []
+        chunks = 0
+        with self._connection() as conn:
+            for chunk in self._chunks(sorted(set(wanted))):
+                records.extend(conn.execute(query, {"ranks": chunk}).all())
+                chunks += 1
+        by_rank = {int(rec[0]): rec for rec in records}
+        try:
+            ordered = [by_rank[rank] for rank in wanted]
+        except KeyError as missing:
+            raise AccessError(
+                f"rank {missing.args[0]} is not in the rank table of {self.where}"
+            ) from None
+        return self._rows(ordered, round_trips=chunks)
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        """Scores of the named items, in the order given: `id IN (...)`, in chunks."""
+        wanted = _plain(ids)
+        r = self._ranks.c
+        query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
+        found: dict[Any, float] = {}
+        with self._connection() as conn:
+            for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                for item, score in conn.execute(query, {"ids": chunk}):
+                    found[item] = float(score)
+        try:
+            scores = np.asarray([found[item] for item in wanted], dtype=np.float64)
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+        return self._checked(scores)
+
+    # ----- helpers ----------------------------------------------------------------------------
+    def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:
+        for i in range(0, len(values), self.max_params):
+            yield values[i : i + self.max_params]
+
+    def _rows(self, records: Sequence[Any], round_trips: int) -> Rows:
+        if not records:
+            empty = np.empty(0, dtype=np.int64)
+            return Rows(empty, empty.copy(), np.empty(0, np.float64), round_trips)
+        ranks, ids, scores = zip(*records, strict=True)
+        return Rows(
+            np.asarray(ranks, dtype=np.int64),
+            _id_array(ids),
+            self._checked(np.asarray(scores, dtype=np.float64)),
+            round_trips,
+        )
+
+    def _checked(self, scores: np.ndarray) -> np.ndarray:
+        """Cheap guard on what a run reads: the rank table was validated, but is a table."""
+        if not np.isfinite(scores).all() or (scores < 0).any():
+            raise AccessError(
+                f"rank table {self._ranks.name!r} of {self.where} holds a NaN, infinite or "
+                "negative score: run prepare() again"
+            )
+        return scores
+
+
+def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: str) -> sa.Table:
+    if bind.dialect.name == "duckdb":
+        return _reflect_duckdb(bind, table, schema, where)
+    try:
+        return sa.Table(table, sa.MetaData(), autoload_with=bind, schema=schema)
+    except sa.exc.NoSuchTableError:
+        raise ValueError(f"{where} does not exist") from None
+
+
+# DuckDB type names that duckdb-engine's ischema_names lacks.
+_DUCKDB_TYPES: dict[str, type[sa.types.TypeEngine[Any]]] = {
+    "double": sa.Double,
+    "decimal": sa.Numeric,
+    "blob": sa.LargeBinary,
+}
+
+
+def _reflect_duckdb(
+    bind: Engine | Connection, table: str, schema: str | None, where: str
+) -> sa.Table:
+    """Columns from information_schema: duckdb-engine 0.17's reflection queries pg_collation,
+    which DuckDB lacks, under SQLAlchemy 2.1."""
+    columns = sa.table(
+        "columns",
+        sa.column("table_catalog"),
+        sa.column("table_schema"),
+        sa.column("table_name"),
+        sa.column("column_name"),
+        sa.column("data_type"),
+        sa.column("numeric_precision"),
+        sa.column("numeric_scale"),
+        sa.column("ordinal_position"),
+        schema="information_schema",
+    )
+    c = columns.c
+    query = (
+        sa.select(c.column_name, c.data_type, c.numeric_precision, c.numeric_scale)
+        .where(
+            c.table_name == table,
+            c.table_schema == (schema if schema is not None else sa.func.current_schema()),
+            c.table_catalog == sa.func.current_database(),
+        )
+        .order_by(c.ordinal_position)
+    )
+    if isinstance(bind, Connection):
+        found = bind.execute(query).all()
+    else:
+        with bind.connect() as conn:
+            found = conn.execute(query).all()
+    if not found:
+        raise ValueError(f"{where} does not exist")
+    known = {**bind.dialect.ischema_names, **_DUCKDB_TYPES}
+    result = sa.Table(table, sa.MetaData(), schema=schema)
+    for name, data_type, precision, scale in found:
+        base = str(data_type).split("(")[0].strip().lower()
+        type_class = known.get(base)
+        if type_class is None:
+            type_: sa.types.TypeEngine[Any] = sa.types.NullType()
+        elif issubclass(type_class, sa.Numeric) and not issubclass(type_class, sa.Float):
+            type_ = type_class(precision, scale)
+        else:
+            type_ = type_class()
+        result.append_column(sa.Column(name, type_))
+    return result
+
+
+def _untyped(type_: sa.types.TypeEngine[Any]) -> bool:
+    return isinstance(type_, sa.types.NullType)
+
+
+def _copy_score_type(type_: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
+    if _untyped(type_):
+        return sa.Double()
+    return type_.copy()
+
+
+def _sqlite_version(engine: Engine) -> tuple[int, ...]:
+    module = engine.dialect.dbapi
+    version = getattr(module, "sqlite_version_info", None)
+    return tuple(version) if version else (0,)

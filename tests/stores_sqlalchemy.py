@@ -1,0 +1,171 @@
+"""Conformance stores: SQLAlchemyTable on SQLite, PostgreSQL, MariaDB and DuckDB.
+
+Each `make_sqlalchemy_<dialect>_source` fixture returns `(scores, ids) -> SQLAlchemyTable`: it
+creates a uniquely named table (id, score), fills it, runs prepare(), and drops the table and its
+rank table after the test. Servers: PostgreSQL at TOPK_PG_DSN (default
+"host=127.0.0.1 port=5432 dbname=test"), MariaDB at TOPK_MARIADB_URL (default
+mysql+pymysql://root@127.0.0.1:3306/test). When one is unreachable the tests fail if CI is set,
+else they are skipped with a message saying how to provide one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from adapters.sqlalchemy import SQLAlchemyTable
+
+DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
+DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test?charset=utf8mb4"
+
+MakeSource = Callable[..., SQLAlchemyTable]
+
+
+def postgres_url_and_args() -> tuple[str, dict[str, Any]]:
+    """The SQLAlchemy URL (psycopg 3) and connect_args for the server at TOPK_PG_DSN."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(os.environ.get("TOPK_PG_DSN", DEFAULT_PG_DSN))
+    params.setdefault("user", os.environ.get("PGUSER", "root"))
+    return "postgresql+psycopg://", params
+
+
+def _reachable(engine: sa.Engine, what: str, how: str) -> sa.Engine:
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.select(1))
+    except sa.exc.DBAPIError as error:
+        engine.dispose()
+        message = f"{what} is unreachable ({error.orig}); {how}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return engine
+
+
+@pytest.fixture(scope="session")
+def sqlalchemy_sqlite_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sa.Engine]:
+    path = tmp_path_factory.mktemp("sqlalchemy") / "topk.sqlite"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")  # readers keep a snapshot, writers go on
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlalchemy_postgres_engine() -> Iterator[sa.Engine]:
+    url, args = postgres_url_and_args()
+    engine = _reachable(
+        sa.create_engine(url, connect_args=args),
+        f"PostgreSQL at TOPK_PG_DSN={os.environ.get('TOPK_PG_DSN', DEFAULT_PG_DSN)!r}",
+        "set TOPK_PG_DSN to a libpq connection string of a server you may create tables on",
+    )
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlalchemy_mariadb_engine() -> Iterator[sa.Engine]:
+    url = os.environ.get("TOPK_MARIADB_URL", DEFAULT_MARIADB_URL)
+    engine = _reachable(
+        sa.create_engine(url),
+        f"MariaDB at {url!r}",
+        "set TOPK_MARIADB_URL to an SQLAlchemy URL (mysql+pymysql://...) of a server",
+    )
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlalchemy_duckdb_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sa.Engine]:
+    path = tmp_path_factory.mktemp("sqlalchemy") / "topk.duckdb"
+    engine = sa.create_engine(f"duckdb:///{path}")
+    yield engine
+    engine.dispose()
+
+
+def unique_name(prefix: str = "topk_test") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def create_counts_table(
+    engine: sa.Engine,
+    name: str,
+    scores: Any,
+    ids: Any = None,
+    id_column: str = "id",
+    score_column: str = "score",
+) -> sa.Table:
+    """A table (id_column, score_column) holding the histogram: BIGINT or text ids, BIGINT
+    scores when they are all integers, else DOUBLE."""
+    scores = np.asarray(scores)
+    ids = np.arange(len(scores)) if ids is None else np.asarray(ids)
+    integral = np.issubdtype(scores.dtype, np.integer) or bool(
+        np.all(np.isfinite(scores)) and np.all(scores == np.round(scores))
+    )
+    text = not np.issubdtype(ids.dtype, np.integer)
+    table = sa.Table(
+        name,
+        sa.MetaData(),
+        sa.Column(id_column, sa.String(100) if text else sa.BigInteger),
+        sa.Column(score_column, sa.BigInteger if integral else sa.Double),
+    )
+    id_values = [str(v) for v in ids.tolist()] if text else ids.tolist()
+    score_values = [int(v) for v in scores.tolist()] if integral else scores.tolist()
+    rows = [{id_column: i, score_column: s} for i, s in zip(id_values, score_values, strict=True)]
+    with engine.begin() as conn:
+        table.create(conn)
+        if rows:
+            conn.execute(table.insert(), rows)
+    return table
+
+
+def drop_tables(engine: sa.Engine, names: list[str]) -> None:
+    with engine.begin() as conn:
+        for name in names:
+            sa.Table(name, sa.MetaData()).drop(conn, checkfirst=True)
+
+
+def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
+    created: list[str] = []
+
+    def make(scores: Any, ids: Any = None, **options: Any) -> SQLAlchemyTable:
+        name = unique_name()
+        create_counts_table(engine, name, scores, ids)
+        created.append(name)
+        source = SQLAlchemyTable(engine, name, id="id", score="score", **options)
+        created.append(source.rank_table_name)
+        source.prepare()
+        return source
+
+    yield make
+    drop_tables(engine, created)
+
+
+@pytest.fixture
+def make_sqlalchemy_sqlite_source(sqlalchemy_sqlite_engine: sa.Engine) -> Iterator[MakeSource]:
+    yield from _maker(sqlalchemy_sqlite_engine)
+
+
+@pytest.fixture
+def make_sqlalchemy_postgres_source(
+    sqlalchemy_postgres_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from _maker(sqlalchemy_postgres_engine)
+
+
+@pytest.fixture
+def make_sqlalchemy_mariadb_source(sqlalchemy_mariadb_engine: sa.Engine) -> Iterator[MakeSource]:
+    yield from _maker(sqlalchemy_mariadb_engine)
+
+
+@pytest.fixture
+def make_sqlalchemy_duckdb_source(sqlalchemy_duckdb_engine: sa.Engine) -> Iterator[MakeSource]:
+    yield from _maker(sqlalchemy_duckdb_engine)
