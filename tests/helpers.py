@@ -61,3 +61,21 @@ def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray
     scores = np.zeros(m)
     scores[np.random.default_rng(12345).choice(m, size, replace=False)] = height or float(m)
     return scores
+
+
+def random_histograms(rng: np.random.Generator):
+    """Histograms with ties, plateaus, zeros, k = 1 and k = m."""
+    for trial in range(120):
+        m = int(rng.integers(1, 200))
+        shape = trial % 4
+        if shape == 0:  # few distinct values: many ties
+            h = rng.integers(0, 4, m).astype(float)
+        elif shape == 1:  # a plateau on top of zeros
+            h = np.zeros(m)
+            h[rng.choice(m, max(1, m // 3), replace=False)] = 50.0
+        elif shape == 2:  # skewed
+            h = np.floor(rng.pareto(1.2, m) * 20)
+        else:  # all tied
+            h = np.full(m, 7.0)
+        k = [1, m, int(rng.integers(1, m + 1))][trial % 3]
+        yield h, k

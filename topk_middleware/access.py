@@ -139,6 +139,10 @@ class CountedAccess:
         self._prefix_ids.extend(rows.ids.tolist())
         self._prefix_scores.extend(rows.scores.tolist())
 
+    def is_fetched(self, rank: int) -> bool:
+        """Whether the row at `rank` is already in memory (no fetch needed)."""
+        return rank < self.prefix_fetched or rank in self._by_rank
+
     def fetch_ranks(self, ranks: Sequence[int] | np.ndarray) -> None:
         """Pull the rows at the given ranks that are not yet known, in one batch."""
         fetched = self.prefix_fetched

@@ -13,6 +13,7 @@ reuses it with the data store as one list and the noise list as the other.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,9 +35,17 @@ class TopKTracker:
         elif entry > self._heap[0]:
             heapq.heapreplace(self._heap, entry)
 
+    def kth(self) -> float:
+        """The k-th largest aggregate seen (-inf while fewer than k items have been seen)."""
+        return self._heap[0][0] if len(self._heap) == self.k else -math.inf
+
     def done(self, tau: float) -> bool:
         """TA's stopping rule: k seen items have aggregate >= tau."""
         return len(self._heap) == self.k and self._heap[0][0] >= tau
+
+    def keys(self) -> list[int]:
+        """The keys of the k best, best first."""
+        return [-nk for _, nk, _ in sorted(self._heap, reverse=True)]
 
     def ranked(self) -> list[tuple[float, int, Any]]:
         """(value, key, item), best first."""

@@ -50,6 +50,19 @@ class Batching:
             size *= self.growth
 
 
+def plan_block(noise_list: NoiseList, start: int, end: int) -> list[tuple[float, int, float]]:
+    """The noise-list calls of steps start..end-1, in the sequential order.
+
+    Step s needs the noise of the item of rank s (random access to L2) and the next item of L2
+    (sorted access): (noise of rank s, rank of the L2 item, its noise).
+    """
+    plan = []
+    for step in range(start, end):
+        z_sorted_item = noise_list.noise_of(step)
+        plan.append((z_sorted_item, *noise_list.next_sorted()))
+    return plan
+
+
 def private_threshold_top_k(
     access: CountedAccess, noise_list: NoiseList, k: int, batching: Batching
 ) -> list[int]:
@@ -60,11 +73,7 @@ def private_threshold_top_k(
     start = 0
     for block in batching.blocks(k):
         end = min(m, start + block)
-        # Plan: the noise-list calls of steps start..end-1, in the sequential order.
-        plan = []
-        for step in range(start, end):
-            z_sorted_item = noise_list.noise_of(step)
-            plan.append((z_sorted_item, *noise_list.next_sorted()))
+        plan = plan_block(noise_list, start, end)
         # Fetch: the sorted prefix, and the rows of L2 items beyond it, one batch each.
         access.fetch_sorted_until(end)
         access.fetch_ranks([rank for _, rank, _ in plan if rank >= end])
@@ -78,8 +87,8 @@ def private_threshold_top_k(
                 seen.add(noise_rank)
                 tracker.offer(access.random_access(noise_rank) + noise, noise_rank)
             if tracker.done(score + noise):
-                return [r for _, r, _ in tracker.ranked()]
+                return tracker.keys()
         start = end
         if start >= m:  # every item seen: the tracker holds the exact top-k
-            return [r for _, r, _ in tracker.ranked()]
+            return tracker.keys()
     raise AssertionError("unreachable")
