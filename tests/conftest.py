@@ -2,14 +2,23 @@
 
 Store fixtures for the conformance suite live in one plugin module per store (tests/stores_*.py).
 Each defines a fixture `make_<name>_source` (name with '-' as '_') that returns a function
-`(scores, ids) -> Source` building that store over the given histogram, and cleans up afterwards.
+`(scores, ids) -> Source` building that store over the given histogram, and cleans up afterwards,
+and a fixture `write_<name>_source` returning `(source, item_id, new_score) -> bool`: a concurrent
+writer for the snapshot test (see tests/test_conformance.py).
 """
 
-pytest_plugins = ["tests.stores_memory", "tests.stores_sqlalchemy"]
+pytest_plugins = [
+    "tests.stores_memory",
+    "tests.stores_duckdb",
+    "tests.stores_postgres",
+    "tests.stores_sqlalchemy",
+]
 
 # The stores every conformance test runs against, in this order.
 STORE_NAMES: list[str] = [
     "memory",
+    "duckdb",
+    "postgres",
     "sqlalchemy-sqlite",
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",

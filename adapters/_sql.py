@@ -1,0 +1,143 @@
+"""Pieces shared by the SQL adapters (DuckDB, PostgreSQL): validation messages, the access check,
+the name of the rank table, and turning result rows into `Rows`.
+
+Every SQL adapter serves the canonical order of topk_middleware/access.py (score descending, ties
+by id ascending, text ids in byte order) from a *rank table* (rank, id, score) that `prepare()`
+builds: rank is the 0-based position in that order, so sorted access at depth t and uniform item
+sampling (a uniform rank) are both reads by rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from topk_middleware.access import AccessError, Rows
+
+# PostgreSQL truncates identifiers to 63 bytes; DuckDB has no limit, but one rule keeps both alike.
+MAX_IDENTIFIER_BYTES = 63
+
+
+def rank_table_name(table: str, id_column: str, score_column: str) -> str:
+    """The default name of the rank table of `table` ordered by (score_column, id_column).
+
+    A short hash of the three names keeps rank tables of different columns apart and the name
+    within PostgreSQL's 63-byte limit.
+    """
+    digest = hashlib.sha1(
+        "\x00".join((table, id_column, score_column)).encode("utf-8")
+    ).hexdigest()[:10]
+    suffix = f"__topk_rank_{digest}"
+    head = table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix)].decode("utf-8", "ignore")
+    return head + suffix
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What one validation pass over a table of per-item counts found."""
+
+    rows: int
+    null_ids: int
+    distinct_ids: int
+    null_scores: int
+    non_finite_scores: int
+    negative_scores: int
+
+
+def raise_if_invalid(
+    facts: TableFacts, where: str, id_column: str, score_column: str, duplicate: Any = None
+) -> None:
+    """Refuse a table that is not a valid histogram, naming the table and the column at fault."""
+    if facts.rows == 0:
+        raise ValueError(f"{where} is empty: there is no item to select")
+    if facts.null_ids:
+        raise ValueError(f"{where} column {id_column!r} has {facts.null_ids} NULL id(s)")
+    if facts.distinct_ids != facts.rows:
+        example = "" if duplicate is None else f", e.g. {duplicate!r}"
+        raise ValueError(
+            f"{where} column {id_column!r} has duplicate ids ({facts.rows - facts.distinct_ids} "
+            f"extra row(s){example}): each item must appear once"
+        )
+    if facts.null_scores:
+        raise ValueError(f"{where} column {score_column!r} has {facts.null_scores} NULL score(s)")
+    if facts.non_finite_scores:
+        raise ValueError(
+            f"{where} column {score_column!r} has {facts.non_finite_scores} NaN or infinite "
+            "score(s)"
+        )
+    if facts.negative_scores:
+        raise ValueError(
+            f"{where} column {score_column!r} has {facts.negative_scores} negative score(s)"
+        )
+
+
+@dataclass(frozen=True)
+class AccessPath:
+    """How one kind of access will be served: by an index / ordered range, or by a full scan."""
+
+    access: str  # "sorted", "random by rank", "random by id"
+    full_scan: bool
+    how: str
+
+
+@dataclass(frozen=True)
+class AccessCheck:
+    """The answer of `check()`: how each access kind will be served, before a run."""
+
+    store: str
+    paths: list[AccessPath] = field(default_factory=list)
+
+    @property
+    def full_scan(self) -> bool:
+        """True when sorted access or random access by rank (what the threshold algorithm uses)
+        would read the whole table."""
+        return any(p.full_scan for p in self.paths if p.access != "random by id")
+
+    def __str__(self) -> str:
+        lines = [f"access plan for {self.store}:"]
+        for p in self.paths:
+            verdict = "FULL SCAN" if p.full_scan else "ok"
+            lines.append(f"  {p.access:<15} {verdict:<9} {p.how}")
+        return "\n".join(lines)
+
+
+def plain_values(values: Sequence[Any] | np.ndarray) -> list[Any]:
+    """Python scalars (numpy scalars converted) for use as query parameters."""
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return [v.item() if isinstance(v, np.generic) else v for v in values]
+
+
+def id_array(values: Sequence[Any]) -> np.ndarray:
+    """Item ids as a numpy array: int64 for integer ids, object for anything else (text)."""
+    values = list(values)
+    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def rows_from_records(records: Sequence[tuple[Any, Any, Any]]) -> Rows:
+    """(rank, id, score) records as parallel arrays."""
+    if not records:
+        return Rows(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
+    ranks, ids, scores = zip(*records, strict=True)
+    return Rows(
+        np.asarray(ranks, dtype=np.int64), id_array(ids), np.asarray(scores, dtype=np.float64)
+    )
+
+
+def scores_in_order(found: dict[Any, float], ids: Sequence[Any], where: str) -> np.ndarray:
+    """The scores of `ids` in the order given; an id the store did not return is an error."""
+    try:
+        return np.asarray([found[item] for item in ids], dtype=np.float64)
+    except KeyError as missing:
+        raise AccessError(f"{where} has no item with id {missing.args[0]!r}") from None

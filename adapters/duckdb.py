@@ -1,0 +1,394 @@
+"""DuckDBTable: wrap an existing DuckDB table of per-item counts.
+
+Canonical order (topk_middleware/access.py): score descending, ties by id ascending; VARCHAR ids
+compare by `COLLATE "binary"`, i.e. byte order of their UTF-8 text, whatever `default_collation`
+the connection has set.
+
+DuckDB has no index-driven ORDER BY, so `prepare()` writes a rank-ordered copy (rank, id, score) of
+the table. Rows are stored in rank order, so the per-row-group min/max ("zone maps") of the rank
+column let a range `rank BETWEEN a AND b` (sorted access) skip every other row group, and a batch
+of sampled ranks (random access by rank, the positional index) is one query. Runs read that copy,
+so a run sees the table as of the last `prepare()`; `prepare(refresh=True)` brings it up to date.
+Without the copy every read is a full scan of the live table (correct, slow; `check()` says so).
+
+Every read of a run happens in one DuckDB transaction on a connection of its own (`snapshot()`):
+writers on other connections, including a concurrent `prepare(refresh=True)`, do not change what
+the run sees.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from topk_middleware.access import Rows
+
+from ._sql import (
+    AccessCheck,
+    AccessPath,
+    TableFacts,
+    plain_values,
+    raise_if_invalid,
+    rank_table_name,
+    scores_in_order,
+)
+
+NUMERIC_TYPES = (
+    "TINYINT",
+    "SMALLINT",
+    "INTEGER",
+    "BIGINT",
+    "HUGEINT",
+    "UTINYINT",
+    "USMALLINT",
+    "UINTEGER",
+    "UBIGINT",
+    "UHUGEINT",
+    "FLOAT",
+    "DOUBLE",
+    "DECIMAL",
+)
+TEXT_TYPES = ("VARCHAR",)
+
+
+def quote_identifier(name: str) -> str:
+    """A DuckDB identifier in double quotes (embedded quotes doubled): any name is taken literally.
+
+    The duckdb Python package exposes no quoting function, so this is the one place names are
+    quoted (tested with spaces, quotes, capitals and keywords).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an identifier must be a non-empty string, got {name!r}")
+    if "\x00" in name:
+        raise ValueError(f"an identifier cannot contain a NUL character: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass
+class _Run:
+    """The state of one snapshot: its own connection in one transaction, and what it counted."""
+
+    cursor: duckdb.DuckDBPyConnection
+    ranked: bool
+    m: int
+
+
+class DuckDBTable:
+    """A histogram held in a DuckDB table: one row per item of the public domain.
+
+    `table` (in `schema`, default the connection's) has an id column and a numeric score column.
+    Names are quoted, never pasted: spaces, quotes, capitals and keywords are fine.
+    """
+
+    def __init__(
+        self,
+        connection_or_path: duckdb.DuckDBPyConnection | str | os.PathLike[str],
+        table: str,
+        id: str = "id",
+        score: str = "score",
+        *,
+        schema: str | None = None,
+        rank_table: str | None = None,
+    ) -> None:
+        if isinstance(connection_or_path, duckdb.DuckDBPyConnection):
+            self._con = connection_or_path
+            self._owns_connection = False
+        else:
+            self._con = duckdb.connect(os.fspath(connection_or_path))
+            self._owns_connection = True
+        self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
+        self.rank_table = rank_table or rank_table_name(table, id, score)
+        prefix = "" if schema is None else quote_identifier(schema) + "."
+        self._base = prefix + quote_identifier(table)
+        self._ranks = prefix + quote_identifier(self.rank_table)
+        self._id = quote_identifier(id)
+        self._score = quote_identifier(score)
+        self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
+        self._run: _Run | None = None
+        self._text_ids = self._check_columns()
+        collate = ' COLLATE "binary"' if self._text_ids else ""
+        self._order = f"{self._score} DESC, {self._id}{collate} ASC"
+
+    # ----- construction from raw votes ----------------------------------------------------------
+    @classmethod
+    def from_votes(
+        cls,
+        connection_or_path: duckdb.DuckDBPyConnection | str | os.PathLike[str],
+        votes: str,
+        items: str,
+        *,
+        client: str = "client",
+        item: str = "item",
+        item_id: str = "id",
+        into: str | None = None,
+        schema: str | None = None,
+        replace: bool = False,
+    ) -> DuckDBTable:
+        """Count votes per item as COUNT(DISTINCT client) over the public table of all items.
+
+        `votes` holds (client, item) rows; `items` is the public domain (column `item_id`). The
+        counts go into the table `into` (default `<votes>_counts`) with columns (id, score); a LEFT
+        JOIN keeps items without votes (score 0), so m is the size of `items`. A vote for an item
+        missing from `items` is an error: the domain must be public and complete.
+        """
+        source = cls.__new__(cls)
+        con = (
+            connection_or_path
+            if isinstance(connection_or_path, duckdb.DuckDBPyConnection)
+            else duckdb.connect(os.fspath(connection_or_path))
+        )
+        prefix = "" if schema is None else quote_identifier(schema) + "."
+        v, i = prefix + quote_identifier(votes), prefix + quote_identifier(items)
+        into = into or f"{votes}_counts"
+        out = prefix + quote_identifier(into)
+        vc, vi, ii = quote_identifier(client), quote_identifier(item), quote_identifier(item_id)
+        for name, table, cols in ((votes, v, (vc, vi)), (items, i, (ii,))):
+            try:
+                con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
+            except duckdb.Error as error:
+                raise ValueError(f"DuckDB table {name!r}: {_first_line(error)}") from None
+        stray = con.execute(
+            f"SELECT count(*), any_value(v.{vi}) FROM {v} AS v "
+            f"ANTI JOIN {i} AS i ON v.{vi} = i.{ii} WHERE v.{vi} IS NOT NULL"
+        ).fetchone()
+        if stray and stray[0]:
+            raise ValueError(
+                f"DuckDB table {votes!r} column {item!r} has {stray[0]} vote(s) for items not in "
+                f"the items table {items!r} (e.g. {stray[1]!r}): the domain must list every item"
+            )
+        verb = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
+        con.execute(
+            f"{verb} {out} AS SELECT i.{ii} AS id, count(DISTINCT v.{vc}) AS score "
+            f"FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
+        )
+        source.__init__(con, into, id="id", score="score", schema=schema)
+        source._owns_connection = con is not connection_or_path
+        return source
+
+    # ----- checks -------------------------------------------------------------------------------
+    def _check_columns(self) -> bool:
+        """Table and columns exist, the score is numeric; returns whether ids are text."""
+        try:
+            described = self._con.execute(f"DESCRIBE SELECT * FROM {self._base}").fetchall()
+        except duckdb.Error as error:
+            raise ValueError(f"{self.where} cannot be read: {_first_line(error)}") from None
+        types = {name: kind for name, kind, *_ in described}
+        for column in (self.id_column, self.score_column):
+            if column not in types:
+                raise ValueError(
+                    f"{self.where} has no column {column!r} (columns: {sorted(types)})"
+                )
+        score_type = types[self.score_column]
+        if not score_type.startswith(NUMERIC_TYPES):
+            raise TypeError(
+                f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
+            )
+        return types[self.id_column].startswith(TEXT_TYPES)
+
+    def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Check every row (one pass): no NULL/NaN/infinite/negative score, no NULL or duplicate
+        id, not empty. Returns m. Raises ValueError naming the table and column at fault."""
+        con = cursor or self._con
+        s = f"{self._score}::DOUBLE"
+        row = con.execute(
+            f"SELECT count(*), count(*) - count({self._id}), count(DISTINCT {self._id}), "
+            f"count(*) - count({self._score}), count_if(isnan({s}) OR isinf({s})), "
+            f"count_if({self._score} < 0) FROM {self._base}"
+        ).fetchone()
+        facts = TableFacts(*(int(x) for x in row))
+        duplicate = None
+        if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
+            duplicate = con.execute(
+                f"SELECT {self._id} FROM {self._base} GROUP BY {self._id} "
+                f"HAVING count(*) > 1 LIMIT 1"
+            ).fetchone()[0]
+        raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
+        return facts.rows
+
+    def has_rank_table(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
+        """Whether the rank table exists (a catalog lookup: it cannot abort a transaction)."""
+        con = cursor or self._con
+        found = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce(?, current_schema())) "
+            "AND lower(table_name) = lower(?)",
+            [self.schema, self.rank_table],
+        ).fetchone()[0]
+        return bool(found)
+
+    def check(self) -> AccessCheck:
+        """How sorted access and random access will be served, before a run."""
+        if not self.has_rank_table():
+            scan = f"no rank table {self.rank_table!r}: a full scan of {self.where} per read; "
+            return AccessCheck(
+                self.where,
+                [
+                    AccessPath("sorted", True, scan + "call prepare()"),
+                    AccessPath("random by rank", True, scan + "call prepare()"),
+                    AccessPath("random by id", True, "hash join over the id column"),
+                ],
+            )
+        return AccessCheck(
+            self.where,
+            [
+                AccessPath("sorted", False, f"rank range on rank-ordered {self.rank_table!r}"),
+                AccessPath("random by rank", False, f"rank lookup in {self.rank_table!r}"),
+                AccessPath(
+                    "random by id",
+                    True,
+                    f"hash join over the id column of {self.rank_table!r} (one scan per batch; "
+                    "the threshold algorithm does not use it)",
+                ),
+            ],
+        )
+
+    # ----- preparation --------------------------------------------------------------------------
+    def prepare(self, refresh: bool = False) -> None:
+        """Create the rank-ordered copy (rank, id, score) if it is missing (or rebuild it).
+
+        Idempotent: without `refresh`, an existing copy is kept. The table is validated first;
+        the copy is written in one transaction, so a run reading the old copy is not disturbed.
+        """
+        if self._run is not None:
+            raise RuntimeError("prepare() cannot run inside snapshot()")
+        if self.has_rank_table() and not refresh:
+            return
+        con = self._con.cursor()
+        try:
+            con.execute("BEGIN TRANSACTION")
+            self.validate(con)
+            con.execute(
+                f"CREATE OR REPLACE TABLE {self._ranks} AS "
+                f"SELECT (row_number() OVER (ORDER BY {self._order}) - 1)::BIGINT AS rank, "
+                f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
+                "ORDER BY rank"
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+
+    # ----- the Source protocol ------------------------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One transaction on a connection of its own: every read of the run sees one state."""
+        if self._run is not None:  # nested: the outer snapshot already holds the transaction
+            yield
+            return
+        cursor = self._con.cursor()
+        try:
+            cursor.execute("BEGIN TRANSACTION READ ONLY")
+            ranked = self.has_rank_table(cursor)
+            if ranked:
+                m = int(cursor.execute(f"SELECT count(*) FROM {self._ranks}").fetchone()[0])
+            else:
+                warnings.warn(
+                    f"{self.where} has no rank table: every read is a full scan; call prepare()",
+                    stacklevel=3,
+                )
+                m = self.validate(cursor)
+            self._run = _Run(cursor, ranked, m)
+            yield
+        finally:
+            self._run = None
+            try:
+                cursor.execute("COMMIT")
+            finally:
+                cursor.close()
+
+    def _state(self) -> _Run:
+        """The running snapshot, or a one-read state outside of one."""
+        if self._run is not None:
+            return self._run
+        ranked = self.has_rank_table()
+        m = (
+            int(self._con.execute(f"SELECT count(*) FROM {self._ranks}").fetchone()[0])
+            if ranked
+            else self.validate()
+        )
+        return _Run(self._con, ranked, m)
+
+    def _ranked_source(self, ranked: bool) -> str:
+        """A relation (rank, id, score) in canonical order: the rank table, or computed."""
+        if ranked:
+            return self._ranks
+        return (
+            f"(SELECT (row_number() OVER (ORDER BY {self._order}) - 1)::BIGINT AS rank, "
+            f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base})"
+        )
+
+    def domain_size(self) -> int:
+        return self._state().m
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        run = self._state()
+        start, stop = int(start), min(int(start) + int(count), run.m)
+        if stop <= start:
+            return _rows({"rank": [], "id": [], "score": []})
+        if run.ranked:
+            query = (
+                f"SELECT rank, id, score FROM {self._ranks} "
+                "WHERE rank >= ? AND rank < ? ORDER BY rank"
+            )
+            return _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
+        query = (
+            f"SELECT {self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
+            f"ORDER BY {self._order} LIMIT ? OFFSET ?"
+        )
+        result = run.cursor.execute(query, [stop - start, start]).fetchnumpy()
+        result["rank"] = np.arange(start, start + len(result["score"]), dtype=np.int64)
+        return _rows(result)
+
+    def read_ranks(self, ranks: np.ndarray) -> Rows:
+        run = self._state()
+        wanted = plain_values(np.asarray(ranks, dtype=np.int64))
+        if not wanted:
+            return _rows({"rank": [], "id": [], "score": []})
+        query = (
+            f"SELECT r.rank, r.id, r.score FROM {self._ranked_source(run.ranked)} AS r "
+            "WHERE r.rank IN (SELECT unnest(?::BIGINT[])) ORDER BY r.rank"
+        )
+        return _rows(run.cursor.execute(query, [wanted]).fetchnumpy())
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        run = self._state()
+        wanted = plain_values(ids)
+        if not wanted:
+            return np.empty(0, dtype=np.float64)
+        source = self._ranks if run.ranked else self._base
+        id_col, score_col = ("id", "score") if run.ranked else (self._id, self._score)
+        query = (
+            f"SELECT {id_col}, {score_col}::DOUBLE FROM {source} "
+            f"WHERE {id_col} IN (SELECT unnest(?))"
+        )
+        found = dict(run.cursor.execute(query, [wanted]).fetchall())
+        return scores_in_order(found, wanted, self.where)
+
+    def close(self) -> None:
+        """Close the connection if this object opened it."""
+        if self._owns_connection:
+            self._con.close()
+
+
+def _rows(result: dict[str, Any]) -> Rows:
+    ids = np.asarray(result["id"])
+    if ids.dtype.kind in "US":
+        ids = ids.astype(object)
+    return Rows(
+        np.asarray(result["rank"], dtype=np.int64),
+        ids,
+        np.asarray(result["score"], dtype=np.float64),
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]

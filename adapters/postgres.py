@@ -1,0 +1,438 @@
+"""PostgresTable: wrap an existing PostgreSQL table of per-item counts (psycopg 3).
+
+Canonical order (topk_middleware/access.py): score descending, ties by id ascending; text ids
+compare with COLLATE "C", i.e. in byte order, whatever the column's or database's collation.
+
+Design: a rank table is the run's data of record. `prepare()` writes (rank, id, score) with rank
+the 0-based position in the canonical order, a primary key (B-tree) on rank and a unique B-tree
+on id. Sorted access at depth t..t+n is a range on the rank B-tree (keyset pagination, the key is
+rank); uniform item sampling is a uniform rank, looked up in the same B-tree (`rank = ANY(...)`);
+random access by id uses the id B-tree (`id = ANY(...)`). Each batch is one query.
+
+Why not read the live table for sorted access (keyset on a (score DESC, id) B-tree)? Sampling needs
+a positional index, and a position is only meaningful in the order it was computed in. If sorted
+access read the live table while sampling read ranks computed at `prepare()` time, any write in
+between would make the two disagree (an item seen twice or never, a wrong m). Reading both from
+the rank table keeps them consistent by construction. The consequence for concurrent writers: they
+are never blocked and never change a run, and a run sees the table as of the last
+`prepare(refresh=True)`, not as of its start. Refreshing replaces the rank table's rows in one
+transaction (DELETE + INSERT), so runs in progress keep their snapshot and are not blocked either.
+
+Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
+Without a rank table the adapter still works, reading the live table in that snapshot: sorted
+access by ORDER BY .. OFFSET, sampling by a window over the whole table (a full scan per batch);
+`check()` says so before a run, from EXPLAIN.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from topk_middleware.access import Rows
+
+from ._sql import (
+    AccessCheck,
+    AccessPath,
+    TableFacts,
+    plain_values,
+    raise_if_invalid,
+    rank_table_name,
+    rows_from_records,
+    scores_in_order,
+)
+
+
+@dataclass
+class _Run:
+    ranked: bool
+    m: int
+
+
+class PostgresTable:
+    """A histogram held in a PostgreSQL table: one row per item of the public domain.
+
+    `conninfo_or_connection` is a libpq connection string (the adapter opens and owns an
+    autocommit connection) or a psycopg Connection that is not inside a transaction.
+    Identifiers are composed with psycopg.sql, never pasted.
+    """
+
+    def __init__(
+        self,
+        conninfo_or_connection: str | psycopg.Connection[Any],
+        table: str,
+        id: str = "id",
+        score: str = "score",
+        *,
+        schema: str | None = None,
+        rank_table: str | None = None,
+    ) -> None:
+        if isinstance(conninfo_or_connection, psycopg.Connection):
+            self._conn = conninfo_or_connection
+            self._owns_connection = False
+        else:
+            self._conn = psycopg.connect(conninfo_or_connection, autocommit=True)
+            self._owns_connection = True
+        self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
+        self.rank_table = rank_table or rank_table_name(table, id, score)
+        qualify = (
+            (lambda n: sql.Identifier(n))
+            if schema is None
+            else (lambda n: sql.Identifier(schema, n))
+        )
+        self._base = qualify(table)
+        self._ranks = qualify(self.rank_table)
+        self._id = sql.Identifier(id)
+        self._score = sql.Identifier(score)
+        self.where = "PostgreSQL table " + (
+            repr(table) if schema is None else f"{schema!r}.{table!r}"
+        )
+        self._run: _Run | None = None
+        text_ids = self._check_columns()
+        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
+        self._order = sql.SQL("{} DESC, {} ASC").format(self._score, id_key)
+
+    # ----- construction from raw votes ----------------------------------------------------------
+    @classmethod
+    def from_votes(
+        cls,
+        conninfo_or_connection: str | psycopg.Connection[Any],
+        votes: str,
+        items: str,
+        *,
+        client: str = "client",
+        item: str = "item",
+        item_id: str = "id",
+        into: str | None = None,
+        schema: str | None = None,
+        replace: bool = False,
+    ) -> PostgresTable:
+        """Count votes per item as COUNT(DISTINCT client) over the public table of all items.
+
+        `votes` holds (client, item) rows; `items` is the public domain (column `item_id`). The
+        counts go into the table `into` (default `<votes>_counts`) with columns (id, score); a LEFT
+        JOIN keeps items without votes (score 0), so m is the size of `items`. A vote for an item
+        missing from `items` is an error: the domain must be public and complete.
+        """
+        if isinstance(conninfo_or_connection, psycopg.Connection):
+            conn, owned = conninfo_or_connection, False
+        else:
+            conn, owned = psycopg.connect(conninfo_or_connection, autocommit=True), True
+
+        def name(n: str) -> sql.Identifier:
+            return sql.Identifier(n) if schema is None else sql.Identifier(schema, n)
+
+        into = into or f"{votes}_counts"
+        v, i, out = name(votes), name(items), name(into)
+        vc, vi, ii = sql.Identifier(client), sql.Identifier(item), sql.Identifier(item_id)
+        with conn.transaction():
+            for table, label, cols in ((v, votes, [vc, vi]), (i, items, [ii])):
+                try:
+                    with conn.transaction():
+                        columns = sql.SQL(", ").join(cols)
+                        conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
+                except psycopg.Error as error:
+                    raise ValueError(f"PostgreSQL table {label!r}: {_first_line(error)}") from None
+            stray = conn.execute(
+                sql.SQL(
+                    "SELECT count(*), min(v.{vi}::text) FROM {v} AS v WHERE v.{vi} IS NOT NULL "
+                    "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
+                ).format(v=v, i=i, vi=vi, ii=ii)
+            ).fetchone()
+            if stray and stray[0]:
+                raise ValueError(
+                    f"PostgreSQL table {votes!r} column {item!r} has {stray[0]} vote(s) for items "
+                    f"not in the items table {items!r} (e.g. {stray[1]!r}): the domain must list "
+                    "every item"
+                )
+            if replace:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(out))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {out} AS SELECT i.{ii} AS id, count(DISTINCT v.{vc}) AS score "
+                    "FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
+                ).format(out=out, i=i, v=v, ii=ii, vi=vi, vc=vc)
+            )
+        source = cls(conn, into, id="id", score="score", schema=schema)
+        source._owns_connection = owned
+        return source
+
+    # ----- checks -------------------------------------------------------------------------------
+    def _check_columns(self) -> bool:
+        """Table and columns exist, the score is numeric; returns whether ids are collatable."""
+        with self._reading() as cur:
+            cur.execute("SELECT to_regclass(%s)::oid", [self._base.as_string(self._conn)])
+            oid = cur.fetchone()[0]
+            if oid is None:
+                raise ValueError(f"{self.where} does not exist (or is not visible)")
+            cur.execute(
+                "SELECT a.attname, t.typcategory, a.attcollation <> 0, "
+                "format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "JOIN pg_type t ON t.oid = a.atttypid "
+                "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+                [oid],
+            )
+            columns = {name: (cat, coll, kind) for name, cat, coll, kind in cur.fetchall()}
+        for column in (self.id_column, self.score_column):
+            if column not in columns:
+                raise ValueError(
+                    f"{self.where} has no column {column!r} (columns: {sorted(columns)})"
+                )
+        category, _, kind = columns[self.score_column]
+        if category != "N":
+            raise TypeError(
+                f"{self.where} column {self.score_column!r} must be numeric, it is {kind}"
+            )
+        return bool(columns[self.id_column][1])
+
+    def validate(self) -> int:
+        """Check every row (one pass): no NULL/NaN/infinite/negative score, no NULL or duplicate
+        id, not empty. Returns m. Raises ValueError naming the table and column at fault."""
+        s = sql.SQL("{}::float8").format(self._score)
+        query = sql.SQL(
+            "SELECT count(*), count(*) - count({id}), count(DISTINCT {id}), "
+            "count(*) - count({score}), "
+            "count(*) FILTER (WHERE {s} IN ('NaN', 'Infinity', '-Infinity')), "
+            "count(*) FILTER (WHERE {score} < 0) FROM {base}"
+        ).format(id=self._id, score=self._score, s=s, base=self._base)
+        with self._reading() as cur:
+            facts = TableFacts(*(int(x) for x in cur.execute(query).fetchone()))
+            duplicate = None
+            if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
+                duplicate = cur.execute(
+                    sql.SQL(
+                        "SELECT {id} FROM {base} GROUP BY {id} HAVING count(*) > 1 LIMIT 1"
+                    ).format(id=self._id, base=self._base)
+                ).fetchone()[0]
+        raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
+        return facts.rows
+
+    def has_rank_table(self) -> bool:
+        with self._reading() as cur:
+            cur.execute("SELECT to_regclass(%s)", [self._ranks.as_string(self._conn)])
+            return cur.fetchone()[0] is not None
+
+    def check(self) -> AccessCheck:
+        """How each access kind will be served, from EXPLAIN with sequential scans disabled.
+
+        With `enable_seqscan = off` the planner still picks a sequential scan only when no index
+        can serve the query: that is the fallback this check reports. (On small tables PostgreSQL
+        may prefer a sequential scan anyway; that is cheap there and not reported.)
+        """
+        ranked = self.has_rank_table()
+        probes = [
+            ("sorted", self._sorted_query(ranked), [0, 100] if ranked else [100, 0]),
+            ("random by rank", self._ranks_query(ranked), [[1, 2, 3]]),
+            ("random by id", self._ids_query(ranked), [[]]),
+        ]
+        paths = []
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            cur.execute("SET LOCAL enable_seqscan = off")
+            for access, query, params in probes:
+                if access == "random by id":
+                    params = [self._sample_ids(cur)]
+                plan = cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()[0]
+                scans = sorted(_seq_scans(plan if isinstance(plan, list) else json.loads(plan)))
+                how = (f"sequential scan of {', '.join(scans)}" if scans else "index scan") + (
+                    "" if ranked else f" (no rank table {self.rank_table!r}: call prepare())"
+                )
+                paths.append(AccessPath(access, bool(scans), how))
+        return AccessCheck(self.where, paths)
+
+    def _sample_ids(self, cur: psycopg.Cursor[Any]) -> list[Any]:
+        return [
+            row[0]
+            for row in cur.execute(
+                sql.SQL("SELECT {} FROM {} LIMIT 3").format(self._id, self._base)
+            ).fetchall()
+        ]
+
+    # ----- preparation --------------------------------------------------------------------------
+    def prepare(self, refresh: bool = False) -> None:
+        """Create the rank table (rank, id, score) with its B-trees if it is missing, or with
+        `refresh=True` replace its rows by the table's current state.
+
+        Idempotent: without `refresh`, an existing rank table is kept. The table is validated
+        first. Everything happens in one transaction: runs in progress keep their snapshot.
+        """
+        if self._run is not None:
+            raise RuntimeError("prepare() cannot run inside snapshot()")
+        if self.has_rank_table() and not refresh:
+            return
+        rows = sql.SQL(
+            "SELECT row_number() OVER (ORDER BY {order}) - 1, {id}, {score}::float8 FROM {base}"
+        ).format(order=self._order, id=self._id, score=self._score, base=self._base)
+        with self._conn.transaction():
+            self.validate()
+            if self.has_rank_table():
+                self._conn.execute(sql.SQL("DELETE FROM {}").format(self._ranks))
+                self._conn.execute(sql.SQL("INSERT INTO {} ").format(self._ranks) + rows)
+            else:
+                self._conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {ranks} AS SELECT rank, id, score FROM ({rows}) AS r"
+                        "(rank, id, score)"
+                    ).format(ranks=self._ranks, rows=rows)
+                )
+                self._conn.execute(
+                    sql.SQL(
+                        "ALTER TABLE {ranks} ADD PRIMARY KEY (rank), ADD UNIQUE (id), "
+                        "ALTER COLUMN score SET NOT NULL, "
+                        "ADD CHECK (score >= 0 AND score < 'Infinity'::float8)"
+                    ).format(ranks=self._ranks)
+                )
+        with self._conn.transaction():
+            self._conn.execute(sql.SQL("ANALYZE {}").format(self._ranks))
+
+    # ----- the Source protocol ------------------------------------------------------------------
+    @contextmanager
+    def _reading(self) -> Iterator[psycopg.Cursor[Any]]:
+        """A cursor for reads: inside the run's transaction, or a short transaction of its own."""
+        if self._run is not None or self._conn.autocommit:
+            with self._conn.cursor() as cur:
+                yield cur
+        else:
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                yield cur
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One REPEATABLE READ READ ONLY transaction: every read of the run sees one snapshot."""
+        if self._run is not None:  # nested: the outer snapshot already holds the transaction
+            yield
+            return
+        conn = self._conn
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise RuntimeError(
+                f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
+                "its own REPEATABLE READ READ ONLY transaction"
+            )
+        saved = conn.isolation_level, conn.read_only
+        conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+        try:
+            with conn.transaction():
+                ranked = self.has_rank_table()
+                if ranked:
+                    m = conn.execute(
+                        sql.SQL("SELECT coalesce(max(rank) + 1, 0) FROM {}").format(self._ranks)
+                    ).fetchone()[0]
+                else:
+                    warnings.warn(
+                        f"{self.where} has no rank table: sampling reads the whole table; "
+                        "call prepare()",
+                        stacklevel=3,
+                    )
+                    m = self.validate()
+                self._run = _Run(ranked, int(m))
+                try:
+                    yield
+                finally:
+                    self._run = None
+        finally:
+            conn.isolation_level, conn.read_only = saved
+
+    def _state(self) -> _Run:
+        if self._run is not None:
+            return self._run
+        if self.has_rank_table():
+            with self._reading() as cur:
+                m = cur.execute(
+                    sql.SQL("SELECT coalesce(max(rank) + 1, 0) FROM {}").format(self._ranks)
+                ).fetchone()[0]
+            return _Run(True, int(m))
+        return _Run(False, self.validate())
+
+    def _ranked_source(self, ranked: bool) -> sql.Composable:
+        if ranked:
+            return self._ranks
+        return sql.SQL(
+            "(SELECT row_number() OVER (ORDER BY {order}) - 1 AS rank, {id} AS id, "
+            "{score}::float8 AS score FROM {base})"
+        ).format(order=self._order, id=self._id, score=self._score, base=self._base)
+
+    def _sorted_query(self, ranked: bool) -> sql.Composable:
+        if ranked:
+            return sql.SQL(
+                "SELECT rank, id, score FROM {} WHERE rank >= %s AND rank < %s ORDER BY rank"
+            ).format(self._ranks)
+        return sql.SQL(
+            "SELECT 0, {id}, {score}::float8 FROM {base} ORDER BY {order} LIMIT %s OFFSET %s"
+        ).format(id=self._id, score=self._score, base=self._base, order=self._order)
+
+    def _ranks_query(self, ranked: bool) -> sql.Composable:
+        return sql.SQL(
+            "SELECT r.rank, r.id, r.score FROM {} AS r WHERE r.rank = ANY(%s::bigint[]) "
+            "ORDER BY r.rank"
+        ).format(self._ranked_source(ranked))
+
+    def _ids_query(self, ranked: bool) -> sql.Composable:
+        if ranked:
+            return sql.SQL("SELECT id, score FROM {} WHERE id = ANY(%s)").format(self._ranks)
+        return sql.SQL("SELECT {id}, {score}::float8 FROM {base} WHERE {id} = ANY(%s)").format(
+            id=self._id, score=self._score, base=self._base
+        )
+
+    def domain_size(self) -> int:
+        return self._state().m
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        run = self._state()
+        start, stop = int(start), min(int(start) + int(count), run.m)
+        if stop <= start:
+            return rows_from_records([])
+        params = [start, stop] if run.ranked else [stop - start, start]
+        with self._reading() as cur:
+            records = cur.execute(self._sorted_query(run.ranked), params).fetchall()
+        rows = rows_from_records(records)
+        if not run.ranked:
+            rows = Rows(np.arange(start, start + len(rows), dtype=np.int64), rows.ids, rows.scores)
+        return rows
+
+    def read_ranks(self, ranks: np.ndarray) -> Rows:
+        run = self._state()
+        wanted = plain_values(np.asarray(ranks, dtype=np.int64))
+        if not wanted:
+            return rows_from_records([])
+        with self._reading() as cur:
+            records = cur.execute(self._ranks_query(run.ranked), [wanted]).fetchall()
+        return rows_from_records(records)
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        run = self._state()
+        wanted = plain_values(ids)
+        if not wanted:
+            return np.empty(0, dtype=np.float64)
+        with self._reading() as cur:
+            found = dict(cur.execute(self._ids_query(run.ranked), [wanted]).fetchall())
+        return scores_in_order(found, wanted, self.where)
+
+    def close(self) -> None:
+        """Close the connection if this object opened it."""
+        if self._owns_connection:
+            self._conn.close()
+
+
+def _seq_scans(plan: Any) -> Iterator[str]:
+    """Relations read by a sequential scan anywhere in an EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(plan, list):
+        for entry in plan:
+            yield from _seq_scans(entry)
+    elif isinstance(plan, dict):
+        if plan.get("Node Type") == "Seq Scan":
+            yield str(plan.get("Relation Name"))
+        for value in plan.values():
+            if isinstance(value, list | dict):
+                yield from _seq_scans(value)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]

@@ -1,0 +1,141 @@
+"""Conformance store: PostgresTable on the PostgreSQL server at TOPK_PG_DSN.
+
+TOPK_PG_DSN defaults to "host=127.0.0.1 port=5432 dbname=test". Each test session works in a
+schema of its own (`topk_test_<random>`), dropped at the end. When the server is unreachable the
+tests fail if the CI environment variable is set; otherwise a throwaway server is started with the
+`pgserver` package if it is installed, else they are skipped with a message saying how to provide
+one.
+
+`make_postgres_source(scores, ids)` writes the histogram (COPY) into a table whose name and columns
+need quoting, runs prepare() and returns the PostgresTable. `write_postgres_source(source, item,
+score)` is a concurrent writer: on a connection of its own it sets the item's score and refreshes
+the rank table, committed; it returns True (new runs see it).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from adapters.postgres import PostgresTable
+
+DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
+TABLE = 'Vote "Counts" {}'
+ID_COLUMN = "Item ID"
+SCORE_COLUMN = "select"
+
+
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+
+
+@pytest.fixture(scope="session")
+def pg_conninfo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A reachable server: TOPK_PG_DSN, or (outside CI) a throwaway pgserver, or a skip."""
+    conninfo = os.environ.get("TOPK_PG_DSN", DEFAULT_PG_DSN)
+    try:
+        _connect(conninfo).close()
+    except psycopg.OperationalError as error:
+        message = f"PostgreSQL at TOPK_PG_DSN={conninfo!r} is unreachable ({error})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        try:
+            import pgserver  # type: ignore[import-not-found]
+        except ImportError:
+            pytest.skip(
+                f"{message}; set TOPK_PG_DSN to a server you may create schemas on, or "
+                "`pip install pgserver` to let the tests start a throwaway one"
+            )
+        server = pgserver.get_server(tmp_path_factory.mktemp("pgserver"), cleanup_mode="stop")
+        yield server.get_uri()
+        server.cleanup()
+        return
+    yield conninfo
+
+
+@pytest.fixture(scope="session")
+def pg_schema(pg_conninfo: str) -> Iterator[str]:
+    """A schema of this test session, dropped with everything in it at the end."""
+    schema = f"topk_test_{uuid.uuid4().hex[:10]}"
+    with _connect(pg_conninfo) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    yield schema
+    with _connect(pg_conninfo) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def create_table(conn: psycopg.Connection[Any], schema: str, name: str, scores: Any, ids: Any):
+    """(ID_COLUMN, SCORE_COLUMN): bigint or text ids, bigint scores if all whole, else float8."""
+    scores = np.asarray(scores)
+    ids = np.arange(len(scores)) if ids is None else np.asarray(ids)
+    integral = bool(np.all(np.isfinite(scores)) and np.all(scores == np.round(scores)))
+    text = not np.issubdtype(ids.dtype, np.integer)
+    table = sql.Identifier(schema, name)
+    conn.execute(
+        sql.SQL("CREATE TABLE {} ({} {}, {} {})").format(
+            table,
+            sql.Identifier(ID_COLUMN),
+            sql.SQL("text" if text else "bigint"),
+            sql.Identifier(SCORE_COLUMN),
+            sql.SQL("bigint" if integral else "float8"),
+        )
+    )
+    id_values = [str(v) for v in ids.tolist()] if text else ids.tolist()
+    score_values = [int(v) for v in scores.tolist()] if integral else scores.tolist()
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} FROM STDIN").format(table)) as copy:
+        for row in zip(id_values, score_values, strict=True):
+            copy.write_row(row)
+
+
+@pytest.fixture
+def make_postgres_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    made: list[PostgresTable] = []
+    conn = _connect(pg_conninfo)
+
+    def make(scores: Any, ids: Any = None) -> PostgresTable:
+        name = TABLE.format(uuid.uuid4().hex[:8])
+        create_table(conn, pg_schema, name, scores, ids)
+        source = PostgresTable(
+            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema
+        )
+        made.append(source)
+        source.prepare()
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+        for table in (source.rank_table, source.table):
+            drop = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(pg_schema, table))
+            conn.execute(drop)
+    conn.close()
+
+
+@pytest.fixture
+def write_postgres_source(pg_conninfo: str) -> Callable[[PostgresTable, Any, float], bool]:
+    def write(source: PostgresTable, item: Any, score: float) -> bool:
+        with _connect(pg_conninfo) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} = %s WHERE {} = %s").format(
+                    sql.Identifier(source.schema, source.table),
+                    sql.Identifier(SCORE_COLUMN),
+                    sql.Identifier(ID_COLUMN),
+                ),
+                [score, item],
+            )
+            writer = PostgresTable(
+                conn, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+            )
+            writer.prepare(refresh=True)
+        return True
+
+    return write
