@@ -12,6 +12,7 @@ The core, one idea per module:
 
 from .access import AccessStats, CountedAccess, RandomAccess, Rows, SortedAccess, Source
 from .api import TopKResult, private_top_k
+from .mechanisms.exponential import exponential_mechanism
 from .mechanisms.threshold import Batching
 from .privacy import PrivacyGuarantee, calibrate
 from .threshold import ArrayList, TAResult, threshold_algorithm
@@ -29,6 +30,7 @@ __all__ = [
     "TAResult",
     "TopKResult",
     "calibrate",
+    "exponential_mechanism",
     "private_top_k",
     "threshold_algorithm",
 ]

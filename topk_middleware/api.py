@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .access import AccessStats, CountedAccess, Source
+from .lazy_noise import LazyNoiseList
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
 from .noise import make_noise
@@ -18,7 +19,7 @@ from .privacy import PrivacyGuarantee, calibrate
 
 NOISES = ("gumbel", "laplace")
 METHODS = ("threshold", "oneshot")
-ORACLES = ("eager",)
+ORACLES = ("lazy", "eager")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def private_top_k(
     method: Literal["threshold", "oneshot"] = "threshold",
     seed: int | None = None,
     *,
-    oracle: Literal["eager"] = "eager",
+    oracle: Literal["lazy", "eager"] = "lazy",
     batching: Batching | None = None,
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
@@ -75,6 +76,8 @@ def private_top_k(
     (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2, a full read. Both have
     the same output distribution, and with the same seed and the eager oracle the same output.
     `seed` makes a run reproducible; without it randomness comes from the operating system.
+    `oracle` is the noise list of the threshold method: "lazy" (Algorithm 4, samples only the
+    noises it reads) or "eager" (draws all m noises; the same noise vector as the one-shot run).
     """
     check_common(k, epsilon, delta)
     if noise not in NOISES:
@@ -94,7 +97,10 @@ def private_top_k(
         if method == "oneshot":
             ranks = oneshot_top_k(access, distribution.sample(rng, access.m), k)
         else:
-            noise_list = EagerNoiseList.draw(distribution, access.m, rng)
+            if oracle == "lazy":
+                noise_list = LazyNoiseList(distribution, access.m, rng)
+            else:
+                noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             ranks = private_threshold_top_k(access, noise_list, k, batching)
         items = access.ids_of(ranks)
     return TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)

@@ -1,0 +1,327 @@
+"""The lazy noise oracle (Wu, Ohrimenko, Wirth 2023, Algorithm 4).
+
+The noise list L2 of Algorithm 3 holds m i.i.d. noises sorted descending, position j holding the
+item I_(j) and its noise Z_(j). Generating all m of them costs O(m). The oracle samples a position
+only when it is first needed, from its exact conditional law given the positions sampled so far:
+
+* Items (Lemma 4.1): the item order of L2 is a uniform permutation, independent of the values.
+  A fresh position reached by sorted access gets an item drawn uniformly from the items not yet
+  placed; a fresh item reached by random access gets a position drawn uniformly from the positions
+  not yet sampled (Algorithm 4, "Sorted Access" line 3 and "Random Access" line 2).
+* Values (Facts 4.6, 4.7, Theorems 4.8, 4.10): Z_(j) = F^-1(U_(j)) with U_(1) >= ... >= U_(m) the
+  sorted uniforms. We work with the survival probability V = 1 - U, increasing along positions,
+  and `distribution.from_survival(V)`, which keeps the largest noises exact when V ~ j/m ~ 1e-12.
+  Given the sampled positions, V_(j) depends only on its nearest sampled neighbours l < j < r:
+
+      V_(j) = v_l + (v_r - v_l) * Y,   Y ~ Beta(j - l, r - j)
+
+  with sentinels v_(-1) = 0 and v_(m) = 1 (0-based positions). This is one formula for the three
+  cases of Theorem 4.8 and for the case j < min(J) that its case analysis leaves out. Checked
+  against equation (9) of the paper: given U_(l) = u_l and U_(r) = u_r, U_(j) is the (j - l)-th
+  largest of r - l - 1 uniforms on [u_r, u_l], i.e. u_r + (u_l - u_r) * Beta(r - j, j - l); the
+  shift u_r is missing from the printed Theorem 4.10 (3). With V = 1 - U and 1 - Beta(a, b) =
+  Beta(b, a) this is the formula above.
+
+Numerics: Y = G1 / (G1 + G2) with G1 ~ Gamma(j - l), G2 ~ Gamma(r - j) keeps full relative
+precision even when Y ~ 1e-12, and v_l + (v_r - v_l) * Y then has relative error of a few ulps
+(both terms are non-negative), so V near 0 (the top of the list, where the top-k is decided) is
+exact to double precision for every m up to 2**62. Near V = 1 (the smallest noises) the resolution
+is that of a double near 1, 1.1e-16 in V; these noises never decide a top-k.
+
+Memory: positions before the sorted-access cursor are all sampled and are needed only as the
+cursor's predecessor; positions after it that random access has sampled sit in a SortedDict for
+predecessor / successor lookup. Items map to their noise in a dict. Time and memory are
+O(accesses log accesses), never O(m).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+import numpy as np
+from sortedcontainers import SortedDict, SortedList
+
+from .noise import NoiseDistribution
+
+# Uniform choice from [lo, hi) minus a set of taken values uses rejection (expected <= 2 draws)
+# while at most this fraction is taken, and exact selection over a SortedList beyond.
+REJECTION_MAX_TAKEN = 0.5
+MAX_DOMAIN = 2**62
+
+
+def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
+    """The t-th (0-based) integer >= lo that is not in `taken` (sorted, every element >= lo).
+
+    The number of free integers below taken[i] is taken[i] - lo - i, non-decreasing in i, so the
+    answer is lo + t + p where p is the number of i with taken[i] - lo - i <= t (binary search).
+    """
+    low, high = 0, len(taken)  # type: ignore[arg-type]
+    while low < high:
+        mid = (low + high) // 2
+        if taken[mid] - lo - mid <= t:  # type: ignore[index]
+            low = mid + 1
+        else:
+            high = mid
+    return lo + t + low
+
+
+def _first_occurrences(values: np.ndarray) -> np.ndarray:
+    """Mask of the first occurrence of each value, in array order (duplicates are rare here)."""
+    keep = np.ones(len(values), dtype=bool)
+    ordered = np.sort(values)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated):
+        seen: set[int] = set()
+        for i in np.flatnonzero(np.isin(values, repeated)).tolist():
+            value = int(values[i])
+            if value in seen:
+                keep[i] = False
+            seen.add(value)
+    return keep
+
+
+class _Draws:
+    """Scalar random draws served from blocks of one generator (numpy's scalar calls are slow).
+
+    Buffering only regroups the generator's stream: every value is still an independent draw.
+    """
+
+    BITS = 62
+    BLOCK = 4096
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self._bits: list[int] = []
+        self._exps: list[float] = []
+
+    def below(self, n: int) -> int:
+        """A uniform integer in [0, n), exactly: 62 random bits, rejected above a multiple of n."""
+        limit = ((1 << self.BITS) // n) * n
+        while True:
+            if not self._bits:
+                self._bits = self.rng.integers(0, 1 << self.BITS, self.BLOCK, np.int64).tolist()
+            x = self._bits.pop()
+            if x < limit:
+                return x % n
+
+    def exponential(self) -> float:
+        if not self._exps:
+            self._exps = self.rng.standard_exponential(self.BLOCK).tolist()
+        return self._exps.pop()
+
+
+class LazyNoiseList:
+    """Algorithm 4: sorted and random access to m sorted i.i.d. noises, sampled on demand.
+
+    Implements the NoiseList protocol (noise_list.py): `next_sorted()` and `noise_of(rank)`, items
+    being canonical ranks 0..m-1; plus `next_sorted_batch(count)`, the next `count` positions in
+    one vectorised draw. Its joint law is exactly that of EagerNoiseList (sorting m i.i.d. noises),
+    whatever the interleaving of accesses; the random stream differs, so one seed gives different
+    (equally distributed) answers with the two oracles.
+    """
+
+    def __init__(self, distribution: NoiseDistribution, m: int, rng: np.random.Generator) -> None:
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral):
+            raise TypeError(f"LazyNoiseList m must be an integer, got {m!r}")
+        if not (1 <= m <= MAX_DOMAIN):
+            raise ValueError(f"LazyNoiseList m must be in [1, 2**62], got {m}")
+        self.distribution = distribution
+        self.m = int(m)
+        self.rng = rng
+        self._draws = _Draws(rng)
+        self._cursor = 0  # next position served by sorted access; all positions before are sampled
+        self._last_v = 0.0  # v of position cursor - 1 (the sentinel v_(-1) = 0 at the start)
+        self._last_noise = math.inf
+        # Positions >= cursor sampled by random access: position -> (v, item, noise).
+        self._ahead: SortedDict = SortedDict()
+        self._noise: dict[int, float] = {}  # item (canonical rank) -> its noise
+        self._placed_sorted: SortedList | None = None  # placed items, kept once many are placed
+
+    # ----- introspection ------------------------------------------------------------------------
+    @property
+    def sampled(self) -> int:
+        """How many positions (= items) have been sampled so far."""
+        return len(self._noise)
+
+    @property
+    def cursor(self) -> int:
+        """How many positions sorted access has served."""
+        return self._cursor
+
+    # ----- the NoiseList protocol -----------------------------------------------------------------
+    def next_sorted(self) -> tuple[int, float]:
+        """Sorted access (Algorithm 4): (item, noise) at the next position."""
+        j = self._cursor
+        if j >= self.m:
+            raise IndexError(f"sorted access past the end of the noise list (m = {self.m})")
+        ahead = self._ahead
+        if ahead and ahead.peekitem(0)[0] == j:
+            _, (v, item, noise) = ahead.popitem(0)
+        else:
+            if ahead:
+                r, (v_r, _, noise_r) = ahead.peekitem(0)
+            else:
+                r, v_r, noise_r = self.m, 1.0, -math.inf
+            v = self._draw_v(j - 1, self._last_v, j, r, v_r)
+            item = self._fresh_item()
+            noise = self._noise_for(v, self._last_noise, noise_r)
+            self._place(item, noise)
+        self._cursor = j + 1
+        self._last_v, self._last_noise = v, noise
+        return item, noise
+
+    def noise_of(self, rank: int) -> float:
+        """Random access (Algorithm 4): the noise of item `rank`, placing it first if it is new."""
+        noise = self._noise.get(rank)
+        if noise is not None:
+            return noise
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+            raise TypeError(f"noise_of needs an integer rank, got {rank!r}")
+        rank = int(rank)
+        if not (0 <= rank < self.m):
+            raise IndexError(f"rank {rank} is outside the domain [0, {self.m})")
+        j = self._fresh_position()
+        ahead = self._ahead
+        i = ahead.bisect_left(j)
+        if i > 0:
+            left, (v_l, _, noise_l) = ahead.peekitem(i - 1)
+        else:
+            left, v_l, noise_l = self._cursor - 1, self._last_v, self._last_noise
+        if i < len(ahead):
+            r, (v_r, _, noise_r) = ahead.peekitem(i)
+        else:
+            r, v_r, noise_r = self.m, 1.0, -math.inf
+        v = self._draw_v(left, v_l, j, r, v_r)
+        noise = self._noise_for(v, noise_l, noise_r)
+        ahead[j] = (v, rank, noise)
+        self._place(rank, noise)
+        return noise
+
+    # ----- batched sorted access ------------------------------------------------------------------
+    def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next `count` sorted accesses at once: (items, noises), noises non-increasing.
+
+        A run of consecutive unsampled positions j = l+1 .. l+c below the next sampled position r
+        holds the c smallest of the n = r - l - 1 uniforms V in (v_l, v_r), drawn jointly from
+        exponential spacings: V_(l+i) = v_l + (v_r - v_l) * S_i / (S_c + G), S_i the partial sums
+        of c standard exponentials and G ~ Gamma(n + 1 - c) the sum of the remaining ones. Its items
+        are c distinct fresh items in uniformly random order. Stops early at the end of the list.
+        """
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise ValueError(f"count must be a non-negative integer, got {count!r}")
+        count = min(int(count), self.m - self._cursor)
+        items_out = np.empty(count, dtype=np.int64)
+        noises_out = np.empty(count, dtype=np.float64)
+        filled = 0
+        ahead = self._ahead
+        while filled < count:
+            j = self._cursor
+            if ahead and ahead.peekitem(0)[0] == j:
+                _, (v, item, noise) = ahead.popitem(0)
+                items_out[filled], noises_out[filled] = item, noise
+                filled += 1
+                self._cursor = j + 1
+                self._last_v, self._last_noise = v, noise
+                continue
+            if ahead:
+                r, (v_r, _, noise_r) = ahead.peekitem(0)
+            else:
+                r, v_r, noise_r = self.m, 1.0, -math.inf
+            run = min(r - j, count - filled)
+            v_l = self._last_v
+            spacings = np.cumsum(self.rng.standard_exponential(run))
+            rest = self.rng.standard_gamma(r - j - run + 1)
+            v = v_l + (v_r - v_l) * (spacings / (spacings[-1] + rest))
+            np.clip(v, v_l, v_r, out=v)
+            noises = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+            np.clip(noises, noise_r, self._last_noise, out=noises)
+            items = self._fresh_items(run)
+            self._noise.update(zip(items.tolist(), noises.tolist(), strict=True))
+            if self._placed_sorted is not None:
+                self._placed_sorted.update(items.tolist())
+            items_out[filled : filled + run] = items
+            noises_out[filled : filled + run] = noises
+            filled += run
+            self._cursor = j + run
+            self._last_v, self._last_noise = float(v[-1]), float(noises[-1])
+        return items_out, noises_out
+
+    # ----- internals --------------------------------------------------------------------------
+    def _draw_v(self, left: int, v_l: float, j: int, r: int, v_r: float) -> float:
+        """V_(j) given its nearest sampled neighbours l = left < j < r (Theorems 4.8, 4.10):
+        v_l + (v_r - v_l) * Beta(j - l, r - j).
+
+        Beta(1, n) (the next position after a sampled one) is 1 - W**(1/n), W uniform, computed as
+        -expm1(-E / n) with E = -ln W exponential; otherwise numpy's Beta(a, b), which for
+        max(a, b) > 1 is G1 / (G1 + G2) with independent gammas. Both keep full relative
+        precision for tiny results.
+        """
+        if j - left == 1:
+            y = -math.expm1(-self._draws.exponential() / (r - j))
+        else:
+            y = self.rng.beta(j - left, r - j)
+        v = v_l + (v_r - v_l) * y
+        return min(max(v, v_l), v_r)
+
+    def _noise_for(self, v: float, upper: float, lower: float) -> float:
+        """F^-1(1 - v), kept within its neighbours' noises (guards against last-ulp rounding)."""
+        noise = float(self.distribution.from_survival(v))
+        return min(max(noise, lower), upper)
+
+    def _place(self, item: int, noise: float) -> None:
+        self._noise[item] = noise
+        if self._placed_sorted is not None:
+            self._placed_sorted.add(item)
+
+    def _fresh_item(self) -> int:
+        """An item drawn uniformly from those not yet placed (Algorithm 4, sorted access line 3)."""
+        m, placed = self.m, self._noise
+        if len(placed) <= REJECTION_MAX_TAKEN * m:
+            while True:
+                item = self._draws.below(m)
+                if item not in placed:
+                    return item
+        if self._placed_sorted is None:
+            self._placed_sorted = SortedList(placed)
+        t = self._draws.below(m - len(placed))
+        return _nth_free(self._placed_sorted, t, 0)
+
+    def _fresh_items(self, count: int) -> np.ndarray:
+        """`count` distinct items, uniformly from those not placed, in uniformly random order."""
+        m, placed = self.m, self._noise
+        if len(placed) + count > REJECTION_MAX_TAKEN * m:
+            # Few items are left (m = O(accesses)): list them and take a uniform ordered sample.
+            taken = np.fromiter(placed, dtype=np.int64, count=len(placed))
+            free = np.setdiff1d(np.arange(m, dtype=np.int64), taken, assume_unique=True)
+            return self.rng.permutation(free)[:count]
+        # Sequential rejection, vectorised: candidates are i.i.d. uniform; keeping each candidate
+        # that is neither placed nor an earlier kept one gives a uniform sample without
+        # replacement in random order. At most half the domain is taken, so few are rejected.
+        taken = np.fromiter(placed, dtype=np.int64, count=len(placed)) if placed else None
+        kept = np.empty(0, dtype=np.int64)
+        while len(kept) < count:
+            need = count - len(kept)
+            draw = self.rng.integers(0, m, size=need + need // 64 + 8, dtype=np.int64)
+            stream = np.concatenate([kept, draw])
+            keep = _first_occurrences(stream)
+            if taken is not None:
+                keep &= ~np.isin(stream, taken)
+            kept = stream[keep][:count]
+        return kept
+
+    def _fresh_position(self) -> int:
+        """A position drawn uniformly from those not yet sampled (Algorithm 4, random access l.2).
+
+        Unsampled positions are [cursor, m) minus the keys of `_ahead`.
+        """
+        lo, ahead = self._cursor, self._ahead
+        span = self.m - lo
+        if len(ahead) <= REJECTION_MAX_TAKEN * span:
+            while True:
+                j = lo + self._draws.below(span)
+                if j not in ahead:
+                    return j
+        t = self._draws.below(span - len(ahead))
+        return _nth_free(ahead.keys(), t, lo)
