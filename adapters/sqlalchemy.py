@@ -63,7 +63,10 @@ def _fit(name: str, suffix: str) -> str:
 
 
 def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
-    return isinstance(type_, sa.Integer | sa.Numeric) and not isinstance(type_, sa.Boolean)
+    # Float is not a subclass of Numeric since SQLAlchemy 2.1.
+    return isinstance(type_, sa.Integer | sa.Numeric | sa.Float) and not isinstance(
+        type_, sa.Boolean
+    )
 
 
 def _plain(values: Sequence[Any] | np.ndarray) -> list[Any]:
@@ -113,6 +116,7 @@ class SQLAlchemyTable:
             schema = table.schema
             table = table.name
         self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
+        self.table_name: str | None = table
         self.id_column, self.score_column = id, score
         self._source = _reflect(engine, table, schema, self.where)
         for name in (id, score):
@@ -120,6 +124,7 @@ class SQLAlchemyTable:
                 raise ValueError(
                     f"{self.where} has no column {name!r} (columns: {list(self._source.c.keys())})"
                 )
+        self._text_ids = isinstance(self._source.c[id].type, sa.String)
         self._from: sa.FromClause = self._source
         self._id: ColumnElement[Any] = self._source.c[id]
         self._score: ColumnElement[Any] = self._source.c[score]
@@ -168,16 +173,21 @@ class SQLAlchemyTable:
         ):
             if name not in tab.c:
                 raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
+        self._text_ids = isinstance(items.c[items_id].type, sa.String)
+        # Ids are matched and grouped by their byte-order key: under a case-insensitive
+        # collation (MariaDB's default) 'apple' and 'Apple' are still two items.
+        item_key = self._id_key(items.c[items_id])
         counts = (
             sa.select(
-                items.c[items_id].label("id"),
+                sa.func.min(items.c[items_id]).label("id"),
                 sa.func.count(sa.distinct(votes.c[client])).label("score"),
             )
-            .select_from(items.outerjoin(votes, votes.c[item] == items.c[items_id]))
-            .group_by(items.c[items_id])
+            .select_from(items.outerjoin(votes, self._id_key(votes.c[item]) == item_key))
+            .group_by(item_key)
             .subquery("topk_counts")
         )
         self.where = f"votes {votes_table!r} over items {items_table!r}"
+        self.table_name = None
         self.id_column, self.score_column = items_id, "score"
         self._source = None
         self._from = counts
@@ -466,7 +476,8 @@ class SQLAlchemyTable:
                 sa.select(sa.func.min(self._ranks.c.rank), sa.func.max(self._ranks.c.rank))
             ).one()
         except sa.exc.DBAPIError as error:
-            if not sa.inspect(conn).has_table(self._ranks.name, schema=self._ranks.schema):
+            # Asked on a fresh connection: this one may be in an aborted transaction.
+            if not sa.inspect(self.engine).has_table(self._ranks.name, schema=self._ranks.schema):
                 raise RuntimeError(
                     f"rank table {self._ranks.name!r} of {self.where} does not exist: call "
                     "prepare() first"
