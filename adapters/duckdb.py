@@ -202,7 +202,7 @@ class DuckDBTable:
             f"count(*) - count({self._score}), count_if(isnan({s}) OR isinf({s})), "
             f"count_if({self._score} < 0) FROM {self._base}"
         ).fetchone()
-        facts = TableFacts(*(int(x) for x in row))
+        facts = TableFacts(*(int(x or 0) for x in row))
         duplicate = None
         if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
             duplicate = con.execute(

@@ -205,7 +205,7 @@ class PostgresTable:
             "count(*) FILTER (WHERE {score} < 0) FROM {base}"
         ).format(id=self._id, score=self._score, s=s, base=self._base)
         with self._reading() as cur:
-            facts = TableFacts(*(int(x) for x in cur.execute(query).fetchone()))
+            facts = TableFacts(*(int(x or 0) for x in cur.execute(query).fetchone()))
             duplicate = None
             if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
                 duplicate = cur.execute(

@@ -1,0 +1,196 @@
+"""DuckDBTable beyond the conformance suite: quoting, validation, prepare(), check(), the live
+fallback, snapshots under a concurrent writer, from_votes."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from adapters.duckdb import DuckDBTable, quote_identifier
+from adapters.memory import ArraySource
+from tests.helpers import CountingSource, plateau_histogram
+from topk_middleware import private_top_k
+from topk_middleware.access import AccessError, Rows
+
+AWKWARD_NAMES = ["select", "My Table", 'say "hi"', "Order", "from where", "ünïcode näme", "a.b"]
+
+
+def test_quote_identifier() -> None:
+    assert quote_identifier("plain") == '"plain"'
+    assert quote_identifier('a"b') == '"a""b"'
+    assert quote_identifier("Mixed Case") == '"Mixed Case"'
+    for bad in ("", "a\x00b"):
+        with pytest.raises(ValueError, match="identifier"):
+            quote_identifier(bad)
+
+
+@pytest.mark.parametrize("name", AWKWARD_NAMES)
+def test_awkward_names_work(name: str) -> None:
+    """Table and column names with spaces, quotes, capitals and keywords are taken literally."""
+    con = duckdb.connect()
+    q = quote_identifier
+    con.execute(f"CREATE SCHEMA {q(name + ' schema')}")
+    table = f"{q(name + ' schema')}.{q(name)}"
+    con.execute(f"CREATE TABLE {table} ({q(name + ' id')} VARCHAR, {q(name)} INTEGER)")
+    con.execute(f"INSERT INTO {table} VALUES ('x', 3), ('y', 9), ('z', 1)")
+    source = DuckDBTable(con, name, id=name + " id", score=name, schema=name + " schema")
+    source.prepare()
+    assert not source.check().full_scan
+    result = private_top_k(source, k=1, epsilon=1e6, seed=0)  # almost no noise
+    assert result.items == ["y"]
+
+
+@pytest.fixture
+def con() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE votes (id INTEGER, score DOUBLE, label VARCHAR)")
+    con.execute("INSERT INTO votes VALUES (1, 5, 'a'), (2, 7, 'b'), (3, 0, 'c')")
+    return con
+
+
+@pytest.mark.parametrize(
+    "statement, match",
+    [
+        ("UPDATE votes SET score = NULL WHERE id = 2", "'score' has 1 NULL score"),
+        ("UPDATE votes SET score = 'nan' WHERE id = 2", "'score' has 1 NaN or infinite"),
+        ("UPDATE votes SET score = 'inf' WHERE id = 2", "'score' has 1 NaN or infinite"),
+        ("UPDATE votes SET score = -1 WHERE id = 2", "'score' has 1 negative score"),
+        ("UPDATE votes SET id = 1 WHERE id = 2", "'id' has duplicate ids .*e.g. 1"),
+        ("UPDATE votes SET id = NULL WHERE id = 2", "'id' has 1 NULL id"),
+        ("DELETE FROM votes", "'votes' is empty"),
+    ],
+)
+def test_bad_contents_are_refused_before_anything_is_released(
+    con: duckdb.DuckDBPyConnection, statement: str, match: str
+) -> None:
+    con.execute(statement)
+    source = DuckDBTable(con, "votes")
+    with pytest.raises(ValueError, match=match) as error:
+        source.prepare()
+    assert "DuckDB table 'votes'" in str(error.value)
+    assert not source.has_rank_table()
+    with pytest.warns(UserWarning, match="no rank table"), pytest.raises(ValueError, match=match):
+        private_top_k(source, k=1, epsilon=1.0)  # the live fallback validates every run
+
+
+def test_missing_table_column_and_non_numeric_score(con: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match="DuckDB table 'nope' cannot be read"):
+        DuckDBTable(con, "nope")
+    with pytest.raises(ValueError, match="DuckDB table 'votes' has no column 'count'"):
+        DuckDBTable(con, "votes", score="count")
+    with pytest.raises(ValueError, match="has no column 'item'"):
+        DuckDBTable(con, "votes", id="item")
+    with pytest.raises(TypeError, match="column 'label' must be numeric, it is VARCHAR"):
+        DuckDBTable(con, "votes", score="label")
+
+
+def test_prepare_is_idempotent_and_refresh_rebuilds(con: duckdb.DuckDBPyConnection) -> None:
+    source = DuckDBTable(con, "votes")
+    assert source.check().full_scan
+    source.prepare()
+    assert not source.check().full_scan
+    con.execute("UPDATE votes SET score = 100 WHERE id = 3")
+    source.prepare()  # kept: runs still read the data as of the first prepare()
+    with source.snapshot():
+        assert source.read_sorted(0, 1).ids.tolist() == [2]
+    source.prepare(refresh=True)
+    with source.snapshot():
+        assert source.read_sorted(0, 3).ids.tolist() == [3, 2, 1]
+    # The copy is physically in rank order (what makes rank ranges cheap).
+    stored = con.execute(f"SELECT rank FROM {quote_identifier(source.rank_table)}").fetchnumpy()
+    assert stored["rank"].tolist() == [0, 1, 2]
+    assert "FULL SCAN" in str(source.check())  # random access by id is a hash join, and says so
+
+
+def test_live_fallback_gives_the_same_answers() -> None:
+    """Without prepare() every read is a full scan, but the answers are the canonical ones."""
+    con = duckdb.connect()
+    scores = plateau_histogram(800, 4)
+    ids = [f"item {i:04d}" for i in range(800)]
+    con.execute(
+        "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score", [ids, scores.tolist()]
+    )
+    source = DuckDBTable(con, "t")
+    reference = ArraySource(scores, np.asarray(ids, dtype=object))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for seed in range(3):
+            for method in ("threshold", "oneshot"):
+                got = private_top_k(source, k=4, epsilon=2.0, method=method, seed=seed)
+                want = private_top_k(reference, k=4, epsilon=2.0, method=method, seed=seed)
+                assert got.items == want.items
+                assert got.accesses == want.accesses
+        with source.snapshot():
+            with pytest.raises(AccessError, match="no item with id 'nope'"):
+                source.read_ids(["nope"])
+
+
+def test_live_run_sees_one_snapshot_under_a_concurrent_writer() -> None:
+    """Without a rank table every read goes to the live table, so only the run's transaction
+    keeps it consistent: a writer commits a winning score between two batches; the run must not
+    see it (it would release the item, or read a domain whose order changed)."""
+    con = duckdb.connect()
+    scores = plateau_histogram(1000, 3)
+    con.execute(
+        "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score",
+        [list(range(1000)), scores.tolist()],
+    )
+    loser = int(np.flatnonzero(scores == 0)[0])
+    source = DuckDBTable(con, "t")
+    writer = con.cursor()
+
+    class Hook(CountingSource):
+        def read_sorted(self, start: int, count: int) -> Rows:
+            rows = super().read_sorted(start, count)
+            if start == 0:
+                writer.execute("UPDATE t SET score = 1e9 WHERE id = ?", [loser])
+            return rows
+
+    hooked = Hook(source)
+    want = private_top_k(ArraySource(scores), k=3, epsilon=1.0, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)
+        assert got.items == want.items and got.accesses == want.accesses
+        assert hooked.sorted_rows < 1000
+        assert private_top_k(source, k=3, epsilon=1.0, seed=4).items[0] == loser
+
+
+def test_from_votes_counts_distinct_clients_over_all_items() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE items (id VARCHAR)")
+    con.execute("INSERT INTO items VALUES ('a'), ('b'), ('c'), ('never voted')")
+    con.execute('CREATE TABLE "Raw Votes" ("Client" INTEGER, "what" VARCHAR)')
+    con.execute(
+        """INSERT INTO "Raw Votes" VALUES (1, 'a'), (1, 'a'), (2, 'a'), (3, 'a'),
+        (1, 'b'), (2, 'b'), (NULL, 'b'), (3, 'c')"""
+    )
+    source = DuckDBTable.from_votes(con, "Raw Votes", "items", client="Client", item="what")
+    source.prepare()
+    with source.snapshot():
+        assert source.domain_size() == 4  # the zero-vote item is part of the domain
+        rows = source.read_sorted(0, 4)
+    assert rows.ids.tolist() == ["a", "b", "c", "never voted"]
+    assert rows.scores.tolist() == [3.0, 2.0, 1.0, 0.0]  # a client counts once per item
+    con.execute("""INSERT INTO "Raw Votes" VALUES (4, 'unlisted')""")
+    with pytest.raises(ValueError, match="1 vote\\(s\\) for items not in the items table"):
+        DuckDBTable.from_votes(con, "Raw Votes", "items", client="Client", item="what", into="x")
+
+
+def test_a_database_file_path(tmp_path: Path) -> None:
+    path = tmp_path / "counts.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "CREATE TABLE c AS SELECT range AS id, (range * 37) % 101 AS score FROM range(100)"
+        )
+    source = DuckDBTable(path, "c")
+    source.prepare()
+    assert private_top_k(source, k=2, epsilon=1e6, seed=1).items == [30, 60]
+    source.close()
+    reopened = DuckDBTable(str(path), "c")
+    assert reopened.has_rank_table()  # prepare() persisted the rank-ordered copy
+    reopened.close()

@@ -1,0 +1,285 @@
+"""PostgresTable beyond the conformance suite: identifiers, validation, prepare(), check() from
+EXPLAIN, the live fallback, one REPEATABLE READ snapshot under a concurrent writer, from_votes.
+
+Runs against the server at TOPK_PG_DSN in a schema of its own (tests/stores_postgres.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from adapters.memory import ArraySource
+from adapters.postgres import PostgresTable
+from tests.helpers import CountingSource, plateau_histogram
+from topk_middleware import private_top_k
+from topk_middleware.access import AccessError, Rows
+
+Make = Callable[..., PostgresTable]
+
+
+@pytest.fixture
+def conn(pg_conninfo: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def table(conn: psycopg.Connection[Any], pg_schema: str) -> Iterator[Callable[..., str]]:
+    """`table(columns_sql, rows)` creates a fresh table in the test schema; returns its name."""
+    made: list[str] = []
+
+    def create(columns: str, rows: list[tuple[Any, ...]], name: str | None = None) -> str:
+        name = name or f"t_{uuid.uuid4().hex[:8]}"
+        ident = sql.Identifier(pg_schema, name)
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(columns)))
+        with conn.cursor() as cur:
+            for row in rows:
+                placeholders = sql.SQL(", ").join(sql.Placeholder() * len(row))
+                cur.execute(
+                    sql.SQL("INSERT INTO {} VALUES ({})").format(ident, placeholders), list(row)
+                )
+        made.append(name)
+        return name
+
+    yield create
+    for name in made:
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(pg_schema, name))
+        )
+
+
+@pytest.fixture
+def open_tables() -> Iterator[list[PostgresTable]]:
+    opened: list[PostgresTable] = []
+    yield opened
+    for source in opened:
+        for rank_table in (source.rank_table,):
+            with psycopg.connect(source._conn.info.dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(
+                        sql.Identifier(source.schema, rank_table)
+                    )
+                )
+        source.close()
+
+
+@pytest.fixture
+def make(pg_conninfo: str, pg_schema: str, open_tables: list[PostgresTable]) -> Make:
+    def build(name: str, **options: Any) -> PostgresTable:
+        source = PostgresTable(pg_conninfo, name, schema=pg_schema, **options)
+        open_tables.append(source)
+        return source
+
+    return build
+
+
+AWKWARD_NAMES = [
+    "select",
+    "My Table",
+    'say "hi"',
+    "Order",
+    "from where",
+    "ünïcode",
+    "a.b",
+    "x" * 63,
+]
+
+
+@pytest.mark.parametrize("name", AWKWARD_NAMES)
+def test_awkward_names_work(table, make: Make, name: str) -> None:
+    """Names with spaces, quotes, capitals, keywords, dots, and of the maximal length."""
+    id_col, score_col = (name[:60] + " id"), name
+    cols = sql.SQL("{} text, {} integer").format(sql.Identifier(id_col), sql.Identifier(score_col))
+    created = table(cols.as_string(None), [("x", 3), ("y", 9), ("z", 1)], name=name)
+    source = make(created, id=id_col, score=score_col)
+    source.prepare()
+    assert len(source.rank_table.encode()) <= 63
+    assert not source.check().full_scan
+    assert private_top_k(source, k=1, epsilon=1e6, seed=0).items == ["y"]
+
+
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        ([(1, 5.0), (2, None)], "'score' has 1 NULL score"),
+        ([(1, 5.0), (2, float("nan"))], "'score' has 1 NaN or infinite"),
+        ([(1, 5.0), (2, float("inf"))], "'score' has 1 NaN or infinite"),
+        ([(1, 5.0), (2, -0.5)], "'score' has 1 negative score"),
+        ([(1, 5.0), (1, 2.0), (3, 1.0)], "'id' has duplicate ids .*e.g. 1"),
+        ([(1, 5.0), (None, 2.0)], "'id' has 1 NULL id"),
+        ([], "is empty"),
+    ],
+)
+def test_bad_contents_are_refused_before_anything_is_released(
+    table, make: Make, rows: list[tuple[Any, Any]], match: str
+) -> None:
+    source = make(table("id integer, score float8", rows))
+    with pytest.raises(ValueError, match=match) as error:
+        source.prepare()
+    assert f"PostgreSQL table {source.schema!r}.{source.table!r}" in str(error.value)
+    assert not source.has_rank_table()
+    with pytest.warns(UserWarning, match="no rank table"), pytest.raises(ValueError, match=match):
+        private_top_k(source, k=1, epsilon=1.0)  # the live fallback validates every run
+
+
+def test_missing_table_column_and_non_numeric_score(table, make: Make) -> None:
+    name = table("id integer, score numeric(10, 2), label text", [(1, 2.5, "a")])
+    with pytest.raises(ValueError, match=r"table .*'nope' does not exist"):
+        make("nope")
+    with pytest.raises(ValueError, match="has no column 'Score'"):
+        make(name, score="Score")  # identifiers are case-sensitive: they are always quoted
+    with pytest.raises(ValueError, match="has no column 'item'"):
+        make(name, id="item")
+    with pytest.raises(TypeError, match="column 'label' must be numeric, it is text"):
+        make(name, score="label")
+    with pytest.warns(UserWarning, match="no rank table"):
+        assert private_top_k(make(name), k=1, epsilon=1.0, seed=0).items == [1]  # numeric is ok
+
+
+def test_text_ids_in_byte_order_whatever_the_column_collation(table, make: Make) -> None:
+    """The column's own collation (ICU English: 'a' < 'B') is overridden by COLLATE "C"."""
+    ids = ["a", "B", "b", "A", "é", "z", "ä"]
+    name = table('id text COLLATE "en-US-x-icu", score integer', [(i, 1) for i in ids])
+    for prepared in (False, True):
+        source = make(name)
+        if prepared:
+            source.prepare()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with source.snapshot():
+                got = source.read_sorted(0, len(ids)).ids.tolist()
+        assert got == sorted(ids, key=lambda s: s.encode())
+
+
+def test_prepare_is_idempotent_and_check_reads_the_plans(
+    table, make: Make, conn: psycopg.Connection[Any]
+) -> None:
+    name = table("id bigint, score integer", [(i, i % 13) for i in range(300)])
+    source = make(name)
+    before = source.check()
+    assert before.full_scan and "no rank table" in str(before)
+    source.prepare()
+    source.prepare()
+    assert not source.check().full_scan
+    assert "FULL SCAN" not in str(source.check())
+    conn.execute(
+        sql.SQL("UPDATE {} SET score = 1000 WHERE id = 0").format(
+            sql.Identifier(source.schema, name)
+        )
+    )
+    source.prepare()  # kept: runs read the data as of the last (re)build
+    assert source.read_sorted(0, 1).ids.tolist() == [12]
+    source.prepare(refresh=True)
+    assert source.read_sorted(0, 1).ids.tolist() == [0]
+    # Without the unique index on id, random access by id falls back to a scan, and check() says so.
+    rank_table = sql.Identifier(source.schema, source.rank_table)
+    conn.execute(
+        sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            rank_table, sql.Identifier(source.rank_table + "_id_key")
+        )
+    )
+    paths = {p.access: p for p in source.check().paths}
+    assert paths["random by id"].full_scan and not paths["sorted"].full_scan
+    assert not source.check().full_scan  # the threshold algorithm's accesses are still indexed
+
+
+def test_live_fallback_gives_the_same_answers(table, make: Make) -> None:
+    scores = plateau_histogram(600, 4)
+    name = table("id integer, score float8", [(i, float(s)) for i, s in enumerate(scores)])
+    source = make(name)
+    reference = ArraySource(scores)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for seed in range(3):
+            for method in ("threshold", "oneshot"):
+                got = private_top_k(source, k=4, epsilon=2.0, method=method, seed=seed)
+                want = private_top_k(reference, k=4, epsilon=2.0, method=method, seed=seed)
+                assert got.items == want.items
+                assert got.accesses == want.accesses
+        with source.snapshot(), pytest.raises(AccessError, match="no item with id 10000"):
+            source.read_ids([1, 10000])
+
+
+def test_live_run_sees_one_snapshot_under_a_concurrent_writer(
+    table, make: Make, pg_conninfo: str
+) -> None:
+    """Without a rank table every read goes to the live table, so only the REPEATABLE READ
+    transaction keeps the run consistent: a writer on another connection commits a winning score
+    between two batches; the run must not see it."""
+    scores = plateau_histogram(1000, 3)
+    name = table("id integer, score float8", [(i, float(s)) for i, s in enumerate(scores)])
+    source = make(name)
+    loser = int(np.flatnonzero(scores == 0)[0])
+    update = sql.SQL("UPDATE {} SET score = 1e9 WHERE id = %s").format(
+        sql.Identifier(source.schema, name)
+    )
+
+    class Hook(CountingSource):
+        def read_sorted(self, start: int, count: int) -> Rows:
+            rows = super().read_sorted(start, count)
+            if start == 0:
+                with psycopg.connect(pg_conninfo, autocommit=True) as writer:
+                    writer.execute(update, [loser])
+            return rows
+
+    hooked = Hook(source)
+    want = private_top_k(ArraySource(scores), k=3, epsilon=1.0, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)
+        assert got.items == want.items and got.accesses == want.accesses
+        assert hooked.sorted_rows < 1000
+        assert private_top_k(source, k=3, epsilon=1.0, seed=4).items[0] == loser
+
+
+def test_connections_given_by_the_caller(table, pg_conninfo: str, pg_schema: str) -> None:
+    name = table("id integer, score integer", [(1, 1), (2, 50), (3, 7)])
+    with psycopg.connect(pg_conninfo) as conn:  # not autocommit
+        source = PostgresTable(conn, name, schema=pg_schema)
+        source.prepare()
+        assert private_top_k(source, k=1, epsilon=1e6, seed=0).items == [2]
+        assert source.read_ids([3, 1]).tolist() == [7.0, 1.0]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        conn.execute("SELECT 1")  # the caller opens a transaction of their own
+        with pytest.raises(RuntimeError, match="inside a transaction"):
+            private_top_k(source, k=1, epsilon=1.0)
+        conn.rollback()
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, source.rank_table)))
+        conn.commit()
+
+
+def test_from_votes_counts_distinct_clients_over_all_items(
+    table, pg_conninfo: str, pg_schema: str, open_tables: list[PostgresTable]
+) -> None:
+    items = table("id text", [("a",), ("b",), ("c",), ("never voted",)])
+    votes = table(
+        '"Client" integer, "what" text',
+        [(1, "a"), (1, "a"), (2, "a"), (3, "a"), (1, "b"), (2, "b"), (None, "b"), (3, "c")],
+    )
+    counts = f"{votes} counts"
+    source = PostgresTable.from_votes(
+        pg_conninfo, votes, items, client="Client", item="what", into=counts, schema=pg_schema
+    )
+    open_tables.append(source)
+    source.prepare()
+    with source.snapshot():
+        assert source.domain_size() == 4  # the zero-vote item is part of the domain
+        rows = source.read_sorted(0, 4)
+    assert rows.ids.tolist() == ["a", "b", "c", "never voted"]
+    assert rows.scores.tolist() == [3.0, 2.0, 1.0, 0.0]  # a client counts once per item
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        ident = sql.Identifier(pg_schema, votes)
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (4, 'unlisted')").format(ident))
+        with pytest.raises(ValueError, match="1 vote\\(s\\) for items not in the items table"):
+            PostgresTable.from_votes(
+                conn, votes, items, client="Client", item="what", into="x", schema=pg_schema
+            )
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, counts)))
