@@ -126,6 +126,7 @@ class SQLAlchemyTable:
                 )
         self._text_ids = isinstance(self._source.c[id].type, sa.String)
         self._from: sa.FromClause = self._source
+        self._stray_votes = None
         self._id: ColumnElement[Any] = self._source.c[id]
         self._score: ColumnElement[Any] = self._source.c[score]
         score_type = self._source.c[score].type
@@ -146,7 +147,7 @@ class SQLAlchemyTable:
         items_table: str,
         client: str = "client",
         item: str = "item",
-        items_id: str = "id",
+        item_id: str = "id",
         *,
         schema: str | None = None,
         rank_table: str | None = None,
@@ -154,10 +155,11 @@ class SQLAlchemyTable:
     ) -> SQLAlchemyTable:
         """Counts from raw votes: score = COUNT(DISTINCT client) per item of the public domain.
 
-        `items_table` lists the public item domain (column `items_id`); `votes_table` holds
+        `items_table` lists the public item domain (column `item_id`); `votes_table` holds
         (client, item) rows. An outer join keeps the items without votes (score 0), so m is the
-        size of the public domain, not the number of items that happen to have votes. Votes for
-        items outside the domain are not counted; NULL clients are not counted.
+        size of the public domain, not the number of items that happen to have votes. NULL
+        clients are not counted; a vote for an item missing from the domain is an error raised
+        by prepare() (the domain must be public and complete).
         """
         self = cls.__new__(cls)
         self.engine = engine
@@ -167,33 +169,41 @@ class SQLAlchemyTable:
         items = _reflect(engine, items_table, schema, items_where)
         votes = _reflect(engine, votes_table, schema, votes_where)
         for where, tab, name in (
-            (items_where, items, items_id),
+            (items_where, items, item_id),
             (votes_where, votes, client),
             (votes_where, votes, item),
         ):
             if name not in tab.c:
                 raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
-        self._text_ids = isinstance(items.c[items_id].type, sa.String)
+        self._text_ids = isinstance(items.c[item_id].type, sa.String)
         # Ids are matched and grouped by their byte-order key: under a case-insensitive
         # collation (MariaDB's default) 'apple' and 'Apple' are still two items.
-        item_key = self._id_key(items.c[items_id])
+        item_key = self._id_key(items.c[item_id])
+        match = self._id_key(votes.c[item]) == item_key
         counts = (
             sa.select(
-                sa.func.min(items.c[items_id]).label("id"),
+                sa.func.min(items.c[item_id]).label("id"),
                 sa.func.count(sa.distinct(votes.c[client])).label("score"),
             )
-            .select_from(items.outerjoin(votes, self._id_key(votes.c[item]) == item_key))
+            .select_from(items.outerjoin(votes, match))
             .group_by(item_key)
             .subquery("topk_counts")
         )
+        self._stray_votes = (
+            sa.select(sa.func.count(), sa.func.min(votes.c[item]))
+            .select_from(votes.outerjoin(items, match))
+            .where(votes.c[item].is_not(None), items.c[item_id].is_(None)),
+            f"{votes_where} column {item!r}",
+            items_where,
+        )
         self.where = f"votes {votes_table!r} over items {items_table!r}"
         self.table_name = None
-        self.id_column, self.score_column = items_id, "score"
+        self.id_column, self.score_column = item_id, "score"
         self._source = None
         self._from = counts
         self._id, self._score = counts.c.id, counts.c.score
-        self._id_type = items.c[items_id].type
-        digest = _digest(schema, votes_table, items_table, client, item, items_id)
+        self._id_type = items.c[item_id].type
+        digest = _digest(schema, votes_table, items_table, client, item, item_id)
         name = rank_table or _fit(f"{votes_table}__{items_table}", f"__topk_votes_{digest}")
         self._init_ranks(name, schema, max_params, score_type=sa.BigInteger())
         self._source_indexes = []
@@ -343,6 +353,14 @@ class SQLAlchemyTable:
 
     def _validate(self, conn: Connection) -> None:
         """One aggregate pass and one duplicate probe over the counts (DESIGN invariant 6)."""
+        if self._stray_votes is not None:
+            query, where, items_where = self._stray_votes
+            stray, example = conn.execute(query).one()
+            if stray:
+                raise ValueError(
+                    f"{where} has {stray} vote(s) for items not in {items_where} (e.g. "
+                    f"{example!r}): the items table must list the whole public domain"
+                )
         score, id_ = self._score, self._id
         zero_one = lambda cond: sa.func.sum(sa.case((cond, 1), else_=0))  # noqa: E731
         checks: dict[str, Any] = {

@@ -319,7 +319,7 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
     votes = [
         ("c1", "apple"), ("c1", "apple"), ("c2", "apple"), ("c3", "apple"),
         ("c1", "Apple"), ("c2", "banana"), ("c2", "banana"), ("c3", "cherry"),
-        ("c4", "cherry"), (None, "cherry"), ("c9", "not in the domain"), ("c5", "é"),
+        ("c4", "cherry"), (None, "cherry"), ("c5", "é"), ("c5", None),
     ]  # fmt: skip
     items = sa.Table(items_name, sa.MetaData(), sa.Column("item id", sa.String(50)))
     vote_table = sa.Table(
@@ -334,7 +334,7 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
         conn.execute(items.insert(), [{"item id": i} for i in domain])
         conn.execute(vote_table.insert(), [{"Client": c, "item": i} for c, i in votes])
     source = SQLAlchemyTable.from_votes(
-        engine, votes_name, items_name, client="Client", item="item", items_id="item id"
+        engine, votes_name, items_name, client="Client", item="item", item_id="item id"
     )
     tables.append(source.rank_table_name)
     source.prepare()
@@ -346,7 +346,20 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
     got = private_top_k(source, k=2, epsilon=2.0, seed=4)
     assert got.items == private_top_k(reference, k=2, epsilon=2.0, seed=4).items
     with pytest.raises(ValueError, match=rf"table '{votes_name}' has no column 'client'"):
-        SQLAlchemyTable.from_votes(engine, votes_name, items_name, items_id="item id")
+        SQLAlchemyTable.from_votes(engine, votes_name, items_name, item_id="item id")
+    # A vote for an item outside the public domain is refused, naming table and column; so is
+    # 'APPLE', which only a case-insensitive comparison would match to 'apple'.
+    for stray in ("not in the domain", "APPLE"):
+        with engine.begin() as conn:
+            conn.execute(vote_table.insert().values({"Client": "c7", "item": stray}))
+        with pytest.raises(
+            ValueError,
+            match=rf"table '{votes_name}' column 'item' has 1 vote\(s\) for items not in "
+            rf"table '{items_name}' \(e.g. '{stray}'\)",
+        ):
+            source.prepare()
+        with engine.begin() as conn:
+            conn.execute(vote_table.delete().where(vote_table.c.item == stray))
 
 
 # ----- snapshot isolation ---------------------------------------------------------------
