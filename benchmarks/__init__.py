@@ -1,0 +1,1 @@
+"""Benchmarks: access cost against the bounds, wall clock on real stores (python -m benchmarks)."""

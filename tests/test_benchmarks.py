@@ -1,0 +1,161 @@
+"""The benchmark harness in a tiny mode: JSON fields, and numbers that must agree with each other.
+
+Not a performance test (no wall-clock assertion): it checks that the access sweep reports what
+private_top_k counted (one-shot reads exactly m rows; batching fetches at least what the
+sequential algorithm accessed), that the reference lines are Theorem 4.2's formula, and that the
+wall-clock harness runs every method on a real DuckDB file and the real PostgreSQL server and
+reports ratios of its own medians.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from benchmarks import access, common, wallclock
+from benchmarks.__main__ import main
+
+PG_DSN = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
+
+
+@pytest.fixture(scope="module")
+def access_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("access")
+    main(
+        [
+            "access", "--out", str(out), "--name", "tiny", "--quiet", "--jobs", "1",
+            "--min-m", "1e3", "--max-m", "1e3", "--k", "1", "10", "--runs", "6",
+            "--min-runs", "6", "--oneshot-runs", "2",
+        ]
+    )  # fmt: skip
+    payload = json.loads((out / "tiny.json").read_text())
+    payload["_out"] = str(out)
+    return payload
+
+
+def test_access_json_has_machine_and_every_point(access_payload: dict) -> None:
+    machine = access_payload["machine"]
+    for key in ("cpu_count", "python", "numpy", "duckdb", "git_commit", "command"):
+        assert key in machine
+    points = access_payload["points"]
+    combos = {(p["family"], p["k"], p["method"]) for p in points}
+    for family in common.FAMILIES:
+        for k in (1, 10):
+            for method in ("threshold-gumbel", "threshold-laplace", "oneshot"):
+                assert (family, k, method) in combos
+        assert (family, 1, "exponential") in combos
+        assert (family, 10, "exponential") not in combos  # the exponential mechanism is k = 1
+    out = Path(access_payload["_out"])
+    for family in common.FAMILIES:
+        png = out / f"tiny_{family}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_access_numbers_are_consistent(access_payload: dict) -> None:
+    for p in access_payload["points"]:
+        m, k = p["m"], p["k"]
+        assert p["runs"] == p["runs_planned"]
+        assert p["bound"] == pytest.approx(2 * (math.sqrt(m * k) + math.sqrt(m / 2)))
+        assert p["sqrt_mk"] == pytest.approx(math.sqrt(m * k))
+        total = p["total"]
+        assert total["min"] <= total["median"] <= total["p95"] <= total["max"]
+        assert total["min"] <= total["mean"] <= total["max"]
+        assert p["sorted"]["mean"] + p["random"]["mean"] == pytest.approx(total["mean"])
+        assert p["rows_fetched_ge_total"]
+        assert p["rows_fetched"]["mean"] >= total["mean"]
+        assert p["mean_over_bound"] == pytest.approx(total["mean"] / p["bound"])
+        if p["method"] == "oneshot":
+            assert p["total_equals_m"] and total["min"] == total["max"] == m
+        else:
+            # each seen item is at least one access, and the k released items must be seen
+            assert total["min"] >= k
+    fits = access_payload["plateau_slopes"]
+    assert fits == []  # a single m gives no slope
+
+
+def test_slope_is_the_loglog_fit() -> None:
+    ms = [10**3, 10**4, 10**5]
+    assert common.loglog_slope(ms, [3 * m**0.5 for m in ms]) == pytest.approx(0.5)
+    points = [
+        {"family": "plateau", "method": "threshold-gumbel", "k": 10, "m": m,
+         "total": {"mean": 2.0 * m**0.55}}
+        for m in ms
+    ]  # fmt: skip
+    (fit,) = access.slopes(points)
+    assert fit["slope"] == pytest.approx(0.55) and fit["in_target_range"]
+
+
+def test_family_histograms_match_their_definitions() -> None:
+    m, k = 10_000, 10
+    plateau = common.family_scores("plateau", m, k)
+    tau = math.isqrt(m * k - 1) + 1  # ceil(sqrt(mk)) = 317 items on the plateau
+    assert tau == 317
+    assert (plateau > 0).sum() == tau
+    assert (plateau == plateau.max()).sum() == tau - tau // k  # S_H; S_L = tau // k one below
+    zipf = common.family_scores("zipf", m, k)
+    assert zipf[0] == common.ZIPF_TOP and zipf[9] == common.ZIPF_TOP // 10
+    assert np.all(np.diff(common.family_scores("uniform", m, k)) <= 0)
+    assert len(set(common.family_scores("flat", m, k).tolist())) == 1
+
+
+def test_pg_copy_payload_loads_rows_exactly() -> None:
+    ids = np.array([5, 1, 9], dtype=np.int64)
+    scores = np.array([10, 0, 2**40], dtype=np.int64)
+    with psycopg.connect(PG_DSN, autocommit=True) as con:
+        con.execute("CREATE TEMP TABLE copy_check (id bigint, score bigint)")
+        with con.cursor() as cur, cur.copy("COPY copy_check FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(wallclock.pg_copy_payload(ids, scores))
+        rows = con.execute("SELECT id, score FROM copy_check ORDER BY id").fetchall()
+    assert rows == [(1, 0), (5, 10), (9, 2**40)]
+
+
+def test_wallclock_harness_on_duckdb_and_postgres(tmp_path: Path) -> None:
+    out = tmp_path / "wall"
+    main(
+        [
+            "wallclock", "--out", str(out), "--name", "tiny", "--quiet", "--m", "1000",
+            "--reps", "2", "--scan-reps", "1", "--duckdb-path", str(tmp_path / "b.duckdb"),
+            "--pg-dsn", PG_DSN,
+        ]
+    )  # fmt: skip
+    payload = json.loads((out / "tiny.json").read_text())
+    assert payload["machine"]["postgresql"]  # the server's version was recorded
+    assert payload["skipped"] == []
+    entries = payload["results"]
+    assert {(e["store"], e["family"]) for e in entries} == {
+        (s, f) for s in ("duckdb", "postgres") for f in ("zipf", "plateau")
+    }
+    for e in entries:
+        assert e["m"] == 1000 and e["k"] == 10
+        assert e["load_seconds"] > 0 and e["prepare_seconds"] > 0
+        methods = e["methods"]
+        assert {"threshold", "oneshot_scan", "oneshot_sql"} <= set(methods)
+        thr = methods["threshold"]
+        assert thr["reps"] == 2 and len(thr["seconds"]) == 2
+        assert thr["median"] == pytest.approx(float(np.median(thr["seconds"])))
+        for name, ratio in e["speedup"].items():
+            assert ratio == pytest.approx(methods[name]["median"] / thr["median"])
+        stats = thr["accesses"]
+        assert stats["rows_fetched"] >= stats["total"] >= e["k"]
+        assert stats["round_trips"] >= 2
+        scan = methods["oneshot_scan"]["accesses"]
+        assert scan["total"] == scan["sorted"] == scan["rows_fetched"] == 1000
+        sql = methods["oneshot_sql"]["accesses"]
+        assert sql["round_trips"] == 1 and sql["rows_scanned_by_store"] == 1000
+        assert "ln(-ln(random()))" in e["oneshot_sql_query"]
+        assert e["gumbel_scale"] == pytest.approx(e["k"] / e["epsilon"])  # Fact 3.3, pure DP
+        b = e["threshold_breakdown"]
+        assert b["store_seconds"] + b["python_seconds"] == pytest.approx(b["seconds"])
+    table = (out / "tiny.md").read_text()
+    assert table.count("\n| duckdb |") == 2 and table.count("\n| postgres |") == 2
+    assert (out / "tiny.png").read_bytes()[:4] == b"\x89PNG"
+    # the tables were dropped afterwards
+    with psycopg.connect(PG_DSN) as con:
+        left = con.execute("SELECT to_regclass('topk_bench_zipf_1000')").fetchone()[0]
+    assert left is None
