@@ -37,7 +37,8 @@ from topk_middleware.access import AccessError, Rows
 
 FAMILIES = ("zipf", "flat", "uniform", "plateau")
 MAX_DOMAIN = 2**62
-MAX_RUNS = 200_000
+MAX_RUNS = 100_000
+RUN_BLOCK = 4096
 DEFAULT_TOP = {"zipf": 1_000_000, "flat": 1, "uniform": 1_000, "plateau": 100}
 FEISTEL_ROUNDS = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -155,34 +156,46 @@ class SyntheticSource:
 
     # ----- segments and the bijection -----------------------------------------------------------
     def _runs(self) -> list[int]:
-        """Start ranks of the maximal runs of equal score (exponential + binary search)."""
+        """Start ranks of the maximal runs of equal score.
+
+        Scores are read in blocks of RUN_BLOCK consecutive ranks (run boundaries inside a block by
+        comparison of neighbours); a run reaching the end of its block is followed to its end by
+        exponential and binary search.
+        """
         starts: list[int] = []
         r, m = 0, self.m
         while r < m:
             starts.append(r)
+            hi = min(r + RUN_BLOCK, m)
+            block = self.scores_of_ranks(np.arange(r, hi, dtype=np.int64))
+            cuts = (np.flatnonzero(block[1:] != block[:-1]) + 1 + r).tolist()
+            starts.extend(cuts)
             if len(starts) > MAX_RUNS:
                 raise ValueError(
                     f"the {self.family} family with m = {m}, top = {self.top} has more than "
-                    f"{MAX_RUNS} distinct scores; use a smaller top"
+                    f"{MAX_RUNS} runs of distinct scores; use a smaller top"
                 )
-            value = self._score_at(r)
-            lo, step = r, 1  # score(lo) == value
-            while True:
-                hi = r + step
-                if hi >= m:
-                    hi = m
-                    break
-                if self._score_at(hi) < value:
-                    break
-                lo, step = hi, step * 2
-            while hi - lo > 1:  # score(lo) == value > score(hi) (or hi == m)
-                mid = (lo + hi) // 2
-                if self._score_at(mid) < value:
-                    hi = mid
-                else:
-                    lo = mid
-            r = hi
+            r = self._run_end(int(block[-1]), hi)
         return starts
+
+    def _run_end(self, value: int, hi: int) -> int:
+        """The first rank >= hi whose score is below `value` (score(hi - 1) == value), or m."""
+        m, lo, step = self.m, hi - 1, 1
+        while True:
+            probe = lo + step
+            if probe >= m:
+                probe = m
+                break
+            if self._score_at(probe) < value:
+                break
+            lo, step = probe, step * 2
+        while probe - lo > 1:  # score(lo) == value > score(probe) (or probe == m)
+            mid = (lo + probe) // 2
+            if self._score_at(mid) < value:
+                probe = mid
+            else:
+                lo = mid
+        return probe
 
     def _build_segments(self) -> None:
         runs = [*self._runs(), self.m]

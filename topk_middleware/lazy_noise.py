@@ -89,26 +89,30 @@ class _Draws:
     """
 
     BITS = 62
-    BLOCK = 4096
+    MAX_BLOCK = 4096  # blocks double from 8 up to this: small lists draw little
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
         self._bits: list[int] = []
         self._exps: list[float] = []
+        self._bits_block = self._exps_block = 8
 
     def below(self, n: int) -> int:
         """A uniform integer in [0, n), exactly: 62 random bits, rejected above a multiple of n."""
         limit = ((1 << self.BITS) // n) * n
         while True:
             if not self._bits:
-                self._bits = self.rng.integers(0, 1 << self.BITS, self.BLOCK, np.int64).tolist()
+                size = self._bits_block
+                self._bits = self.rng.integers(0, 1 << self.BITS, size, np.int64).tolist()
+                self._bits_block = min(2 * size, self.MAX_BLOCK)
             x = self._bits.pop()
             if x < limit:
                 return x % n
 
     def exponential(self) -> float:
         if not self._exps:
-            self._exps = self.rng.standard_exponential(self.BLOCK).tolist()
+            self._exps = self.rng.standard_exponential(self._exps_block).tolist()
+            self._exps_block = min(2 * self._exps_block, self.MAX_BLOCK)
         return self._exps.pop()
 
 
