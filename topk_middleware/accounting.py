@@ -1,0 +1,344 @@
+"""Privacy accounting: what a release costs, and a budget that composes releases.
+
+A release states its guarantee in every form it supports (`PrivacyCost`):
+
+* pure / approximate DP: (epsilon, delta)-DP;
+* range-bounded (Durfee & Rogers 2019, Definition 4.2): the release is an adaptive composition of
+  eta_i-range-bounded steps (the exponential mechanism, one-shot Gumbel, peeling);
+* zCDP rho (Bun & Steinke 2016), possibly delta-approximate (Zhu & Wang 2022, Definition 5);
+* an RDP curve alpha -> eps(alpha) (Mironov 2017), possibly delta-approximate.
+
+`delta` of a cost is the probability of the bad event outside which the other forms hold
+(Durfee-Rogers' delta of Algorithm 1; Zhu-Wang's delta_t); it adds up under composition.
+
+`PrivacyBudget` holds a total (epsilon, delta). It composes the releases charged to it by every
+rule that applies to all of them and keeps the smallest epsilon: basic composition, the advanced
+composition of Durfee-Rogers Theorem 3, the range-bounded composition of their Lemma 4.4, and
+zCDP / RDP addition converted to (epsilon, delta) by minimising over the order alpha. A release
+that would take the total past the budget is refused (`BudgetExceeded`) before it runs: every
+mechanism here computes its cost from its parameters alone and charges the budget before it
+opens the source.
+
+Every formula names its source; tests/test_accounting.py checks them against independent
+computations and against Google's dp-accounting package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+from .api import TopKResult
+
+RdpCurve = Callable[[float], float]
+
+# Orders alpha on which RDP curves are minimised: dense near 1, geometric up to 10^4.
+DEFAULT_ORDERS: tuple[float, ...] = tuple(
+    np.unique(np.concatenate([1.0 + np.geomspace(1e-3, 1e4, 1200), np.arange(2, 257)]))
+)
+
+
+class BudgetExceeded(RuntimeError):
+    """A release would take the composed guarantee past the budget; nothing was released."""
+
+
+# ----- single-mechanism formulas ---------------------------------------------------------------
+def _check_delta(delta: float, name: str = "delta") -> None:
+    if not (0.0 < delta < 1.0):
+        raise ValueError(f"{name} must be in (0, 1), got {delta}")
+
+
+def advanced_composition_epsilon(epsilons: Sequence[float], delta_prime: float) -> float:
+    """Durfee & Rogers 2019, Theorem 3 (Dwork-Rothblum-Vadhan 2010 with Kairouz et al.'s
+    improvement): the adaptive composition of (eps_i, delta_i)-DP steps is
+    (eps', sum delta_i + delta')-DP, eps' = min{sum eps_i,
+    sum eps_i (e^eps_i - 1)/(e^eps_i + 1) + sqrt(2 sum eps_i^2 ln(1/delta'))}."""
+    eps = np.asarray(epsilons, dtype=np.float64)
+    basic = float(eps.sum())
+    if delta_prime <= 0.0:
+        return basic
+    advanced = float(
+        np.sum(eps * np.tanh(eps / 2.0))
+        + math.sqrt(2.0 * np.sum(eps**2) * math.log(1 / delta_prime))
+    )
+    return min(basic, advanced)
+
+
+def range_bounded_composition_epsilon(etas: Sequence[float], delta_prime: float) -> float:
+    """Durfee & Rogers 2019, Lemma 4.4: the adaptive composition of eta_i-range-bounded steps is
+    (eps', delta')-DP with eps' = min{sum eta_i, sum eta_i (e^eta_i - 1)/(e^eta_i + 1)
+    + sqrt(2 sum eta_i^2 ln(1/delta')), sum eta_i^2 / 2 + sqrt((1/2) sum eta_i^2 ln(1/delta'))}."""
+    eta = np.asarray(etas, dtype=np.float64)
+    first = float(eta.sum())
+    if delta_prime <= 0.0:
+        return first
+    log_term = math.log(1.0 / delta_prime)
+    squares = float(np.sum(eta**2))
+    second = float(np.sum(eta * np.tanh(eta / 2.0))) + math.sqrt(2.0 * squares * log_term)
+    third = squares / 2.0 + math.sqrt(0.5 * squares * log_term)
+    return min(first, second, third)
+
+
+def limited_domain_epsilon(k: int, epsilon: float, delta_prime: float) -> float:
+    """Durfee & Rogers 2019, Theorem 1: Algorithm 1 with Gumbel(1/epsilon) noise is
+    (eps', delta + delta')-DP, eps' = min{k eps, k eps (e^eps - 1)/(e^eps + 1)
+    + eps sqrt(2k ln(1/delta')), k eps^2/2 + eps sqrt(k ln(1/delta')/2)}
+    (Lemma 4.4 with k steps of eps; Theorem 2 is the same formula with k* in place of k)."""
+    return range_bounded_composition_epsilon([epsilon] * k, delta_prime)
+
+
+def zcdp_to_dp_epsilon(rho: float, delta: float) -> float:
+    """Bun & Steinke 2016, Proposition 1.3: rho-zCDP implies (rho + 2 sqrt(rho ln(1/delta)),
+    delta)-DP: Mironov's conversion eps(alpha) + ln(1/delta)/(alpha - 1) with
+    eps(alpha) = alpha rho, minimised over alpha. (Zhu & Wang 2022, Theorem 11 prints
+    sqrt(2 rho ln(1/delta)); that does not follow from their Lemma 4: we use the minimisation.)"""
+    _check_delta(delta)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def rdp_to_dp_epsilon(
+    curve: RdpCurve,
+    delta: float,
+    orders: Sequence[float] = DEFAULT_ORDERS,
+    improved: bool = True,
+    refine: bool | None = None,
+) -> tuple[float, float]:
+    """(epsilon, best alpha) with (epsilon, delta)-DP from an RDP curve, minimised over alpha.
+
+    improved=False: Mironov 2017, Proposition 3 (Zhu & Wang 2022, Lemma 4):
+        eps = eps(alpha) + ln(1/delta) / (alpha - 1).
+    improved=True: Canonne, Kamath & Steinke 2020, Proposition 12:
+        eps = eps(alpha) + ln(alpha - 1) - (alpha ln(alpha) + ln(delta)) / (alpha - 1),
+    which is never larger (for alpha > 1) and is what dp-accounting's RDP accountant uses.
+    The minimum is taken over `orders` and then (refine, the default with the default orders)
+    refined between the neighbours of the best order by a bounded scalar minimisation; every
+    alpha > 1 gives a valid bound, so the refinement can only lower epsilon.
+    """
+    _check_delta(delta)
+    log_delta = math.log(delta)
+
+    def bound(alpha: float) -> float:
+        value = curve(alpha)
+        if improved:
+            shift = (alpha * math.log(alpha) + log_delta) / (alpha - 1.0)
+            return value + math.log(alpha - 1.0) - shift
+        return value - log_delta / (alpha - 1.0)
+
+    grid = sorted(a for a in orders if a > 1.0)
+    if not grid:
+        raise ValueError("orders must contain some alpha > 1")
+    values = [bound(a) for a in grid]
+    i = int(np.argmin(values))
+    best, best_alpha = values[i], grid[i]
+    if refine if refine is not None else orders is DEFAULT_ORDERS:
+        low = grid[i - 1] if i > 0 else 1.0 + 1e-9
+        high = grid[i + 1] if i + 1 < len(grid) else grid[i] * 2.0
+        found = minimize_scalar(bound, bounds=(low, high), method="bounded")
+        if found.success and found.fun < best:
+            best, best_alpha = float(found.fun), float(found.x)
+    return max(0.0, best), best_alpha
+
+
+def range_bounded_zcdp(eta: float) -> float:
+    """Cesar & Rogers 2021, Lemma 17 (as used by Zhu & Wang 2022, Proposition 7): an
+    eta-range-bounded mechanism is eta^2/8-zCDP."""
+    return eta * eta / 8.0
+
+
+def pure_dp_zcdp(epsilon: float) -> float:
+    """Bun & Steinke 2016, Proposition 1.4: epsilon-DP implies epsilon^2/2-zCDP."""
+    return epsilon * epsilon / 2.0
+
+
+def _log_cosh(x: float) -> float:
+    x = abs(x)
+    return x + math.log1p(math.exp(-2.0 * x)) - math.log(2.0)
+
+
+def pure_dp_rdp(epsilon: float, alpha: float) -> float:
+    """RDP of an epsilon-DP mechanism (Zhu & Wang 2022, Proposition 7, second term, from Bun &
+    Steinke 2016): (1/(alpha-1)) ln((sinh(alpha eps) - sinh((alpha-1) eps)) / sinh(eps)),
+    evaluated stably as (1/(alpha-1)) ln(cosh((alpha - 1/2) eps) / cosh(eps/2)) (the same value:
+    sinh a - sinh b = 2 cosh((a+b)/2) sinh((a-b)/2))."""
+    if alpha == 1.0:  # the limit: KL divergence of randomized response
+        return epsilon * math.tanh(epsilon / 2.0)
+    return (_log_cosh((alpha - 0.5) * epsilon) - _log_cosh(0.5 * epsilon)) / (alpha - 1.0)
+
+
+def gaussian_rdp(sigma: float, alpha: float, sensitivity: float = 1.0) -> float:
+    """Mironov 2017, Proposition 7: the Gaussian mechanism N(0, sigma^2) on a query of L2
+    sensitivity s is (alpha, alpha s^2 / (2 sigma^2))-RDP (Zhu & Wang 2022, Corollary 19)."""
+    return alpha * sensitivity * sensitivity / (2.0 * sigma * sigma)
+
+
+def laplace_rdp(scale: float, alpha: float) -> float:
+    """Mironov 2017, Proposition 6: Laplace(b) noise on a sensitivity-1 query is
+    (alpha, (1/(alpha-1)) ln(alpha/(2 alpha - 1) e^{(alpha-1)/b}
+    + (alpha-1)/(2 alpha - 1) e^{-alpha/b}))-RDP; at alpha = 1 (KL): 1/b + e^{-1/b} - 1."""
+    eps = 1.0 / scale
+    if alpha == 1.0:
+        return eps + math.expm1(-eps)
+    a = math.log(alpha / (2 * alpha - 1)) + (alpha - 1) * eps
+    b = math.log((alpha - 1) / (2 * alpha - 1)) - alpha * eps
+    hi, lo = max(a, b), min(a, b)
+    return (hi + math.log1p(math.exp(lo - hi))) / (alpha - 1.0)
+
+
+# ----- the cost of one release -----------------------------------------------------------------
+@dataclass(frozen=True)
+class PrivacyCost:
+    """The guarantee of one release in every form it supports (None / () = not claimed).
+
+    epsilon: the release is (epsilon, delta)-DP (pure when delta = 0).
+    range_bounded: per-step eta_i; outside the delta event the release is an adaptive composition
+        of eta_i-range-bounded steps (Durfee & Rogers 2019, Definition 4.2).
+    rho: delta-approximate rho-zCDP.  rdp: delta-approximate RDP curve.
+    approx: further (epsilon, delta) pairs the release meets (used by basic composition).
+    """
+
+    mechanism: str
+    epsilon: float | None = None
+    delta: float = 0.0
+    range_bounded: tuple[float, ...] = ()
+    rho: float | None = None
+    rdp: RdpCurve | None = None
+    approx: tuple[tuple[float, float], ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def rdp_curve(self) -> RdpCurve | None:
+        """The RDP curve, from `rdp` or else from zCDP (alpha -> alpha rho, Bun & Steinke 2016)."""
+        if self.rdp is not None:
+            return self.rdp
+        if self.rho is not None:
+            rho = self.rho
+            return lambda alpha: alpha * rho
+        return None
+
+    def dp_pairs(self) -> list[tuple[float, float]]:
+        """Every (epsilon, delta) pair this release meets on its own."""
+        pairs = list(self.approx)
+        if self.epsilon is not None:
+            pairs.append((self.epsilon, self.delta))
+        return pairs
+
+
+@dataclass(frozen=True)
+class ComposedGuarantee:
+    """The (epsilon, delta) of a sequence of releases, and the rule that gave it."""
+
+    epsilon: float
+    delta: float
+    rule: str
+
+
+def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
+    """The smallest epsilon such that the releases together are (epsilon, <= delta)-DP, by every
+    composition rule that applies to all of them. delta is the total delta allowed; what the
+    releases' own delta does not use is spent on the composition rule (delta')."""
+    if not costs:
+        return ComposedGuarantee(0.0, 0.0, "nothing released")
+    candidates: list[ComposedGuarantee] = []
+    fail = sum(c.delta for c in costs)
+    spare = delta - fail
+
+    # Basic composition (Dwork & Roth 2014, Theorem 3.16; Durfee & Rogers 2019, Theorem 3 with
+    # delta' = 0): for each release its cheapest pair that keeps the deltas within the total.
+    pairs = [c.dp_pairs() for c in costs]
+    if all(pairs):
+        eps = sum(min(p, key=lambda e_d: e_d[0])[0] for p in pairs)
+        dlt = sum(min(p, key=lambda e_d: e_d[0])[1] for p in pairs)
+        candidates.append(ComposedGuarantee(eps, dlt, "basic composition (Dwork & Roth, Thm 3.16)"))
+    if spare > 0.0:
+        if all(c.epsilon is not None for c in costs):
+            eps = advanced_composition_epsilon([c.epsilon for c in costs], spare)  # type: ignore[misc]
+            candidates.append(
+                ComposedGuarantee(eps, fail + spare, "advanced composition (Durfee & Rogers Thm 3)")
+            )
+        if all(c.range_bounded for c in costs):
+            etas = [eta for c in costs for eta in c.range_bounded]
+            eps = range_bounded_composition_epsilon(etas, spare)
+            candidates.append(
+                ComposedGuarantee(
+                    eps, fail + spare, "range-bounded composition (Durfee & Rogers Lemma 4.4)"
+                )
+            )
+        curves = [c.rdp_curve() for c in costs]
+        if all(curve is not None for curve in curves):
+            total: RdpCurve = lambda alpha: sum(f(alpha) for f in curves)  # type: ignore[misc]  # noqa: E731
+            eps, _ = rdp_to_dp_epsilon(total, spare)
+            candidates.append(
+                ComposedGuarantee(
+                    eps,
+                    fail + spare,
+                    "RDP/zCDP addition (Mironov 2017; Zhu & Wang Lemma 16), converted by "
+                    "Canonne-Kamath-Steinke 2020 Prop. 12 minimised over alpha",
+                )
+            )
+    admissible = [c for c in candidates if c.delta <= delta * (1 + 1e-12)]
+    if not admissible:
+        return ComposedGuarantee(math.inf, fail, "no rule fits within delta")
+    return min(admissible, key=lambda c: c.epsilon)
+
+
+@dataclass
+class PrivacyBudget:
+    """A total (epsilon, delta) and the releases charged to it.
+
+    `charge(cost)` adds a release if the composition of everything charged so far and it stays
+    within (epsilon, delta), else raises BudgetExceeded and records nothing. The mechanisms of
+    this package take `budget=` and charge it before they open the source.
+    """
+
+    epsilon: float
+    delta: float = 0.0
+    releases: list[PrivacyCost] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"budget epsilon must be finite and > 0, got {self.epsilon}")
+        if not (0.0 <= self.delta < 1.0):
+            raise ValueError(f"budget delta must be in [0, 1), got {self.delta}")
+
+    def spent(self) -> ComposedGuarantee:
+        return compose(self.releases, self.delta)
+
+    def would_spend(self, cost: PrivacyCost) -> ComposedGuarantee:
+        return compose([*self.releases, cost], self.delta)
+
+    def charge(self, cost: PrivacyCost) -> ComposedGuarantee:
+        after = self.would_spend(cost)
+        if after.epsilon > self.epsilon * (1 + 1e-12):
+            raise BudgetExceeded(
+                f"{cost.mechanism} would take the budget to epsilon = {after.epsilon:.6g} "
+                f"(best rule: {after.rule}) at delta <= {self.delta:g}, over the total "
+                f"epsilon = {self.epsilon:g}; nothing was read or released"
+            )
+        self.releases.append(cost)
+        return after
+
+
+def charge(budget: PrivacyBudget | None, cost: PrivacyCost) -> None:
+    """Charge `budget` (if any) before a mechanism touches its source."""
+    if budget is not None:
+        budget.charge(cost)
+
+
+# ----- results ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MechanismResult(TopKResult):
+    """A TopKResult with what the mechanisms beyond Algorithm 3 add.
+
+    bottom: the release ended with the bottom symbol (fewer than k items is then normal);
+    k_chosen: the k a mechanism chose itself (Zhu & Wang's adaptive k), else the k asked for;
+    cost: the guarantee in every form it supports (for a PrivacyBudget).
+    """
+
+    bottom: bool = False
+    k_chosen: int | None = None
+    cost: PrivacyCost | None = None
+    details: dict[str, Any] = field(default_factory=dict)

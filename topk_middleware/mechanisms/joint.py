@@ -1,0 +1,315 @@
+"""The joint exponential mechanism for a top-k set (Gillenwater, Joseph, Munoz Medina, Ribero 2022).
+
+One exponential mechanism over all k-subsets S of the m items (their Algorithm 1, JOINT). With
+counts sorted c_(1) >= ... >= c_(m) and S's counts sorted s_(1) >= ... >= s_(k), the utility is
+u(S) = -max_i (c_(i) - s_(i)) (their Lemma 5); every order statistic moves by at most 1 when a
+client is added or removed, so u has sensitivity 1 and P(S) ~ exp(epsilon u(S) / 2) is
+epsilon-DP (their Definition 3 and Theorem 8; McSherry & Talwar 2007). It is also
+epsilon-range-bounded (Durfee & Rogers 2019, Lemma 4.3) and so epsilon^2/8-zCDP (Cesar & Rogers
+2021). The output is an unordered set, released in random order.
+
+Sampling (their Algorithm 1, lines 2-4), with exact integer counting instead of their FFT
+products. A set meets "utility >= -t" iff its i-th best item has rank < b_i(t), where
+b_i(t) = #{j : c_(i) - c_(j) <= t}; so N(t), the number of such sets, is the number of k-subsets
+with |S cap [0, b_i)| >= i for every i. Cutting the ranks at the distinct b_i gives at most k+1
+segments; a dynamic program over the segments with state "items chosen so far" counts them with
+binomials (Python integers: the counts reach C(m, k)). U(t) = N(t) - N(t_prev) sets have utility
+exactly -t; a threshold is drawn with weight U(t) exp(-epsilon t / 2), then a uniform set of that
+utility: per-segment sizes by a backward pass of the same program (refined by the breakpoints of
+t_prev, with a flag "still inside the t_prev sets"), then uniform ranks within each segment.
+[Our reading: the indicator of their step 2b must be "<=", as here.]
+
+Data access. Only thresholds t <= T = 2 (ln C(m, k) + 80) / epsilon are enumerated: every set of
+larger |utility| has total weight below e^-80 of the true top-k set's. The draw is exact anyway:
+one uniform u picks the threshold, and if the enumerated mass cannot decide u for every possible
+value of the tail, everything is read and enumerated. So the mechanism reads the sorted prefix of
+counts >= c_(k) - T (sorted accesses), plus the ids of the few ranks drawn beyond it (random
+accesses); the paper reads the whole histogram.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..access import CountedAccess, Source
+from ..accounting import MechanismResult, PrivacyBudget, PrivacyCost, charge, range_bounded_zcdp
+from ..api import check_common, check_k_within
+from ..privacy import PrivacyGuarantee
+
+TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
+
+
+def joint_cost(epsilon: float) -> PrivacyCost:
+    """The guarantee of joint_top_k, from its parameters alone."""
+    return PrivacyCost(
+        mechanism="joint",
+        epsilon=epsilon,
+        range_bounded=(epsilon,),
+        rho=range_bounded_zcdp(epsilon),
+        sources=(
+            "pure: Gillenwater et al. 2022, Theorem 8 (EM, sensitivity 1, exp(eps u / 2))",
+            "range-bounded: Durfee & Rogers 2019, Lemma 4.3 (EM with eps/2 is eps-range-bounded)",
+            "zCDP: Cesar & Rogers 2021, Lemma 17",
+        ),
+    )
+
+
+# ----- exact counting --------------------------------------------------------------------------
+class _Gaps:
+    """gap_i(j) = c_i - c_j for i < k over the first `limit` ranks (counts descending).
+
+    Float subtraction is monotone, so gap_i is non-decreasing in j and the same expression
+    defines both the utility and the bounds b_i(t) = #{j : gap_i(j) <= t}. Ranks >= limit are
+    known to have gap_i > every threshold asked for.
+    """
+
+    def __init__(self, counts: np.ndarray, d: int, k: int, limit: int) -> None:
+        self.d, self.k = d, k
+        self.rows = [counts[i] - counts[:limit] for i in range(k)]
+
+    def bounds(self, t: float) -> list[int]:
+        return [int(np.searchsorted(row, t, side="right")) for row in self.rows]
+
+    def values(self, cut: float) -> list[float]:
+        found: set[float] = set()
+        for i, row in enumerate(self.rows):
+            tail = row[i:]
+            found.update(tail[tail <= cut].tolist())
+        return sorted(found)
+
+
+def _segments(d: int, constraint_sets: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Segment ends (sorted, last = d) and, per constraint system, the minimum number of chosen
+    items required within [0, end) at each end (0 where the system has no breakpoint)."""
+    ends = sorted({b for bounds in constraint_sets for b in bounds} | {d})
+    needs = []
+    for bounds in constraint_sets:
+        need = [0] * len(ends)
+        for i, b in enumerate(bounds):
+            pos = bisect.bisect_left(ends, b)
+            need[pos] = max(need[pos], i + 1)
+        needs.append(need)
+    return ends, needs
+
+
+def _count(d: int, k: int, bounds: list[int]) -> int:
+    """The number of k-subsets S of [0, d) with |S cap [0, bounds[i])| >= i + 1 for every i."""
+    ends, (need,) = _segments(d, [bounds])
+    ways = [1] + [0] * k
+    start = 0
+    for end, req in zip(ends, need, strict=True):
+        length = end - start
+        new = [0] * (k + 1)
+        for n, w in enumerate(ways):
+            if w:
+                for x in range(0, min(k - n, length) + 1):
+                    new[n + x] += w * math.comb(length, x)
+        ways = [w if n >= req else 0 for n, w in enumerate(new)]
+        start = end
+    return ways[k]
+
+
+def count_sets(counts: np.ndarray, k: int, t: float) -> int:
+    """N(t): the number of k-subsets of the histogram `counts` with utility >= -t."""
+    d = len(counts)
+    return _count(d, k, _Gaps(np.asarray(counts, dtype=np.float64), d, k, d).bounds(t))
+
+
+def _sample_exact_set(
+    gaps: _Gaps,
+    t: float,
+    t_prev: float | None,
+    pyrng: random.Random,
+    rng: np.random.Generator,
+) -> list[int]:
+    """A uniform k-subset (ranks) with utility exactly -t: inside the t sets, outside t_prev's."""
+    d, k = gaps.d, gaps.k
+    systems = [gaps.bounds(t)]
+    if t_prev is not None:
+        systems.append(gaps.bounds(t_prev))
+    ends, needs = _segments(d, systems)
+    need_t = needs[0]
+    need_p = needs[1] if t_prev is not None else [0] * len(ends)
+    initial = {(0, t_prev is not None): 1}
+    # tables[s][(n, inside_prev)] = ways to fill segments 0..s meeting the t constraints
+    tables: list[dict[tuple[int, bool], int]] = []
+    state = initial
+    start = 0
+    for s, end in enumerate(ends):
+        length = end - start
+        new: dict[tuple[int, bool], int] = {}
+        for (n, inside), w in state.items():
+            for x in range(0, min(k - n, length) + 1):
+                chosen = n + x
+                if chosen < need_t[s]:
+                    continue
+                key = (chosen, inside and chosen >= need_p[s])
+                new[key] = new.get(key, 0) + w * math.comb(length, x)
+        tables.append(new)
+        state = new
+        start = end
+    current = (k, False)
+    if tables[-1].get(current, 0) == 0:
+        raise AssertionError("no set has the drawn utility")  # U(t) > 0 was checked
+    sizes = [0] * len(ends)
+    for s in range(len(ends) - 1, -1, -1):
+        length = ends[s] - (ends[s - 1] if s else 0)
+        n, inside = current
+        previous = tables[s - 1] if s else initial
+        options: list[tuple[tuple[int, bool], int, int]] = []
+        for (pn, pinside), w in previous.items():
+            x = n - pn
+            if 0 <= x <= length and (pinside and n >= need_p[s]) == inside and n >= need_t[s]:
+                options.append(((pn, pinside), x, w * math.comb(length, x)))
+        pick = pyrng.randrange(sum(weight for _, _, weight in options))
+        for prev_state, x, weight in options:
+            if pick < weight:
+                sizes[s], current = x, prev_state
+                break
+            pick -= weight
+    ranks: list[int] = []
+    start = 0
+    for end, x in zip(ends, sizes, strict=True):
+        if x:
+            ranks.extend((start + rng.choice(end - start, size=x, replace=False)).tolist())
+        start = end
+    return sorted(ranks)
+
+
+@dataclass(frozen=True)
+class _Thresholds:
+    values: list[float]  # distinct t, ascending
+    log_weights: list[float]  # ln(U(t)) - epsilon t / 2 (-inf when U(t) = 0)
+    cumulative: list[int]  # N(t)
+
+
+def _thresholds(gaps: _Gaps, epsilon: float, cut: float) -> _Thresholds:
+    ordered = gaps.values(cut)
+    cumulative = [_count(gaps.d, gaps.k, gaps.bounds(t)) for t in ordered]
+    log_w = []
+    previous = 0
+    for t, n in zip(ordered, cumulative, strict=True):
+        u = n - previous
+        log_w.append(math.log(u) - epsilon * t / 2.0 if u > 0 else -math.inf)
+        previous = n
+    return _Thresholds(ordered, log_w, cumulative)
+
+
+def _pick(log_w: list[float], log_tail: float, u: float) -> int | None:
+    """The first index whose cumulative weight exceeds u Z, where Z = W + (unknown tail <= R):
+    found only if it is the same for every tail in [0, R]; else None."""
+    top = max(log_w)
+    weights = [math.exp(w - top) for w in log_w]
+    total = sum(weights)
+    tail = math.exp(log_tail - top) if log_tail > -math.inf else 0.0
+    low, high = u * total, u * (total + tail)
+    running = 0.0
+    for i, w in enumerate(weights):
+        running += w
+        if running > low:
+            return i if running > high else None
+    return None
+
+
+def log_number_of_sets(d: int, k: int) -> float:
+    return math.lgamma(d + 1) - math.lgamma(k + 1) - math.lgamma(d - k + 1)
+
+
+def sample_joint(
+    counts: np.ndarray,
+    d: int,
+    k: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    *,
+    margin: float = TAIL_LOG_MARGIN,
+) -> list[int] | None:
+    """Ranks of a k-set drawn from the joint EM over a histogram of d items, or None when the
+    draw needs counts beyond the sorted prefix `counts` (then call again with all d counts and
+    a generator in the same state: the draw is the same u).
+
+    `counts` must contain every count >= c_(k) - cut, where cut = 2 (ln C(d, k) + margin) / eps,
+    or be the whole histogram.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    complete = len(counts) == d
+    cut = 2.0 * (log_number_of_sets(d, k) + margin) / epsilon
+    u = float(rng.random())
+    pyrng = random.Random(int(rng.integers(0, 2**63)))
+    last = counts[k - 1] - counts
+    limit = int(np.searchsorted(last, cut, side="right"))
+    if limit == len(counts) and not complete:
+        raise ValueError("the prefix does not reach below c_(k) - cut")
+    gaps = _Gaps(counts, d, k, limit)
+    table = _thresholds(gaps, epsilon, cut)
+    rest = math.comb(d, k) - table.cumulative[-1]
+    log_tail = math.log(rest) - epsilon * cut / 2.0 if rest > 0 else -math.inf
+    index = _pick(table.log_weights, log_tail, u)
+    if index is None:
+        if not complete:
+            return None
+        gaps = _Gaps(counts, d, k, d)
+        table = _thresholds(gaps, epsilon, math.inf)
+        index = _pick(table.log_weights, -math.inf, u)
+        if index is None:
+            raise AssertionError("the full enumeration always decides")
+    t = table.values[index]
+    t_prev = table.values[index - 1] if index > 0 else None
+    return _sample_exact_set(gaps, t, t_prev, pyrng, rng)
+
+
+def joint_top_k(
+    source: Source,
+    k: int,
+    epsilon: float,
+    seed: int | None = None,
+    *,
+    budget: PrivacyBudget | None = None,
+) -> MechanismResult:
+    """An unordered private top-k set from the joint exponential mechanism, pure epsilon-DP."""
+    check_common(k, epsilon, 0.0)
+    k, epsilon = int(k), float(epsilon)
+    cost = joint_cost(epsilon)
+    with source.snapshot():
+        access = CountedAccess(source)
+        m = access.m
+        check_k_within(k, m)
+        charge(budget, cost)
+        cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / epsilon
+        # Sorted accesses until a count falls below c_(k) - cut (or the end of the domain).
+        scores: list[float] = []
+        block = 2 * k
+        while len(scores) < m:
+            access.fetch_sorted_until(len(scores) + block)
+            while len(scores) < access.prefix_fetched:
+                scores.append(access.sorted_access()[1])
+                if len(scores) > k and scores[k - 1] - scores[-1] > cut:
+                    break
+            else:
+                block *= 2
+                continue
+            break
+        rng = np.random.default_rng(seed)
+        ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+        if ranks is None:
+            # The tail could matter for this draw: read everything and draw again (same u).
+            access.fetch_sorted_until(m)
+            while len(scores) < m:
+                scores.append(access.sorted_access()[1])
+            rng = np.random.default_rng(seed)
+            ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+            assert ranks is not None
+        beyond = [r for r in ranks if r >= access.prefix_fetched]
+        for r in beyond:
+            access.random_access(r)  # the id of a drawn rank beyond the prefix
+        order = rng.permutation(len(ranks))
+        items = access.ids_of([ranks[i] for i in order])
+    guarantee = PrivacyGuarantee(
+        epsilon, 0.0, "exponential", 2.0 / epsilon, "Gillenwater et al. 2022, Theorem 8"
+    )
+    return MechanismResult(items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost)
