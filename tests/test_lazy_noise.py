@@ -137,7 +137,7 @@ def test_random_access_noise_is_the_noise_distribution(distribution: NoiseDistri
 
 
 # ----- the item order: a uniform permutation (Lemma 4.1) -----------------------------------------
-@pytest.mark.parametrize("pattern", ["sorted", "batch", "random-first", "mixed"])
+@pytest.mark.parametrize("pattern", ["sorted", "batch", "random-first", "mixed", "all-random"])
 def test_item_order_is_a_uniform_permutation(pattern: str) -> None:
     """m = 4: all 24 orders equally likely (chi-square), with rejection and exact selection."""
     m, runs = 4, 4800
@@ -150,6 +150,10 @@ def test_item_order_is_a_uniform_permutation(pattern: str) -> None:
         elif pattern == "random-first":
             nl.noise_of(2)
             nl.noise_of(0)
+            order = [nl.next_sorted()[0] for _ in range(m)]
+        elif pattern == "all-random":  # positions by rejection, then by exact selection
+            for item in (1, 3, 0, 2):
+                nl.noise_of(item)
             order = [nl.next_sorted()[0] for _ in range(m)]
         else:
             nl.noise_of(3)
