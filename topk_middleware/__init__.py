@@ -7,12 +7,19 @@ The core, one idea per module:
     threshold.py     Fagin's Threshold Algorithm (Algorithm 1) and its stopping rule
     mechanisms/      one-shot (Algorithm 2), private threshold (Algorithm 3), ...
     privacy.py       guarantees and noise calibration (Facts 3.2, 3.3)
+    accounting.py    each release's guarantee in every form; PrivacyBudget composes them
     api.py           private_top_k
 """
 
 from .access import AccessStats, CountedAccess, RandomAccess, Rows, SortedAccess, Source
+from .accounting import BudgetExceeded, MechanismResult, PrivacyBudget, PrivacyCost
 from .api import TopKResult, private_top_k
 from .mechanisms.exponential import exponential_mechanism
+from .mechanisms.joint import joint_top_k
+from .mechanisms.limited_domain import limited_domain_top_k
+from .mechanisms.pay_what_you_get import PayWhatYouGet
+from .mechanisms.peeling import peeling_top_k
+from .mechanisms.stable import stable_top_k
 from .mechanisms.threshold import Batching
 from .privacy import PrivacyGuarantee, calibrate
 from .threshold import ArrayList, TAResult, threshold_algorithm
@@ -21,7 +28,12 @@ __all__ = [
     "AccessStats",
     "ArrayList",
     "Batching",
+    "BudgetExceeded",
     "CountedAccess",
+    "MechanismResult",
+    "PayWhatYouGet",
+    "PrivacyBudget",
+    "PrivacyCost",
     "PrivacyGuarantee",
     "RandomAccess",
     "Rows",
@@ -31,6 +43,10 @@ __all__ = [
     "TopKResult",
     "calibrate",
     "exponential_mechanism",
+    "joint_top_k",
+    "limited_domain_top_k",
+    "peeling_top_k",
     "private_top_k",
+    "stable_top_k",
     "threshold_algorithm",
 ]

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from .api import TopKResult
+from .access import Source
+from .api import TopKResult, check_common, private_top_k
+from .privacy import calibrate
 
 RdpCurve = Callable[[float], float]
 
@@ -326,6 +328,47 @@ def charge(budget: PrivacyBudget | None, cost: PrivacyCost) -> None:
     """Charge `budget` (if any) before a mechanism touches its source."""
     if budget is not None:
         budget.charge(cost)
+
+
+# ----- the costs of the mechanisms of api.py ---------------------------------------------------
+def oneshot_cost(noise: str, k: int, m: int, epsilon: float, delta: float = 0.0) -> PrivacyCost:
+    """The guarantee of private_top_k (Algorithm 2 or 3: one output distribution) and so of
+    exponential_mechanism (k = 1, Gumbel), from the calibration of privacy.calibrate.
+
+    Gumbel(b): k steps of a (1/b)-range-bounded exponential mechanism (Durfee & Rogers 2019,
+    Lemmas 4.2 and 4.3, counts are monotone): (k/b)-DP, Lemma 4.4 under composition, and
+    k/(8 b^2)-zCDP (Cesar & Rogers 2021); plus the (epsilon, delta) pair of Fact 3.3 when the
+    calibration used it. Laplace(b): 2k/b-DP and, when calibrated so, Fact 3.2's pair only.
+    """
+    guarantee = calibrate(noise, k, m, epsilon, delta)
+    eps0 = 1.0 / guarantee.scale
+    approx = ((guarantee.epsilon, guarantee.delta),) if guarantee.delta > 0 else ()
+    if noise == "gumbel":
+        return PrivacyCost(
+            mechanism=f"gumbel top-{k}",
+            epsilon=k * eps0,
+            range_bounded=(eps0,) * k,
+            rho=k * range_bounded_zcdp(eps0),
+            approx=approx,
+            sources=(guarantee.derivation, "Durfee & Rogers Lemmas 4.2-4.4; Cesar & Rogers 2021"),
+        )
+    return PrivacyCost(
+        mechanism=f"laplace top-{k}",
+        epsilon=2 * k * eps0,
+        approx=approx,
+        sources=(guarantee.derivation,),
+    )
+
+
+def budgeted_private_top_k(
+    budget: PrivacyBudget, source: Source, k: int, epsilon: float, delta: float = 0.0, **kwargs: Any
+) -> TopKResult:
+    """private_top_k, charged to `budget` first: refused (BudgetExceeded) before any row is read.
+    Only the domain size m is asked of the store before the charge (the calibration needs it)."""
+    check_common(k, epsilon, delta)
+    noise = kwargs.get("noise", "gumbel")
+    budget.charge(oneshot_cost(noise, int(k), int(source.domain_size()), float(epsilon), delta))
+    return private_top_k(source, k, epsilon, delta, **kwargs)
 
 
 # ----- results ---------------------------------------------------------------------------------
