@@ -284,7 +284,8 @@ def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
     admissible = [c for c in candidates if c.delta <= delta * (1 + 1e-12)]
     if not admissible:
         return ComposedGuarantee(math.inf, fail, "no rule fits within delta")
-    return min(admissible, key=lambda c: c.epsilon)
+    # The smallest epsilon; between equal ones (to 1e-12) the smaller delta.
+    return min(admissible, key=lambda c: (round(c.epsilon, 12), c.delta))
 
 
 @dataclass
