@@ -14,6 +14,7 @@ The core, one idea per module:
 from .access import AccessStats, CountedAccess, RandomAccess, Rows, SortedAccess, Source
 from .accounting import BudgetExceeded, MechanismResult, PrivacyBudget, PrivacyCost
 from .api import TopKResult, private_top_k
+from .mechanisms.cost_aware import CostModel
 from .mechanisms.exponential import exponential_mechanism
 from .mechanisms.joint import joint_top_k
 from .mechanisms.limited_domain import limited_domain_top_k
@@ -29,6 +30,7 @@ __all__ = [
     "ArrayList",
     "Batching",
     "BudgetExceeded",
+    "CostModel",
     "CountedAccess",
     "MechanismResult",
     "PayWhatYouGet",

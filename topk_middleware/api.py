@@ -11,6 +11,7 @@ import numpy as np
 
 from .access import AccessStats, CountedAccess, Source
 from .lazy_noise import LazyNoiseList
+from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
 from .noise import make_noise
@@ -68,6 +69,7 @@ def private_top_k(
     *,
     oracle: Literal["lazy", "eager"] = "lazy",
     batching: Batching | None = None,
+    costs: CostModel | None = None,
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
 
@@ -78,6 +80,8 @@ def private_top_k(
     `seed` makes a run reproducible; without it randomness comes from the operating system.
     `oracle` is the noise list of the threshold method: "lazy" (Algorithm 4, samples only the
     noises it reads) or "eager" (draws all m noises; the same noise vector as the one-shot run).
+    `costs` (a CostModel) selects the cost-aware threshold algorithm (mechanisms/cost_aware.py)
+    and, unless `batching` is given, the block schedule with the least modelled cost.
     """
     check_common(k, epsilon, delta)
     if noise not in NOISES:
@@ -86,7 +90,6 @@ def private_top_k(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if oracle not in ORACLES:
         raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
-    batching = batching or Batching()
     k = int(k)
     with source.snapshot():
         access = CountedAccess(source)
@@ -101,6 +104,10 @@ def private_top_k(
                 noise_list = LazyNoiseList(distribution, access.m, rng)
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
-            ranks = private_threshold_top_k(access, noise_list, k, batching)
+            if costs is None:
+                ranks = private_threshold_top_k(access, noise_list, k, batching or Batching())
+            else:
+                schedule = batching or costs.batching(k, access.m)
+                ranks = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
         items = access.ids_of(ranks)
     return TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)
