@@ -573,11 +573,11 @@ class SQLAlchemyTable:
         if not records:
             empty = np.empty(0, dtype=np.int64)
             return Rows(empty, empty.copy(), np.empty(0, np.float64), round_trips)
-        ranks, ids, scores = zip(*records, strict=True)
+        # Column by column: much faster than zip(*records) on a million rows.
         return Rows(
-            np.asarray(ranks, dtype=np.int64),
-            _id_array(ids),
-            self._checked(np.asarray(scores, dtype=np.float64)),
+            np.fromiter((rec[0] for rec in records), dtype=np.int64, count=len(records)),
+            _id_array([rec[1] for rec in records]),
+            self._checked(np.asarray([rec[2] for rec in records], dtype=np.float64)),
             round_trips,
         )
 

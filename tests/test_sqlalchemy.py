@@ -363,25 +363,28 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
 
 
 # ----- snapshot isolation ---------------------------------------------------------------
-def rewrite_and_prepare(engine: sa.Engine, name: str, scores: list[float], ids: list[Any]) -> None:
-    """A concurrent writer on its own connections: new counts, one new item, prepare()."""
+TOP = 50.0  # the writer turns every count h into TOP - h
+
+
+def rewrite_and_prepare(engine: sa.Engine, name: str, m: int) -> None:
+    """A concurrent writer on its own connections: counts h -> TOP - h (the order reversed),
+    a new item m with count 1000, and prepare()."""
     live = sa.Table(name, sa.MetaData(), sa.Column("id"), sa.Column("score"))
     with engine.begin() as conn:
-        for item, score in zip(ids, scores, strict=True):
-            conn.execute(live.update().where(live.c.id == item).values(score=score))
-        conn.execute(live.insert().values(id=len(ids), score=1000.0))
+        conn.execute(live.update().values(score=TOP - live.c.score))
+        conn.execute(live.insert().values(id=m, score=1000.0))
     SQLAlchemyTable(engine, name).prepare()
 
 
 def test_snapshot_holds_while_a_writer_commits(make_source: Callable[..., Any]) -> None:
     m = 60
     old = [float((7 * i) % 13) for i in range(m)]
-    new = old[::-1]
+    new = [TOP - h for h in old]
     source = make_source(old, None)
     name = source.table_name
     with source.snapshot():
         before = source.read_sorted(0, m)
-        rewrite_and_prepare(source.engine, name, new, list(range(m)))
+        rewrite_and_prepare(source.engine, name, m)
         assert source.domain_size() == m
         after = source.read_sorted(0, m + 1)
         assert after.ids.tolist() == before.ids.tolist()
@@ -425,12 +428,10 @@ def test_a_run_sees_one_snapshot(make_source: Callable[..., Any]) -> None:
     (the rewritten histogram moves every item)."""
     m = 3000
     old = np.floor(np.linspace(40.0, 0.0, m) + (np.arange(m) % 3))  # a plateau-ish profile
-    new = old[::-1].copy()
+    new = TOP - old
     source = make_source(old, None)
     name = source.table_name
-    writer = WriterMidRun(
-        source, lambda: rewrite_and_prepare(source.engine, name, new.tolist(), list(range(m)))
-    )
+    writer = WriterMidRun(source, lambda: rewrite_and_prepare(source.engine, name, m))
     got = private_top_k(writer, k=10, epsilon=0.5, seed=8)
     want = private_top_k(ArraySource(old), k=10, epsilon=0.5, seed=8)
     assert writer.written and got.accesses.round_trips > 3  # the write came between reads
@@ -440,3 +441,15 @@ def test_a_run_sees_one_snapshot(make_source: Callable[..., Any]) -> None:
     assert (
         after.items == private_top_k(ArraySource([*new, 1000.0]), k=10, epsilon=0.5, seed=8).items
     )
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres", "mariadb"])  # DuckDB has no read-only mode
+def test_snapshot_is_read_only(request: pytest.FixtureRequest, store: str) -> None:
+    """A write through the snapshot's connection is refused by the database itself."""
+    source = request.getfixturevalue(f"make_sqlalchemy_{store}_source")([1.0, 2.0], None)
+    with source.snapshot():
+        assert source._conn is not None
+        with pytest.raises(sa.exc.DBAPIError, match=r"(?i)read.?only"):
+            source._conn.execute(sa.delete(source._ranks))
+    assert source.domain_size() == 2
+    assert source.read_sorted(0, 2).ids.tolist() == [1, 0]
