@@ -50,7 +50,7 @@ from ..accounting import (
     range_bounded_zcdp,
     rdp_to_dp_epsilon,
 )
-from ..api import check_common, check_k_within, private_top_k
+from ..api import check_k_within, private_top_k
 from ..privacy import PrivacyGuarantee
 
 TESTS = ("gaussian", "laplace")
@@ -149,8 +149,12 @@ def _add(a: AccessStats, b: AccessStats) -> AccessStats:
 def _check(
     rho: float, delta_t: float, k: int | None, k_bar: int | None, test: str, lam: float
 ) -> None:
-    check_common(1, rho, delta_t)  # rho: finite and > 0, delta_t in [0, 1)
-    if delta_t <= 0.0:
+    for name, value in (("rho", rho), ("delta_t", delta_t), ("lam", lam)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be finite and > 0, got {rho}")
+    if not (0.0 < delta_t < 1.0):
         raise ValueError(f"delta_t must be in (0, 1), got {delta_t}")
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
