@@ -302,3 +302,17 @@ def test_fact_3_3_is_implied_by_proven_bounds() -> None:
                     zcdp_to_dp_epsilon(k * eps0**2 / 8, delta),
                 )
                 assert printed >= proven * (1 - 1e-12), (k, eps0, delta)
+
+
+def test_basic_composition_picks_pairs_within_delta() -> None:
+    """A limited-domain release meets (k eps, delta) and, by Theorem 1, (eps', delta + delta'):
+    under a budget whose delta admits only the first, basic composition must use it."""
+    from topk_middleware.mechanisms.limited_domain import limited_domain_cost
+
+    cost = limited_domain_cost(10, 0.1, 1e-8, delta_prime=1e-6)
+    assert cost.dp_pairs()[0][0] < 1.0  # Theorem 1's pair: 0.88 at delta 1e-8 + 1e-6
+    tight = PrivacyBudget(epsilon=1.0, delta=1e-8)
+    spent = tight.charge(cost)
+    assert spent.epsilon == pytest.approx(1.0) and spent.delta == pytest.approx(1e-8)
+    roomy = PrivacyBudget(epsilon=1.0, delta=1e-5)
+    assert roomy.charge(cost).epsilon == pytest.approx(limited_domain_epsilon(10, 0.1, 1e-5 - 1e-8))

@@ -252,9 +252,16 @@ def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
     # delta' = 0): for each release its cheapest pair that keeps the deltas within the total.
     pairs = [c.dp_pairs() for c in costs]
     if all(pairs):
-        eps = sum(min(p, key=lambda e_d: e_d[0])[0] for p in pairs)
-        dlt = sum(min(p, key=lambda e_d: e_d[0])[1] for p in pairs)
-        candidates.append(ComposedGuarantee(eps, dlt, "basic composition (Dwork & Roth, Thm 3.16)"))
+        # Two choices per release: its smallest-epsilon pair, or its smallest-delta pair.
+        for pick in (lambda e_d: (e_d[0], e_d[1]), lambda e_d: (e_d[1], e_d[0])):
+            chosen = [min(p, key=pick) for p in pairs]
+            candidates.append(
+                ComposedGuarantee(
+                    sum(e for e, _ in chosen),
+                    sum(d for _, d in chosen),
+                    "basic composition (Dwork & Roth, Thm 3.16)",
+                )
+            )
     if spare > 0.0:
         if all(c.epsilon is not None for c in costs):
             eps = advanced_composition_epsilon([c.epsilon for c in costs], spare)  # type: ignore[misc]
