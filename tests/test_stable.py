@@ -119,6 +119,8 @@ def test_bad_input() -> None:
     source = ArraySource(np.arange(10.0))
     with pytest.raises(ValueError, match="delta_t"):
         stable_top_k(source, 1.0, 0.0)
+    with pytest.raises(ValueError, match="delta must be"):
+        stable_top_k(source, 1.0, 1e-6, delta=0.0)
     with pytest.raises(ValueError, match="rho must be finite"):
         stable_top_k(source, -1.0, 1e-6)
     with pytest.raises(TypeError, match="rho"):

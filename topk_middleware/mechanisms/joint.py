@@ -20,11 +20,13 @@ t_prev, with a flag "still inside the t_prev sets"), then uniform ranks within e
 [Our reading: the indicator of their step 2b must be "<=", as here.]
 
 Data access. Only thresholds t <= T = 2 (ln C(m, k) + 80) / epsilon are enumerated: every set of
-larger |utility| has total weight below e^-80 of the true top-k set's. The draw is exact anyway:
-one uniform u picks the threshold, and if the enumerated mass cannot decide u for every possible
-value of the tail, everything is read and enumerated. So the mechanism reads the sorted prefix of
-counts >= c_(k) - T (sorted accesses), plus the ids of the few ranks drawn beyond it (random
-accesses); the paper reads the whole histogram.
+larger |utility| has total weight below e^-80 of the true top-k set's. The cut does not change
+the law: one uniform u picks the threshold, and if the enumerated mass cannot decide u whatever
+the tail weighs, everything is read and enumerated (with the same u). The law is the mechanism's
+up to the floating-point rounding of the weights exp(-epsilon t / 2); the counts are exact.
+So the mechanism reads the sorted prefix down to the first count below c_(k) - T (sorted
+accesses), plus the ids of the few ranks drawn beyond it (random accesses); the paper reads the
+whole histogram. With many tied or nearly tied counts the prefix is long (a plateau: all of it).
 """
 
 from __future__ import annotations

@@ -187,6 +187,8 @@ def stable_top_k(
     (default: delta_t).
     """
     _check(rho, delta_t, k, k_bar, test, lam)
+    if delta is not None and not (isinstance(delta, numbers.Real) and 0.0 < delta < 1.0):
+        raise ValueError(f"delta must be in (0, 1) or None, got {delta!r}")
     rho, delta_t = float(rho), float(delta_t)
     target = k is not None
     cost = stable_cost(rho, delta_t, test, target)
