@@ -316,3 +316,17 @@ def test_basic_composition_picks_pairs_within_delta() -> None:
     assert spent.epsilon == pytest.approx(1.0) and spent.delta == pytest.approx(1e-8)
     roomy = PrivacyBudget(epsilon=1.0, delta=1e-5)
     assert roomy.charge(cost).epsilon == pytest.approx(limited_domain_epsilon(10, 0.1, 1e-5 - 1e-8))
+
+
+def test_limited_domain_calls_compose_with_two_delta_each() -> None:
+    """One call: Theorem 1, (eps', delta + delta'). Several: as in Theorem 2, each call adds
+    2 delta to the range-bounded composition (Lemma 4.4 over all their steps)."""
+    from topk_middleware.accounting import compose
+    from topk_middleware.mechanisms.limited_domain import limited_domain_cost
+
+    one = limited_domain_cost(10, 0.1, 1e-8)
+    alone = compose([one], 1e-6)
+    assert alone.epsilon == pytest.approx(limited_domain_epsilon(10, 0.1, 1e-6 - 1e-8))
+    three = compose([one] * 3, 1e-6)
+    assert three.epsilon == pytest.approx(theorem_1(30, 0.1, 1e-6 - 6e-8), rel=1e-12)
+    assert "Lemma 4.4" in three.rule and three.delta <= 1e-6

@@ -201,6 +201,9 @@ class PrivacyCost:
         of eta_i-range-bounded steps (Durfee & Rogers 2019, Definition 4.2).
     rho: delta-approximate rho-zCDP.  rdp: delta-approximate RDP curve.
     approx: further (epsilon, delta) pairs the release meets (used by basic composition).
+    range_bounded_delta: what the release adds to delta when composed with others through its
+        range-bounded steps, if not `delta` (Durfee & Rogers 2019, Theorem 2 charges a
+        limited-domain call 2 delta there, while Theorem 1 alone needs delta).
     """
 
     mechanism: str
@@ -211,6 +214,7 @@ class PrivacyCost:
     rdp: RdpCurve | None = None
     approx: tuple[tuple[float, float], ...] = ()
     sources: tuple[str, ...] = ()
+    range_bounded_delta: float | None = None
 
     def rdp_curve(self) -> RdpCurve | None:
         """The RDP curve, from `rdp` or else from zCDP (alpha -> alpha rho, Bun & Steinke 2016)."""
@@ -269,13 +273,21 @@ def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
                 ComposedGuarantee(eps, fail + spare, "advanced composition (Durfee & Rogers Thm 3)")
             )
         if all(c.range_bounded for c in costs):
-            etas = [eta for c in costs for eta in c.range_bounded]
-            eps = range_bounded_composition_epsilon(etas, spare)
-            candidates.append(
-                ComposedGuarantee(
-                    eps, fail + spare, "range-bounded composition (Durfee & Rogers Lemma 4.4)"
+            if len(costs) == 1:
+                fail_rb = costs[0].delta
+            else:
+                fail_rb = sum(
+                    c.delta if c.range_bounded_delta is None else c.range_bounded_delta
+                    for c in costs
                 )
-            )
+            if delta - fail_rb > 0.0:
+                etas = [eta for c in costs for eta in c.range_bounded]
+                eps = range_bounded_composition_epsilon(etas, delta - fail_rb)
+                candidates.append(
+                    ComposedGuarantee(
+                        eps, delta, "range-bounded composition (Durfee & Rogers Lemma 4.4)"
+                    )
+                )
         curves = [c.rdp_curve() for c in costs]
         if all(curve is not None for curve in curves):
             total: RdpCurve = lambda alpha: sum(f(alpha) for f in curves)  # type: ignore[misc]  # noqa: E731

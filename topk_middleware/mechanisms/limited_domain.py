@@ -71,10 +71,12 @@ def limited_domain_cost(
         epsilon=k * epsilon,
         delta=delta,
         range_bounded=(epsilon,) * k,
+        range_bounded_delta=2.0 * delta,
         approx=approx,
         sources=(
             "Durfee & Rogers 2019, Theorem 1: (k eps, delta)-DP; (eps', delta + delta')-DP",
-            "range-bounded steps: Durfee & Rogers Lemmas 4.2-4.4 (proof of Theorems 1 and 2)",
+            "range-bounded steps: Durfee & Rogers Lemmas 4.2-4.4 (proof of Theorems 1 and 2); "
+            "composed with other releases a call adds 2 delta (Theorem 2)",
         ),
     )
 
