@@ -22,7 +22,9 @@ All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, nev
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +35,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
+from adapters._sql import AccessCheck, AccessPath
 from topk_middleware.access import AccessError, Rows
 
 __all__ = ["SQLAlchemyTable", "StaleRankTableError"]
@@ -418,6 +421,66 @@ class SQLAlchemyTable:
                 f"({duplicate[1]} rows): each item must appear once"
             )
 
+    def check(self) -> AccessCheck:
+        """How each access kind will be served, from the dialect's EXPLAIN, before a run.
+
+        PostgreSQL: EXPLAIN (FORMAT JSON) with enable_seqscan off, so a sequential scan means no
+        index can serve the read. SQLite: EXPLAIN QUERY PLAN ("SCAN" is a full scan, "SEARCH" an
+        index read). MariaDB / MySQL: EXPLAIN, access type ALL is a full scan. DuckDB has no
+        index-driven reads: a filter on rank skips the row groups of the rank-ordered table
+        whose rank range it excludes (min/max pruning); a lookup by id scans the id column.
+        """
+        r = self._ranks.c
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(self._ranks.name, schema=self._ranks.schema):
+                why = f"no rank table {self._ranks.name!r}: call prepare()"
+                names = ("sorted", "random by rank", "random by id")
+                return AccessCheck(self.where, [AccessPath(a, True, why) for a in names])
+            sample = conn.execute(sa.select(r.id).where(r.rank < 3)).scalars().all()
+            probes = [
+                ("sorted", sa.select(r.rank, r.id, r.score).where(r.rank >= 0, r.rank < 100)),
+                ("random by rank", sa.select(r.rank, r.id, r.score).where(r.rank.in_([0, 1, 2]))),
+                ("random by id", sa.select(r.id, r.score).where(r.id.in_(sample))),
+            ]
+            if self.dialect == "duckdb":
+                ordered = f"filtered scan of the rank-ordered {self._ranks.name!r}"
+                paths = [
+                    AccessPath("sorted", False, ordered + " (row groups pruned by rank)"),
+                    AccessPath("random by rank", False, ordered + " (row groups pruned by rank)"),
+                    AccessPath("random by id", True, "scan of the id column per batch"),
+                ]
+                return AccessCheck(self.where, paths)
+            if self.dialect == "postgresql":  # for this transaction only
+                conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            paths = [AccessPath(a, *self._explain(conn, q)) for a, q in probes]
+            conn.rollback()
+        return AccessCheck(self.where, paths)
+
+    def _explain(self, conn: Connection, query: sa.Select[Any]) -> tuple[bool, str]:
+        """(full scan?, how) for one query. The statement is compiled by SQLAlchemy, values
+        rendered as literals, and prefixed with the dialect's EXPLAIN keyword."""
+        statement = str(query.compile(conn, compile_kwargs={"literal_binds": True}))
+        if self.dialect == "postgresql":
+            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement).scalar_one()
+            scans = sorted(set(_seq_scans(plan if isinstance(plan, list) else json.loads(plan))))
+            return bool(scans), (
+                f"sequential scan of {', '.join(scans)}" if scans else "index scan"
+            )
+        if self.dialect == "sqlite":
+            # A unique comment defeats the driver's statement cache: a cached EXPLAIN keeps the
+            # plan of the schema it was prepared against (it never checks the schema cookie).
+            nonce = f" -- {uuid.uuid4().hex}"
+            plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement + nonce)
+            details = [row[-1] for row in plan]
+            full = any(d.startswith("SCAN") for d in details)
+            return full, "; ".join(details)
+        if self.dialect in ("mysql", "mariadb"):
+            rows = conn.exec_driver_sql("EXPLAIN " + statement).mappings().all()
+            full = any(row["type"] == "ALL" for row in rows)
+            kinds = ", ".join(f"{row['type']} via {row['key']}" for row in rows)
+            return full, f"access type {kinds}"
+        return False, f"not checked on dialect {self.dialect!r}"
+
     def is_stale(self) -> bool:
         """Whether the counts differ from the rank table built by the last `prepare()`.
 
@@ -589,6 +652,19 @@ class SQLAlchemyTable:
                 "negative score: run prepare() again"
             )
         return scores
+
+
+def _seq_scans(plan: Any) -> Iterator[str]:
+    """Relations read by a sequential scan anywhere in a PostgreSQL EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(plan, list):
+        for entry in plan:
+            yield from _seq_scans(entry)
+    elif isinstance(plan, dict):
+        if plan.get("Node Type") == "Seq Scan":
+            yield str(plan.get("Relation Name"))
+        for value in plan.values():
+            if isinstance(value, list | dict):
+                yield from _seq_scans(value)
 
 
 def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: str) -> sa.Table:

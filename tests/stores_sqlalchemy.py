@@ -36,7 +36,7 @@ def postgres_url_and_args() -> tuple[str, dict[str, Any]]:
     return "postgresql+psycopg://", params
 
 
-def _reachable(engine: sa.Engine, what: str, how: str) -> sa.Engine:
+def require_reachable(engine: sa.Engine, what: str, how: str) -> sa.Engine:
     try:
         with engine.connect() as conn:
             conn.execute(sa.select(1))
@@ -62,7 +62,7 @@ def sqlalchemy_sqlite_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="session")
 def sqlalchemy_postgres_engine() -> Iterator[sa.Engine]:
     url, args = postgres_url_and_args()
-    engine = _reachable(
+    engine = require_reachable(
         sa.create_engine(url, connect_args=args),
         f"PostgreSQL at TOPK_PG_DSN={os.environ.get('TOPK_PG_DSN', DEFAULT_PG_DSN)!r}",
         "set TOPK_PG_DSN to a libpq connection string of a server you may create tables on",
@@ -74,7 +74,7 @@ def sqlalchemy_postgres_engine() -> Iterator[sa.Engine]:
 @pytest.fixture(scope="session")
 def sqlalchemy_mariadb_engine() -> Iterator[sa.Engine]:
     url = os.environ.get("TOPK_MARIADB_URL", DEFAULT_MARIADB_URL)
-    engine = _reachable(
+    engine = require_reachable(
         sa.create_engine(url),
         f"MariaDB at {url!r}",
         "set TOPK_MARIADB_URL to an SQLAlchemy URL (mysql+pymysql://...) of a server",

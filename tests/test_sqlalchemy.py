@@ -453,3 +453,37 @@ def test_snapshot_is_read_only(request: pytest.FixtureRequest, store: str) -> No
             source._conn.execute(sa.delete(source._ranks))
     assert source.domain_size() == 2
     assert source.read_sorted(0, 2).ids.tolist() == [1, 0]
+
+
+def test_unreachable_server_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server: a skip that says how to provide one; with CI set, a failure."""
+    from tests.stores_sqlalchemy import require_reachable
+
+    url = "postgresql+psycopg://root@127.0.0.1:1/test"  # nothing listens on port 1
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="set TOPK_PG_DSN"):
+        require_reachable(sa.create_engine(url), "PostgreSQL", "set TOPK_PG_DSN to a server")
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="unreachable"):
+        require_reachable(sa.create_engine(url), "PostgreSQL", "set TOPK_PG_DSN to a server")
+
+
+def test_check_reports_full_scans(engine: sa.Engine, tables: list[str], dialect: str) -> None:
+    """Before prepare() every access is a full scan; after it sorted access and sampling by rank
+    are index reads (DuckDB: pruned scans of the rank-ordered table). Dropping the index on the
+    rank table's id turns random access by id into a full scan, and check() says so."""
+    name = raw_table(engine, tables, [(i, float(i % 7)) for i in range(500)])
+    source = SQLAlchemyTable(engine, name)
+    tables.append(source.rank_table_name)
+    before = source.check()
+    assert before.full_scan and all("call prepare()" in p.how for p in before.paths)
+    source.prepare()
+    after = {p.access: p for p in source.check().paths}
+    assert not source.check().full_scan
+    assert not after["sorted"].full_scan and not after["random by rank"].full_scan
+    assert after["random by id"].full_scan == (dialect == "duckdb")
+    if dialect != "duckdb":
+        index = next(ix for ix in source._ranks.indexes if ix.name.endswith("_id"))
+        with engine.begin() as conn:
+            index.drop(conn)
+        assert {p.access: p for p in source.check().paths}["random by id"].full_scan
