@@ -149,8 +149,12 @@ def test_in_lists_are_chunked(make_source: Callable[..., Any]) -> None:
 
 @pytest.mark.parametrize(
     ("noise", "method", "seed"),
-    [("gumbel", "threshold", s) for s in range(4)]
-    + [("laplace", "threshold", 11), ("gumbel", "oneshot", 12), ("laplace", "oneshot", 13)],
+    [
+        ("gumbel", "threshold", 0),
+        ("gumbel", "threshold", 1),
+        ("laplace", "threshold", 11),
+        ("gumbel", "oneshot", 12),
+    ],
 )
 def test_private_top_k_same_as_array_source(
     make_source: Callable[..., Any], noise: str, method: str, seed: int
