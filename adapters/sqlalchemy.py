@@ -167,6 +167,8 @@ class SQLAlchemyTable:
         self = cls.__new__(cls)
         self.engine = engine
         self.dialect = engine.dialect.name
+        if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
+            raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
         items_where = f"table {items_table!r}"
         votes_where = f"table {votes_table!r}"
         items = _reflect(engine, items_table, schema, items_where)
@@ -529,7 +531,10 @@ class SQLAlchemyTable:
                 if self.dialect in ("mysql", "mariadb"):
                     conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
                 elif self.dialect == "sqlite":
-                    conn.exec_driver_sql("BEGIN")
+                    # pysqlite opens no transaction before a SELECT (unless the engine was set up
+                    # to emit BEGIN itself): open one, so every read shares one snapshot.
+                    if not getattr(conn.connection.driver_connection, "in_transaction", False):
+                        conn.exec_driver_sql("BEGIN")
                     conn.exec_driver_sql("PRAGMA query_only = ON")
                 self._m = self._count(conn)  # the first read fixes the snapshot
                 self._conn = conn
