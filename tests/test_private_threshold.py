@@ -160,3 +160,13 @@ def test_oneshot_reads_everything() -> None:
     a = private_top_k(counter, 3, 1.0, method="oneshot", seed=0).accesses
     assert (a.sorted, a.random, a.rows_fetched) == (m, 0, m)
     assert counter.sorted_rows == m
+
+
+def test_items_are_plain_python_values_for_every_method() -> None:
+    """Released ids are the caller's values as plain Python objects, whichever path read them."""
+    source = ArraySource(np.arange(50.0), ids=[f"item-{i}" for i in range(50)])
+    for method in ("threshold", "oneshot"):
+        items = private_top_k(source, 3, 1.0, method=method, seed=4).items
+        assert all(type(item) is str for item in items), (method, items)
+    ints = private_top_k(ArraySource(np.arange(50.0)), 3, 1.0, method="oneshot", seed=4).items
+    assert all(type(item) is int for item in ints)

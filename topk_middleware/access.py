@@ -206,9 +206,8 @@ class CountedAccess:
 
     def id_of(self, rank: int) -> Any:
         """The item id at a rank that has already been fetched (no access is counted)."""
-        if rank < self.prefix_fetched:
-            return self._prefix_ids[rank]
-        return self._by_rank[rank][0]
+        item = self._prefix_ids[rank] if rank < self.prefix_fetched else self._by_rank[rank][0]
+        return item.item() if isinstance(item, np.generic) else item  # plain Python ids
 
     def ids_of(self, ranks: Iterator[int] | Sequence[int]) -> list[Any]:
         return [self.id_of(r) for r in ranks]
