@@ -166,50 +166,47 @@ def test_item_order_is_a_uniform_permutation(pattern: str) -> None:
     assert stats.chisquare(observed).pvalue > ALPHA
 
 
-def test_batched_items_are_uniform_at_large_m() -> None:
-    """The vectorised rejection path: the items at batch positions 0 and 19 are uniform on [m)."""
-    m, runs = 60, 6000
+@pytest.mark.parametrize("m,count", [(60, 20), (400, 100)])
+def test_batched_items_are_uniform(m: int, count: int) -> None:
+    """Batches by rejection (one at a time for 20 items; vectorised with duplicate removal and
+    top-up for 100 of 400): the items at the first and last batch positions are uniform on [m)."""
+    runs = 8000
     firsts, lasts = [], []
     for nl in lists(Laplace(1.0), m, runs, seed=32):
-        items = nl.next_sorted_batch(20)[0]
-        assert len(set(items.tolist())) == 20
+        nl.noise_of(0)  # one placed item the batch must avoid
+        items = nl.next_sorted_batch(count)[0]
+        assert len(set(items.tolist())) == count
         firsts.append(int(items[0]))
-        lasts.append(int(items[19]))
+        lasts.append(int(items[-1]))
     for sample in (firsts, lasts):
+        # The order is a uniform permutation whatever was placed first (item 0 may sit inside
+        # the batch): every item is at a given position with probability 1/m.
         assert stats.chisquare(np.bincount(sample, minlength=m)).pvalue > ALPHA
 
 
-# ----- consistency under any interleaving --------------------------------------------------------
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 50, 1000])
-@pytest.mark.parametrize("distribution", [Gumbel(0.7), Laplace(3.0)], ids=["gumbel", "laplace"])
-def test_any_interleaving_is_consistent(m: int, distribution: NoiseDistribution) -> None:
-    """An item's noise never changes, sorted access never repeats an item, and noises never
-    increase along positions, for random interleavings of the three kinds of access."""
-    rng = np.random.default_rng(m)
-    for nl in lists(distribution, m, 20, seed=40 + m):
-        known: dict[int, float] = {}
-        served: list[tuple[int, float]] = []
-        while len(served) < m:
-            op = rng.integers(3)
-            if op == 0:
-                item = int(rng.integers(m))
-                noise = nl.noise_of(item)
-                assert known.setdefault(item, noise) == noise
-            elif op == 1:
-                served.append(nl.next_sorted())
-            else:
-                items, noises = nl.next_sorted_batch(int(rng.integers(0, 5)))
-                served.extend(zip(items.tolist(), noises.tolist(), strict=True))
-        items = [item for item, _ in served]
-        noises = [noise for _, noise in served]
-        assert sorted(items) == list(range(m))  # each item exactly once
-        assert all(a >= b for a, b in itertools.pairwise(noises))
-        for item, noise in served:
+def test_large_batches_use_sorted_chunks_consistently() -> None:
+    """Batches of >= CHUNK_MIN items are kept in sorted chunks (merged as they grow) instead of
+    the dict; lookups by random access, rejection of placed items and the final exact path must
+    all see them."""
+    m = 20_000
+    for nl in lists(Gumbel(1.0), m, 3, seed=50):
+        served = list(zip(*nl.next_sorted_batch(5_000), strict=True))
+        assert len(nl._placed.chunks) == 1
+        known = {int(i): float(z) for i, z in served}
+        for item in range(0, m, 7):  # in chunks or new
+            noise = nl.noise_of(item)
             assert known.setdefault(item, noise) == noise
-            assert nl.noise_of(item) == noise
-        with pytest.raises(IndexError):
-            nl.next_sorted()
-        assert nl.next_sorted_batch(3)[0].size == 0
+        served += [nl.next_sorted() for _ in range(50)]  # scalar rejection checks the chunk
+        served += list(zip(*nl.next_sorted_batch(5_000), strict=True))
+        assert len(nl._placed.chunks) == 1  # merged
+        while nl.cursor < m:
+            served += list(zip(*nl.next_sorted_batch(3_000), strict=True))
+        items = [int(i) for i, _ in served]
+        noises = [float(z) for _, z in served]
+        assert sorted(items) == list(range(m))
+        assert all(a >= b for a, b in itertools.pairwise(noises))
+        assert all(nl.noise_of(i) == z for i, z in zip(items, noises, strict=True))
+        assert all(known[i] == nl.noise_of(i) for i in known)
 
 
 def test_bad_input_is_refused() -> None:

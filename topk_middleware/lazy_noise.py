@@ -30,8 +30,8 @@ is that of a double near 1, 1.1e-16 in V; these noises never decide a top-k.
 
 Memory: positions before the sorted-access cursor are all sampled and are needed only as the
 cursor's predecessor; positions after it that random access has sampled sit in a SortedDict for
-predecessor / successor lookup. Items map to their noise in a dict. Time and memory are
-O(accesses log accesses), never O(m).
+predecessor / successor lookup. Items map to their noise in a dict (batches: in sorted numpy
+chunks). Time and memory are O(accesses log accesses), never O(m).
 """
 
 from __future__ import annotations
@@ -67,19 +67,59 @@ def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
     return lo + t + low
 
 
-def _first_occurrences(values: np.ndarray) -> np.ndarray:
-    """Mask of the first occurrence of each value, in array order (duplicates are rare here)."""
-    keep = np.ones(len(values), dtype=bool)
-    ordered = np.sort(values)
-    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-    if len(repeated):
-        seen: set[int] = set()
-        for i in np.flatnonzero(np.isin(values, repeated)).tolist():
-            value = int(values[i])
-            if value in seen:
-                keep[i] = False
-            seen.add(value)
-    return keep
+class _PlacedItems:
+    """Placed items and their noises: a dict for items placed one at a time, and sorted numpy
+    chunks for batches (a dict of 10^6 fresh keys would dominate a batch's time). A new chunk is
+    merged into the previous one while that one is at most twice its size, so chunk sizes shrink
+    geometrically and a lookup visits O(log n) chunks."""
+
+    CHUNK_MIN = 4096  # smaller batches go to the dict
+
+    def __init__(self) -> None:
+        self.single: dict[int, float] = {}
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (items ascending, their noises)
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def get(self, item: int) -> float | None:
+        noise = self.single.get(item)
+        if noise is not None or not self.chunks:
+            return noise
+        for items, noises in self.chunks:
+            i = int(np.searchsorted(items, item))
+            if i < len(items) and items[i] == item:
+                return float(noises[i])
+        return None
+
+    def __contains__(self, item: int) -> bool:
+        return self.get(item) is not None
+
+    def add(self, item: int, noise: float) -> None:
+        self.single[item] = noise
+        self.count += 1
+
+    def add_many(
+        self, items: np.ndarray, noises: np.ndarray, order: np.ndarray | None = None
+    ) -> None:
+        """Place distinct new items (any order; `order` = their argsort if known) with noises."""
+        self.count += len(items)
+        if len(items) < self.CHUNK_MIN:
+            self.single.update(zip(items.tolist(), noises.tolist(), strict=True))
+            return
+        if order is None:
+            order = np.argsort(items)
+        self.chunks.append((items[order], noises[order]))
+        while len(self.chunks) >= 2 and len(self.chunks[-2][0]) <= 2 * len(self.chunks[-1][0]):
+            (a_items, a_noises), (b_items, b_noises) = self.chunks.pop(), self.chunks.pop()
+            items = np.concatenate([a_items, b_items])
+            order = np.argsort(items)
+            self.chunks.append((items[order], np.concatenate([a_noises, b_noises])[order]))
+
+    def all_items(self) -> np.ndarray:
+        single = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
+        return np.concatenate([single, *(items for items, _ in self.chunks)])
 
 
 class _Draws:
@@ -140,14 +180,14 @@ class LazyNoiseList:
         self._last_noise = math.inf
         # Positions >= cursor sampled by random access: position -> (v, item, noise).
         self._ahead: SortedDict = SortedDict()
-        self._noise: dict[int, float] = {}  # item (canonical rank) -> its noise
+        self._placed = _PlacedItems()  # item (canonical rank) -> its noise
         self._placed_sorted: SortedList | None = None  # placed items, kept once many are placed
 
     # ----- introspection ------------------------------------------------------------------------
     @property
     def sampled(self) -> int:
         """How many positions (= items) have been sampled so far."""
-        return len(self._noise)
+        return len(self._placed)
 
     @property
     def cursor(self) -> int:
@@ -178,7 +218,7 @@ class LazyNoiseList:
 
     def noise_of(self, rank: int) -> float:
         """Random access (Algorithm 4): the noise of item `rank`, placing it first if it is new."""
-        noise = self._noise.get(rank)
+        noise = self._placed.get(rank)
         if noise is not None:
             return noise
         if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
@@ -241,8 +281,8 @@ class LazyNoiseList:
             np.clip(v, v_l, v_r, out=v)
             noises = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
             np.clip(noises, noise_r, self._last_noise, out=noises)
-            items = self._fresh_items(run)
-            self._noise.update(zip(items.tolist(), noises.tolist(), strict=True))
+            items, order = self._fresh_items(run)
+            self._placed.add_many(items, noises, order)
             if self._placed_sorted is not None:
                 self._placed_sorted.update(items.tolist())
             items_out[filled : filled + run] = items
@@ -275,45 +315,62 @@ class LazyNoiseList:
         return min(max(noise, lower), upper)
 
     def _place(self, item: int, noise: float) -> None:
-        self._noise[item] = noise
+        self._placed.add(item, noise)
         if self._placed_sorted is not None:
             self._placed_sorted.add(item)
 
     def _fresh_item(self) -> int:
         """An item drawn uniformly from those not yet placed (Algorithm 4, sorted access line 3)."""
-        m, placed = self.m, self._noise
+        m, placed = self.m, self._placed
         if len(placed) <= REJECTION_MAX_TAKEN * m:
             while True:
                 item = self._draws.below(m)
                 if item not in placed:
                     return item
         if self._placed_sorted is None:
-            self._placed_sorted = SortedList(placed)
+            self._placed_sorted = SortedList(placed.all_items().tolist())
         t = self._draws.below(m - len(placed))
         return _nth_free(self._placed_sorted, t, 0)
 
-    def _fresh_items(self, count: int) -> np.ndarray:
-        """`count` distinct items, uniformly from those not placed, in uniformly random order."""
-        m, placed = self.m, self._noise
+    def _fresh_items(self, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """`count` distinct items, uniformly from those not placed, in uniformly random order;
+        and their argsort when it was computed on the way (else None)."""
+        m, placed = self.m, self._placed
         if len(placed) + count > REJECTION_MAX_TAKEN * m:
             # Few items are left (m = O(accesses)): list them and take a uniform ordered sample.
-            taken = np.fromiter(placed, dtype=np.int64, count=len(placed))
+            taken = placed.all_items()
             free = np.setdiff1d(np.arange(m, dtype=np.int64), taken, assume_unique=True)
-            return self.rng.permutation(free)[:count]
+            return self.rng.permutation(free)[:count], None
         # Sequential rejection, vectorised: candidates are i.i.d. uniform; keeping each candidate
         # that is neither placed nor an earlier kept one gives a uniform sample without
         # replacement in random order. At most half the domain is taken, so few are rejected.
-        taken = np.fromiter(placed, dtype=np.int64, count=len(placed)) if placed else None
-        kept = np.empty(0, dtype=np.int64)
-        while len(kept) < count:
-            need = count - len(kept)
-            draw = self.rng.integers(0, m, size=need + need // 64 + 8, dtype=np.int64)
-            stream = np.concatenate([kept, draw])
-            keep = _first_occurrences(stream)
-            if taken is not None:
-                keep &= ~np.isin(stream, taken)
-            kept = stream[keep][:count]
-        return kept
+        if count <= 64:  # few items: one at a time (no pass over the placed items)
+            chosen: dict[int, None] = {}
+            while len(chosen) < count:
+                item = self._draws.below(m)
+                if item not in placed:
+                    chosen.setdefault(item)
+            return np.fromiter(chosen, dtype=np.int64, count=count), None
+        taken = placed.all_items() if len(placed) else None
+        draw = self.rng.integers(0, m, size=count, dtype=np.int64)
+        order = np.argsort(draw, kind="stable")  # equal values: earliest occurrence first
+        ordered = draw[order]
+        keep = np.ones(count, dtype=bool)
+        keep[order[1:][ordered[1:] == ordered[:-1]]] = False  # later occurrences of a value
+        if taken is not None:
+            keep &= ~np.isin(draw, taken)
+        if keep.all():
+            return draw, order  # the common case: nothing rejected
+        # Top up one candidate at a time: a value of `draw` is kept or placed, so it is rejected.
+        extra: dict[int, None] = {}
+        missing = count - int(keep.sum())
+        while len(extra) < missing:
+            item = self._draws.below(m)
+            i = int(np.searchsorted(ordered, item))
+            if (i < count and ordered[i] == item) or item in placed or item in extra:
+                continue
+            extra[item] = None
+        return np.concatenate([draw[keep], np.fromiter(extra, np.int64, missing)]), None
 
     def _fresh_position(self) -> int:
         """A position drawn uniformly from those not yet sampled (Algorithm 4, random access l.2).
