@@ -491,3 +491,20 @@ def test_check_reports_full_scans(engine: sa.Engine, tables: list[str], dialect:
         with engine.begin() as conn:
             index.drop(conn)
         assert {p.access: p for p in source.check().paths}["random by id"].full_scan
+
+
+@pytest.mark.parametrize("store", ["postgres", "mariadb"])
+def test_snapshot_is_repeatable_read_on_a_read_committed_engine(
+    request: pytest.FixtureRequest, store: str
+) -> None:
+    """The snapshot sets its own isolation: an engine configured for READ COMMITTED (where each
+    statement sees the latest commit) still gives a run one snapshot."""
+    made = request.getfixturevalue(f"make_sqlalchemy_{store}_source")([3.0, 2.0, 1.0], None)
+    weak = made.engine.execution_options(isolation_level="READ COMMITTED")
+    source = SQLAlchemyTable(weak, made.table_name)
+    with source.snapshot():
+        before = source.read_sorted(0, 3).ids.tolist()
+        rewrite_and_prepare(made.engine, made.table_name, 3)
+        assert source.read_sorted(0, 4).ids.tolist() == before == [0, 1, 2]
+        assert source.domain_size() == 3
+    assert source.read_sorted(0, 4).ids.tolist() == [3, 2, 1, 0]
