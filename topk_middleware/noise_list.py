@@ -26,6 +26,14 @@ class NoiseList(Protocol):
         """Random access: the noise of the item at this rank."""
         ...
 
+    def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """`count` sorted accesses at once: (ranks, noises), noises non-increasing."""
+        ...
+
+    def noises_of(self, ranks: np.ndarray) -> np.ndarray:
+        """Random access to several items at once: their noises, in the order given."""
+        ...
+
 
 class EagerNoiseList:
     """Algorithm 3, line 1: draw all m noises up front and sort them (O(m) time and memory).
@@ -50,3 +58,11 @@ class EagerNoiseList:
 
     def noise_of(self, rank: int) -> float:
         return float(self.noises[rank])
+
+    def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        ranks = self._order[self._next : self._next + count]
+        self._next += len(ranks)
+        return ranks, self.noises[ranks]
+
+    def noises_of(self, ranks: np.ndarray) -> np.ndarray:
+        return self.noises[np.asarray(ranks, dtype=np.int64)]

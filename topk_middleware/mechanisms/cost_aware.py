@@ -35,7 +35,7 @@ import numpy as np
 from ..access import AccessStats, CountedAccess
 from ..noise_list import NoiseList
 from ..threshold import TopKTracker
-from .threshold import Batching, plan_block
+from .threshold import Batching, NoisePlan
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,18 @@ def cost_aware_threshold_top_k(
         seen.add(rank)
         tracker.offer(access.random_access(rank) + z, rank)
 
+    noise_plan = NoisePlan(noise_list, k, m)
     for block in batching.blocks(k):
         end = min(m, start + block)
-        plan = plan_block(noise_list, start, end)
+        noise_plan.extend_to(end)
+        plan = list(
+            zip(
+                noise_plan.noise_of_rank[start:end],
+                noise_plan.l2_rank[start:end],
+                noise_plan.l2_noise[start:end],
+                strict=True,
+            )
+        )
         access.fetch_sorted_until(end)
         for step, (z_sorted_item, noise_rank, noise) in enumerate(plan):
             rank, score = access.sorted_access()
