@@ -81,6 +81,7 @@ class _Run:
     cursor: duckdb.DuckDBPyConnection
     ranked: bool
     m: int
+    indexed: bool = False
 
 
 class DuckDBTable:
@@ -111,6 +112,7 @@ class DuckDBTable:
         prefix = "" if schema is None else quote_identifier(schema) + "."
         self._base = prefix + quote_identifier(table)
         self._ranks = prefix + quote_identifier(self.rank_table)
+        self._rank_index = self.rank_table + "_rank"
         self._id = quote_identifier(id)
         self._score = quote_identifier(score)
         self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
@@ -226,6 +228,17 @@ class DuckDBTable:
         ).fetchone()[0]
         return bool(found)
 
+    def has_rank_index(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
+        """Whether the ART index on the rank table's rank column exists."""
+        con = cursor or self._con
+        found = con.execute(
+            "SELECT count(*) FROM duckdb_indexes() WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce(?, current_schema())) "
+            "AND lower(index_name) = lower(?)",
+            [self.schema, self._rank_index],
+        ).fetchone()[0]
+        return bool(found)
+
     def check(self) -> AccessCheck:
         """How sorted access and random access will be served, before a run."""
         if not self.has_rank_table():
@@ -242,7 +255,17 @@ class DuckDBTable:
             self.where,
             [
                 AccessPath("sorted", False, f"rank range on rank-ordered {self.rank_table!r}"),
-                AccessPath("random by rank", False, f"rank lookup in {self.rank_table!r}"),
+                AccessPath(
+                    "random by rank",
+                    False,
+                    f"rank lookup in {self.rank_table!r}: "
+                    + (
+                        "ART index for short batches, a scan of the rank column for long ones"
+                        if self.has_rank_index()
+                        else "a scan of the rank column per batch (no index on rank: run "
+                        "prepare() again)"
+                    ),
+                ),
                 AccessPath(
                     "random by id",
                     True,
@@ -261,20 +284,22 @@ class DuckDBTable:
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        if self.has_rank_table() and not refresh:
+        build = refresh or not self.has_rank_table()
+        if not build and self.has_rank_index():
             return
         con = self._con.cursor()
         try:
             con.execute("BEGIN TRANSACTION")
-            self.validate(con)
-            con.execute(
-                f"CREATE OR REPLACE TABLE {self._ranks} AS "
-                f"SELECT (row_number() OVER (ORDER BY {self._order}) - 1)::BIGINT AS rank, "
-                f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
-                "ORDER BY rank"
-            )
-            index = quote_identifier(self.rank_table + "_rank")
-            con.execute(f"CREATE UNIQUE INDEX {index} ON {self._ranks} (rank)")
+            if build:
+                self.validate(con)
+                con.execute(
+                    f"CREATE OR REPLACE TABLE {self._ranks} AS "
+                    f"SELECT (row_number() OVER (ORDER BY {self._order}) - 1)::BIGINT AS rank, "
+                    f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
+                    "ORDER BY rank"
+                )
+            index = quote_identifier(self._rank_index)
+            con.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {self._ranks} (rank)")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -301,7 +326,7 @@ class DuckDBTable:
                     stacklevel=3,
                 )
                 m = self.validate(cursor)
-            self._run = _Run(cursor, ranked, m)
+            self._run = _Run(cursor, ranked, m, ranked and self.has_rank_index(cursor))
             yield
         finally:
             self._run = None
@@ -320,7 +345,7 @@ class DuckDBTable:
             if ranked
             else self.validate()
         )
-        return _Run(self._con, ranked, m)
+        return _Run(self._con, ranked, m, ranked and self.has_rank_index())
 
     def _ranked_source(self, ranked: bool) -> str:
         """A relation (rank, id, score) in canonical order: the rank table, or computed."""
@@ -358,7 +383,7 @@ class DuckDBTable:
         if not wanted:
             return _rows({"rank": [], "id": [], "score": []})
         source = self._ranked_source(run.ranked)
-        if run.ranked and len(wanted) <= INDEX_LOOKUP_MAX:
+        if run.indexed and len(wanted) <= INDEX_LOOKUP_MAX:
             # The ART index on rank serves an IN list of constants key by key (about 25 us a key
             # at m = 10^7); a longer list is cheaper as one scan of the rank column.
             keys = ", ".join(str(int(r)) for r in wanted)

@@ -20,8 +20,11 @@ transaction (DELETE + INSERT), so runs in progress keep their snapshot and are n
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
 Without a rank table the adapter still works, reading the live table in that snapshot: sorted
-access by ORDER BY .. OFFSET, sampling by a window over the whole table (a full scan per batch);
-`check()` says so before a run, from EXPLAIN.
+access by ORDER BY .. OFFSET (served by a B-tree on (score DESC, id COLLATE "C") if the table has
+one), random access by id by `id = ANY(...)` (a B-tree on id if any), sampling by a window over the
+whole table (a full scan per batch, whatever the indexes); `check()` says which, from EXPLAIN.
+`prepare()` creates no index on the live table: runs never read it, and indexes there would only
+slow its writers.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from topk_middleware.access import Rows
+from topk_middleware.access import AccessError, Rows
 
 from ._sql import (
     AccessCheck,
@@ -49,6 +52,21 @@ from ._sql import (
     rank_table_name,
     rows_from_records,
     scores_in_order,
+)
+
+# Sorted reads of at least this many rows with integer ids go through binary COPY.
+COPY_MIN_ROWS = 50_000
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+COPY_ROW = np.dtype(
+    [
+        ("fields", ">i2"),
+        ("l_rank", ">i4"),
+        ("rank", ">i8"),
+        ("l_id", ">i4"),
+        ("id", ">i8"),
+        ("l_score", ">i4"),
+        ("score", ">f8"),
+    ]
 )
 
 
@@ -192,6 +210,7 @@ class PostgresTable:
             raise TypeError(
                 f"{self.where} column {self.score_column!r} must be numeric, it is {kind}"
             )
+        self._integer_ids = columns[self.id_column][2] in ("smallint", "integer", "bigint")
         return bool(columns[self.id_column][1])
 
     def validate(self) -> int:
@@ -365,7 +384,8 @@ class PostgresTable:
                 "SELECT rank, id, score FROM {} WHERE rank >= %s AND rank < %s ORDER BY rank"
             ).format(self._ranks)
         return sql.SQL(
-            "SELECT 0, {id}, {score}::float8 FROM {base} ORDER BY {order} LIMIT %s OFFSET %s"
+            "SELECT 0 AS rank, {id} AS id, {score}::float8 AS score FROM {base} "
+            "ORDER BY {order} LIMIT %s OFFSET %s"
         ).format(id=self._id, score=self._score, base=self._base, order=self._order)
 
     def _ranks_query(self, ranked: bool) -> sql.Composable:
@@ -390,12 +410,44 @@ class PostgresTable:
         if stop <= start:
             return rows_from_records([])
         params = [start, stop] if run.ranked else [stop - start, start]
-        with self._reading() as cur:
-            records = cur.execute(self._sorted_query(run.ranked), params).fetchall()
-        rows = rows_from_records(records)
+        if self._integer_ids and stop - start >= COPY_MIN_ROWS:
+            rows = self._copy_rows(self._sorted_query(run.ranked), params)
+        else:
+            with self._reading() as cur:
+                records = cur.execute(self._sorted_query(run.ranked), params).fetchall()
+            rows = rows_from_records(records)
         if not run.ranked:
             rows = Rows(np.arange(start, start + len(rows), dtype=np.int64), rows.ids, rows.scores)
         return rows
+
+    def _copy_rows(self, query: sql.Composable, params: list[Any]) -> Rows:
+        """A large read of (rank, integer id, score) as one binary COPY, decoded by numpy: for a
+        full scan, about 10x faster than building a Python tuple per row."""
+        typed = sql.SQL("SELECT r.rank::int8, r.id::int8, r.score::float8 FROM ({}) AS r").format(
+            query
+        )
+        with self._reading() as cur:
+            copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(typed)
+            with cur.copy(copy, params) as pipe:
+                data = b"".join(bytes(chunk) for chunk in pipe)
+        header = len(COPY_SIGNATURE) + 8 + int.from_bytes(data[15:19], "big")
+        if not data.startswith(COPY_SIGNATURE) or data[-2:] != b"\xff\xff":
+            raise AccessError(f"{self.where}: unexpected binary COPY framing")
+        body = np.frombuffer(
+            data, dtype=COPY_ROW, offset=header, count=(len(data) - header - 2) // COPY_ROW.itemsize
+        )
+        if len(body) and not (
+            (body["fields"] == 3).all()
+            and (body["l_rank"] == 8).all()
+            and (body["l_id"] == 8).all()
+            and (body["l_score"] == 8).all()
+        ):
+            raise AccessError(f"{self.where}: unexpected row layout in binary COPY")
+        return Rows(
+            body["rank"].astype(np.int64),
+            body["id"].astype(np.int64),
+            body["score"].astype(np.float64),
+        )
 
     def read_ranks(self, ranks: np.ndarray) -> Rows:
         run = self._state()

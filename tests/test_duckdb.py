@@ -194,3 +194,27 @@ def test_a_database_file_path(tmp_path: Path) -> None:
     reopened = DuckDBTable(str(path), "c")
     assert reopened.has_rank_table()  # prepare() persisted the rank-ordered copy
     reopened.close()
+
+
+def test_rank_index_is_optional_and_prepare_restores_it() -> None:
+    """Without the ART index on rank, random access by rank scans the rank column (still right);
+    check() says so, and prepare() recreates the index without rebuilding the copy."""
+    con = duckdb.connect()
+    scores = np.arange(5000) % 97
+    con.execute("CREATE TABLE t AS SELECT range AS id, range % 97 AS score FROM range(5000)")
+    source = DuckDBTable(con, "t")
+    source.prepare()
+    reference = ArraySource(scores)
+    ranks = np.sort(np.random.default_rng(0).choice(5000, 300, replace=False))
+    assert source.has_rank_index() and "ART index" in str(source.check())
+    with source.snapshot():
+        assert source.read_ranks(ranks).ids.tolist() == reference.read_ranks(ranks).ids.tolist()
+    con.execute(f"DROP INDEX {quote_identifier(source.rank_table + '_rank')}")
+    assert not source.has_rank_index() and "no index on rank" in str(source.check())
+    with source.snapshot():
+        assert source.read_ranks(ranks).ids.tolist() == reference.read_ranks(ranks).ids.tolist()
+    con.execute("UPDATE t SET score = 1000 WHERE id = 1")  # not picked up: the copy is kept
+    source.prepare()
+    assert source.has_rank_index()
+    with source.snapshot():
+        assert source.read_sorted(0, 1).ids.tolist() == [96]
