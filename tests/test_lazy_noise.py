@@ -91,6 +91,9 @@ def positions_after(pattern: str, nl: LazyNoiseList, m: int, rng: np.random.Gene
             nl.noise_of(item)
         noises = nl.next_sorted_batch(m // 2)[1].tolist()
         noises += nl.next_sorted_batch(m)[1].tolist()
+    elif pattern == "many-random-then-sorted":  # noises_of: vectorised placement by levels
+        nl.noises_of(rng.permutation(m)[: m // 2])
+        noises = [nl.next_sorted()[1] for _ in range(m)]
     elif pattern == "interleaved":
         while len(noises) < m:
             nl.noise_of(int(rng.integers(m)))
@@ -99,7 +102,15 @@ def positions_after(pattern: str, nl: LazyNoiseList, m: int, rng: np.random.Gene
 
 
 @pytest.mark.parametrize(
-    "pattern", ["sorted", "batch", "random-then-sorted", "random-then-batch", "interleaved"]
+    "pattern",
+    [
+        "sorted",
+        "batch",
+        "random-then-sorted",
+        "random-then-batch",
+        "many-random-then-sorted",
+        "interleaved",
+    ],
 )
 @pytest.mark.parametrize("distribution", [Gumbel(1.5), Laplace(1.0)], ids=["gumbel", "laplace"])
 def test_order_statistics_follow_their_beta_laws(
@@ -134,6 +145,29 @@ def test_random_access_noise_is_the_noise_distribution(distribution: NoiseDistri
     cdf = lambda z: 1.0 - distribution.survival(z)  # noqa: E731
     assert stats.kstest(first, cdf).pvalue > ALPHA
     assert stats.kstest(later, cdf).pvalue > ALPHA
+    # Many at once (noises_of): the first and the last of 40 fresh items.
+    head, tail = [], []
+    for nl in lists(distribution, m, 1500, seed=24):
+        nl.next_sorted_batch(5)
+        noises = nl.noises_of(np.arange(100, 140))
+        head.append(noises[0])
+        tail.append(noises[-1])
+    assert stats.kstest(head, cdf).pvalue > ALPHA
+    assert stats.kstest(tail, cdf).pvalue > ALPHA
+
+
+def test_noises_of_places_items_at_uniform_positions() -> None:
+    """m = 40, 20 items placed at once: the sorted position of the first and the last of them is
+    uniform on [0, 40) (chi-square)."""
+    m, runs = 40, 2000
+    first, last = [], []
+    for nl in lists(Gumbel(1.0), m, runs, seed=33):
+        nl.noises_of(np.arange(20))
+        order = nl.next_sorted_batch(m)[0].tolist()
+        first.append(order.index(0))
+        last.append(order.index(19))
+    for sample in (first, last):
+        assert stats.chisquare(np.bincount(sample, minlength=m)).pvalue > ALPHA
 
 
 # ----- the item order: a uniform permutation (Lemma 4.1) -----------------------------------------
@@ -184,6 +218,44 @@ def test_batched_items_are_uniform(m: int, count: int) -> None:
         assert stats.chisquare(np.bincount(sample, minlength=m)).pvalue > ALPHA
 
 
+# ----- consistency under any interleaving --------------------------------------------------------
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 50, 1000])
+@pytest.mark.parametrize("distribution", [Gumbel(0.7), Laplace(3.0)], ids=["gumbel", "laplace"])
+def test_any_interleaving_is_consistent(m: int, distribution: NoiseDistribution) -> None:
+    """An item's noise never changes, sorted access never repeats an item, and noises never
+    increase along positions, for random interleavings of the four kinds of access (one item,
+    many items, next position, next batch of positions)."""
+    rng = np.random.default_rng(m)
+    for nl in lists(distribution, m, 20, seed=40 + m):
+        known: dict[int, float] = {}
+        served: list[tuple[int, float]] = []
+        while len(served) < m:
+            op = rng.integers(4)
+            if op == 0:
+                item = int(rng.integers(m))
+                noise = nl.noise_of(item)
+                assert known.setdefault(item, noise) == noise
+            elif op == 1:
+                served.append(nl.next_sorted())
+            elif op == 2:
+                items, noises = nl.next_sorted_batch(int(rng.integers(0, 5)))
+                served.extend(zip(items.tolist(), noises.tolist(), strict=True))
+            else:
+                asked = rng.integers(0, m, size=int(rng.integers(0, 40)))
+                for item, noise in zip(asked.tolist(), nl.noises_of(asked).tolist(), strict=True):
+                    assert known.setdefault(item, noise) == noise
+        items = [item for item, _ in served]
+        noises = [noise for _, noise in served]
+        assert sorted(items) == list(range(m))  # each item exactly once
+        assert all(a >= b for a, b in itertools.pairwise(noises))
+        for item, noise in served:
+            assert known.setdefault(item, noise) == noise
+            assert nl.noise_of(item) == noise
+        with pytest.raises(IndexError):
+            nl.next_sorted()
+        assert nl.next_sorted_batch(3)[0].size == 0
+
+
 def test_large_batches_use_sorted_chunks_consistently() -> None:
     """Batches of >= CHUNK_MIN items are kept in sorted chunks (merged as they grow) instead of
     the dict; lookups by random access, rejection of placed items and the final exact path must
@@ -222,6 +294,10 @@ def test_bad_input_is_refused() -> None:
         nl.noise_of(1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-negative integer"):
         nl.next_sorted_batch(-1)
+    with pytest.raises(IndexError, match="outside the domain"):
+        nl.noises_of([1, 10])
+    with pytest.raises(TypeError, match="integer ranks"):
+        nl.noises_of([0.5])
 
 
 # ----- the lazy threshold algorithm --------------------------------------------------------------

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from sortedcontainers import SortedDict, SortedList
@@ -49,6 +49,7 @@ from .noise import NoiseDistribution
 # while at most this fraction is taken, and exact selection over a SortedList beyond.
 REJECTION_MAX_TAKEN = 0.5
 MAX_DOMAIN = 2**62
+BATCH_MIN = 16  # noises_of places fewer fresh items one at a time
 
 
 def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
@@ -95,6 +96,31 @@ class _PlacedItems:
 
     def __contains__(self, item: int) -> bool:
         return self.get(item) is not None
+
+    def get_many(self, items: np.ndarray) -> np.ndarray:
+        """Noises of many items (int64 array); NaN for the items not placed."""
+        if self.single:
+            values = (self.single.get(x, math.nan) for x in items.tolist())
+            out = np.fromiter(values, dtype=np.float64, count=len(items))
+        else:
+            out = np.full(len(items), math.nan)
+        for chunk, noises in self.chunks:
+            i = np.minimum(np.searchsorted(chunk, items), len(chunk) - 1)
+            hit = chunk[i] == items
+            out[hit] = noises[i[hit]]
+        return out
+
+    def contains_many(self, items: np.ndarray) -> np.ndarray:
+        """Which of many items (int64 array) are placed."""
+        if self.single:
+            found = map(self.single.__contains__, items.tolist())
+            mask = np.fromiter(found, dtype=bool, count=len(items))
+        else:
+            mask = np.zeros(len(items), dtype=bool)
+        for chunk, _ in self.chunks:
+            i = np.minimum(np.searchsorted(chunk, items), len(chunk) - 1)
+            mask |= chunk[i] == items
+        return mask
 
     def add(self, item: int, noise: float) -> None:
         self.single[item] = noise
@@ -243,6 +269,93 @@ class LazyNoiseList:
         self._place(rank, noise)
         return noise
 
+    # ----- batched random access ------------------------------------------------------------------
+    def noises_of(self, ranks: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Random access to many items at once: their noises, in the order given.
+
+        The fresh items get distinct positions drawn uniformly from the unsampled ones, in order
+        (sequential rejection, as one at a time). The values at the new positions are drawn level
+        by level: in each gap (l, r) between sampled positions the new positions p1 < p2 < ... are
+        drawn in increasing order, p_t from Beta(p_t - p_(t-1), r - p_t) between p_(t-1) (p_0 = l)
+        and r, its nearest sampled neighbours at that time. Gaps are conditionally independent
+        (Theorem 4.8), so each level is one vectorised draw.
+        """
+        arr = np.asarray(ranks)
+        if arr.ndim != 1 or (len(arr) and not np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError(f"noises_of needs a 1-D sequence of integer ranks, got {arr.dtype}")
+        if len(arr) and (arr.min() < 0 or arr.max() >= self.m):
+            raise IndexError(f"a rank is outside the domain [0, {self.m})")
+        arr = arr.astype(np.int64, copy=False)
+        placed = self._placed
+        fresh = list(dict.fromkeys(arr[np.isnan(placed.get_many(arr))].tolist()))
+        span = self.m - self._cursor
+        if len(fresh) < BATCH_MIN or len(self._ahead) + len(fresh) > REJECTION_MAX_TAKEN * span:
+            for rank in fresh:
+                self.noise_of(rank)
+        else:
+            keys = np.fromiter(self._ahead.keys(), dtype=np.int64, count=len(self._ahead))
+            positions = self._fresh_positions(len(fresh), keys)
+            self._place_at(np.asarray(fresh, dtype=np.int64), positions, keys)
+        return placed.get_many(arr)
+
+    def _fresh_positions(self, count: int, keys: np.ndarray) -> np.ndarray:
+        """`count` distinct unsampled positions, uniformly, in draw order (sequential rejection:
+        duplicates and sampled positions rejected, then a scalar top-up)."""
+        lo, span = self._cursor, self.m - self._cursor
+        draw = lo + self.rng.integers(0, span, size=count, dtype=np.int64)
+        order = np.argsort(draw, kind="stable")
+        ordered = draw[order]
+        keep = np.ones(count, dtype=bool)
+        keep[order[1:][ordered[1:] == ordered[:-1]]] = False
+        if len(keys):
+            keep &= ~np.isin(draw, keys)
+        if keep.all():
+            return draw
+        extra: dict[int, None] = {}
+        missing = count - int(keep.sum())
+        while len(extra) < missing:
+            j = lo + self._draws.below(span)
+            i = int(np.searchsorted(ordered, j))
+            if (i < count and ordered[i] == j) or j in self._ahead or j in extra:
+                continue
+            extra[j] = None
+        return np.concatenate([draw[keep], np.fromiter(extra, np.int64, missing)])
+
+    def _place_at(self, items: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> None:
+        """Sample the values at new positions (all >= cursor, unsampled) and place the items."""
+        by_position = np.argsort(positions)
+        pos, items = positions[by_position], items[by_position]
+        n = len(pos)
+        values = list(self._ahead.values())
+        # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
+        ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
+        ext_v = np.array([self._last_v, *(t[0] for t in values), 1.0])
+        ext_noise = np.array([self._last_noise, *(t[2] for t in values), -math.inf])
+        gap = np.searchsorted(keys, pos)  # new position between ext[gap] and ext[gap + 1]
+        left_pos, left_v, left_noise = ext_pos[gap], ext_v[gap], ext_noise[gap]
+        right_pos, right_v, right_noise = ext_pos[gap + 1], ext_v[gap + 1], ext_noise[gap + 1]
+        first = np.ones(n, dtype=bool)
+        first[1:] = gap[1:] != gap[:-1]
+        starts = np.flatnonzero(first)
+        level = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        v = np.empty(n)
+        noise = np.empty(n)
+        for t in range(int(level.max()) + 1):
+            sel = np.flatnonzero(level == t)
+            if t > 0:  # the predecessor is the new position just before, sampled at level t - 1
+                before = sel - 1
+                left_pos[sel], left_v[sel], left_noise[sel] = pos[before], v[before], noise[before]
+            lv, rv = left_v[sel], right_v[sel]
+            y = self.rng.beta(pos[sel] - left_pos[sel], right_pos[sel] - pos[sel])
+            v[sel] = np.clip(lv + (rv - lv) * y, lv, rv)
+            z = np.asarray(self.distribution.from_survival(v[sel]), dtype=np.float64)
+            noise[sel] = np.clip(z, right_noise[sel], left_noise[sel])
+        entries = zip(v.tolist(), items.tolist(), noise.tolist(), strict=True)
+        self._ahead.update(zip(pos.tolist(), entries, strict=True))
+        self._placed.add_many(items, noise)
+        if self._placed_sorted is not None:
+            self._placed_sorted.update(items.tolist())
+
     # ----- batched sorted access ------------------------------------------------------------------
     def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The next `count` sorted accesses at once: (items, noises), noises non-increasing.
@@ -351,14 +464,13 @@ class LazyNoiseList:
                 if item not in placed:
                     chosen.setdefault(item)
             return np.fromiter(chosen, dtype=np.int64, count=count), None
-        taken = placed.all_items() if len(placed) else None
         draw = self.rng.integers(0, m, size=count, dtype=np.int64)
         order = np.argsort(draw, kind="stable")  # equal values: earliest occurrence first
         ordered = draw[order]
         keep = np.ones(count, dtype=bool)
         keep[order[1:][ordered[1:] == ordered[:-1]]] = False  # later occurrences of a value
-        if taken is not None:
-            keep &= ~np.isin(draw, taken)
+        if len(placed):
+            keep &= ~placed.contains_many(draw)
         if keep.all():
             return draw, order  # the common case: nothing rejected
         # Top up one candidate at a time: a value of `draw` is kept or placed, so it is rejected.
