@@ -143,7 +143,6 @@ class DuckDBTable:
         JOIN keeps items without votes (score 0), so m is the size of `items`. A vote for an item
         missing from `items` is an error: the domain must be public and complete.
         """
-        source = cls.__new__(cls)
         con = (
             connection_or_path
             if isinstance(connection_or_path, duckdb.DuckDBPyConnection)
@@ -173,7 +172,7 @@ class DuckDBTable:
             f"{verb} {out} AS SELECT i.{ii} AS id, count(DISTINCT v.{vc}) AS score "
             f"FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
         )
-        source.__init__(con, into, id="id", score="score", schema=schema)
+        source = cls(con, into, id="id", score="score", schema=schema)
         source._owns_connection = con is not connection_or_path
         return source
 
@@ -327,13 +326,13 @@ class DuckDBTable:
                 )
                 m = self.validate(cursor)
             self._run = _Run(cursor, ranked, m, ranked and self.has_rank_index(cursor))
-            yield
-        finally:
-            self._run = None
             try:
-                cursor.execute("COMMIT")
+                yield
             finally:
-                cursor.close()
+                self._run = None
+            cursor.execute("COMMIT")
+        finally:
+            cursor.close()  # after an error: closing the connection rolls its transaction back
 
     def _state(self) -> _Run:
         """The running snapshot, or a one-read state outside of one."""

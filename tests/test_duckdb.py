@@ -218,3 +218,13 @@ def test_rank_index_is_optional_and_prepare_restores_it() -> None:
     assert source.has_rank_index()
     with source.snapshot():
         assert source.read_sorted(0, 1).ids.tolist() == [96]
+
+
+def test_an_error_inside_a_run_leaves_the_source_usable(con: duckdb.DuckDBPyConnection) -> None:
+    source = DuckDBTable(con, "votes")
+    source.prepare()
+    with pytest.raises(duckdb.Error), source.snapshot():
+        source.read_ids(["not an integer"])  # a conversion error aborts the run's transaction
+    with pytest.raises(KeyError), source.snapshot():
+        raise KeyError("the caller's own error")
+    assert private_top_k(source, k=1, epsilon=1e6, seed=0).items == [2]

@@ -285,11 +285,11 @@ def test_from_votes_counts_distinct_clients_over_all_items(
 
 
 @pytest.mark.parametrize("prepared", [True, False])
-def test_large_sorted_reads_by_binary_copy(
+def test_large_sorted_reads_come_packed(
     table, make: Make, monkeypatch: pytest.MonkeyPatch, prepared: bool
 ) -> None:
-    """Large sorted reads with integer ids go through binary COPY decoded by numpy: the rows must
-    be exactly those of the row-by-row path (forced here on a small table)."""
+    """Large sorted reads with integer ids come packed in one bytea per column, unpacked by numpy:
+    the rows must be exactly the canonical ones (the path is forced here on a small table)."""
     import adapters.postgres
 
     rng = np.random.default_rng(2)
@@ -302,7 +302,7 @@ def test_large_sorted_reads_by_binary_copy(
     if prepared:
         source.prepare()
     reference = ArraySource(scores, ids)
-    monkeypatch.setattr(adapters.postgres, "COPY_MIN_ROWS", 1)
+    monkeypatch.setattr(adapters.postgres, "PACKED_MIN_ROWS", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with source.snapshot():
