@@ -50,6 +50,7 @@ from .noise import NoiseDistribution
 REJECTION_MAX_TAKEN = 0.5
 MAX_DOMAIN = 2**62
 BATCH_MIN = 16  # noises_of places fewer fresh items one at a time
+LEVELS_MAX = 4  # noises_of: gaps with more new positions are drawn from gamma spacings
 
 
 def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
@@ -278,7 +279,10 @@ class LazyNoiseList:
         by level: in each gap (l, r) between sampled positions the new positions p1 < p2 < ... are
         drawn in increasing order, p_t from Beta(p_t - p_(t-1), r - p_t) between p_(t-1) (p_0 = l)
         and r, its nearest sampled neighbours at that time. Gaps are conditionally independent
-        (Theorem 4.8), so each level is one vectorised draw.
+        (Theorem 4.8), so each level is one vectorised draw. A gap with more than LEVELS_MAX new
+        positions is drawn at once: the q + 1 spacings of (v_l, v_r) cut at p1 < ... < pq are
+        Dirichlet(p1 - l, p2 - p1, ..., r - pq), i.e. normalised independent gammas (the joint law
+        of uniform order statistics that the level-by-level draw also follows).
         """
         arr = np.asarray(ranks)
         if arr.ndim != 1 or (len(arr) and not np.issubdtype(arr.dtype, np.integer)):
@@ -337,11 +341,26 @@ class LazyNoiseList:
         first = np.ones(n, dtype=bool)
         first[1:] = gap[1:] != gap[:-1]
         starts = np.flatnonzero(first)
-        level = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        sizes = np.diff(np.append(starts, n))
+        level = np.arange(n) - np.repeat(starts, sizes)
+        small = np.repeat(sizes <= LEVELS_MAX, sizes)
         v = np.empty(n)
         noise = np.empty(n)
-        for t in range(int(level.max()) + 1):
-            sel = np.flatnonzero(level == t)
+        # Gaps with many new positions: all at once, from gamma spacings (a Dirichlet split of
+        # (v_l, v_r)); partial sums start at the gap, so tiny values keep their precision.
+        for start, size in zip(
+            starts[sizes > LEVELS_MAX].tolist(), sizes[sizes > LEVELS_MAX].tolist(), strict=True
+        ):
+            sel = slice(start, start + size)
+            bounds = np.concatenate([[left_pos[start]], pos[sel], [right_pos[start]]])
+            sums = np.cumsum(self.rng.standard_gamma(np.diff(bounds)))
+            lv, rv = left_v[start], right_v[start]
+            v[sel] = np.clip(lv + (rv - lv) * (sums[:-1] / sums[-1]), lv, rv)
+            z = np.asarray(self.distribution.from_survival(v[sel]), dtype=np.float64)
+            noise[sel] = np.clip(z, right_noise[start], left_noise[start])
+        # Gaps with few: level by level, each new position between its predecessor and r.
+        for t in range(int(level[small].max()) + 1 if small.any() else 0):
+            sel = np.flatnonzero(small & (level == t))
             if t > 0:  # the predecessor is the new position just before, sampled at level t - 1
                 before = sel - 1
                 left_pos[sel], left_v[sel], left_noise[sel] = pos[before], v[before], noise[before]
