@@ -188,9 +188,10 @@ class LazyNoiseList:
 
     Implements the NoiseList protocol (noise_list.py): `next_sorted()` and `noise_of(rank)`, items
     being canonical ranks 0..m-1; plus `next_sorted_batch(count)`, the next `count` positions in
-    one vectorised draw. Its joint law is exactly that of EagerNoiseList (sorting m i.i.d. noises),
-    whatever the interleaving of accesses; the random stream differs, so one seed gives different
-    (equally distributed) answers with the two oracles.
+    one vectorised draw, and `noises_of(ranks)`, random access to many items at once. Its joint
+    law is exactly that of EagerNoiseList (sorting m i.i.d. noises), whatever the interleaving of
+    accesses; the random stream differs, so one seed gives different (equally distributed)
+    answers with the two oracles.
     """
 
     def __init__(self, distribution: NoiseDistribution, m: int, rng: np.random.Generator) -> None:
