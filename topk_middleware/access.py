@@ -96,14 +96,50 @@ class AccessError(ValueError):
     """A store broke the access contract (short read, unknown id, rank out of range)."""
 
 
+class _Prefix:
+    """The fetched canonical prefix: growable numpy buffers of ids and scores (amortised O(1))."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._scores = np.empty(0, dtype=np.float64)
+        self._ids: np.ndarray | None = None
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self._scores[: self.size]
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids[: self.size] if self._ids is not None else np.empty(0, dtype=object)
+
+    def append(self, ids: np.ndarray, scores: np.ndarray) -> None:
+        # Integer ids stay int64; anything else is kept as Python objects (numpy's fixed-width
+        # strings would truncate a longer id fetched later).
+        ids = np.asarray(ids)
+        kind = np.int64 if ids.dtype.kind in "iu" else object
+        need = self.size + len(scores)
+        if self._ids is None:
+            self._ids = np.empty(0, dtype=kind)
+        elif kind is object and self._ids.dtype != object:
+            self._ids = self._ids.astype(object)
+        if need > len(self._scores):
+            capacity = max(need, 2 * len(self._scores))
+            self._scores = np.resize(self._scores, capacity)
+            self._ids = np.resize(self._ids, capacity)
+        self._scores[self.size : need] = scores
+        self._ids[self.size : need] = ids
+        self.size = need
+
+
 @dataclass
 class CountedAccess:
     """The only door from a mechanism to a store; it counts every access.
 
     Two layers meet here. *Fetches* (`fetch_sorted_until`, `fetch_ranks`, `read_all`) go to the
     store, in batches, and are counted as rows_fetched and round_trips. *Accesses*
-    (`sorted_access`, `random_access`) are the steps of the sequential algorithm; they are served
-    from what was fetched (fetching on demand if needed) and counted as the paper counts them.
+    (`sorted_access`, `random_access` and their batched forms) are the steps of the sequential
+    algorithm; they are served from what was fetched (fetching on demand if needed) and counted as
+    the paper counts them.
     """
 
     source: Source
@@ -112,8 +148,7 @@ class CountedAccess:
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
         self.stats.round_trips += 1
-        self._prefix_ids: list[Any] = []
-        self._prefix_scores: list[float] = []
+        self._prefix = _Prefix()
         self._by_rank: dict[int, tuple[Any, float]] = {}
         self._depth = 0  # next rank served by sorted access
 
@@ -121,7 +156,12 @@ class CountedAccess:
     @property
     def prefix_fetched(self) -> int:
         """How many rows of the canonical order have been pulled from the store."""
-        return len(self._prefix_scores)
+        return self._prefix.size
+
+    @property
+    def depth(self) -> int:
+        """How many sorted accesses have been made: the next rank sorted access serves."""
+        return self._depth
 
     def fetch_sorted_until(self, end: int) -> None:
         """Pull the canonical prefix up to rank `end` (exclusive) in one batch."""
@@ -136,8 +176,7 @@ class CountedAccess:
                 "changed during the run or the store does not serve its canonical order"
             )
         self._count_fetch(rows)
-        self._prefix_ids.extend(rows.ids.tolist())
-        self._prefix_scores.extend(rows.scores.tolist())
+        self._prefix.append(rows.ids, rows.scores)
 
     def is_fetched(self, rank: int) -> bool:
         """Whether the row at `rank` is already in memory (no fetch needed)."""
@@ -168,7 +207,8 @@ class CountedAccess:
         self._count_fetch(rows)
         self.stats.sorted += self.m
         self._depth = self.m
-        self._prefix_ids, self._prefix_scores = rows.ids, rows.scores
+        self._prefix = _Prefix()
+        self._prefix.append(rows.ids, rows.scores)
         return rows
 
     def _count_fetch(self, rows: Rows) -> None:
@@ -185,16 +225,63 @@ class CountedAccess:
             self.fetch_sorted_until(rank + 1)
         self._depth += 1
         self.stats.sorted += 1
-        return rank, self._prefix_scores[rank]
+        return rank, float(self._prefix.scores[rank])
+
+    def sorted_accesses(self, count: int) -> np.ndarray:
+        """The scores of the next `count` ranks in canonical order: `count` sorted accesses."""
+        start, end = self._depth, self._depth + count
+        if count < 0 or end > self.m:
+            raise AccessError(f"sorted access past the end of the domain (m = {self.m})")
+        self.fetch_sorted_until(end)
+        self._depth = end
+        self.stats.sorted += count
+        return self._prefix.scores[start:end].copy()
 
     def random_access(self, rank: int) -> float:
         """The score of the item at `rank`: one random access."""
         self.stats.random += 1
         if rank < self.prefix_fetched:
-            return self._prefix_scores[rank]
+            return float(self._prefix.scores[rank])
         if rank not in self._by_rank:
             self.fetch_ranks([rank])
         return self._by_rank[rank][1]
+
+    def random_accesses(self, ranks: np.ndarray) -> np.ndarray:
+        """The scores of the items at `ranks`: len(ranks) random accesses (one fetch if needed)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        self.fetch_ranks(ranks)
+        self.stats.random += len(ranks)
+        return self.scores_at(ranks)
+
+    def scores_at(self, ranks: np.ndarray) -> np.ndarray:
+        """Scores of fetched rows, without counting an access: for an algorithm that evaluates
+        ahead and then charges exactly the accesses its sequential form makes (`charge`)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        in_prefix = ranks < self.prefix_fetched
+        scores = np.empty(len(ranks), dtype=np.float64)
+        scores[in_prefix] = self._prefix.scores[ranks[in_prefix]]
+        beyond = ranks[~in_prefix].tolist()
+        if beyond:
+            try:
+                scores[~in_prefix] = [self._by_rank[r][1] for r in beyond]
+            except KeyError as missing:
+                raise AccessError(f"rank {missing.args[0]} has not been fetched") from None
+        return scores
+
+    def prefix_scores(self) -> np.ndarray:
+        """The scores of the fetched prefix (read-only view, no access counted)."""
+        view = self._prefix.scores
+        view.flags.writeable = False
+        return view
+
+    def charge(self, sorted_count: int, random_count: int) -> None:
+        """Count accesses that a vectorised evaluation made from fetched rows: the sorted ones
+        are the next `sorted_count` ranks, which must have been fetched."""
+        if self._depth + sorted_count > self.prefix_fetched:
+            raise AccessError("charged sorted accesses beyond the fetched prefix")
+        self._depth += sorted_count
+        self.stats.sorted += sorted_count
+        self.stats.random += random_count
 
     def random_access_ids(self, ids: Sequence[Any]) -> np.ndarray:
         """Scores of named items: len(ids) random accesses, fetched in one batch."""
@@ -206,7 +293,7 @@ class CountedAccess:
 
     def id_of(self, rank: int) -> Any:
         """The item id at a rank that has already been fetched (no access is counted)."""
-        item = self._prefix_ids[rank] if rank < self.prefix_fetched else self._by_rank[rank][0]
+        item = self._prefix.ids[rank] if rank < self.prefix_fetched else self._by_rank[rank][0]
         return item.item() if isinstance(item, np.generic) else item  # plain Python ids
 
     def ids_of(self, ranks: Iterator[int] | Sequence[int]) -> list[Any]:

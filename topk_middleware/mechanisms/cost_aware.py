@@ -176,9 +176,9 @@ def cost_aware_threshold_top_k(
         noise_plan.extend_to(end)
         plan = list(
             zip(
-                noise_plan.noise_of_rank[start:end],
-                noise_plan.l2_rank[start:end],
-                noise_plan.l2_noise[start:end],
+                noise_plan.noise_of_rank[start:end].tolist(),
+                noise_plan.l2_rank[start:end].tolist(),
+                noise_plan.l2_noise[start:end].tolist(),
                 strict=True,
             )
         )

@@ -12,14 +12,15 @@ import numpy as np
 from ..access import CountedAccess
 
 
-def top_k_ranks(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, best first; ties go to the smaller index."""
+def top_k_ranks(values: np.ndarray, k: int, keys: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the k largest values, best first; ties go to the smaller key (default: index)."""
     if k >= len(values):
         candidates = np.arange(len(values))
     else:
         kth = np.partition(values, len(values) - k)[len(values) - k]
         candidates = np.flatnonzero(values >= kth)
-    order = np.lexsort((candidates, -values[candidates]))
+    tie_keys = candidates if keys is None else keys[candidates]
+    order = np.lexsort((tie_keys, -values[candidates]))
     return candidates[order][:k]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..access import CountedAccess
 from ..noise_list import NoiseList
-from ..threshold import TopKTracker
+from .oneshot import top_k_ranks
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,9 @@ class NoisePlan:
     def __init__(self, noise_list: NoiseList, k: int, m: int) -> None:
         self.noise_list = noise_list
         self.m = m
-        self.noise_of_rank: list[float] = []  # step s: the noise of the item of rank s
-        self.l2_rank: list[int] = []  # step s: the item at position s of L2 ...
-        self.l2_noise: list[float] = []  # ... and its noise
+        self.noise_of_rank = np.empty(0)  # step s: the noise of the item of rank s
+        self.l2_rank = np.empty(0, dtype=np.int64)  # step s: the item at position s of L2 ...
+        self.l2_noise = np.empty(0)  # ... and its noise
         self._chunk = max(k, self.FIRST_CHUNK)
 
     def __len__(self) -> int:
@@ -83,49 +83,98 @@ class NoisePlan:
             start = len(self)
             count = min(self._chunk, self.m - start)
             ranks, noises = self.noise_list.next_sorted_batch(count)
-            own_ranks = np.arange(start, start + count, dtype=np.int64)
-            batched = getattr(self.noise_list, "noises_of", None)
-            if batched is not None:
-                own = batched(own_ranks)
-            else:
-                own = [self.noise_list.noise_of(r) for r in own_ranks.tolist()]
-            self.l2_rank.extend(np.asarray(ranks).tolist())
-            self.l2_noise.extend(np.asarray(noises).tolist())
-            self.noise_of_rank.extend(np.asarray(own).tolist())
+            own = self.noise_list.noises_of(np.arange(start, start + count, dtype=np.int64))
+            self.l2_rank = np.concatenate([self.l2_rank, np.asarray(ranks, dtype=np.int64)])
+            self.l2_noise = np.concatenate([self.l2_noise, np.asarray(noises, dtype=float)])
+            self.noise_of_rank = np.concatenate([self.noise_of_rank, np.asarray(own, dtype=float)])
             self._chunk *= 2
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Steps 0 .. n-1 of Algorithm 3 seen all at once (arrays indexed by step s).
+
+    At step s the run has seen the items of ranks 0..s (sorted access on the store) and the items
+    L2 served at steps 0..s; item l2_rank[t] needed a random access iff it had not been seen
+    before, i.e. iff l2_rank[t] > t. tau[s] = h[s] + l2_noise[s] is TA's threshold.
+    """
+
+    own_value: np.ndarray  # h + Z of the item of rank s
+    l2_rank: np.ndarray
+    l2_value: np.ndarray  # h + Z of the L2 item of step s (-inf where it was already seen)
+    tau: np.ndarray
+
+    @classmethod
+    def gather(cls, access: CountedAccess, plan: NoisePlan, n: int) -> _Steps:
+        h = access.prefix_scores()[:n]
+        l2_rank, l2_noise = plan.l2_rank[:n], plan.l2_noise[:n]
+        new = l2_rank > np.arange(n)
+        l2_value = np.full(n, -np.inf)
+        l2_value[new] = access.scores_at(l2_rank[new]) + l2_noise[new]
+        return cls(h + plan.noise_of_rank[:n], l2_rank, l2_value, h + l2_noise)
+
+    def reaching(self, s: int) -> int:
+        """How many items seen by step s have value >= tau[s] (TA stops once it is >= k)."""
+        t = self.tau[s]
+        own = np.count_nonzero(self.own_value[: s + 1] >= t)
+        only_l2 = (self.l2_rank[: s + 1] > s) & (self.l2_value[: s + 1] >= t)
+        return own + int(np.count_nonzero(only_l2))
+
+    def first_stop(self, k: int, start: int) -> int | None:
+        """The first step >= start at which TA stops, or None.
+
+        reaching(s) never decreases: the seen set grows and tau never increases (h and L2 are
+        both non-increasing). So a binary search finds the step the sequential run stops at.
+        """
+        last = len(self.tau) - 1
+        if last < start or self.reaching(last) < k:
+            return None
+        low, high = start, last
+        while low < high:
+            mid = (low + high) // 2
+            if self.reaching(mid) >= k:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def top_k(self, k: int, stop: int) -> tuple[list[int], int]:
+        """Ranks of the k best items seen by step `stop`, best first (ties: smaller rank), and
+        the number of random accesses the sequential run made up to that step."""
+        l2_only = self.l2_rank[: stop + 1] > stop
+        ranks = np.concatenate([np.arange(stop + 1), self.l2_rank[: stop + 1][l2_only]])
+        values = np.concatenate([self.own_value[: stop + 1], self.l2_value[: stop + 1][l2_only]])
+        best = top_k_ranks(values, k, ranks)
+        random = int(np.count_nonzero(self.l2_rank[: stop + 1] > np.arange(stop + 1)))
+        return ranks[best].tolist(), random
 
 
 def private_threshold_top_k(
     access: CountedAccess, noise_list: NoiseList, k: int, batching: Batching
 ) -> list[int]:
-    """Algorithm 3: ranks of the top-k items of h + Z, best first."""
+    """Algorithm 3: ranks of the top-k items of h + Z, best first.
+
+    Each block: plan (NoisePlan), fetch (the sorted prefix and the rows of the block's L2 items
+    beyond it, one round trip each), evaluate (TA's stopping rule over the steps so far, vectorised
+    in _Steps). The answer and the charged accesses are those of the sequential run.
+    """
     m = access.m
-    tracker = TopKTracker(k)
-    seen: set[int] = set()
     plan = NoisePlan(noise_list, k, m)
     start = 0
     for block in batching.blocks(k):
         end = min(m, start + block)
         plan.extend_to(end)
-        steps = zip(
-            plan.noise_of_rank[start:end], plan.l2_rank[start:end], plan.l2_noise[start:end],
-            strict=True,
-        )
-        # Fetch: the sorted prefix, and the rows of L2 items beyond it, one batch each.
         access.fetch_sorted_until(end)
-        access.fetch_ranks([rank for rank in plan.l2_rank[start:end] if rank >= end])
-        # Evaluate: the sequential algorithm, step by step.
-        for z_sorted_item, noise_rank, noise in steps:
-            rank, score = access.sorted_access()
-            if rank not in seen:
-                seen.add(rank)
-                tracker.offer(score + z_sorted_item, rank)
-            if noise_rank not in seen:
-                seen.add(noise_rank)
-                tracker.offer(access.random_access(noise_rank) + noise, noise_rank)
-            if tracker.done(score + noise):
-                return tracker.keys()
-        start = end
-        if start >= m:  # every item seen: the tracker holds the exact top-k
-            return tracker.keys()
+        block_l2 = plan.l2_rank[start:end]
+        access.fetch_ranks(block_l2[block_l2 >= end])
+        steps = _Steps.gather(access, plan, end)
+        stop = steps.first_stop(k, start)
+        if stop is None and end < m:
+            start = end
+            continue
+        ranks, random = steps.top_k(k, end - 1 if stop is None else stop)
+        access.charge(
+            sorted_count=(end if stop is None else stop + 1) - access.depth, random_count=random
+        )
+        return ranks
     raise AssertionError("unreachable")
