@@ -6,9 +6,14 @@ Runs against the server at TOPK_PG_DSN in a schema of its own (tests/stores_post
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -317,3 +322,21 @@ def test_large_sorted_reads_come_packed(
                 got.items
                 == private_top_k(reference, k=3, epsilon=1.0, method="oneshot", seed=seed).items
             )
+
+
+def test_an_unreachable_server_fails_in_ci_and_skips_with_advice_outside() -> None:
+    """The PostgreSQL fixtures: with CI set an unreachable server is a failure; without it, a
+    skip that says how to provide a server (or a throwaway pgserver when that is installed)."""
+    env = dict(os.environ, TOPK_PG_DSN="host=127.0.0.1 port=1 dbname=test connect_timeout=2")
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    command += ["tests/test_postgres.py::test_awkward_names_work", "-k", "select"]
+    root = Path(__file__).resolve().parent.parent
+    ci = subprocess.run(command, env={**env, "CI": "1"}, cwd=root, capture_output=True, text=True)
+    assert ci.returncode != 0 and "unreachable" in ci.stdout
+    env.pop("CI", None)
+    local = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
+    if importlib.util.find_spec("pgserver") is None:
+        assert local.returncode == 0 and "skipped" in local.stdout
+        assert "set TOPK_PG_DSN" in local.stdout and "pip install pgserver" in local.stdout
+    else:
+        assert local.returncode == 0 and "passed" in local.stdout
