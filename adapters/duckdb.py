@@ -227,6 +227,19 @@ class DuckDBTable:
         ).fetchone()[0]
         return bool(found)
 
+    def is_stale(self) -> bool:
+        """Whether the table's counts differ from the rank table of the last `prepare()` (True
+        when there is none). One full scan of the table, joined on (id, score)."""
+        if not self.has_rank_table():
+            return True
+        unmatched, live, ranked = self._con.execute(
+            f"SELECT count(*) FILTER (WHERE r.id IS NULL), (SELECT count(*) FROM {self._base}), "
+            f"(SELECT count(*) FROM {self._ranks}) FROM {self._base} AS b "
+            f"LEFT JOIN {self._ranks} AS r ON r.id = b.{self._id} "
+            f"AND r.score = b.{self._score}::DOUBLE"
+        ).fetchone()
+        return bool(unmatched or live != ranked)
+
     def has_rank_index(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
         """Whether the ART index on the rank table's rank column exists."""
         con = cursor or self._con

@@ -228,6 +228,20 @@ class PostgresTable:
             cur.execute("SELECT to_regclass(%s)", [self._ranks.as_string(self._conn)])
             return cur.fetchone()[0] is not None
 
+    def is_stale(self) -> bool:
+        """Whether the table's counts differ from the rank table of the last `prepare()` (True
+        when there is none). One full scan of the table, joined on (id, score)."""
+        if not self.has_rank_table():
+            return True
+        query = sql.SQL(
+            "SELECT count(*) FILTER (WHERE r.id IS NULL), (SELECT count(*) FROM {base}), "
+            "(SELECT count(*) FROM {ranks}) FROM {base} AS b LEFT JOIN {ranks} AS r "
+            "ON r.id = b.{id} AND r.score = b.{score}::float8"
+        ).format(base=self._base, ranks=self._ranks, id=self._id, score=self._score)
+        with self._reading() as cur:
+            unmatched, live, ranked = cur.execute(query).fetchone()
+        return bool(unmatched or live != ranked)
+
     def check(self) -> AccessCheck:
         """How each access kind will be served, from EXPLAIN with sequential scans disabled.
 

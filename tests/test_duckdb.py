@@ -90,16 +90,20 @@ def test_missing_table_column_and_non_numeric_score(con: duckdb.DuckDBPyConnecti
 
 def test_prepare_is_idempotent_and_refresh_rebuilds(con: duckdb.DuckDBPyConnection) -> None:
     source = DuckDBTable(con, "votes")
-    assert source.check().full_scan
+    assert source.check().full_scan and source.is_stale()
     source.prepare()
-    assert not source.check().full_scan
+    assert not source.check().full_scan and not source.is_stale()
     con.execute("UPDATE votes SET score = 100 WHERE id = 3")
+    assert source.is_stale()
     source.prepare()  # kept: runs still read the data as of the first prepare()
     with source.snapshot():
         assert source.read_sorted(0, 1).ids.tolist() == [2]
     source.prepare(refresh=True)
+    assert not source.is_stale()
     with source.snapshot():
         assert source.read_sorted(0, 3).ids.tolist() == [3, 2, 1]
+    con.execute("INSERT INTO votes VALUES (4, 0, 'd')")  # a new item: m changed
+    assert source.is_stale()
     # The copy is physically in rank order (what makes rank ranges cheap).
     stored = con.execute(f"SELECT rank FROM {quote_identifier(source.rank_table)}").fetchnumpy()
     assert stored["rank"].tolist() == [0, 1, 2]

@@ -169,20 +169,22 @@ def test_prepare_is_idempotent_and_check_reads_the_plans(
     name = table("id bigint, score integer", [(i, i % 13) for i in range(300)])
     source = make(name)
     before = source.check()
-    assert before.full_scan and "no rank table" in str(before)
+    assert before.full_scan and "no rank table" in str(before) and source.is_stale()
     source.prepare()
     source.prepare()
-    assert not source.check().full_scan
+    assert not source.check().full_scan and not source.is_stale()
     assert "FULL SCAN" not in str(source.check())
     conn.execute(
         sql.SQL("UPDATE {} SET score = 1000 WHERE id = 0").format(
             sql.Identifier(source.schema, name)
         )
     )
+    assert source.is_stale()
     source.prepare()  # kept: runs read the data as of the last (re)build
     assert source.read_sorted(0, 1).ids.tolist() == [12]
     source.prepare(refresh=True)
     assert source.read_sorted(0, 1).ids.tolist() == [0]
+    assert not source.is_stale()
     # Without the unique index on id, random access by id falls back to a scan, and check() says so.
     rank_table = sql.Identifier(source.schema, source.rank_table)
     conn.execute(
