@@ -1,10 +1,10 @@
 """The benchmark harness in a tiny mode: JSON fields, and numbers that must agree with each other.
 
 Not a performance test (no wall-clock assertion): it checks that the access sweep reports what
-private_top_k counted (one-shot reads exactly m rows; batching fetches at least what the
-sequential algorithm accessed), that the reference lines are Theorem 4.2's formula, and that the
-wall-clock harness runs every method on a real DuckDB file and the real PostgreSQL server and
-reports ratios of its own medians.
+private_top_k counted (one-shot reads exactly m rows; every sorted and every random access of
+the sequential algorithm is a fetched row), that the reference lines are Theorem 4.2's formula,
+and that the wall-clock harness runs every method on a real DuckDB file and the real PostgreSQL
+server and reports ratios of its own medians.
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ def test_access_numbers_are_consistent(access_payload: dict) -> None:
         assert total["min"] <= total["median"] <= total["p95"] <= total["max"]
         assert total["min"] <= total["mean"] <= total["max"]
         assert p["sorted"]["mean"] + p["random"]["mean"] == pytest.approx(total["mean"])
-        assert p["rows_fetched_ge_total"]
-        assert p["rows_fetched"]["mean"] >= total["mean"]
+        assert p["rows_fetched_cover_accesses"]
         assert p["mean_over_bound"] == pytest.approx(total["mean"] / p["bound"])
         if p["method"] == "oneshot":
             assert p["total_equals_m"] and total["min"] == total["max"] == m
@@ -142,7 +141,8 @@ def test_wallclock_harness_on_duckdb_and_postgres(tmp_path: Path) -> None:
         for name, ratio in e["speedup"].items():
             assert ratio == pytest.approx(methods[name]["median"] / thr["median"])
         stats = thr["accesses"]
-        assert stats["rows_fetched"] >= stats["total"] >= e["k"]
+        assert stats["rows_fetched"] >= max(stats["sorted"], stats["random"])
+        assert stats["total"] >= e["k"]
         assert stats["round_trips"] >= 2
         scan = methods["oneshot_scan"]["accesses"]
         assert scan["total"] == scan["sorted"] == scan["rows_fetched"] == 1000

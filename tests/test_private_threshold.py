@@ -50,7 +50,7 @@ def test_batching_changes_round_trips_not_counts() -> None:
             first.accesses.sorted,
             first.accesses.random,
         )
-        assert run.accesses.rows_fetched >= run.accesses.total
+        assert run.accesses.rows_fetched >= max(run.accesses.sorted, run.accesses.random)
     sequential = runs[str(Batching.sequential())].accesses
     doubling = runs[str(Batching())].accesses
     assert sequential.rows_fetched == sequential.total

@@ -78,7 +78,10 @@ class AccessStats:
 
     `sorted` and `random` are the accesses the *sequential* algorithm makes on the data store, as
     the paper counts them (what Theorem 4.2 bounds). `rows_fetched` and `round_trips` are what the
-    store really served: batching pulls rows ahead, so rows_fetched >= total.
+    store really served. Batching pulls rows ahead, so rows_fetched is usually above total; it can
+    also be below it, because the sequential algorithm may read one row twice (a random access to
+    an item that sorted access reaches later) where a batch holds it once. Every sorted access is a
+    distinct fetched row, and so is every random access: rows_fetched >= max(sorted, random).
     Access counts depend on the data: they are diagnostics for the operator, not private output.
     """
 
