@@ -29,6 +29,7 @@ slow its writers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -97,6 +98,10 @@ class PostgresTable:
         )
         self._base = qualify(table)
         self._ranks = qualify(self.rank_table)
+        digest = hashlib.sha1(self.rank_table.encode("utf-8")).hexdigest()[:12]
+        self.rank_index, self.id_index = f"topk_{digest}_rank", f"topk_{digest}_id"
+        self._rank_index = sql.Identifier(self.rank_index)  # unique B-tree on rank
+        self._id_index = sql.Identifier(self.id_index)  # unique B-tree on id
         self._id = sql.Identifier(id)
         self._score = sql.Identifier(score)
         self.where = "PostgreSQL table " + (
@@ -279,25 +284,27 @@ class PostgresTable:
 
     # ----- preparation --------------------------------------------------------------------------
     def prepare(self, refresh: bool = False) -> None:
-        """Create the rank table (rank, id, score) with its B-trees if it is missing, or with
-        `refresh=True` replace its rows by the table's current state.
+        """Create the rank table (rank, id, score) if it is missing, or with `refresh=True`
+        replace its rows by the table's current state; and its unique B-trees on rank and on id
+        if they are missing.
 
         Idempotent: without `refresh`, an existing rank table is kept. The table is validated
-        first. Everything happens in one transaction: runs in progress keep their snapshot.
+        before it is copied. Everything happens in one transaction: runs in progress keep their
+        snapshot (refreshing is DELETE + INSERT, which blocks no reader).
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        if self.has_rank_table() and not refresh:
-            return
+        build = refresh or not self.has_rank_table()
         rows = sql.SQL(
             "SELECT row_number() OVER (ORDER BY {order}) - 1, {id}, {score}::float8 FROM {base}"
         ).format(order=self._order, id=self._id, score=self._score, base=self._base)
         with self._conn.transaction():
-            self.validate()
-            if self.has_rank_table():
+            if build:
+                self.validate()
+            if build and self.has_rank_table():
                 self._conn.execute(sql.SQL("DELETE FROM {}").format(self._ranks))
                 self._conn.execute(sql.SQL("INSERT INTO {} ").format(self._ranks) + rows)
-            else:
+            elif build:
                 self._conn.execute(
                     sql.SQL(
                         "CREATE TABLE {ranks} AS SELECT rank, id, score FROM ({rows}) AS r"
@@ -306,13 +313,20 @@ class PostgresTable:
                 )
                 self._conn.execute(
                     sql.SQL(
-                        "ALTER TABLE {ranks} ADD PRIMARY KEY (rank), ADD UNIQUE (id), "
-                        "ALTER COLUMN score SET NOT NULL, "
+                        "ALTER TABLE {ranks} ALTER COLUMN rank SET NOT NULL, "
+                        "ALTER COLUMN id SET NOT NULL, ALTER COLUMN score SET NOT NULL, "
                         "ADD CHECK (score >= 0 AND score < 'Infinity'::float8)"
                     ).format(ranks=self._ranks)
                 )
-        with self._conn.transaction():
-            self._conn.execute(sql.SQL("ANALYZE {}").format(self._ranks))
+            for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
+                self._conn.execute(
+                    sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                        index, self._ranks, sql.Identifier(column)
+                    )
+                )
+        if build:
+            with self._conn.transaction():
+                self._conn.execute(sql.SQL("ANALYZE {}").format(self._ranks))
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
@@ -469,17 +483,25 @@ class PostgresTable:
             self._conn.close()
 
 
-def _seq_scans(plan: Any) -> Iterator[str]:
-    """Relations read by a sequential scan anywhere in an EXPLAIN (FORMAT JSON) plan."""
+INDEX_SCANS = ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
+
+
+def _seq_scans(plan: Any, limited: bool = False) -> Iterator[str]:
+    """Relations read whole anywhere in an EXPLAIN (FORMAT JSON) plan: by a sequential scan, or
+    by an index scan with neither an index condition nor a LIMIT above it (a full index walk)."""
     if isinstance(plan, list):
         for entry in plan:
-            yield from _seq_scans(entry)
+            yield from _seq_scans(entry, limited)
     elif isinstance(plan, dict):
-        if plan.get("Node Type") == "Seq Scan":
+        node = plan.get("Node Type")
+        limited = limited or node == "Limit"
+        if node == "Seq Scan":
             yield str(plan.get("Relation Name"))
+        elif node in INDEX_SCANS and "Index Cond" not in plan and not limited:
+            yield f"{plan.get('Relation Name') or plan.get('Index Name')} (whole index)"
         for value in plan.values():
             if isinstance(value, list | dict):
-                yield from _seq_scans(value)
+                yield from _seq_scans(value, limited)
 
 
 def _first_line(error: Exception) -> str:

@@ -185,16 +185,23 @@ def test_prepare_is_idempotent_and_check_reads_the_plans(
     source.prepare(refresh=True)
     assert source.read_sorted(0, 1).ids.tolist() == [0]
     assert not source.is_stale()
-    # Without the unique index on id, random access by id falls back to a scan, and check() says so.
-    rank_table = sql.Identifier(source.schema, source.rank_table)
-    conn.execute(
-        sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-            rank_table, sql.Identifier(source.rank_table + "_id_key")
-        )
-    )
+
+    # Without the index on id, random access by id falls back to a scan, and check() says so;
+    # without the one on rank, sorted access and sampling do. prepare() recreates both.
+    def drop(index: str) -> None:
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(source.schema, index)))
+
+    drop(source.id_index)
     paths = {p.access: p for p in source.check().paths}
     assert paths["random by id"].full_scan and not paths["sorted"].full_scan
     assert not source.check().full_scan  # the threshold algorithm's accesses are still indexed
+    drop(source.rank_index)
+    paths = {p.access: p for p in source.check().paths}
+    assert paths["sorted"].full_scan and paths["random by rank"].full_scan
+    assert source.check().full_scan
+    source.prepare()
+    assert "FULL SCAN" not in str(source.check())
+    assert source.read_sorted(0, 1).ids.tolist() == [0]  # the rank table was kept
 
 
 def test_live_fallback_gives_the_same_answers(table, make: Make) -> None:
@@ -342,3 +349,20 @@ def test_an_unreachable_server_fails_in_ci_and_skips_with_advice_outside() -> No
         assert "set TOPK_PG_DSN" in local.stdout and "pip install pgserver" in local.stdout
     else:
         assert local.returncode == 0 and "passed" in local.stdout
+
+
+def test_check_on_a_live_table_with_its_own_btrees(
+    table, make: Make, conn: psycopg.Connection[Any]
+) -> None:
+    """Without a rank table, a B-tree on (score DESC, id COLLATE "C") serves sorted access and
+    one on id serves random access by id; sampling by rank still reads the whole table."""
+    name = table("id text, score integer", [(f"i{i}", i % 17) for i in range(500)])
+    source = make(name)
+    ident = sql.Identifier(source.schema, name)
+    paths = {p.access: p.full_scan for p in source.check().paths}
+    assert paths == {"sorted": True, "random by rank": True, "random by id": True}
+    conn.execute(sql.SQL('CREATE INDEX ON {} (score DESC, id COLLATE "C")').format(ident))
+    conn.execute(sql.SQL("CREATE INDEX ON {} (id)").format(ident))
+    paths = {p.access: p.full_scan for p in source.check().paths}
+    assert paths == {"sorted": False, "random by rank": True, "random by id": False}
+    assert source.check().full_scan  # sampling, which the threshold algorithm needs, is a scan
