@@ -4,10 +4,10 @@ Canonical order (topk_middleware/access.py): score descending, ties by id ascend
 compare with COLLATE "C", i.e. in byte order, whatever the column's or database's collation.
 
 Design: a rank table is the run's data of record. `prepare()` writes (rank, id, score) with rank
-the 0-based position in the canonical order, a primary key (B-tree) on rank and a unique B-tree
-on id. Sorted access at depth t..t+n is a range on the rank B-tree (keyset pagination, the key is
-rank); uniform item sampling is a uniform rank, looked up in the same B-tree (`rank = ANY(...)`);
-random access by id uses the id B-tree (`id = ANY(...)`). Each batch is one query.
+the 0-based position in the canonical order, with a unique B-tree on rank and one on id. Sorted
+access at depth t..t+n is a range on the rank B-tree (keyset pagination, the key is rank);
+uniform item sampling is a uniform rank, looked up in the same B-tree (`rank = ANY(...)`); random
+access by id uses the id B-tree (`id = ANY(...)`). Each batch is one query.
 
 Why not read the live table for sorted access (keyset on a (score DESC, id) B-tree)? Sampling needs
 a positional index, and a position is only meaningful in the order it was computed in. If sorted
