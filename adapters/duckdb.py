@@ -119,6 +119,7 @@ class DuckDBTable:
         self._run: _Run | None = None
         self._text_ids = self._check_columns()
         collate = ' COLLATE "binary"' if self._text_ids else ""
+        self._collate = collate  # text ids compare byte-wise everywhere, not only in the order
         self._order = f"{self._score} DESC, {self._id}{collate} ASC"
 
     # ----- construction from raw votes ----------------------------------------------------------
@@ -158,9 +159,12 @@ class DuckDBTable:
                 con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             except duckdb.Error as error:
                 raise ValueError(f"DuckDB table {name!r}: {_first_line(error)}") from None
+        kind = con.execute(f"DESCRIBE SELECT {ii} FROM {i}").fetchone()[1]
+        binary = ' COLLATE "binary"' if kind.startswith(TEXT_TYPES) else ""
+        on = f"v.{vi}{binary} = i.{ii}{binary}"  # byte-wise, whatever default_collation says
         stray = con.execute(
             f"SELECT count(*), any_value(v.{vi}) FROM {v} AS v "
-            f"ANTI JOIN {i} AS i ON v.{vi} = i.{ii} WHERE v.{vi} IS NOT NULL"
+            f"ANTI JOIN {i} AS i ON {on} WHERE v.{vi} IS NOT NULL"
         ).fetchone()
         if stray and stray[0]:
             raise ValueError(
@@ -169,8 +173,8 @@ class DuckDBTable:
             )
         verb = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
         con.execute(
-            f"{verb} {out} AS SELECT i.{ii} AS id, count(DISTINCT v.{vc}) AS score "
-            f"FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
+            f"{verb} {out} AS SELECT i.{ii}{binary} AS id, count(DISTINCT v.{vc}) AS score "
+            f"FROM {i} AS i LEFT JOIN {v} AS v ON {on} GROUP BY i.{ii}{binary}"
         )
         source = cls(con, into, id="id", score="score", schema=schema)
         source._owns_connection = con is not connection_or_path
@@ -202,7 +206,8 @@ class DuckDBTable:
         con = cursor or self._con
         s = f"{self._score}::DOUBLE"
         row = con.execute(
-            f"SELECT count(*), count(*) - count({self._id}), count(DISTINCT {self._id}), "
+            f"SELECT count(*), count(*) - count({self._id}), "
+            f"count(DISTINCT {self._id}{self._collate}), "
             f"count(*) - count({self._score}), count_if(isnan({s}) OR isinf({s})), "
             f"count_if({self._score} < 0) FROM {self._base}"
         ).fetchone()
@@ -210,7 +215,8 @@ class DuckDBTable:
         duplicate = None
         if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
             duplicate = con.execute(
-                f"SELECT {self._id} FROM {self._base} GROUP BY {self._id} "
+                f"SELECT {self._id}{self._collate} FROM {self._base} "
+                f"GROUP BY {self._id}{self._collate} "
                 f"HAVING count(*) > 1 LIMIT 1"
             ).fetchone()[0]
         raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
@@ -235,7 +241,7 @@ class DuckDBTable:
         unmatched, live, ranked = self._con.execute(
             f"SELECT count(*) FILTER (WHERE r.id IS NULL), (SELECT count(*) FROM {self._base}), "
             f"(SELECT count(*) FROM {self._ranks}) FROM {self._base} AS b "
-            f"LEFT JOIN {self._ranks} AS r ON r.id = b.{self._id} "
+            f"LEFT JOIN {self._ranks} AS r ON r.id{self._collate} = b.{self._id}{self._collate} "
             f"AND r.score = b.{self._score}::DOUBLE"
         ).fetchone()
         return bool(unmatched or live != ranked)
@@ -416,7 +422,7 @@ class DuckDBTable:
         id_col, score_col = ("id", "score") if run.ranked else (self._id, self._score)
         query = (
             f"SELECT {id_col}, {score_col}::DOUBLE FROM {source} "
-            f"WHERE {id_col} IN (SELECT unnest(?))"
+            f"WHERE {id_col}{self._collate} IN (SELECT unnest(?){self._collate})"
         )
         found = dict(run.cursor.execute(query, [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)

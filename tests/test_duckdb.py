@@ -39,7 +39,7 @@ def test_awkward_names_work(name: str) -> None:
     con.execute(f"INSERT INTO {table} VALUES ('x', 3), ('y', 9), ('z', 1)")
     source = DuckDBTable(con, name, id=name + " id", score=name, schema=name + " schema")
     source.prepare()
-    assert not source.check().full_scan
+    assert not source.check().full_scan and source.has_rank_index() and not source.is_stale()
     result = private_top_k(source, k=1, epsilon=1e6, seed=0)  # almost no noise
     assert result.items == ["y"]
 
@@ -232,3 +232,34 @@ def test_an_error_inside_a_run_leaves_the_source_usable(con: duckdb.DuckDBPyConn
     with pytest.raises(KeyError), source.snapshot():
         raise KeyError("the caller's own error")
     assert private_top_k(source, k=1, epsilon=1e6, seed=0).items == [2]
+
+
+def test_byte_order_whatever_the_default_collation() -> None:
+    """A connection collating case-insensitively still gets byte order ('B' < 'a') and byte-wise
+    equality ('a' != 'A'): in the ranks, validation, random access by id, staleness, from_votes."""
+    con = duckdb.connect()
+    con.execute("SET default_collation = 'nocase'")
+    ids = ["a", "B", "b", "A", "é", "z", "ä", "Z"]
+    con.execute("CREATE TABLE t AS SELECT unnest(?) AS id, 1 AS score", [ids])
+    source = DuckDBTable(con, "t")
+    for prepared in (False, True):
+        if prepared:
+            source.prepare()
+            assert not source.is_stale()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with source.snapshot():
+                got = source.read_sorted(0, len(ids)).ids.tolist()
+                assert source.read_ids(["a", "A", "Z"]).tolist() == [1.0, 1.0, 1.0]
+        assert got == sorted(ids, key=lambda s: s.encode())
+    con.execute("UPDATE t SET score = 5 WHERE id COLLATE \"binary\" = 'A'")
+    assert source.is_stale()
+    source.prepare(refresh=True)
+    with source.snapshot():
+        assert source.read_ids(["a", "A"]).tolist() == [1.0, 5.0]
+    con.execute("CREATE TABLE votes (client INTEGER, item VARCHAR)")
+    con.execute("INSERT INTO votes VALUES (1, 'a'), (2, 'a'), (1, 'A')")
+    counts = DuckDBTable.from_votes(con, "votes", "t")
+    counts.prepare()
+    with counts.snapshot():
+        assert counts.read_ids(["a", "A", "B"]).tolist() == [2.0, 1.0, 0.0]
