@@ -14,7 +14,9 @@ Naor's Combined Algorithm (CA, PODS 2001 / JCSS 2003, Section 8) applied to Algo
 * Every floor(c_random / c_sorted) steps the pending item with the largest upper bound is completed
   by random access, so that expensive random accesses are traded for cheap sorted ones.
 * It stops when k completed items reach the threshold tau = h_last + z_last (Algorithm 1's rule)
-  and no pending item could still beat the k-th best (those that could are completed first).
+  and no pending item could still beat the k-th best. Those that could are either pruned by
+  reading on in sorted order (h falls) or completed by random access, whichever the cost model
+  says, decided online as in ski rental: read on until that has cost as much as completing them.
 
 The result is the exact top-k of h + Z, as for Algorithm 3: every unseen item has aggregate
 <= tau <= the k-th best, every pruned item has aggregate < the k-th best. The noise-list calls of
@@ -26,11 +28,11 @@ exchange for fewer random accesses; which is cheaper is what the cost model deci
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from ..access import AccessStats, CountedAccess
 from ..noise_list import NoiseList
@@ -103,43 +105,42 @@ def _rows_and_blocks(blocks: Iterator[int], stop: float, m: int) -> tuple[int, i
 
 
 class _Pending:
-    """Items met on L2 but not completed, by decreasing noise (the order they arrive in)."""
+    """Items met on L2 but not completed, ordered by decreasing noise (a SortedList)."""
 
     def __init__(self) -> None:
         self.noise: dict[int, float] = {}
-        self._queue: deque[int] = deque()
+        self._order = SortedList()  # (-z, rank): the head has the largest noise
 
     def __len__(self) -> int:
         return len(self.noise)
 
     def add(self, rank: int, z: float) -> None:
         self.noise[rank] = z
-        self._queue.append(rank)
+        self._order.add((-z, rank))
 
     def take(self, rank: int) -> float:
-        return self.noise.pop(rank)
-
-    def _skip_stale(self) -> None:
-        while self._queue and self._queue[0] not in self.noise:
-            self._queue.popleft()
-        while self._queue and self._queue[-1] not in self.noise:
-            self._queue.pop()
+        z = self.noise.pop(rank)
+        self._order.remove((-z, rank))
+        return z
 
     def head(self) -> tuple[int, float] | None:
-        self._skip_stale()
-        if not self._queue:
+        if not self._order:
             return None
-        return self._queue[0], self.noise[self._queue[0]]
+        negative_z, rank = self._order[0]
+        return rank, -negative_z
 
     def ranks_from_head(self, count: int) -> list[int]:
-        return [r for r in self._queue if r in self.noise][:count]
+        return [rank for _, rank in self._order.islice(0, count)]
+
+    def count_at_least(self, bound: float) -> int:
+        """How many pending items have noise z >= bound."""
+        return self._order.bisect_right((-bound, math.inf))
 
     def prune(self, bound: float) -> None:
         """Drop the items whose noise z has h_last + z < k-th best, i.e. z < bound."""
-        self._skip_stale()
-        while self._queue and self.noise[self._queue[-1]] < bound:
-            del self.noise[self._queue.pop()]
-            self._skip_stale()
+        order = self._order
+        while order and -order[-1][0] < bound:
+            del self.noise[order.pop()[1]]
 
 
 def cost_aware_threshold_top_k(
@@ -156,16 +157,15 @@ def cost_aware_threshold_top_k(
     pending = _Pending()
     period = costs.sorted_per_random
     since_random = 0
+    closing_spent: float | None = None  # sorted-access cost spent since TA's rule first held
     start = 0
 
-    def complete_head(rest_of_block: list[tuple[float, int, float]]) -> None:
+    def complete_head(count_hint: int, upcoming: list[int]) -> None:
         rank, z = pending.head()  # type: ignore[misc]
         if not access.is_fetched(rank):
-            # One round trip for the completions this block is still expected to make: the
-            # pending items nearest the head, then the L2 items the block will meet next.
-            wanted = math.ceil(len(rest_of_block) / period) + 1
-            upcoming = [r for _, r, _ in rest_of_block if r not in seen]
-            access.fetch_ranks((pending.ranks_from_head(wanted) + upcoming)[:wanted])
+            # One round trip for the completions expected next: the pending items nearest the
+            # head, then the L2 items the block will meet.
+            access.fetch_ranks((pending.ranks_from_head(count_hint) + upcoming)[:count_hint])
         pending.take(rank)
         seen.add(rank)
         tracker.offer(access.random_access(rank) + z, rank)
@@ -174,13 +174,12 @@ def cost_aware_threshold_top_k(
     for block in batching.blocks(k):
         end = min(m, start + block)
         noise_plan.extend_to(end)
-        plan = list(
-            zip(
-                noise_plan.noise_of_rank[start:end].tolist(),
-                noise_plan.l2_rank[start:end].tolist(),
-                noise_plan.l2_noise[start:end].tolist(),
-                strict=True,
-            )
+        l2_ranks = noise_plan.l2_rank[start:end].tolist()
+        plan = zip(
+            noise_plan.noise_of_rank[start:end].tolist(),
+            l2_ranks,
+            noise_plan.l2_noise[start:end].tolist(),
+            strict=True,
         )
         access.fetch_sorted_until(end)
         for step, (z_sorted_item, noise_rank, noise) in enumerate(plan):
@@ -194,16 +193,26 @@ def cost_aware_threshold_top_k(
                 pending.add(noise_rank, noise)
             pending.prune(tracker.kth() - score)
             since_random += 1
-            if since_random >= period and len(pending):
-                complete_head(plan[step:])
+            if closing_spent is None and since_random >= period and len(pending):
+                rest = l2_ranks[step:]
+                complete_head(math.ceil(len(rest) / period) + 1, rest)
                 since_random = 0
                 pending.prune(tracker.kth() - score)
-            tau = score + noise
-            if tracker.done(tau):
-                # Complete every pending item that could still beat the k-th best, then stop.
-                while (head := pending.head()) is not None and score + head[1] >= tracker.kth():
-                    complete_head(plan[step:])
-                return tracker.keys()
+            if closing_spent is None and tracker.done(score + noise):
+                closing_spent = 0.0
+            if closing_spent is not None:
+                # TA's rule holds (and keeps holding: tau falls, the k-th best rises). What is
+                # left are the pending items that could still beat the k-th best. Ski rental:
+                # keep reading in sorted order, which prunes them as h falls, until that has
+                # cost as much as completing them all by random access; then complete them.
+                needed = pending.count_at_least(tracker.kth() - score)
+                if needed == 0:
+                    return tracker.keys()
+                if closing_spent >= needed * costs.random + costs.round_trip:
+                    while (head := pending.head()) is not None and score + head[1] >= tracker.kth():
+                        complete_head(needed, [])
+                    return tracker.keys()
+                closing_spent += costs.sorted
         start = end
         if start >= m:  # every item seen by sorted access: nothing is pending
             return tracker.keys()
