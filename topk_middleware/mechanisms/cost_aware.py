@@ -189,9 +189,10 @@ def cost_aware_threshold_top_k(
             if rank not in seen:
                 seen.add(rank)
                 tracker.offer(score + z_sorted_item, rank)
-            if noise_rank not in seen and noise_rank not in pending.noise:
-                pending.add(noise_rank, noise)
-            pending.prune(tracker.kth() - score)
+            bound = tracker.kth() - score  # pending items with noise below it are pruned
+            if noise_rank not in seen and noise_rank not in pending.noise and noise >= bound:
+                pending.add(noise_rank, noise)  # (an arrival below the bound is pruned at once)
+            pending.prune(bound)
             since_random += 1
             if closing_spent is None and since_random >= period and len(pending):
                 rest = l2_ranks[step:]
