@@ -7,6 +7,11 @@ and a fixture `write_<name>_source` returning `(source, item_id, new_score) -> b
 writer for the snapshot test (see tests/test_conformance.py).
 """
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
 pytest_plugins = [
     "tests.stores_memory",
     "tests.stores_duckdb",
@@ -24,3 +29,9 @@ STORE_NAMES: list[str] = [
     "sqlalchemy-mariadb",
     "sqlalchemy-duckdb",
 ]
+
+
+@pytest.fixture(params=STORE_NAMES)
+def make_store(request: pytest.FixtureRequest) -> Callable[[Any, Any], Any]:
+    """Each store in turn: a function (scores, ids) -> Source."""
+    return request.getfixturevalue(f"make_{request.param.replace('-', '_')}_source")

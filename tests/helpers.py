@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -79,3 +79,19 @@ def random_histograms(rng: np.random.Generator):
             h = np.full(m, 7.0)
         k = [1, m, int(rng.integers(1, m + 1))][trial % 3]
         yield h, k
+
+
+def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Callable) -> None:
+    """With one seed the store gives the items and access counts ArraySource gives."""
+    from adapters.memory import ArraySource
+    from tests.test_conformance import dataset
+
+    scores, ids = dataset(data)
+    source, reference = make_store(scores, ids), ArraySource(scores, ids)
+    for seed in range(3):
+        want, got = run(reference, seed), run(source, seed)
+        assert got.items == want.items, seed
+        assert (got.accesses.sorted, got.accesses.random) == (
+            want.accesses.sorted,
+            want.accesses.random,
+        )

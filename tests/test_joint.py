@@ -14,8 +14,7 @@ import pytest
 from scipy import stats
 
 from adapters.memory import ArraySource
-from tests.conftest import STORE_NAMES
-from tests.test_conformance import dataset
+from tests.helpers import same_on_store
 from topk_middleware.access import Source
 from topk_middleware.mechanisms.joint import count_sets, joint_top_k, sample_joint
 
@@ -128,24 +127,6 @@ def test_bad_input() -> None:
         joint_top_k(ArraySource([1.0, 2.0]), 3, 1.0)
     with pytest.raises(TypeError, match="k must be an integer"):
         joint_top_k(ArraySource([1.0, 2.0]), 1.5, 1.0)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=STORE_NAMES)
-def make_store(request: pytest.FixtureRequest) -> Callable[[Any, Any], Source]:
-    return request.getfixturevalue(f"make_{request.param.replace('-', '_')}_source")
-
-
-def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Callable) -> None:
-    """With one seed the store gives the items and access counts ArraySource gives."""
-    scores, ids = dataset(data)
-    source, reference = make_store(scores, ids), ArraySource(scores, ids)
-    for seed in range(3):
-        want, got = run(reference, seed), run(source, seed)
-        assert got.items == want.items, seed
-        assert (got.accesses.sorted, got.accesses.random) == (
-            want.accesses.sorted,
-            want.accesses.random,
-        )
 
 
 def test_same_answer_on_every_store(make_store: Callable[[Any, Any], Source]) -> None:
