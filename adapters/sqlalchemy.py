@@ -35,7 +35,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from adapters._sql import AccessCheck, AccessPath
+from adapters._sql import AccessCheck, AccessPath, id_array, plain_values
 from topk_middleware.access import AccessError, Rows
 
 __all__ = ["SQLAlchemyTable", "StaleRankTableError"]
@@ -70,26 +70,6 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     return isinstance(type_, sa.Integer | sa.Numeric | sa.Float) and not isinstance(
         type_, sa.Boolean
     )
-
-
-def _plain(values: Sequence[Any] | np.ndarray) -> list[Any]:
-    """Python scalars (numpy scalars converted) to bind as parameters."""
-    if isinstance(values, np.ndarray):
-        return values.tolist()
-    return [v.item() if isinstance(v, np.generic) else v for v in values]
-
-
-def _id_array(values: Sequence[Any]) -> np.ndarray:
-    """Ids as int64 when they are all integers, else as an object array (text kept exactly)."""
-    values = list(values)
-    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        try:
-            return np.asarray(values, dtype=np.int64)
-        except OverflowError:
-            pass
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 class SQLAlchemyTable:
@@ -596,7 +576,7 @@ class SQLAlchemyTable:
 
     def read_ranks(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
-        wanted = _plain(np.asarray(ranks, dtype=np.int64))
+        wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         r = self._ranks.c
         query = sa.select(r.rank, r.id, r.score).where(
             r.rank.in_(sa.bindparam("ranks", expanding=True))
@@ -618,7 +598,7 @@ class SQLAlchemyTable:
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         """Scores of the named items, in the order given: `id IN (...)`, in chunks."""
-        wanted = _plain(ids)
+        wanted = plain_values(ids)
         r = self._ranks.c
         query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
         found: dict[Any, float] = {}
@@ -644,7 +624,7 @@ class SQLAlchemyTable:
         # Column by column: much faster than zip(*records) on a million rows.
         return Rows(
             np.fromiter((rec[0] for rec in records), dtype=np.int64, count=len(records)),
-            _id_array([rec[1] for rec in records]),
+            id_array([rec[1] for rec in records]),
             self._checked(np.asarray([rec[2] for rec in records], dtype=np.float64)),
             round_trips,
         )
