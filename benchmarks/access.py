@@ -197,24 +197,19 @@ def _run_point(
     wall = time.perf_counter()
     pilot = max(1, min(3, planned // jobs))
     futures = []
+
+    def submit(n: int, first: int) -> Any:
+        seeds = _seeds(cfg, spec, family, m, k, n, first)
+        return pool.submit(
+            run_chunk, spec, family, m, k, cfg.epsilon, oracle, seeds, cfg.prefer_synthetic
+        )
+
     done = 0
     for _ in range(jobs):
         n = min(pilot, planned - done)
         if n <= 0:
             break
-        futures.append(
-            pool.submit(
-                run_chunk,
-                spec,
-                family,
-                m,
-                k,
-                cfg.epsilon,
-                oracle,
-                _seeds(cfg, spec, family, m, k, n, done),
-                cfg.prefer_synthetic,
-            )
-        )
+        futures.append(submit(n, done))
         done += n
     parts = [f.result() for f in futures]
     spent = sum(sum(p["seconds"]) for p in parts)
@@ -227,19 +222,7 @@ def _run_point(
         futures = []
         while more > 0:
             n = min(chunk, more)
-            futures.append(
-                pool.submit(
-                    run_chunk,
-                    spec,
-                    family,
-                    m,
-                    k,
-                    cfg.epsilon,
-                    oracle,
-                    _seeds(cfg, spec, family, m, k, n, done),
-                    cfg.prefer_synthetic,
-                )
-            )
+            futures.append(submit(n, done))
             done += n
             more -= n
         wait(futures)
