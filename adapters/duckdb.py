@@ -82,6 +82,7 @@ class _Run:
     ranked: bool
     m: int
     indexed: bool = False
+    runs: int | None = None  # runs of tied scores in the runs table, if there is one
 
 
 class DuckDBTable:
@@ -113,6 +114,8 @@ class DuckDBTable:
         self._base = prefix + quote_identifier(table)
         self._ranks = prefix + quote_identifier(self.rank_table)
         self._rank_index = self.rank_table + "_rank"
+        self.runs_table = self.rank_table + "_runs"  # (first_rank, score) of each tied run
+        self._runs = prefix + quote_identifier(self.runs_table)
         self._id = quote_identifier(id)
         self._score = quote_identifier(score)
         self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
@@ -222,16 +225,33 @@ class DuckDBTable:
         raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
         return facts.rows
 
-    def has_rank_table(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
-        """Whether the rank table exists (a catalog lookup: it cannot abort a transaction)."""
+    def _catalog(self, cursor: duckdb.DuckDBPyConnection | None = None) -> tuple[bool, ...]:
+        """Whether the rank table, its index on rank and the runs table exist: one catalog
+        lookup, which cannot abort a transaction (a query on a missing table would)."""
         con = cursor or self._con
-        found = con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-            "AND lower(schema_name) = lower(coalesce(?, current_schema())) "
-            "AND lower(table_name) = lower(?)",
-            [self.schema, self.rank_table],
-        ).fetchone()[0]
-        return bool(found)
+        where = (
+            "database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce($schema, current_schema())) "
+        )
+        table, index, runs = con.execute(
+            f"SELECT (SELECT count(*) FROM duckdb_tables() WHERE {where}"
+            "AND lower(table_name) = lower($table)), "
+            f"(SELECT count(*) FROM duckdb_indexes() WHERE {where}"
+            "AND lower(index_name) = lower($index)), "
+            f"(SELECT count(*) FROM duckdb_tables() WHERE {where}"
+            "AND lower(table_name) = lower($runs))",
+            {
+                "schema": self.schema,
+                "table": self.rank_table,
+                "index": self._rank_index,
+                "runs": self.runs_table,
+            },
+        ).fetchone()
+        return bool(table), bool(table) and bool(index), bool(table) and bool(runs)
+
+    def has_rank_table(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
+        """Whether the rank table exists."""
+        return self._catalog(cursor)[0]
 
     def is_stale(self) -> bool:
         """Whether the table's counts differ from the rank table of the last `prepare()` (True
@@ -248,18 +268,12 @@ class DuckDBTable:
 
     def has_rank_index(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
         """Whether the ART index on the rank table's rank column exists."""
-        con = cursor or self._con
-        found = con.execute(
-            "SELECT count(*) FROM duckdb_indexes() WHERE database_name = current_database() "
-            "AND lower(schema_name) = lower(coalesce(?, current_schema())) "
-            "AND lower(index_name) = lower(?)",
-            [self.schema, self._rank_index],
-        ).fetchone()[0]
-        return bool(found)
+        return self._catalog(cursor)[1]
 
     def check(self) -> AccessCheck:
         """How sorted access and random access will be served, before a run."""
-        if not self.has_rank_table():
+        ranked, indexed, with_runs = self._catalog()
+        if not ranked:
             scan = f"no rank table {self.rank_table!r}: a full scan of {self.where} per read; "
             return AccessCheck(
                 self.where,
@@ -279,9 +293,14 @@ class DuckDBTable:
                     f"rank lookup in {self.rank_table!r}: "
                     + (
                         "ART index for short batches, a scan of the rank column for long ones"
-                        if self.has_rank_index()
+                        if indexed
                         else "a scan of the rank column per batch (no index on rank: run "
                         "prepare() again)"
+                    )
+                    + (
+                        f"; scores of tied runs from {self.runs_table!r}"
+                        if with_runs
+                        else " (no runs table: run prepare() again)"
                     ),
                 ),
                 AccessPath(
@@ -302,8 +321,9 @@ class DuckDBTable:
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        build = refresh or not self.has_rank_table()
-        if not build and self.has_rank_index():
+        ranked, indexed, with_runs = self._catalog()
+        build = refresh or not ranked
+        if not build and indexed and with_runs:
             return
         con = self._con.cursor()
         try:
@@ -318,6 +338,11 @@ class DuckDBTable:
                 )
             index = quote_identifier(self._rank_index)
             con.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {self._ranks} (rank)")
+            if build or not with_runs:
+                con.execute(
+                    f"CREATE OR REPLACE TABLE {self._runs} AS SELECT min(rank) AS first_rank, "
+                    f"score FROM {self._ranks} GROUP BY score ORDER BY first_rank"
+                )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -335,16 +360,17 @@ class DuckDBTable:
         cursor = self._con.cursor()
         try:
             cursor.execute("BEGIN TRANSACTION READ ONLY")
-            ranked = self.has_rank_table(cursor)
+            ranked, indexed, with_runs = self._catalog(cursor)
+            runs = None
             if ranked:
-                m = int(cursor.execute(f"SELECT count(*) FROM {self._ranks}").fetchone()[0])
+                m, runs = self._counts(cursor, with_runs)
             else:
                 warnings.warn(
                     f"{self.where} has no rank table: every read is a full scan; call prepare()",
                     stacklevel=3,
                 )
                 m = self.validate(cursor)
-            self._run = _Run(cursor, ranked, m, ranked and self.has_rank_index(cursor))
+            self._run = _Run(cursor, ranked, m, indexed, runs)
             try:
                 yield
             finally:
@@ -357,13 +383,17 @@ class DuckDBTable:
         """The running snapshot, or a one-read state outside of one."""
         if self._run is not None:
             return self._run
-        ranked = self.has_rank_table()
-        m = (
-            int(self._con.execute(f"SELECT count(*) FROM {self._ranks}").fetchone()[0])
-            if ranked
-            else self.validate()
-        )
-        return _Run(self._con, ranked, m, ranked and self.has_rank_index())
+        ranked, indexed, with_runs = self._catalog()
+        if not ranked:
+            return _Run(self._con, ranked, self.validate(), indexed)
+        m, runs = self._counts(self._con, with_runs)
+        return _Run(self._con, ranked, m, indexed, runs)
+
+    def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
+        """m and the number of runs of tied scores (None without a runs table): one query."""
+        runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
+        m, count = con.execute(f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}").fetchone()
+        return int(m), None if count is None else int(count)
 
     def _ranked_source(self, ranked: bool) -> str:
         """A relation (rank, id, score) in canonical order: the rank table, or computed."""
@@ -394,6 +424,18 @@ class DuckDBTable:
         result = run.cursor.execute(query, [stop - start, start]).fetchnumpy()
         result["rank"] = np.arange(start, start + len(result["score"]), dtype=np.int64)
         return _rows(result)
+
+    def score_run_count(self) -> int | None:
+        """ScoreRuns: how many runs of tied scores the runs table holds (None without one)."""
+        return self._state().runs
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """ScoreRuns: (first rank, score) of every run of tied scores, in rank order."""
+        run = self._state()
+        got = run.cursor.execute(
+            f"SELECT first_rank, score FROM {self._runs} ORDER BY first_rank"
+        ).fetchnumpy()
+        return np.asarray(got["first_rank"], dtype=np.int64), np.asarray(got["score"], float)
 
     def read_ranks(self, ranks: np.ndarray) -> Rows:
         run = self._state()

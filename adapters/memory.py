@@ -16,7 +16,8 @@ class ArraySource:
     """A histogram in memory: `scores[i]` is the count of item `ids[i]` (ids default to 0..m-1).
 
     The arrays are copied and put in canonical order (score descending, ties by id ascending), so
-    sorted access is a slice and the positional index for sampling is the array index.
+    sorted access is a slice and the positional index for sampling is the array index. It keeps
+    the runs of tied scores too (`ScoreRuns`), computed on first use.
     """
 
     def __init__(self, scores: Any, ids: Any = None) -> None:
@@ -36,6 +37,7 @@ class ArraySource:
         self._ids = ids[order]
         self._scores = scores[order]
         self._rank_of_id: dict[Any, int] | None = None
+        self._run_starts: np.ndarray | None = None
 
     def domain_size(self) -> int:
         return len(self._scores)
@@ -61,3 +63,17 @@ class ArraySource:
         except KeyError as missing:
             raise AccessError(f"ArraySource has no item with id {missing.args[0]!r}") from None
         return self._scores[np.asarray(ranks, dtype=np.int64)]
+
+    # ----- ScoreRuns ----------------------------------------------------------------------------
+    def _runs(self) -> np.ndarray:
+        if self._run_starts is None:
+            changes = np.flatnonzero(self._scores[1:] != self._scores[:-1]) + 1
+            self._run_starts = np.concatenate([[0], changes]).astype(np.int64)
+        return self._run_starts
+
+    def score_run_count(self) -> int:
+        return len(self._runs())
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        starts = self._runs()
+        return starts.copy(), self._scores[starts]

@@ -150,7 +150,9 @@ class DuckDBStore:
     def drop(self, table: str, source: Any) -> None:
         self.con.execute(f"DROP TABLE IF EXISTS {table}")
         if source is not None:
-            self.con.execute(f'DROP TABLE IF EXISTS "{source.rank_table}"')
+            for name in (source.rank_table, getattr(source, "runs_table", None)):
+                if name:
+                    self.con.execute(f'DROP TABLE IF EXISTS "{name}"')
 
     def close(self) -> None:
         self.con.close()
@@ -210,7 +212,9 @@ class PostgresStore:
     def drop(self, table: str, source: Any) -> None:
         self.con.execute(f"DROP TABLE IF EXISTS {table}")
         if source is not None:
-            self.con.execute(f'DROP TABLE IF EXISTS "{source.rank_table}"')
+            for name in (source.rank_table, getattr(source, "runs_table", None)):
+                if name:
+                    self.con.execute(f'DROP TABLE IF EXISTS "{name}"')
 
     def close(self) -> None:
         for source in self.sources:

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import Rows, Source
+from adapters.memory import ArraySource
+from topk_middleware.access import Rows, ScoreRuns, Source
 
 
 class CountingSource:
@@ -50,6 +51,16 @@ class CountingSource:
         self.calls += 1
         self.id_rows += len(scores)
         return scores
+
+
+def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
+    """ArraySource(scores, ids) with the optional capabilities of `store`: it keeps the runs of
+    tied scores (ScoreRuns) only if the store does, so that rows_fetched and round_trips, not only
+    the answer and the access counts, must come out equal. (CountingSource forwards only the
+    Source protocol, so wrapping hides the runs.)"""
+    reference = ArraySource(scores, ids)
+    keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
+    return reference if keeps_runs else CountingSource(reference)
 
 
 def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:

@@ -12,7 +12,7 @@ import pytest
 
 from adapters.duckdb import DuckDBTable, quote_identifier
 from adapters.memory import ArraySource
-from tests.helpers import CountingSource, plateau_histogram
+from tests.helpers import CountingSource, plateau_histogram, reference_like
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError, Rows
 
@@ -119,7 +119,7 @@ def test_live_fallback_gives_the_same_answers() -> None:
         "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score", [ids, scores.tolist()]
     )
     source = DuckDBTable(con, "t")
-    reference = ArraySource(scores, np.asarray(ids, dtype=object))
+    reference = reference_like(source, scores, np.asarray(ids, dtype=object))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for seed in range(3):
@@ -155,7 +155,7 @@ def test_live_run_sees_one_snapshot_under_a_concurrent_writer() -> None:
             return rows
 
     hooked = Hook(source)
-    want = private_top_k(ArraySource(scores), k=3, epsilon=1.0, seed=4)
+    want = private_top_k(reference_like(hooked, scores), k=3, epsilon=1.0, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)

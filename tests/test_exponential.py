@@ -81,10 +81,12 @@ def test_accesses_within_the_corollary_4_3_bound() -> None:
     assert np.mean(totals) < 2 * (np.sqrt(m) + np.sqrt(m / 2))
     counter = CountingSource(source)
     result = exponential_mechanism(counter, 1.0, seed=7, batching=Batching.sequential())
-    assert (result.accesses.sorted, result.accesses.random) == (
-        counter.sorted_rows,
-        counter.rank_rows,
-    )
+    a = result.accesses
+    assert a.sorted == counter.sorted_rows
+    # A random access reads its row unless its score is pinned by tied neighbours (inferred); the
+    # released item's id is read at the end if its score was inferred: at most one more row.
+    assert a.rows_inferred > 0  # the plateau's tail is tied
+    assert 0 <= counter.rank_rows - (a.random - a.rows_inferred) <= 1
 
 
 def test_bad_epsilon_is_refused_before_any_read() -> None:

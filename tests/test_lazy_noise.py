@@ -94,6 +94,12 @@ def positions_after(pattern: str, nl: LazyNoiseList, m: int, rng: np.random.Gene
     elif pattern == "many-random-then-sorted":  # noises_of: vectorised placement by levels
         nl.noises_of(rng.permutation(m)[: m // 2])
         noises = [nl.next_sorted()[1] for _ in range(m)]
+    elif pattern == "gaps-then-many-random":  # noises_of into gaps holding 0, 1 or many
+        items = rng.permutation(m)
+        for item in items[:3].tolist():
+            nl.noise_of(item)
+        nl.noises_of(items[3 : m // 2])  # 17 fresh: the vectorised path (BATCH_MIN = 16)
+        noises = nl.next_sorted_batch(m)[1].tolist()
     elif pattern == "interleaved":
         while len(noises) < m:
             nl.noise_of(int(rng.integers(m)))
@@ -109,6 +115,7 @@ def positions_after(pattern: str, nl: LazyNoiseList, m: int, rng: np.random.Gene
         "random-then-sorted",
         "random-then-batch",
         "many-random-then-sorted",
+        "gaps-then-many-random",
         "interleaved",
     ],
 )
@@ -257,9 +264,13 @@ def test_any_interleaving_is_consistent(m: int, distribution: NoiseDistribution)
 
 
 def test_large_batches_use_sorted_chunks_consistently() -> None:
-    """Batches of >= CHUNK_MIN items are kept in sorted chunks (merged as they grow) instead of
-    the dict; lookups by random access, rejection of placed items and the final exact path must
-    all see them."""
+    """Batches are kept in sorted chunks (merged as they grow: each chunk more than twice the
+    next, so O(log n) of them); lookups by random access, rejection of placed items and the final
+    exact path must all see them."""
+
+    def geometric(chunks: list) -> bool:
+        return all(len(a[0]) > 2 * len(b[0]) for a, b in itertools.pairwise(chunks))
+
     m = 20_000
     for nl in lists(Gumbel(1.0), m, 3, seed=50):
         served = list(zip(*nl.next_sorted_batch(5_000), strict=True))
@@ -270,7 +281,7 @@ def test_large_batches_use_sorted_chunks_consistently() -> None:
             assert known.setdefault(item, noise) == noise
         served += [nl.next_sorted() for _ in range(50)]  # scalar rejection checks the chunk
         served += list(zip(*nl.next_sorted_batch(5_000), strict=True))
-        assert len(nl._placed.chunks) == 1  # merged
+        assert geometric(nl._placed.chunks) and len(nl._placed.chunks) <= 14
         while nl.cursor < m:
             served += list(zip(*nl.next_sorted_batch(3_000), strict=True))
         items = [int(i) for i, _ in served]

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
-from tests.helpers import CountingSource, plateau_histogram
+from tests.helpers import CountingSource, plateau_histogram, reference_like
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError, Rows
 
@@ -208,7 +208,7 @@ def test_live_fallback_gives_the_same_answers(table, make: Make) -> None:
     scores = plateau_histogram(600, 4)
     name = table("id integer, score float8", [(i, float(s)) for i, s in enumerate(scores)])
     source = make(name)
-    reference = ArraySource(scores)
+    reference = reference_like(source, scores)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for seed in range(3):
@@ -244,7 +244,7 @@ def test_live_run_sees_one_snapshot_under_a_concurrent_writer(
             return rows
 
     hooked = Hook(source)
-    want = private_top_k(ArraySource(scores), k=3, epsilon=1.0, seed=4)
+    want = private_top_k(reference_like(hooked, scores), k=3, epsilon=1.0, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
+from tests.helpers import reference_like
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError
@@ -162,7 +163,7 @@ def test_private_top_k_same_as_array_source(
     """One seed, one answer: items and every access count equal ArraySource's."""
     scores, ids = zipf_histogram(2000, seed=7)
     source = make_source(scores, ids)
-    reference = ArraySource(scores, ids)
+    reference = reference_like(source, scores, ids)
     for k, epsilon in ((1, 0.5), (10, 1.0)):
         got = private_top_k(source, k=k, epsilon=epsilon, noise=noise, method=method, seed=seed)
         want = private_top_k(reference, k=k, epsilon=epsilon, noise=noise, method=method, seed=seed)
@@ -178,7 +179,7 @@ def test_private_top_k_on_plateau_reads_a_fraction(make_source: Callable[..., An
     scores = np.where(np.arange(m) < 400, 30.0, 0.0)
     source = make_source(scores, None)
     got = private_top_k(source, k=5, epsilon=1.0, seed=21)
-    want = private_top_k(ArraySource(scores), k=5, epsilon=1.0, seed=21)
+    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=21)
     assert got.items == want.items
     assert got.accesses == want.accesses
     assert got.accesses.rows_fetched < m
@@ -437,7 +438,7 @@ def test_a_run_sees_one_snapshot(make_source: Callable[..., Any]) -> None:
     name = source.table_name
     writer = WriterMidRun(source, lambda: rewrite_and_prepare(source.engine, name, m))
     got = private_top_k(writer, k=10, epsilon=0.5, seed=8)
-    want = private_top_k(ArraySource(old), k=10, epsilon=0.5, seed=8)
+    want = private_top_k(reference_like(writer, old), k=10, epsilon=0.5, seed=8)
     assert writer.written and got.accesses.round_trips > 3  # the write came between reads
     assert got.items == want.items
     assert got.accesses == want.accesses

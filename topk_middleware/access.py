@@ -72,6 +72,25 @@ class Source(SortedAccess, RandomAccess, Protocol):
         ...
 
 
+@runtime_checkable
+class ScoreRuns(Protocol):
+    """Optional: the canonical order as runs of tied scores, kept by the store beside its rows.
+
+    Scores are non-increasing along ranks, so the runs (first rank of each distinct score) map
+    every rank to its score. A store that keeps them (built with its rank table by prepare())
+    lets random access by rank be answered without reading rows; count data has few runs.
+    """
+
+    def score_run_count(self) -> int | None:
+        """How many runs the snapshot holds (no round trip: known with m), or None if the store
+        keeps none."""
+        ...
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first rank of each run, ascending from 0; its score, descending) in one round trip."""
+        ...
+
+
 @dataclass
 class AccessStats:
     """What one mechanism run cost.
@@ -79,9 +98,13 @@ class AccessStats:
     `sorted` and `random` are the accesses the *sequential* algorithm makes on the data store, as
     the paper counts them (what Theorem 4.2 bounds). `rows_fetched` and `round_trips` are what the
     store really served. Batching pulls rows ahead, so rows_fetched is usually above total; it can
-    also be below it, because the sequential algorithm may read one row twice (a random access to
-    an item that sorted access reaches later) where a batch holds it once. Every sorted access is a
-    distinct fetched row, and so is every random access: rows_fetched >= max(sorted, random).
+    also be below it, for two reasons. The sequential algorithm may read one row twice (a random
+    access to an item that sorted access reaches later) where a batch holds it once. And a random
+    access whose score is fixed by what is known of the sorted order (two known rows of equal
+    score around it, or the store's runs of tied scores) is answered without a read
+    (`rows_inferred`; see `CountedAccess.fetch_ranks`). rows_fetched also counts the runs read.
+    Every sorted access is a distinct fetched row, and every random access a distinct fetched or
+    inferred row: rows_fetched >= sorted and rows_fetched + rows_inferred >= random.
     Access counts depend on the data: they are diagnostics for the operator, not private output.
     """
 
@@ -89,6 +112,7 @@ class AccessStats:
     random: int = 0
     rows_fetched: int = 0
     round_trips: int = 0
+    rows_inferred: int = 0
 
     @property
     def total(self) -> int:
@@ -134,6 +158,60 @@ class _Prefix:
         self.size = need
 
 
+class _KnownScores:
+    """Scores known at ranks beyond the fetched prefix: sorted (rank, score) chunks.
+
+    A new batch becomes a chunk, merged into the previous one while that one is at most twice its
+    size, so a run holds O(log n) chunks and n insertions cost O(n log n) in all. Lookups and the
+    nearest known neighbours of many ranks are vectorised over the chunks.
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (ranks ascending, scores)
+        self.count = 0
+
+    def add(self, ranks: np.ndarray, scores: np.ndarray) -> None:
+        """Add distinct ranks that are not known yet."""
+        if not len(ranks):
+            return
+        order = np.argsort(ranks)
+        self.chunks.append((ranks[order], scores[order]))
+        self.count += len(ranks)
+        while len(self.chunks) >= 2 and len(self.chunks[-2][0]) <= 2 * len(self.chunks[-1][0]):
+            (a, sa), (b, sb) = self.chunks.pop(), self.chunks.pop()
+            merged = np.concatenate([b, a])
+            order = np.argsort(merged, kind="stable")
+            self.chunks.append((merged[order], np.concatenate([sb, sa])[order]))
+
+    def lookup(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, scores) of many ranks; scores are NaN where not found."""
+        found = np.zeros(len(ranks), dtype=bool)
+        scores = np.full(len(ranks), np.nan)
+        for keys, values in self.chunks:
+            i = np.minimum(np.searchsorted(keys, ranks), len(keys) - 1)
+            hit = keys[i] == ranks
+            found |= hit
+            scores[hit] = values[i[hit]]
+        return found, scores
+
+    def neighbours(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For ranks not known: the nearest known rank below and above each, with its score
+        (rank -1 / NaN where there is none below, rank 2**63 - 1 / NaN where none above)."""
+        n = len(ranks)
+        below, below_score = np.full(n, -1, dtype=np.int64), np.full(n, np.nan)
+        above, above_score = np.full(n, np.iinfo(np.int64).max), np.full(n, np.nan)
+        for keys, values in self.chunks:
+            i = np.searchsorted(keys, ranks)
+            has_below, has_above = i > 0, i < len(keys)
+            j = np.maximum(i - 1, 0)
+            better = has_below & (keys[j] > below)
+            below[better], below_score[better] = keys[j][better], values[j][better]
+            j = np.minimum(i, len(keys) - 1)
+            better = has_above & (keys[j] < above)
+            above[better], above_score[better] = keys[j][better], values[j][better]
+        return below, below_score, above, above_score
+
+
 @dataclass
 class CountedAccess:
     """The only door from a mechanism to a store; it counts every access.
@@ -152,8 +230,14 @@ class CountedAccess:
         self.m = int(self.source.domain_size())
         self.stats.round_trips += 1
         self._prefix = _Prefix()
-        self._by_rank: dict[int, tuple[Any, float]] = {}
+        self._known = _KnownScores()  # scores beyond the prefix, fetched or inferred
+        self._ids_beyond: dict[int, Any] = {}  # ids of the rows fetched beyond the prefix
         self._depth = 0  # next rank served by sorted access
+        self._rank_rows = 0  # rows read by rank so far (for scores)
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None  # the store's runs, once read
+        self._run_count = (
+            self.source.score_run_count() if isinstance(self.source, ScoreRuns) else None
+        )
 
     # ----- fetches: what the store serves -----------------------------------------------------
     @property
@@ -182,25 +266,88 @@ class CountedAccess:
         self._prefix.append(rows.ids, rows.scores)
 
     def is_fetched(self, rank: int) -> bool:
-        """Whether the row at `rank` is already in memory (no fetch needed)."""
-        return rank < self.prefix_fetched or rank in self._by_rank
+        """Whether the score at `rank` is already known (no fetch needed)."""
+        if rank < self.prefix_fetched:
+            return True
+        return bool(self._known.lookup(np.array([rank], dtype=np.int64))[0][0])
 
     def fetch_ranks(self, ranks: Sequence[int] | np.ndarray) -> None:
-        """Pull the rows at the given ranks that are not yet known, in one batch."""
-        fetched = self.prefix_fetched
-        wanted = sorted({int(r) for r in ranks if r >= fetched and int(r) not in self._by_rank})
-        if not wanted:
+        """Make the scores at the given ranks known, reading from the store in one batch.
+
+        The canonical order sorts scores descending, so when the nearest known rows below and
+        above a rank have one score, the rank has that score too: it is *inferred*, not read (a
+        zone map on the sorted column; on count data most of the long tail is tied). The rows
+        still to read go in one batch. If the store keeps its runs of tied scores (`ScoreRuns`),
+        they are read instead once the rows read by rank would reach their number (ski rental:
+        at most about twice the rows of the cheaper choice), and every later random access is
+        answered from them.
+        """
+        wanted = np.unique(np.asarray(ranks, dtype=np.int64))
+        if not len(wanted):
             return
-        if wanted[-1] >= self.m or wanted[0] < 0:
+        if wanted[0] < 0 or wanted[-1] >= self.m:
             raise AccessError(f"rank out of range [0, {self.m})")
-        rows = self.source.read_ranks(np.asarray(wanted, dtype=np.int64))
-        if len(rows) != len(wanted):
-            raise AccessError(f"store returned {len(rows)} rows for {len(wanted)} ranks")
-        self._count_fetch(rows)
-        for rank, item, score in zip(
-            rows.ranks.tolist(), rows.ids.tolist(), rows.scores.tolist(), strict=True
-        ):
-            self._by_rank[rank] = (item, score)
+        wanted = wanted[wanted >= self.prefix_fetched]
+        if self._known.count:
+            wanted = wanted[~self._known.lookup(wanted)[0]]
+        if not len(wanted):
+            return
+        inferred, scores = self._infer(wanted)
+        read = wanted[~inferred]
+        if len(read) and self._read_runs_if_due(len(read)):
+            inferred, scores = self._infer(wanted)
+            read = wanted[~inferred]
+        if len(read):
+            self._rank_rows += len(read)
+            rows = self.source.read_ranks(read)
+            if len(rows) != len(read):
+                raise AccessError(f"store returned {len(rows)} rows for {len(read)} ranks")
+            self._count_fetch(rows)
+            got = np.asarray(rows.ranks, dtype=np.int64)
+            self._ids_beyond.update(zip(got.tolist(), np.asarray(rows.ids).tolist(), strict=True))
+            self._known.add(got, np.asarray(rows.scores, dtype=np.float64))
+        self._known.add(wanted[inferred], scores[inferred])
+        self.stats.rows_inferred += int(inferred.sum())
+
+    def _infer(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mask, scores) of the ranks (beyond the prefix, not known) whose score is fixed: by the
+        store's runs once read, else by two neighbours of one score."""
+        if self._runs is not None:
+            first, run_scores = self._runs
+            scores = run_scores[np.searchsorted(first, ranks, side="right") - 1]
+            return np.ones(len(ranks), dtype=bool), scores
+        below, below_score, _, above_score = self._known.neighbours(ranks)
+        fetched = self.prefix_fetched
+        if fetched:  # the prefix's last row is a neighbour below every rank beyond it
+            use_prefix = below < fetched - 1
+            below_score[use_prefix] = self._prefix.scores[fetched - 1]
+        return below_score == above_score, below_score
+
+    def _read_runs_if_due(self, pending: int) -> bool:
+        """Read the store's runs once rows read by rank (with `pending` more) reach their count."""
+        count = self._run_count
+        if self._runs is not None or count is None or self._rank_rows + pending < count:
+            return False
+        first, scores = self.source.read_score_runs()  # type: ignore[attr-defined]
+        first = np.asarray(first, dtype=np.int64)
+        scores = np.asarray(scores, dtype=np.float64)
+        valid = (
+            len(first) == count == len(scores)
+            and count > 0
+            and first[0] == 0
+            and first[-1] < self.m
+            and bool(np.all(np.diff(first) > 0))
+            and bool(np.all(np.diff(scores) < 0))
+        )
+        if not valid:
+            raise AccessError(
+                f"the store's runs of tied scores are inconsistent ({len(first)} runs, "
+                f"{count} announced, m = {self.m}): rebuild them with prepare(refresh=True)"
+            )
+        self.stats.rows_fetched += count
+        self.stats.round_trips += 1
+        self._runs = (first, scores)
+        return True
 
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost)."""
@@ -245,9 +392,8 @@ class CountedAccess:
         self.stats.random += 1
         if rank < self.prefix_fetched:
             return float(self._prefix.scores[rank])
-        if rank not in self._by_rank:
-            self.fetch_ranks([rank])
-        return self._by_rank[rank][1]
+        self.fetch_ranks([rank])
+        return float(self.scores_at(np.array([rank], dtype=np.int64))[0])
 
     def random_accesses(self, ranks: np.ndarray) -> np.ndarray:
         """The scores of the items at `ranks`: len(ranks) random accesses (one fetch if needed)."""
@@ -263,12 +409,12 @@ class CountedAccess:
         in_prefix = ranks < self.prefix_fetched
         scores = np.empty(len(ranks), dtype=np.float64)
         scores[in_prefix] = self._prefix.scores[ranks[in_prefix]]
-        beyond = ranks[~in_prefix].tolist()
-        if beyond:
-            try:
-                scores[~in_prefix] = [self._by_rank[r][1] for r in beyond]
-            except KeyError as missing:
-                raise AccessError(f"rank {missing.args[0]} has not been fetched") from None
+        if not in_prefix.all():
+            beyond = ranks[~in_prefix]
+            found, known = self._known.lookup(beyond)
+            if not found.all():
+                raise AccessError(f"rank {int(beyond[~found][0])} has not been fetched")
+            scores[~in_prefix] = known
         return scores
 
     def prefix_scores(self) -> np.ndarray:
@@ -295,9 +441,28 @@ class CountedAccess:
         return scores
 
     def id_of(self, rank: int) -> Any:
-        """The item id at a rank that has already been fetched (no access is counted)."""
-        item = self._prefix.ids[rank] if rank < self.prefix_fetched else self._by_rank[rank][0]
-        return item.item() if isinstance(item, np.generic) else item  # plain Python ids
+        """The item id at a rank (no access is counted; see `ids_of`)."""
+        return self.ids_of([rank])[0]
 
     def ids_of(self, ranks: Iterator[int] | Sequence[int]) -> list[Any]:
-        return [self.id_of(r) for r in ranks]
+        """The item ids at ranks whose scores are known, as plain Python values. No access is
+        counted: the accesses were counted when the scores were. An id at an inferred rank was
+        never read; those are read in one batch (rows_fetched, one round trip)."""
+        ranks = [int(r) for r in ranks]
+        fetched = self.prefix_fetched
+        missing = sorted({r for r in ranks if r >= fetched and r not in self._ids_beyond})
+        if missing:
+            if not all(self.is_fetched(r) for r in missing):
+                raise AccessError("an id was asked for at a rank whose score is not known")
+            rows = self.source.read_ranks(np.asarray(missing, dtype=np.int64))
+            if len(rows) != len(missing):
+                raise AccessError(f"store returned {len(rows)} rows for {len(missing)} ranks")
+            expected = self.scores_at(np.asarray(rows.ranks, dtype=np.int64))
+            if not np.array_equal(expected, np.asarray(rows.scores, dtype=np.float64)):
+                raise AccessError("a row changed score during the run: the snapshot is broken")
+            self._count_fetch(rows)
+            got = np.asarray(rows.ranks).tolist()
+            self._ids_beyond.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
+        prefix_ids = self._prefix.ids
+        out = [prefix_ids[r] if r < fetched else self._ids_beyond[r] for r in ranks]
+        return [x.item() if isinstance(x, np.generic) else x for x in out]  # plain Python ids

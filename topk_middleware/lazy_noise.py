@@ -29,9 +29,9 @@ exact to double precision for every m up to 2**62. Near V = 1 (the smallest nois
 is that of a double near 1, 1.1e-16 in V; these noises never decide a top-k.
 
 Memory: positions before the sorted-access cursor are all sampled and are needed only as the
-cursor's predecessor; positions after it that random access has sampled sit in a SortedDict for
-predecessor / successor lookup. Items map to their noise in a dict (batches: in sorted numpy
-chunks). Time and memory are O(accesses log accesses), never O(m).
+cursor's predecessor; positions after it that random access has sampled sit in sorted numpy
+arrays (`_SampledAhead`) for predecessor / successor lookup. Items map to their noise in a dict
+(batches: in sorted numpy chunks). Time and memory are O(accesses log accesses), never O(m).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedList
 
 from .noise import NoiseDistribution
 
@@ -50,7 +50,6 @@ from .noise import NoiseDistribution
 REJECTION_MAX_TAKEN = 0.5
 MAX_DOMAIN = 2**62
 BATCH_MIN = 16  # noises_of places fewer fresh items one at a time
-LEVELS_MAX = 4  # noises_of: gaps with more new positions are drawn from gamma spacings
 
 
 def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
@@ -70,12 +69,12 @@ def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
 
 
 class _PlacedItems:
-    """Placed items and their noises: a dict for items placed one at a time, and sorted numpy
-    chunks for batches (a dict of 10^6 fresh keys would dominate a batch's time). A new chunk is
-    merged into the previous one while that one is at most twice its size, so chunk sizes shrink
-    geometrically and a lookup visits O(log n) chunks."""
+    """Placed items and their noises: sorted numpy chunks, plus a small dict for items placed one
+    at a time (flushed into a chunk once it holds CHUNK_MIN). A new chunk is merged into the
+    previous one while that one is at most twice its size, so chunk sizes shrink geometrically,
+    a lookup visits O(log n) chunks, and n placements cost O(n log n) in all."""
 
-    CHUNK_MIN = 4096  # smaller batches go to the dict
+    CHUNK_MIN = 64  # the dict of single placements is flushed into a chunk at this size
 
     def __init__(self) -> None:
         self.single: dict[int, float] = {}
@@ -98,55 +97,118 @@ class _PlacedItems:
     def __contains__(self, item: int) -> bool:
         return self.get(item) is not None
 
-    def get_many(self, items: np.ndarray) -> np.ndarray:
-        """Noises of many items (int64 array); NaN for the items not placed."""
+    def _lookup(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        found = np.zeros(len(items), dtype=bool)
+        out = np.full(len(items), math.nan)
         if self.single:
-            values = (self.single.get(x, math.nan) for x in items.tolist())
-            out = np.fromiter(values, dtype=np.float64, count=len(items))
-        else:
-            out = np.full(len(items), math.nan)
+            self._flush()
         for chunk, noises in self.chunks:
             i = np.minimum(np.searchsorted(chunk, items), len(chunk) - 1)
             hit = chunk[i] == items
+            found |= hit
             out[hit] = noises[i[hit]]
-        return out
+        return found, out
+
+    def get_many(self, items: np.ndarray) -> np.ndarray:
+        """Noises of many items (int64 array); NaN for the items not placed."""
+        return self._lookup(items)[1]
 
     def contains_many(self, items: np.ndarray) -> np.ndarray:
         """Which of many items (int64 array) are placed."""
-        if self.single:
-            found = map(self.single.__contains__, items.tolist())
-            mask = np.fromiter(found, dtype=bool, count=len(items))
-        else:
-            mask = np.zeros(len(items), dtype=bool)
-        for chunk, _ in self.chunks:
-            i = np.minimum(np.searchsorted(chunk, items), len(chunk) - 1)
-            mask |= chunk[i] == items
-        return mask
+        return self._lookup(items)[0]
 
     def add(self, item: int, noise: float) -> None:
         self.single[item] = noise
         self.count += 1
+        if len(self.single) >= self.CHUNK_MIN:
+            self._flush()
 
     def add_many(
         self, items: np.ndarray, noises: np.ndarray, order: np.ndarray | None = None
     ) -> None:
         """Place distinct new items (any order; `order` = their argsort if known) with noises."""
         self.count += len(items)
-        if len(items) < self.CHUNK_MIN:
-            self.single.update(zip(items.tolist(), noises.tolist(), strict=True))
+        self._add_chunk(items, noises, order)
+
+    def _flush(self) -> None:
+        items = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
+        noises = np.fromiter(self.single.values(), dtype=np.float64, count=len(self.single))
+        self.single = {}
+        self._add_chunk(items, noises, None)
+
+    def _add_chunk(self, items: np.ndarray, noises: np.ndarray, order: np.ndarray | None) -> None:
+        if not len(items):
             return
         if order is None:
             order = np.argsort(items)
         self.chunks.append((items[order], noises[order]))
         while len(self.chunks) >= 2 and len(self.chunks[-2][0]) <= 2 * len(self.chunks[-1][0]):
             (a_items, a_noises), (b_items, b_noises) = self.chunks.pop(), self.chunks.pop()
-            items = np.concatenate([a_items, b_items])
-            order = np.argsort(items)
-            self.chunks.append((items[order], np.concatenate([a_noises, b_noises])[order]))
+            items = np.concatenate([b_items, a_items])
+            order = np.argsort(items, kind="stable")  # two sorted runs: a linear merge
+            self.chunks.append((items[order], np.concatenate([b_noises, a_noises])[order]))
 
     def all_items(self) -> np.ndarray:
         single = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
         return np.concatenate([single, *(items for items, _ in self.chunks)])
+
+
+class _SampledAhead:
+    """Positions at or after the sorted-access cursor that random access has sampled, with their
+    v, item and noise: parallel numpy arrays sorted by position. Sorted access consumes them from
+    the front (an offset, compacted now and then); a batch is merged in with one sort."""
+
+    def __init__(self) -> None:
+        self.pos = np.empty(0, dtype=np.int64)
+        self.v = np.empty(0, dtype=np.float64)
+        self.item = np.empty(0, dtype=np.int64)
+        self.noise = np.empty(0, dtype=np.float64)
+        self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.pos) - self.start
+
+    def __contains__(self, position: int) -> bool:
+        keys = self.keys()
+        i = int(np.searchsorted(keys, position))
+        return i < len(keys) and int(keys[i]) == position
+
+    def keys(self) -> np.ndarray:
+        return self.pos[self.start :]
+
+    def first_position(self) -> int:
+        """The smallest sampled position ahead, or -1 if there is none."""
+        return int(self.pos[self.start]) if len(self) else -1
+
+    def entry(self, i: int) -> tuple[int, float, int, float]:
+        """(position, v, item, noise) of the i-th sampled position ahead."""
+        i += self.start
+        return int(self.pos[i]), float(self.v[i]), int(self.item[i]), float(self.noise[i])
+
+    def bisect(self, position: int) -> int:
+        """How many sampled positions ahead are below `position`."""
+        return int(np.searchsorted(self.keys(), position))
+
+    def pop_first(self) -> tuple[int, float, int, float]:
+        entry = self.entry(0)
+        self.start += 1
+        if self.start > 1024 and 2 * self.start > len(self.pos):
+            self._set(self.pos, self.v, self.item, self.noise)  # compact
+        return entry
+
+    def add(self, pos: np.ndarray, v: np.ndarray, item: np.ndarray, noise: np.ndarray) -> None:
+        """Merge new (unsampled) positions, in any order."""
+        columns = [
+            np.concatenate([old[self.start :], new])
+            for old, new in ((self.pos, pos), (self.v, v), (self.item, item), (self.noise, noise))
+        ]
+        order = np.argsort(columns[0], kind="stable")
+        self.start = 0
+        self.pos, self.v, self.item, self.noise = (c[order] for c in columns)
+
+    def _set(self, *columns: np.ndarray) -> None:
+        self.pos, self.v, self.item, self.noise = (c[self.start :].copy() for c in columns)
+        self.start = 0
 
 
 class _Draws:
@@ -206,8 +268,7 @@ class LazyNoiseList:
         self._cursor = 0  # next position served by sorted access; all positions before are sampled
         self._last_v = 0.0  # v of position cursor - 1 (the sentinel v_(-1) = 0 at the start)
         self._last_noise = math.inf
-        # Positions >= cursor sampled by random access: position -> (v, item, noise).
-        self._ahead: SortedDict = SortedDict()
+        self._ahead = _SampledAhead()  # positions >= cursor sampled by random access
         self._placed = _PlacedItems()  # item (canonical rank) -> its noise
         self._placed_sorted: SortedList | None = None  # placed items, kept once many are placed
 
@@ -229,11 +290,11 @@ class LazyNoiseList:
         if j >= self.m:
             raise IndexError(f"sorted access past the end of the noise list (m = {self.m})")
         ahead = self._ahead
-        if ahead and ahead.peekitem(0)[0] == j:
-            _, (v, item, noise) = ahead.popitem(0)
+        if ahead.first_position() == j:
+            _, v, item, noise = ahead.pop_first()
         else:
             if ahead:
-                r, (v_r, _, noise_r) = ahead.peekitem(0)
+                r, v_r, _, noise_r = ahead.entry(0)
             else:
                 r, v_r, noise_r = self.m, 1.0, -math.inf
             v = self._draw_v(j - 1, self._last_v, j, r, v_r)
@@ -256,18 +317,18 @@ class LazyNoiseList:
             raise IndexError(f"rank {rank} is outside the domain [0, {self.m})")
         j = self._fresh_position()
         ahead = self._ahead
-        i = ahead.bisect_left(j)
+        i = ahead.bisect(j)
         if i > 0:
-            left, (v_l, _, noise_l) = ahead.peekitem(i - 1)
+            left, v_l, _, noise_l = ahead.entry(i - 1)
         else:
             left, v_l, noise_l = self._cursor - 1, self._last_v, self._last_noise
         if i < len(ahead):
-            r, (v_r, _, noise_r) = ahead.peekitem(i)
+            r, v_r, _, noise_r = ahead.entry(i)
         else:
             r, v_r, noise_r = self.m, 1.0, -math.inf
         v = self._draw_v(left, v_l, j, r, v_r)
         noise = self._noise_for(v, noise_l, noise_r)
-        ahead[j] = (v, rank, noise)
+        ahead.add(np.array([j]), np.array([v]), np.array([rank]), np.array([noise]))
         self._place(rank, noise)
         return noise
 
@@ -276,14 +337,11 @@ class LazyNoiseList:
         """Random access to many items at once: their noises, in the order given.
 
         The fresh items get distinct positions drawn uniformly from the unsampled ones, in order
-        (sequential rejection, as one at a time). The values at the new positions are drawn level
-        by level: in each gap (l, r) between sampled positions the new positions p1 < p2 < ... are
-        drawn in increasing order, p_t from Beta(p_t - p_(t-1), r - p_t) between p_(t-1) (p_0 = l)
-        and r, its nearest sampled neighbours at that time. Gaps are conditionally independent
-        (Theorem 4.8), so each level is one vectorised draw. A gap with more than LEVELS_MAX new
-        positions is drawn at once: the q + 1 spacings of (v_l, v_r) cut at p1 < ... < pq are
-        Dirichlet(p1 - l, p2 - p1, ..., r - pq), i.e. normalised independent gammas (the joint law
-        of uniform order statistics that the level-by-level draw also follows).
+        (sequential rejection, as one at a time). Gaps (l, r) between sampled positions are
+        conditionally independent (Theorem 4.8); in a gap the q + 1 spacings of (v_l, v_r) cut at
+        the new positions p1 < ... < pq are Dirichlet(p1 - l, p2 - p1, ..., r - pq), the joint law
+        of uniform order statistics (for q = 1 the Beta(p - l, r - p) of `_draw_v`), drawn as
+        normalised independent gammas.
         """
         arr = np.asarray(ranks)
         if arr.ndim != 1 or (len(arr) and not np.issubdtype(arr.dtype, np.integer)):
@@ -298,7 +356,7 @@ class LazyNoiseList:
             for rank in fresh:
                 self.noise_of(rank)
         else:
-            keys = np.fromiter(self._ahead.keys(), dtype=np.int64, count=len(self._ahead))
+            keys = self._ahead.keys()
             positions = self._fresh_positions(len(fresh), keys)
             self._place_at(np.asarray(fresh, dtype=np.int64), positions, keys)
         return placed.get_many(arr)
@@ -312,8 +370,9 @@ class LazyNoiseList:
         ordered = draw[order]
         keep = np.ones(count, dtype=bool)
         keep[order[1:][ordered[1:] == ordered[:-1]]] = False
-        if len(keys):
-            keep &= ~np.isin(draw, keys)
+        if len(keys):  # sampled already: both sides sorted, so one merge-like search
+            i = np.minimum(np.searchsorted(keys, ordered), len(keys) - 1)
+            keep[order[keys[i] == ordered]] = False
         if keep.all():
             return draw
         extra: dict[int, None] = {}
@@ -327,51 +386,51 @@ class LazyNoiseList:
         return np.concatenate([draw[keep], np.fromiter(extra, np.int64, missing)])
 
     def _place_at(self, items: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> None:
-        """Sample the values at new positions (all >= cursor, unsampled) and place the items."""
+        """Sample the values at new positions (all >= cursor, unsampled) and place the items.
+
+        Gaps are grouped by their number of new positions into power-of-two size classes; a class
+        is one 2-D gamma draw (rows padded with shape-0 gammas, which are exactly 0) and one
+        cumulative sum per row, so that partial sums start at the gap and tiny values keep their
+        precision.
+        """
         by_position = np.argsort(positions)
         pos, items = positions[by_position], items[by_position]
         n = len(pos)
-        values = list(self._ahead.values())
+        ahead = self._ahead
         # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
         ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
-        ext_v = np.array([self._last_v, *(t[0] for t in values), 1.0])
-        ext_noise = np.array([self._last_noise, *(t[2] for t in values), -math.inf])
+        ext_v = np.concatenate([[self._last_v], ahead.v[ahead.start :], [1.0]])
+        ext_noise = np.concatenate([[self._last_noise], ahead.noise[ahead.start :], [-math.inf]])
         gap = np.searchsorted(keys, pos)  # new position between ext[gap] and ext[gap + 1]
-        left_pos, left_v, left_noise = ext_pos[gap], ext_v[gap], ext_noise[gap]
-        right_pos, right_v, right_noise = ext_pos[gap + 1], ext_v[gap + 1], ext_noise[gap + 1]
         first = np.ones(n, dtype=bool)
         first[1:] = gap[1:] != gap[:-1]
         starts = np.flatnonzero(first)
         sizes = np.diff(np.append(starts, n))
-        level = np.arange(n) - np.repeat(starts, sizes)
-        small = np.repeat(sizes <= LEVELS_MAX, sizes)
+        gaps = gap[starts]
         v = np.empty(n)
-        noise = np.empty(n)
-        # Gaps with many new positions: all at once, from gamma spacings (a Dirichlet split of
-        # (v_l, v_r)); partial sums start at the gap, so tiny values keep their precision.
-        for start, size in zip(
-            starts[sizes > LEVELS_MAX].tolist(), sizes[sizes > LEVELS_MAX].tolist(), strict=True
-        ):
-            sel = slice(start, start + size)
-            bounds = np.concatenate([[left_pos[start]], pos[sel], [right_pos[start]]])
-            sums = np.cumsum(self.rng.standard_gamma(np.diff(bounds)))
-            lv, rv = left_v[start], right_v[start]
-            v[sel] = np.clip(lv + (rv - lv) * (sums[:-1] / sums[-1]), lv, rv)
-            z = np.asarray(self.distribution.from_survival(v[sel]), dtype=np.float64)
-            noise[sel] = np.clip(z, right_noise[start], left_noise[start])
-        # Gaps with few: level by level, each new position between its predecessor and r.
-        for t in range(int(level[small].max()) + 1 if small.any() else 0):
-            sel = np.flatnonzero(small & (level == t))
-            if t > 0:  # the predecessor is the new position just before, sampled at level t - 1
-                before = sel - 1
-                left_pos[sel], left_v[sel], left_noise[sel] = pos[before], v[before], noise[before]
-            lv, rv = left_v[sel], right_v[sel]
-            y = self.rng.beta(pos[sel] - left_pos[sel], right_pos[sel] - pos[sel])
-            v[sel] = np.clip(lv + (rv - lv) * y, lv, rv)
-            z = np.asarray(self.distribution.from_survival(v[sel]), dtype=np.float64)
-            noise[sel] = np.clip(z, right_noise[sel], left_noise[sel])
-        entries = zip(v.tolist(), items.tolist(), noise.tolist(), strict=True)
-        self._ahead.update(zip(pos.tolist(), entries, strict=True))
+        size_class = np.ceil(np.log2(sizes)).astype(np.int64)
+        for c in np.unique(size_class).tolist():
+            chosen = np.flatnonzero(size_class == c)
+            width = 1 << c  # at most this many new positions per gap in the class
+            g, sz, st = gaps[chosen], sizes[chosen], starts[chosen]
+            # Row i: the positions l, p1..pq, r of gap i, padded after r by repeating r.
+            col = np.arange(width + 2)
+            take = np.minimum(col[None, :] - 1, sz[:, None])  # -1 = l, 0..q-1 = p, q = r
+            inner = np.clip(st[:, None] + take, 0, n - 1)
+            bounds = np.where(
+                take < 0,
+                ext_pos[g][:, None],
+                np.where(take >= sz[:, None], ext_pos[g + 1][:, None], pos[inner]),
+            )
+            sums = np.cumsum(self.rng.standard_gamma(np.diff(bounds, axis=1)), axis=1)
+            lv, rv = ext_v[g][:, None], ext_v[g + 1][:, None]
+            share = sums[:, :-1] / sums[:, -1:]
+            values = np.clip(lv + (rv - lv) * share, lv, rv)
+            keep = col[None, :width] < sz[:, None]
+            v[(st[:, None] + col[None, :width])[keep]] = values[keep]
+        z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+        noise = np.clip(z, ext_noise[gap + 1], ext_noise[gap])
+        ahead.add(pos, v, items, noise)
         self._placed.add_many(items, noise)
         if self._placed_sorted is not None:
             self._placed_sorted.update(items.tolist())
@@ -395,15 +454,15 @@ class LazyNoiseList:
         ahead = self._ahead
         while filled < count:
             j = self._cursor
-            if ahead and ahead.peekitem(0)[0] == j:
-                _, (v, item, noise) = ahead.popitem(0)
+            if ahead.first_position() == j:
+                _, v, item, noise = ahead.pop_first()
                 items_out[filled], noises_out[filled] = item, noise
                 filled += 1
                 self._cursor = j + 1
                 self._last_v, self._last_noise = v, noise
                 continue
             if ahead:
-                r, (v_r, _, noise_r) = ahead.peekitem(0)
+                r, v_r, _, noise_r = ahead.entry(0)
             else:
                 r, v_r, noise_r = self.m, 1.0, -math.inf
             run = min(r - j, count - filled)
@@ -490,7 +549,7 @@ class LazyNoiseList:
         keep = np.ones(count, dtype=bool)
         keep[order[1:][ordered[1:] == ordered[:-1]]] = False  # later occurrences of a value
         if len(placed):
-            keep &= ~placed.contains_many(draw)
+            keep[order[placed.contains_many(ordered)]] = False  # sorted needles search faster
         if keep.all():
             return draw, order  # the common case: nothing rejected
         # Top up one candidate at a time: a value of `draw` is kept or placed, so it is rejected.

@@ -64,10 +64,10 @@ class NoisePlan:
     list's batched calls: first the chunk's sorted accesses, then the noises of its ranks. Any
     order of calls samples the exact joint law of the noise list (Algorithm 4 samples each value
     from its conditional law given the others), and the chunks are a fixed function of k, so the
-    plan, hence the answer for one seed, does not depend on how the store is batched.
+    plan, hence the answer for one seed, does not depend on how the store is batched. The chunks
+    are the default Batching's blocks, so a run with the default batching plans no step it does
+    not fetch.
     """
-
-    FIRST_CHUNK = 64
 
     def __init__(self, noise_list: NoiseList, k: int, m: int) -> None:
         self.noise_list = noise_list
@@ -75,7 +75,7 @@ class NoisePlan:
         self.noise_of_rank = np.empty(0)  # step s: the noise of the item of rank s
         self.l2_rank = np.empty(0, dtype=np.int64)  # step s: the item at position s of L2 ...
         self.l2_noise = np.empty(0)  # ... and its noise
-        self._chunk = max(k, self.FIRST_CHUNK)
+        self._chunks = Batching().blocks(k)
 
     def __len__(self) -> int:
         return len(self.l2_rank)
@@ -85,13 +85,12 @@ class NoisePlan:
         end = min(end, self.m)
         while len(self) < end:
             start = len(self)
-            count = min(self._chunk, self.m - start)
+            count = min(next(self._chunks), self.m - start)
             ranks, noises = self.noise_list.next_sorted_batch(count)
             own = self.noise_list.noises_of(np.arange(start, start + count, dtype=np.int64))
             self.l2_rank = np.concatenate([self.l2_rank, np.asarray(ranks, dtype=np.int64)])
             self.l2_noise = np.concatenate([self.l2_noise, np.asarray(noises, dtype=float)])
             self.noise_of_rank = np.concatenate([self.noise_of_rank, np.asarray(own, dtype=float)])
-            self._chunk *= 2
 
 
 @dataclass(frozen=True)

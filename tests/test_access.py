@@ -1,0 +1,190 @@
+"""CountedAccess: scores known without reading rows, and ids at release.
+
+The canonical order sorts scores descending, so a rank between two known ranks of equal score has
+that score, and a store that keeps its runs of tied scores (ScoreRuns) fixes every rank's score.
+CountedAccess answers such random accesses without reading the row (rows_inferred). These tests
+check that every inferred score is the true one, that nothing is inferred between unequal
+neighbours, that the accounting adds up against an independent counter, when the runs are read,
+and that ids at inferred ranks are read, in one round trip, when they are released.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adapters.memory import ArraySource
+from tests.helpers import CountingSource
+from topk_middleware import private_top_k
+from topk_middleware.access import AccessError, CountedAccess, Rows
+
+
+def tied_counts(m: int, seed: int = 0) -> np.ndarray:
+    """Count data: a few large counts and a long tail of small tied ones (zipf-like)."""
+    rng = np.random.default_rng(seed)
+    return np.floor(1000.0 / (1 + rng.permutation(m))).astype(np.float64)
+
+
+def canonical_scores(source: ArraySource) -> np.ndarray:
+    return source.read_sorted(0, source.domain_size()).scores
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 50])
+def test_inferred_scores_are_the_true_scores(prefix: int) -> None:
+    """Random accesses over a tied histogram: every score equals the store's, many are inferred,
+    and rows read plus rows inferred is exactly the distinct ranks asked beyond the prefix. Fails if
+    a score is inferred across unequal neighbours or a rank is read twice."""
+    m = 20_000
+    source = ArraySource(tied_counts(m))
+    truth = canonical_scores(source)
+    counter = CountingSource(source)  # forwards no runs: neighbours only
+    access = CountedAccess(counter)
+    access.fetch_sorted_until(prefix)
+    rng = np.random.default_rng(1)
+    asked: set[int] = set()
+    for size in (5, 50, 500, 5000):
+        ranks = rng.integers(0, m, size)
+        np.testing.assert_array_equal(access.random_accesses(ranks), truth[ranks])
+        asked.update(int(r) for r in ranks if r >= prefix)
+    a = access.stats
+    assert a.rows_inferred > len(asked) // 2  # most of a tied tail is never read
+    assert counter.rank_rows + a.rows_inferred == len(asked)
+    assert a.random == 5 + 50 + 500 + 5000
+
+
+def test_nothing_is_inferred_between_distinct_scores() -> None:
+    m = 5_000
+    source = ArraySource(np.arange(m, dtype=np.float64))
+    counter = CountingSource(source)
+    access = CountedAccess(counter)
+    ranks = np.random.default_rng(2).integers(0, m, 2_000)
+    np.testing.assert_array_equal(access.random_accesses(ranks), m - 1.0 - ranks)
+    assert access.stats.rows_inferred == 0
+    assert counter.rank_rows == len(np.unique(ranks))
+
+
+def test_one_by_one_random_accesses_infer_too() -> None:
+    """The sequential path (one random access at a time) uses the same neighbours."""
+    m = 10_000
+    source = ArraySource(tied_counts(m, seed=3))
+    truth = canonical_scores(source)
+    access = CountedAccess(CountingSource(source))
+    ranks = np.random.default_rng(4).choice(m, 3_000, replace=False)
+    got = [access.random_access(int(r)) for r in ranks]
+    np.testing.assert_array_equal(got, truth[ranks])
+    assert access.stats.rows_inferred > 1_000
+    assert access.stats.rows_fetched + access.stats.rows_inferred == len(ranks)
+
+
+def test_ids_at_inferred_ranks_are_read_in_one_round_trip() -> None:
+    m = 10_000
+    ids = [f"item-{i}" for i in range(m)]
+    source = ArraySource(tied_counts(m, seed=5), ids=ids)
+    truth = source.read_sorted(0, m)
+    counter = CountingSource(source)
+    access = CountedAccess(counter)
+    access.fetch_sorted_until(10)
+    ranks = np.random.default_rng(6).choice(np.arange(10, m), 2_000, replace=False)
+    access.random_accesses(ranks[:20])  # read: they become the neighbours of later ranks
+    access.random_accesses(ranks)
+    inferred = [int(r) for r in ranks if int(r) not in access._ids_beyond]
+    assert len(inferred) == access.stats.rows_inferred > 0
+    wanted = [3, *inferred[:7]]
+    calls, rows = counter.calls, counter.rank_rows
+    assert access.ids_of(wanted) == [truth.ids[r] for r in wanted]
+    assert (counter.calls - calls, counter.rank_rows - rows) == (1, 7)
+    assert access.ids_of(wanted) == [truth.ids[r] for r in wanted]  # now known: no read
+    assert counter.calls - calls == 1
+
+
+def test_ids_of_an_unknown_rank_is_refused() -> None:
+    access = CountedAccess(ArraySource(tied_counts(100)))
+    with pytest.raises(AccessError, match="not known"):
+        access.ids_of([50])
+
+
+class _RunsCounter(ArraySource):
+    """ArraySource that counts how often its runs are read."""
+
+    runs_read = 0
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        self.runs_read += 1
+        return super().read_score_runs()
+
+
+def test_runs_are_read_once_rank_reads_would_reach_their_count() -> None:
+    """Ski rental: rows are read by rank while the rows read so far plus the batch stay below the
+    number of runs; then the runs are read once (counted as rows and one round trip) and every
+    later random access is answered from them, exactly. Fails if runs are read early, twice, or
+    give a wrong score."""
+    m = 30_000
+    source = _RunsCounter(tied_counts(m, seed=9))
+    truth = canonical_scores(source)
+    runs = source.score_run_count()
+    assert 20 < runs < 200
+    access = CountedAccess(source)
+    rng = np.random.default_rng(10)
+    first = rng.choice(m, runs // 2, replace=False)  # below the count: read by rank
+    np.testing.assert_array_equal(access.random_accesses(first), truth[first])
+    assert source.runs_read == 0
+    before = access.stats.rows_fetched
+    assert before == len(first) - access.stats.rows_inferred
+    later = rng.choice(m, 5_000, replace=False)  # would pass the count: runs instead
+    np.testing.assert_array_equal(access.random_accesses(later), truth[later])
+    assert source.runs_read == 1
+    assert access.stats.rows_fetched == before + runs
+    assert access.stats.round_trips == 1 + 1 + 1  # domain size, the first batch, the runs
+    np.testing.assert_array_equal(access.random_accesses(np.arange(m)), truth)
+    assert source.runs_read == 1 and access.stats.rows_fetched == before + runs
+
+
+def test_runs_do_not_change_answers_or_access_counts() -> None:
+    """Runs change what is read, never what the algorithm sees: the same items and sequential
+    access counts with and without them, on tied data, for both noises."""
+    scores = tied_counts(5_000, seed=11)
+    with_runs, without = ArraySource(scores), CountingSource(ArraySource(scores))
+    for seed in range(15):
+        for noise in ("gumbel", "laplace"):
+            a = private_top_k(with_runs, 5, 1.0, noise=noise, seed=seed)
+            b = private_top_k(without, 5, 1.0, noise=noise, seed=seed)
+            assert a.items == b.items
+            assert (a.accesses.sorted, a.accesses.random) == (b.accesses.sorted, b.accesses.random)
+
+
+class _BadRuns(ArraySource):
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        first, scores = super().read_score_runs()
+        return first, scores[::-1]  # ascending: not the canonical order
+
+
+def test_inconsistent_runs_are_refused() -> None:
+    access = CountedAccess(_BadRuns(tied_counts(2_000)))
+    with pytest.raises(AccessError, match="runs of tied scores are inconsistent"):
+        access.random_accesses(np.arange(1_000, 2_000))
+
+
+class _ShiftingSource(ArraySource):
+    """A broken store: rows read by rank after the first read come back with other scores."""
+
+    reads = 0
+
+    def read_ranks(self, ranks: np.ndarray) -> Rows:
+        rows = super().read_ranks(ranks)
+        self.reads += 1
+        if self.reads > 1:
+            return Rows(rows.ranks, rows.ids, rows.scores + 1.0)
+        return rows
+
+
+def test_a_changed_row_at_release_is_detected() -> None:
+    """An id read at release must come with the score the run used; if not, the snapshot broke."""
+    m = 1_000
+    access = CountedAccess(_ShiftingSource(tied_counts(m, seed=7)))
+    ranks = np.random.default_rng(8).choice(m, 300, replace=False)
+    access.random_accesses(ranks[:20])
+    access.random_accesses(ranks)
+    inferred = [int(r) for r in ranks if int(r) not in access._ids_beyond]
+    assert inferred
+    with pytest.raises(AccessError, match="snapshot"):
+        access.ids_of(inferred[:1])
