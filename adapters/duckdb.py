@@ -59,6 +59,9 @@ NUMERIC_TYPES = (
 TEXT_TYPES = ("VARCHAR",)
 # Random access by rank: up to this many ranks are looked up in the rank index, key by key.
 INDEX_LOOKUP_MAX = 1000
+# A range read of the rank table costs about 0.7 ms up to this many rows (then 0.1 ms more per
+# 2,000 or so; measured at m = 10^7): sorted reads fetch at least this many.
+SORTED_READ_ROWS = 8192
 
 
 def quote_identifier(name: str) -> str:
@@ -91,6 +94,8 @@ class DuckDBTable:
     `table` (in `schema`, default the connection's) has an id column and a numeric score column.
     Names are quoted, never pasted: spaces, quotes, capitals and keywords are fine.
     """
+
+    sorted_read_rows = SORTED_READ_ROWS  # CountedAccess reads ahead this far: it is free here
 
     def __init__(
         self,
@@ -413,8 +418,14 @@ class DuckDBTable:
         if stop <= start:
             return _rows({"rank": [], "id": [], "score": []})
         if run.ranked:
-            # No ORDER BY: the copy is stored in rank order and DuckDB keeps insertion order;
-            # _rows() sorts by rank if it ever were not (cheaper than SQL's sort for a full read).
+            # The copy is written in rank order, so row ids are ranks: a row id range is a plain
+            # range scan. (A predicate on rank from 0 would go through the ART index, row by row,
+            # at about 4 us a row.) The ranks that come back prove it; if they ever did not, the
+            # read falls back to the rank predicate. No ORDER BY: _rows() sorts if needed.
+            query = f"SELECT rank, id, score FROM {self._ranks} WHERE rowid >= ? AND rowid < ?"
+            rows = _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
+            if len(rows) == stop - start and rows.ranks[0] == start and rows.ranks[-1] == stop - 1:
+                return rows  # stop - start distinct ranks from start to stop - 1: all of them
             query = f"SELECT rank, id, score FROM {self._ranks} WHERE rank >= ? AND rank < ?"
             return _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
         query = (

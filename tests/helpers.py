@@ -53,14 +53,23 @@ class CountingSource:
         return scores
 
 
+class _ReadAhead(CountingSource):
+    """A CountingSource (which hides the runs) that keeps the inner source's read-ahead."""
+
+    def __init__(self, inner: Source, sorted_read_rows: int) -> None:
+        super().__init__(inner)
+        self.sorted_read_rows = sorted_read_rows
+
+
 def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     """ArraySource(scores, ids) with the optional capabilities of `store`: it keeps the runs of
-    tied scores (ScoreRuns) only if the store does, so that rows_fetched and round_trips, not only
-    the answer and the access counts, must come out equal. (CountingSource forwards only the
-    Source protocol, so wrapping hides the runs.)"""
+    tied scores (ScoreRuns) only if the store does, and reads ahead as far (sorted_read_rows), so
+    that rows_fetched and round_trips, not only the answer and the access counts, must come out
+    equal. (CountingSource forwards only the Source protocol, so wrapping hides both.)"""
     reference = ArraySource(scores, ids)
+    reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
-    return reference if keeps_runs else CountingSource(reference)
+    return reference if keeps_runs else _ReadAhead(reference, reference.sorted_read_rows)
 
 
 def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:

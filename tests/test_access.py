@@ -188,3 +188,26 @@ def test_a_changed_row_at_release_is_detected() -> None:
     assert inferred
     with pytest.raises(AccessError, match="snapshot"):
         access.ids_of(inferred[:1])
+
+
+def test_sorted_reads_read_ahead_as_far_as_the_store_asks() -> None:
+    """A store naming `sorted_read_rows` gets at least that many rows per sorted read after the
+    first (capped at m); the answers and the sequential access counts do not change, round trips
+    fall."""
+    scores = tied_counts(3_000, seed=12)
+    plain, ahead = CountingSource(ArraySource(scores)), CountingSource(ArraySource(scores))
+    ahead.sorted_read_rows = 1_000  # type: ignore[attr-defined]
+    access = CountedAccess(ahead)
+    access.fetch_sorted_until(5)
+    assert (access.prefix_fetched, ahead.sorted_rows) == (5, 5)  # the first read: as asked
+    access.fetch_sorted_until(6)
+    assert (access.prefix_fetched, ahead.sorted_rows, ahead.calls) == (1_005, 1_005, 3)
+    access.fetch_sorted_until(2_500)
+    assert access.prefix_fetched == 2_500  # asked beyond the read-ahead: exactly that
+    access.fetch_sorted_until(2_600)
+    assert access.prefix_fetched == 3_000  # capped at m
+    for seed in range(10):
+        a = private_top_k(plain, 5, 1.0, seed=seed).accesses
+        b = private_top_k(ahead, 5, 1.0, seed=seed).accesses
+        assert (a.sorted, a.random) == (b.sorted, b.random)
+        assert b.round_trips <= a.round_trips

@@ -263,3 +263,37 @@ def test_byte_order_whatever_the_default_collation() -> None:
     counts.prepare()
     with counts.snapshot():
         assert counts.read_ids(["a", "A", "B"]).tolist() == [2.0, 1.0, 0.0]
+
+
+def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None:
+    """prepare() writes the rank table in rank order and builds the runs table; sorted reads go
+    by row id, proven by the ranks that come back. A rank table stored in another order (here
+    reversed by hand) must still serve the canonical order, through the rank predicate; and the
+    runs must be those of ArraySource, so answers and every count match it."""
+    con = duckdb.connect()
+    scores = np.floor(1000.0 / (1 + np.random.default_rng(3).permutation(5000)))
+    con.execute(
+        "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score",
+        [list(range(5000)), scores.tolist()],
+    )
+    source = DuckDBTable(con, "t")
+    source.prepare()
+    reference = ArraySource(scores)
+    with source.snapshot():
+        runs, want = source.read_score_runs(), reference.read_score_runs()
+        assert source.score_run_count() == len(want[0]) == len(runs[0])
+        for got_column, want_column in zip(runs, want, strict=True):
+            np.testing.assert_array_equal(got_column, want_column)
+    ranks = quote_identifier(source.rank_table)
+    con.execute(f"CREATE OR REPLACE TABLE {ranks} AS SELECT * FROM {ranks} ORDER BY rank DESC")
+    source.prepare()  # restores the index on rank; keeps the (reversed) copy
+    with source.snapshot():
+        for start, count in ((0, 20), (0, 4000), (1234, 100), (4990, 50)):
+            got = source.read_sorted(start, count)
+            want_rows = reference.read_sorted(start, count)
+            np.testing.assert_array_equal(got.ranks, want_rows.ranks)
+            np.testing.assert_array_equal(got.scores, want_rows.scores)
+    for seed in range(5):
+        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
+        want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=seed)
+        assert got.items == want.items and got.accesses == want.accesses

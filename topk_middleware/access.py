@@ -238,6 +238,9 @@ class CountedAccess:
         self._run_count = (
             self.source.score_run_count() if isinstance(self.source, ScoreRuns) else None
         )
+        # A store whose round trip costs about as much as reading this many rows asks for at
+        # least this many per sorted read (optional attribute; 0: read what is asked).
+        self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
 
     # ----- fetches: what the store serves -----------------------------------------------------
     @property
@@ -251,11 +254,15 @@ class CountedAccess:
         return self._depth
 
     def fetch_sorted_until(self, end: int) -> None:
-        """Pull the canonical prefix up to rank `end` (exclusive) in one batch."""
-        end = min(end, self.m)
+        """Pull the canonical prefix up to rank `end` (exclusive) in one batch. After the first
+        read (a run that needs a second one is a long one), at least the store's
+        `sorted_read_rows` rows, if it names them: reading ahead costs that store nothing."""
         start = self.prefix_fetched
-        if end <= start:
+        if min(end, self.m) <= start:
             return
+        if start:
+            end = max(end, start + self._sorted_read_rows)
+        end = min(end, self.m)
         rows = self.source.read_sorted(start, end - start)
         if len(rows) != end - start:
             raise AccessError(

@@ -350,16 +350,22 @@ class LazyNoiseList:
             raise IndexError(f"a rank is outside the domain [0, {self.m})")
         arr = arr.astype(np.int64, copy=False)
         placed = self._placed
-        fresh = list(dict.fromkeys(arr[np.isnan(placed.get_many(arr))].tolist()))
+        noises = placed.get_many(arr)
+        missing = np.isnan(noises)
+        if not missing.any():
+            return noises
+        # Fresh items in ascending order: positions are exchangeable, so which fresh item takes
+        # which drawn position may follow any fixed order.
+        fresh, where = np.unique(arr[missing], return_inverse=True)
         span = self.m - self._cursor
         if len(fresh) < BATCH_MIN or len(self._ahead) + len(fresh) > REJECTION_MAX_TAKEN * span:
-            for rank in fresh:
-                self.noise_of(rank)
+            fresh_noises = np.array([self.noise_of(rank) for rank in fresh.tolist()])
         else:
             keys = self._ahead.keys()
             positions = self._fresh_positions(len(fresh), keys)
-            self._place_at(np.asarray(fresh, dtype=np.int64), positions, keys)
-        return placed.get_many(arr)
+            fresh_noises = self._place_at(fresh, positions, keys)
+        noises[missing] = fresh_noises[where]
+        return noises
 
     def _fresh_positions(self, count: int, keys: np.ndarray) -> np.ndarray:
         """`count` distinct unsampled positions, uniformly, in draw order (sequential rejection:
@@ -385,14 +391,16 @@ class LazyNoiseList:
             extra[j] = None
         return np.concatenate([draw[keep], np.fromiter(extra, np.int64, missing)])
 
-    def _place_at(self, items: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> None:
-        """Sample the values at new positions (all >= cursor, unsampled) and place the items.
+    def _place_at(self, items: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Place new items (ascending) at new positions (all >= cursor, unsampled), sampling the
+        values there; returns the items' noises.
 
         Gaps are grouped by their number of new positions into power-of-two size classes; a class
         is one 2-D gamma draw (rows padded with shape-0 gammas, which are exactly 0) and one
         cumulative sum per row, so that partial sums start at the gap and tiny values keep their
         precision.
         """
+        items_ascending = items
         by_position = np.argsort(positions)
         pos, items = positions[by_position], items[by_position]
         n = len(pos)
@@ -431,9 +439,12 @@ class LazyNoiseList:
         z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
         noise = np.clip(z, ext_noise[gap + 1], ext_noise[gap])
         ahead.add(pos, v, items, noise)
-        self._placed.add_many(items, noise)
+        by_item = np.empty(n)
+        by_item[by_position] = noise
+        self._placed.add_many(items_ascending, by_item, np.arange(n))
         if self._placed_sorted is not None:
             self._placed_sorted.update(items.tolist())
+        return by_item
 
     # ----- batched sorted access ------------------------------------------------------------------
     def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
