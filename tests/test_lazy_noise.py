@@ -274,14 +274,14 @@ def test_large_batches_use_sorted_chunks_consistently() -> None:
     m = 20_000
     for nl in lists(Gumbel(1.0), m, 3, seed=50):
         served = list(zip(*nl.next_sorted_batch(5_000), strict=True))
-        assert len(nl._placed.chunks) == 1
+        assert len(nl._placed.chunks.chunks) == 1
         known = {int(i): float(z) for i, z in served}
         for item in range(0, m, 7):  # in chunks or new
             noise = nl.noise_of(item)
             assert known.setdefault(item, noise) == noise
         served += [nl.next_sorted() for _ in range(50)]  # scalar rejection checks the chunk
         served += list(zip(*nl.next_sorted_batch(5_000), strict=True))
-        assert geometric(nl._placed.chunks) and len(nl._placed.chunks) <= 14
+        assert geometric(nl._placed.chunks.chunks) and len(nl._placed.chunks.chunks) <= 14
         while nl.cursor < m:
             served += list(zip(*nl.next_sorted_batch(3_000), strict=True))
         items = [int(i) for i, _ in served]

@@ -23,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .sorted_chunks import SortedChunks
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -158,60 +160,6 @@ class _Prefix:
         self.size = need
 
 
-class _KnownScores:
-    """Scores known at ranks beyond the fetched prefix: sorted (rank, score) chunks.
-
-    A new batch becomes a chunk, merged into the previous one while that one is at most twice its
-    size, so a run holds O(log n) chunks and n insertions cost O(n log n) in all. Lookups and the
-    nearest known neighbours of many ranks are vectorised over the chunks.
-    """
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (ranks ascending, scores)
-        self.count = 0
-
-    def add(self, ranks: np.ndarray, scores: np.ndarray) -> None:
-        """Add distinct ranks that are not known yet."""
-        if not len(ranks):
-            return
-        order = np.argsort(ranks)
-        self.chunks.append((ranks[order], scores[order]))
-        self.count += len(ranks)
-        while len(self.chunks) >= 2 and len(self.chunks[-2][0]) <= 2 * len(self.chunks[-1][0]):
-            (a, sa), (b, sb) = self.chunks.pop(), self.chunks.pop()
-            merged = np.concatenate([b, a])
-            order = np.argsort(merged, kind="stable")
-            self.chunks.append((merged[order], np.concatenate([sb, sa])[order]))
-
-    def lookup(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(found mask, scores) of many ranks; scores are NaN where not found."""
-        found = np.zeros(len(ranks), dtype=bool)
-        scores = np.full(len(ranks), np.nan)
-        for keys, values in self.chunks:
-            i = np.minimum(np.searchsorted(keys, ranks), len(keys) - 1)
-            hit = keys[i] == ranks
-            found |= hit
-            scores[hit] = values[i[hit]]
-        return found, scores
-
-    def neighbours(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """For ranks not known: the nearest known rank below and above each, with its score
-        (rank -1 / NaN where there is none below, rank 2**63 - 1 / NaN where none above)."""
-        n = len(ranks)
-        below, below_score = np.full(n, -1, dtype=np.int64), np.full(n, np.nan)
-        above, above_score = np.full(n, np.iinfo(np.int64).max), np.full(n, np.nan)
-        for keys, values in self.chunks:
-            i = np.searchsorted(keys, ranks)
-            has_below, has_above = i > 0, i < len(keys)
-            j = np.maximum(i - 1, 0)
-            better = has_below & (keys[j] > below)
-            below[better], below_score[better] = keys[j][better], values[j][better]
-            j = np.minimum(i, len(keys) - 1)
-            better = has_above & (keys[j] < above)
-            above[better], above_score[better] = keys[j][better], values[j][better]
-        return below, below_score, above, above_score
-
-
 @dataclass
 class CountedAccess:
     """The only door from a mechanism to a store; it counts every access.
@@ -230,7 +178,7 @@ class CountedAccess:
         self.m = int(self.source.domain_size())
         self.stats.round_trips += 1
         self._prefix = _Prefix()
-        self._known = _KnownScores()  # scores beyond the prefix, fetched or inferred
+        self._known = SortedChunks()  # rank -> score beyond the prefix, fetched or inferred
         self._ids_beyond: dict[int, Any] = {}  # ids of the rows fetched beyond the prefix
         self._depth = 0  # next rank served by sorted access
         self._rank_rows = 0  # rows read by rank so far (for scores)

@@ -44,6 +44,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from .noise import NoiseDistribution
+from .sorted_chunks import SortedChunks
 
 # Uniform choice from [lo, hi) minus a set of taken values uses rejection (expected <= 2 draws)
 # while at most this fraction is taken, and exact selection over a SortedList beyond.
@@ -69,57 +70,37 @@ def _nth_free(taken: SortedList | Iterable[int], t: int, lo: int) -> int:
 
 
 class _PlacedItems:
-    """Placed items and their noises: sorted numpy chunks, plus a small dict for items placed one
-    at a time (flushed into a chunk once it holds CHUNK_MIN). A new chunk is merged into the
-    previous one while that one is at most twice its size, so chunk sizes shrink geometrically,
-    a lookup visits O(log n) chunks, and n placements cost O(n log n) in all."""
+    """Placed items and their noises: SortedChunks, plus a small dict for items placed one at a
+    time (flushed into a chunk once it holds CHUNK_MIN)."""
 
-    CHUNK_MIN = 64  # the dict of single placements is flushed into a chunk at this size
+    CHUNK_MIN = 64
 
     def __init__(self) -> None:
         self.single: dict[int, float] = {}
-        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (items ascending, their noises)
-        self.count = 0
+        self.chunks = SortedChunks()
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.single) + len(self.chunks)
 
     def get(self, item: int) -> float | None:
         noise = self.single.get(item)
-        if noise is not None or not self.chunks:
-            return noise
-        for items, noises in self.chunks:
-            i = int(np.searchsorted(items, item))
-            if i < len(items) and items[i] == item:
-                return float(noises[i])
-        return None
+        return noise if noise is not None else self.chunks.get(item)
 
     def __contains__(self, item: int) -> bool:
         return self.get(item) is not None
 
-    def _lookup(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        found = np.zeros(len(items), dtype=bool)
-        out = np.full(len(items), math.nan)
-        if self.single:
-            self._flush()
-        for chunk, noises in self.chunks:
-            i = np.minimum(np.searchsorted(chunk, items), len(chunk) - 1)
-            hit = chunk[i] == items
-            found |= hit
-            out[hit] = noises[i[hit]]
-        return found, out
-
     def get_many(self, items: np.ndarray) -> np.ndarray:
         """Noises of many items (int64 array); NaN for the items not placed."""
-        return self._lookup(items)[1]
+        self._flush()
+        return self.chunks.lookup(items)[1]
 
     def contains_many(self, items: np.ndarray) -> np.ndarray:
         """Which of many items (int64 array) are placed."""
-        return self._lookup(items)[0]
+        self._flush()
+        return self.chunks.lookup(items)[0]
 
     def add(self, item: int, noise: float) -> None:
         self.single[item] = noise
-        self.count += 1
         if len(self.single) >= self.CHUNK_MIN:
             self._flush()
 
@@ -127,30 +108,18 @@ class _PlacedItems:
         self, items: np.ndarray, noises: np.ndarray, order: np.ndarray | None = None
     ) -> None:
         """Place distinct new items (any order; `order` = their argsort if known) with noises."""
-        self.count += len(items)
-        self._add_chunk(items, noises, order)
+        self.chunks.add(items, noises, order)
 
     def _flush(self) -> None:
-        items = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
-        noises = np.fromiter(self.single.values(), dtype=np.float64, count=len(self.single))
-        self.single = {}
-        self._add_chunk(items, noises, None)
-
-    def _add_chunk(self, items: np.ndarray, noises: np.ndarray, order: np.ndarray | None) -> None:
-        if not len(items):
-            return
-        if order is None:
-            order = np.argsort(items)
-        self.chunks.append((items[order], noises[order]))
-        while len(self.chunks) >= 2 and len(self.chunks[-2][0]) <= 2 * len(self.chunks[-1][0]):
-            (a_items, a_noises), (b_items, b_noises) = self.chunks.pop(), self.chunks.pop()
-            items = np.concatenate([b_items, a_items])
-            order = np.argsort(items, kind="stable")  # two sorted runs: a linear merge
-            self.chunks.append((items[order], np.concatenate([b_noises, a_noises])[order]))
+        if self.single:
+            items = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
+            noises = np.fromiter(self.single.values(), dtype=np.float64, count=len(self.single))
+            self.single = {}
+            self.chunks.add(items, noises)
 
     def all_items(self) -> np.ndarray:
-        single = np.fromiter(self.single, dtype=np.int64, count=len(self.single))
-        return np.concatenate([single, *(items for items, _ in self.chunks)])
+        self._flush()
+        return self.chunks.all_keys()
 
 
 class _SampledAhead:
