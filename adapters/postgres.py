@@ -25,6 +25,17 @@ one), random access by id by `id = ANY(...)` (a B-tree on id if any), sampling b
 whole table (a full scan per batch, whatever the indexes); `check()` says which, from EXPLAIN.
 `prepare()` creates no index on the live table: runs never read it, and indexes there would only
 slow its writers.
+
+Runs of tied scores (`ScoreRuns`). With the rank table, in the same transaction, `prepare()` writes
+the runs table `<rank_table>_runs`: one row (run, first_rank, score) per distinct score, run its
+0-based position, first_rank its first rank (primary key), score strictly descending along runs.
+Count data has few distinct scores, so random access by rank is then answered from these rows
+without reading the rank table. The snapshot learns how many runs there are in the query that
+counts m (the last run's number, found through the primary key: O(log runs), not a count(*)), and
+reads them in one query when the core asks. A rank table built before the runs table existed gets
+one from the next `prepare()`, computed from the rank table (not the live table); until then
+`score_run_count()` is None and runs read rows, as before. Refreshing replaces the runs' rows by
+DELETE + INSERT too (not TRUNCATE, which would break the snapshot of a run in progress).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from psycopg.pq import TransactionStatus
 from topk_middleware.access import Rows
 
 from ._sql import (
+    MAX_IDENTIFIER_BYTES,
     AccessCheck,
     AccessPath,
     TableFacts,
@@ -63,6 +75,19 @@ PACKED_MIN_ROWS = 50_000
 class _Run:
     ranked: bool
     m: int
+    runs: int | None = None  # runs of tied scores in the runs table, if there is one
+
+
+def runs_table_name(rank_table: str) -> str:
+    """The runs table of `rank_table`: `<rank_table>_runs`, or, when that passes PostgreSQL's
+    63-byte limit (which would truncate it, possibly to the rank table's own name), the rank
+    table's name cut short, a hash of the whole of it and `_runs`."""
+    name = rank_table + "_runs"
+    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return name
+    suffix = "_" + hashlib.sha1(rank_table.encode("utf-8")).hexdigest()[:8] + "_runs"
+    head = rank_table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix)]
+    return head.decode("utf-8", "ignore") + suffix
 
 
 class PostgresTable:
@@ -98,6 +123,8 @@ class PostgresTable:
         )
         self._base = qualify(table)
         self._ranks = qualify(self.rank_table)
+        self.runs_table = runs_table_name(self.rank_table)  # (run, first_rank, score) per tie
+        self._runs = qualify(self.runs_table)
         digest = hashlib.sha1(self.rank_table.encode("utf-8")).hexdigest()[:12]
         self.rank_index, self.id_index = f"topk_{digest}_rank", f"topk_{digest}_id"
         self._rank_index = sql.Identifier(self.rank_index)  # unique B-tree on rank
@@ -228,10 +255,17 @@ class PostgresTable:
         raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
         return facts.rows
 
-    def has_rank_table(self) -> bool:
+    def _catalog(self) -> tuple[bool, bool]:
+        """Whether the rank table and the runs table exist: one catalog lookup (a query on a
+        missing table would abort the transaction)."""
+        names = [self._ranks.as_string(self._conn), self._runs.as_string(self._conn)]
         with self._reading() as cur:
-            cur.execute("SELECT to_regclass(%s)", [self._ranks.as_string(self._conn)])
-            return cur.fetchone()[0] is not None
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL", names)
+            ranks, runs = cur.fetchone()
+        return bool(ranks), bool(runs)
+
+    def has_rank_table(self) -> bool:
+        return self._catalog()[0]
 
     def is_stale(self) -> bool:
         """Whether the table's counts differ from the rank table of the last `prepare()` (True
@@ -254,7 +288,7 @@ class PostgresTable:
         can serve the query: that is the fallback this check reports. (On small tables PostgreSQL
         may prefer a sequential scan anyway; that is cheap there and not reported.)
         """
-        ranked = self.has_rank_table()
+        ranked, runs = self._catalog()
         probes = [
             ("sorted", self._sorted_query(ranked), [0, 100] if ranked else [100, 0]),
             ("random by rank", self._ranks_query(ranked), [[1, 2, 3]]),
@@ -271,6 +305,12 @@ class PostgresTable:
                 how = (f"sequential scan of {', '.join(scans)}" if scans else "index scan") + (
                     "" if ranked else f" (no rank table {self.rank_table!r}: call prepare())"
                 )
+                if ranked and access == "random by rank":
+                    how += (
+                        f"; scores of tied runs from {self.runs_table!r}"
+                        if runs
+                        else f" (no runs table {self.runs_table!r}: call prepare())"
+                    )
                 paths.append(AccessPath(access, bool(scans), how))
         return AccessCheck(self.where, paths)
 
@@ -285,8 +325,9 @@ class PostgresTable:
     # ----- preparation --------------------------------------------------------------------------
     def prepare(self, refresh: bool = False) -> None:
         """Create the rank table (rank, id, score) if it is missing, or with `refresh=True`
-        replace its rows by the table's current state; and its unique B-trees on rank and on id
-        if they are missing.
+        replace its rows by the table's current state; its unique B-trees on rank and on id if
+        they are missing; and the runs table of its tied scores with it (or alone, from the rank
+        table, if only the runs table is missing).
 
         Idempotent: without `refresh`, an existing rank table is kept. The table is validated
         before it is copied. Everything happens in one transaction: runs in progress keep their
@@ -294,14 +335,15 @@ class PostgresTable:
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        build = refresh or not self.has_rank_table()
         rows = sql.SQL(
             "SELECT row_number() OVER (ORDER BY {order}) - 1, {id}, {score}::float8 FROM {base}"
         ).format(order=self._order, id=self._id, score=self._score, base=self._base)
         with self._conn.transaction():
+            ranked, with_runs = self._catalog()
+            build = refresh or not ranked
             if build:
                 self.validate()
-            if build and self.has_rank_table():
+            if build and ranked:
                 self._conn.execute(sql.SQL("DELETE FROM {}").format(self._ranks))
                 self._conn.execute(sql.SQL("INSERT INTO {} ").format(self._ranks) + rows)
             elif build:
@@ -324,9 +366,33 @@ class PostgresTable:
                         index, self._ranks, sql.Identifier(column)
                     )
                 )
-        if build:
+            build_runs = build or not with_runs
+            if build_runs:
+                self._build_runs(with_runs)
+        if build or build_runs:
             with self._conn.transaction():
-                self._conn.execute(sql.SQL("ANALYZE {}").format(self._ranks))
+                for table in (self._ranks, self._runs) if build else (self._runs,):
+                    self._conn.execute(sql.SQL("ANALYZE {}").format(table))
+
+    def _build_runs(self, exists: bool) -> None:
+        """Fill the runs table from the rank table (creating it unless it `exists`), inside the
+        caller's transaction: one row (run, first_rank, score) per distinct score."""
+        if exists:
+            self._conn.execute(sql.SQL("DELETE FROM {}").format(self._runs))
+        else:
+            self._conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (run bigint NOT NULL, first_rank bigint PRIMARY KEY, "
+                    "score float8 NOT NULL)"
+                ).format(self._runs)
+            )
+        self._conn.execute(
+            sql.SQL(
+                "INSERT INTO {runs} (run, first_rank, score) "
+                "SELECT row_number() OVER (ORDER BY min(rank)) - 1, min(rank), score "
+                "FROM {ranks} GROUP BY score ORDER BY 2"
+            ).format(runs=self._runs, ranks=self._ranks)
+        )
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
@@ -355,11 +421,10 @@ class PostgresTable:
         conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
         try:
             with conn.transaction():
-                ranked = self.has_rank_table()
+                ranked, with_runs = self._catalog()
+                runs = None
                 if ranked:
-                    m = conn.execute(
-                        sql.SQL("SELECT coalesce(max(rank) + 1, 0) FROM {}").format(self._ranks)
-                    ).fetchone()[0]
+                    m, runs = self._counts(conn, with_runs)
                 else:
                     warnings.warn(
                         f"{self.where} has no rank table: sampling reads the whole table; "
@@ -367,7 +432,7 @@ class PostgresTable:
                         stacklevel=3,
                     )
                     m = self.validate()
-                self._run = _Run(ranked, int(m))
+                self._run = _Run(ranked, int(m), runs)
                 try:
                     yield
                 finally:
@@ -378,13 +443,26 @@ class PostgresTable:
     def _state(self) -> _Run:
         if self._run is not None:
             return self._run
-        if self.has_rank_table():
+        ranked, with_runs = self._catalog()
+        if ranked:
             with self._reading() as cur:
-                m = cur.execute(
-                    sql.SQL("SELECT coalesce(max(rank) + 1, 0) FROM {}").format(self._ranks)
-                ).fetchone()[0]
-            return _Run(True, int(m))
+                return _Run(True, *self._counts(cur, with_runs))
         return _Run(False, self.validate())
+
+    def _counts(
+        self, reader: psycopg.Connection[Any] | psycopg.Cursor[Any], with_runs: bool
+    ) -> tuple[int, int | None]:
+        """m and the number of runs of tied scores (None without a runs table): one query, two
+        index probes (the last rank, and the number of the last run by the key first_rank)."""
+        runs = (
+            sql.SQL("(SELECT run + 1 FROM {} ORDER BY first_rank DESC LIMIT 1)").format(self._runs)
+            if with_runs
+            else sql.SQL("NULL::bigint")
+        )
+        query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {} FROM {}").format(runs, self._ranks)
+        m, count = reader.execute(query).fetchone()
+        # No row (a runs table created after this snapshot began) is no runs table.
+        return int(m), None if count is None else int(count)
 
     def _ranked_source(self, ranked: bool) -> sql.Composable:
         if ranked:
@@ -458,6 +536,32 @@ class PostgresTable:
             order = np.argsort(ranks, kind="stable")
             ranks, ids, scores = ranks[order], ids[order], scores[order]
         return Rows(ranks, ids, scores)
+
+    def score_run_count(self) -> int | None:
+        """ScoreRuns: how many runs of tied scores the runs table holds (None without one)."""
+        return self._state().runs
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """ScoreRuns: (first rank, score) of every run of tied scores, in rank order, in one
+        query (packed in one bytea per column when they are many)."""
+        count = self._run.runs if self._run is not None else None
+        if count is not None and count >= PACKED_MIN_ROWS:
+            query = sql.SQL(
+                "SELECT string_agg(int8send(first_rank), ''::bytea ORDER BY first_rank), "
+                "string_agg(float8send(score), ''::bytea ORDER BY first_rank) FROM {}"
+            ).format(self._runs)
+            with self._reading() as cur:
+                first, scores = cur.execute(query, binary=True).fetchone()
+            return (
+                np.frombuffer(first or b"", ">i8").astype(np.int64),
+                np.frombuffer(scores or b"", ">f8").astype(np.float64),
+            )
+        query = sql.SQL("SELECT first_rank, score FROM {} ORDER BY first_rank").format(self._runs)
+        with self._reading() as cur:
+            records = cur.execute(query).fetchall()
+        first = np.fromiter((r[0] for r in records), dtype=np.int64, count=len(records))
+        scores = np.fromiter((r[1] for r in records), dtype=np.float64, count=len(records))
+        return first, scores
 
     def read_ranks(self, ranks: np.ndarray) -> Rows:
         run = self._state()

@@ -16,6 +16,15 @@ full scan, whether the counts table has changed since. Every read of one run hap
 `snapshot()`, one read-only transaction with the strongest read-consistent isolation of the
 dialect, so a concurrent `prepare()` cannot mix two versions into one answer.
 
+Runs of tied scores (`ScoreRuns`). Beside the rank table, `prepare()` keeps the runs table
+`<rank table>_runs`: one row (run, first_rank, score) per distinct score, run its 0-based
+position, first_rank its first rank (primary key), score strictly descending along runs, refilled
+in the transaction that refills the rank table. Count data has few distinct scores, so random
+access by rank is then answered from these rows without reading the rank table. The snapshot
+learns how many runs there are in the query that reads m (the last run's number, found through
+the primary key), and reads them in one query when the core asks. A rank table built before the
+runs table existed gets one from the next `prepare()`; until then `score_run_count()` is None.
+
 All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, never pasted.
 """
 
@@ -63,6 +72,20 @@ def _fit(name: str, suffix: str) -> str:
     """`name` + `suffix`, the name cut so that the whole fits MAX_NAME_BYTES."""
     head = name.encode("utf-8")[: MAX_NAME_BYTES - len(suffix.encode("utf-8"))]
     return head.decode("utf-8", "ignore") + suffix
+
+
+def _runs_name(rank_table: str) -> str:
+    """The runs table of `rank_table`: `<rank_table>_runs`, or, past MAX_NAME_BYTES (where
+    PostgreSQL would truncate it, possibly to the rank table's own name), the name cut short
+    with a hash of the whole of it."""
+    name = rank_table + "_runs"
+    if len(name.encode("utf-8")) <= MAX_NAME_BYTES:
+        return name
+    return _fit(rank_table, f"_{_digest(rank_table)}_runs")
+
+
+class _RunsTableMissing(Exception):
+    """The runs table was dropped since this object last saw it."""
 
 
 def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
@@ -203,13 +226,24 @@ class SQLAlchemyTable:
     ) -> None:
         id_type = self._id_type if self._source is None else self._source.c[self.id_column].type
         self.rank_table_name = name
+        score_type = score_type or _copy_score_type(self._score.type)
         self._ranks = sa.Table(
             name,
             sa.MetaData(),
             sa.Column("rank", sa.BigInteger, primary_key=True, autoincrement=False),
             sa.Column("id", self._rank_id_type(id_type), nullable=False),
-            sa.Column("score", score_type or _copy_score_type(self._score.type), nullable=False),
+            sa.Column("score", score_type, nullable=False),
             sa.Index(_fit("ix", f"_topk_{_digest(schema, name)}_id"), "id"),
+            schema=schema,
+        )
+        # The runs of tied scores of the rank table: (run number, first rank, score).
+        self.runs_table_name = _runs_name(name)
+        self._runs = sa.Table(
+            self.runs_table_name,
+            sa.MetaData(),
+            sa.Column("run", sa.BigInteger, nullable=False, autoincrement=False),
+            sa.Column("first_rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("score", score_type.copy(), nullable=False),
             schema=schema,
         )
         self._text_ids = isinstance(id_type, sa.String)
@@ -221,6 +255,10 @@ class SQLAlchemyTable:
         self.max_params = int(max_params)
         self._conn: Connection | None = None
         self._m: int | None = None
+        self._run_count: int | None = None  # runs in the snapshot's runs table, if any
+        # Whether the runs table exists, as last seen (None: not looked yet). Believed present,
+        # it is counted with m at no extra query; believed absent, each snapshot looks again.
+        self._with_runs: bool | None = None
 
     # ----- dialect specifics ----------------------------------------------------------------
     def _mysql_bin_collation(self) -> str:
@@ -293,11 +331,12 @@ class SQLAlchemyTable:
     def prepare(self, *, index_source: bool = True) -> None:
         """Validate the counts and (re)build what sublinear access needs; idempotent.
 
-        Creates, if missing, the rank table (rank primary key, index on id) and, with
-        `index_source`, indexes on (score DESC, id) and (id) of the counts table; then validates
-        the counts and refills the rank table in one transaction (a concurrent run keeps the
-        snapshot it started with). Raises ValueError naming the table and column for a missing,
-        empty, NULL, NaN, infinite or negative score, a NULL id or a duplicate id.
+        Creates, if missing, the rank table (rank primary key, index on id), its runs table
+        (first_rank primary key) and, with `index_source`, indexes on (score DESC, id) and (id)
+        of the counts table; then validates the counts and refills the rank table and the runs
+        table in one transaction (a concurrent run keeps the snapshot it started with). Raises
+        ValueError naming the table and column for a missing, empty, NULL, NaN, infinite or
+        negative score, a NULL id or a duplicate id.
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
@@ -318,23 +357,42 @@ class SQLAlchemyTable:
                     sa.select(position - 1, self._id, self._score).select_from(self._from),
                 )
             )
+            r = self._ranks.c
+            first = sa.func.min(r.rank)
+            conn.execute(sa.delete(self._runs))
+            conn.execute(
+                sa.insert(self._runs).from_select(
+                    ["run", "first_rank", "score"],
+                    sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
+                    .group_by(r.score)
+                    .order_by(first),
+                )
+            )
+        self._with_runs = True
         if self.dialect in ("postgresql", "sqlite"):
             # Fresh statistics, so that the planner reads the rank table by its indexes.
             with self.engine.begin() as conn:
-                name = self.engine.dialect.identifier_preparer.format_table(self._ranks)
-                conn.exec_driver_sql(f"ANALYZE {name}")
+                for table in (self._ranks, self._runs):
+                    name = self.engine.dialect.identifier_preparer.format_table(table)
+                    conn.exec_driver_sql(f"ANALYZE {name}")
 
     def _create_rank_table(self, conn: Connection) -> None:
-        schema, name = self._ranks.schema, self._ranks.name
-        if sa.inspect(conn).has_table(name, schema=schema):
-            have = set(_reflect(conn, name, schema, f"rank table {name!r}").c.keys())
-            if have != {"rank", "id", "score"}:
+        """Create the rank table and the runs table where missing (an existing table of the same
+        name must have their columns)."""
+        inspector = sa.inspect(conn)
+        for table, kind in ((self._ranks, "rank"), (self._runs, "runs")):
+            schema, name = table.schema, table.name
+            if not inspector.has_table(name, schema=schema):
+                table.create(conn)
+                continue
+            have = set(_reflect(conn, name, schema, f"{kind} table {name!r}").c.keys())
+            want = set(table.c.keys())
+            if have != want:
+                columns = ", ".join(table.c.keys())
                 raise ValueError(
-                    f"rank table {name!r} exists with columns {sorted(have)}, not "
-                    "(rank, id, score): drop it or pass another rank_table name"
+                    f"{kind} table {name!r} exists with columns {sorted(have)}, not "
+                    f"({columns}): drop it or pass another rank_table name"
                 )
-            return
-        self._ranks.create(conn)
 
     def _validate(self, conn: Connection) -> None:
         """One aggregate pass and one duplicate probe over the counts (DESIGN invariant 6)."""
@@ -411,13 +469,20 @@ class SQLAlchemyTable:
         index read). MariaDB / MySQL: EXPLAIN, access type ALL is a full scan. DuckDB has no
         index-driven reads: a filter on rank skips the row groups of the rank-ordered table
         whose rank range it excludes (min/max pruning); a lookup by id scans the id column.
+        Random access by rank also says whether the runs table of tied scores is there.
         """
         r = self._ranks.c
         with self.engine.connect() as conn:
-            if not sa.inspect(conn).has_table(self._ranks.name, schema=self._ranks.schema):
+            inspector = sa.inspect(conn)
+            if not inspector.has_table(self._ranks.name, schema=self._ranks.schema):
                 why = f"no rank table {self._ranks.name!r}: call prepare()"
                 names = ("sorted", "random by rank", "random by id")
                 return AccessCheck(self.where, [AccessPath(a, True, why) for a in names])
+            runs = (
+                f"; scores of tied runs from {self._runs.name!r}"
+                if inspector.has_table(self._runs.name, schema=self._runs.schema)
+                else f" (no runs table {self._runs.name!r}: call prepare())"
+            )
             sample = conn.execute(sa.select(r.id).where(r.rank < 3)).scalars().all()
             probes = [
                 ("sorted", sa.select(r.rank, r.id, r.score).where(r.rank >= 0, r.rank < 100)),
@@ -428,13 +493,19 @@ class SQLAlchemyTable:
                 ordered = f"filtered scan of the rank-ordered {self._ranks.name!r}"
                 paths = [
                     AccessPath("sorted", False, ordered + " (row groups pruned by rank)"),
-                    AccessPath("random by rank", False, ordered + " (row groups pruned by rank)"),
+                    AccessPath(
+                        "random by rank", False, ordered + " (row groups pruned by rank)" + runs
+                    ),
                     AccessPath("random by id", True, "scan of the id column per batch"),
                 ]
                 return AccessCheck(self.where, paths)
             if self.dialect == "postgresql":  # for this transaction only
                 conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-            paths = [AccessPath(a, *self._explain(conn, q)) for a, q in probes]
+            paths = []
+            for access, query in probes:
+                full_scan, how = self._explain(conn, query)
+                how += runs if access == "random by rank" else ""
+                paths.append(AccessPath(access, full_scan, how))
             conn.rollback()
         return AccessCheck(self.where, paths)
 
@@ -506,25 +577,50 @@ class SQLAlchemyTable:
                 )
             elif self.dialect in ("mysql", "mariadb"):
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            transaction = conn.begin()
+            transaction = self._begin(conn)
             try:
-                if self.dialect in ("mysql", "mariadb"):
-                    conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-                elif self.dialect == "sqlite":
-                    # pysqlite opens no transaction before a SELECT (unless the engine was set up
-                    # to emit BEGIN itself): open one, so every read shares one snapshot.
-                    if not getattr(conn.connection.driver_connection, "in_transaction", False):
-                        conn.exec_driver_sql("BEGIN")
-                    conn.exec_driver_sql("PRAGMA query_only = ON")
-                self._m = self._count(conn)  # the first read fixes the snapshot
+                try:
+                    counts = self._counts(conn, self._runs_exist(conn))
+                except _RunsTableMissing:
+                    # Dropped since it was last seen: start again without it (nothing was read).
+                    self._end(conn, transaction)
+                    self._with_runs = False
+                    transaction = self._begin(conn)
+                    counts = self._counts(conn, self._runs_exist(conn))
+                self._m, self._run_count = counts  # the first read fixed the snapshot
                 self._conn = conn
                 yield
             finally:
                 self._conn = None
-                self._m = None
-                transaction.rollback()
-                if self.dialect == "sqlite":
-                    conn.exec_driver_sql("PRAGMA query_only = OFF")
+                self._m = self._run_count = None
+                self._end(conn, transaction)
+
+    def _begin(self, conn: Connection) -> sa.RootTransaction:
+        """Open the snapshot's read-only transaction on `conn`."""
+        transaction = conn.begin()
+        if self.dialect in ("mysql", "mariadb"):
+            conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        elif self.dialect == "sqlite":
+            # pysqlite opens no transaction before a SELECT (unless the engine was set up to emit
+            # BEGIN itself): open one, so every read shares one snapshot.
+            if not getattr(conn.connection.driver_connection, "in_transaction", False):
+                conn.exec_driver_sql("BEGIN")
+            conn.exec_driver_sql("PRAGMA query_only = ON")
+        return transaction
+
+    def _end(self, conn: Connection, transaction: sa.RootTransaction) -> None:
+        """Close the snapshot's transaction (a rollback: it wrote nothing)."""
+        transaction.rollback()
+        if self.dialect == "sqlite":
+            conn.exec_driver_sql("PRAGMA query_only = OFF")
+            conn.rollback()  # the transaction the PRAGMA began
+
+    def _runs_exist(self, conn: Connection) -> bool:
+        """Whether to count the runs table with m: yes if it was seen, else look (a catalog
+        query, made only until the runs table is seen: tables prepared before it existed)."""
+        if not self._with_runs:
+            self._with_runs = sa.inspect(conn).has_table(self._runs.name, schema=self._runs.schema)
+        return self._with_runs
 
     @contextmanager
     def _connection(self) -> Iterator[Connection]:
@@ -535,19 +631,27 @@ class SQLAlchemyTable:
         with self.engine.connect() as conn:
             yield conn
 
-    def _count(self, conn: Connection) -> int:
-        """m from the rank primary key (dense ranks 0..m-1): an index read, not a scan."""
+    def _counts(self, conn: Connection, with_runs: bool = False) -> tuple[int, int | None]:
+        """m from the rank primary key (dense ranks 0..m-1: an index read, not a scan) and, in
+        the same query, the number of runs of tied scores (the last run's number plus one, by
+        the runs primary key; None without a runs table, or an empty one)."""
+        r, u = self._ranks.c, self._runs.c
+        columns: list[Any] = [sa.func.min(r.rank), sa.func.max(r.rank)]
+        if with_runs:
+            last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
+            columns.append(last.scalar_subquery())
         try:
-            low, high = conn.execute(
-                sa.select(sa.func.min(self._ranks.c.rank), sa.func.max(self._ranks.c.rank))
-            ).one()
+            low, high, *runs = conn.execute(sa.select(*columns)).one()
         except sa.exc.DBAPIError as error:
             # Asked on a fresh connection: this one may be in an aborted transaction.
-            if not sa.inspect(self.engine).has_table(self._ranks.name, schema=self._ranks.schema):
+            inspector = sa.inspect(self.engine)
+            if not inspector.has_table(self._ranks.name, schema=self._ranks.schema):
                 raise RuntimeError(
                     f"rank table {self._ranks.name!r} of {self.where} does not exist: call "
                     "prepare() first"
                 ) from error
+            if with_runs and not inspector.has_table(self._runs.name, schema=self._runs.schema):
+                raise _RunsTableMissing from error
             raise
         if high is None:
             raise RuntimeError(
@@ -555,13 +659,32 @@ class SQLAlchemyTable:
             )
         if low != 0:
             raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
-        return int(high) + 1
+        count = runs[0] if runs else None
+        return int(high) + 1, None if count is None else int(count)
 
     def domain_size(self) -> int:
         if self._m is not None:
             return self._m
         with self._connection() as conn:
-            return self._count(conn)
+            return self._counts(conn)[0]
+
+    def score_run_count(self) -> int | None:
+        """ScoreRuns: how many runs of tied scores the snapshot's runs table holds (None
+        without one); known with m, so no query inside a snapshot."""
+        if self._conn is not None:
+            return self._run_count
+        with self.snapshot():
+            return self._run_count
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """ScoreRuns: (first rank, score) of every run of tied scores, in rank order: one
+        query."""
+        u = self._runs.c
+        with self._connection() as conn:
+            records = conn.execute(sa.select(u.first_rank, u.score).order_by(u.first_rank)).all()
+        first = np.fromiter((rec[0] for rec in records), dtype=np.int64, count=len(records))
+        scores = np.asarray([rec[1] for rec in records], dtype=np.float64)
+        return first, self._checked(scores)
 
     def read_sorted(self, start: int, count: int) -> Rows:
         """Ranks start .. start+count-1: one range read of the rank primary key."""

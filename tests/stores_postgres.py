@@ -114,7 +114,7 @@ def make_postgres_source(
     yield make
     for source in made:
         source.close()
-        for table in (source.rank_table, source.table):
+        for table in (source.runs_table, source.rank_table, source.table):
             drop = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(pg_schema, table))
             conn.execute(drop)
     conn.close()

@@ -1,8 +1,8 @@
 """Conformance stores: SQLAlchemyTable on SQLite, PostgreSQL, MariaDB and DuckDB.
 
 Each `make_sqlalchemy_<dialect>_source` fixture returns `(scores, ids) -> SQLAlchemyTable`: it
-creates a uniquely named table (id, score), fills it, runs prepare(), and drops the table and its
-rank table after the test. Servers: PostgreSQL at TOPK_PG_DSN (default
+creates a uniquely named table (id, score), fills it, runs prepare(), and drops the table, its
+rank table and its runs table after the test. Servers: PostgreSQL at TOPK_PG_DSN (default
 "host=127.0.0.1 port=5432 dbname=test"), MariaDB at TOPK_MARIADB_URL (default
 mysql+pymysql://root@127.0.0.1:3306/test). When one is unreachable the tests fail if CI is set,
 else they are skipped with a message saying how to provide one.
@@ -141,7 +141,7 @@ def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
         create_counts_table(engine, name, scores, ids)
         created.append(name)
         source = SQLAlchemyTable(engine, name, id="id", score="score", **options)
-        created.append(source.rank_table_name)
+        created.extend([source.rank_table_name, source.runs_table_name])
         source.prepare()
         return source
 

@@ -1,5 +1,6 @@
 """PostgresTable beyond the conformance suite: identifiers, validation, prepare(), check() from
-EXPLAIN, the live fallback, one REPEATABLE READ snapshot under a concurrent writer, from_votes.
+EXPLAIN, the live fallback, one REPEATABLE READ snapshot under a concurrent writer, from_votes,
+and the runs table of tied scores (ScoreRuns).
 
 Runs against the server at TOPK_PG_DSN in a schema of its own (tests/stores_postgres.py).
 """
@@ -24,8 +25,9 @@ from psycopg import sql
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
 from tests.helpers import CountingSource, plateau_histogram, reference_like
+from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, Source
 
 Make = Callable[..., PostgresTable]
 
@@ -65,11 +67,11 @@ def open_tables() -> Iterator[list[PostgresTable]]:
     opened: list[PostgresTable] = []
     yield opened
     for source in opened:
-        for rank_table in (source.rank_table,):
+        for prepared in (source.runs_table, source.rank_table):
             with psycopg.connect(source._conn.info.dsn, autocommit=True) as conn:
                 conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS {}").format(
-                        sql.Identifier(source.schema, rank_table)
+                        sql.Identifier(source.schema, prepared)
                     )
                 )
         source.close()
@@ -106,6 +108,9 @@ def test_awkward_names_work(table, make: Make, name: str) -> None:
     source = make(created, id=id_col, score=score_col)
     source.prepare()
     assert len(source.rank_table.encode()) <= 63
+    # PostgreSQL would truncate a longer runs table name, down to the rank table's own name.
+    assert len(source.runs_table.encode()) <= 63 and source.runs_table != source.rank_table
+    assert source.score_run_count() == 3
     assert not source.check().full_scan
     assert private_top_k(source, k=1, epsilon=1e6, seed=0).items == ["y"]
 
@@ -265,7 +270,8 @@ def test_connections_given_by_the_caller(table, pg_conninfo: str, pg_schema: str
         with pytest.raises(RuntimeError, match="inside a transaction"):
             private_top_k(source, k=1, epsilon=1.0)
         conn.rollback()
-        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, source.rank_table)))
+        for prepared in (source.runs_table, source.rank_table):
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, prepared)))
         conn.commit()
 
 
@@ -366,3 +372,160 @@ def test_check_on_a_live_table_with_its_own_btrees(
     paths = {p.access: p.full_scan for p in source.check().paths}
     assert paths == {"sorted": False, "random by rank": True, "random by id": False}
     assert source.check().full_scan  # sampling, which the threshold algorithm needs, is a scan
+
+
+# ----- runs of tied scores (ScoreRuns) --------------------------------------------------------
+class RunsKept(CountingSource):
+    """A CountingSource that keeps the store's runs of tied scores (CountingSource hides them),
+    so that a run can be counted as it really goes: rows read by rank, and reads of the runs.
+    `before_runs`, if given, is called once, right before the runs are read."""
+
+    def __init__(self, inner: Source, before_runs: Callable[[], None] | None = None) -> None:
+        super().__init__(inner)
+        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        self.before_runs = before_runs
+        self.runs_read = 0
+
+    def score_run_count(self) -> int | None:
+        return self.inner.score_run_count()  # type: ignore[attr-defined]
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.before_runs is not None:
+            self.before_runs()
+            self.before_runs = None
+        self.runs_read += 1
+        return self.inner.read_score_runs()  # type: ignore[attr-defined]
+
+
+RUNS_CASES: dict[str, tuple[Any, Any]] = {
+    "ties, zeros, text ids": (
+        [3, 0, 3, 1, 0, 3, 5, 0, 1, 0],
+        ["b", "a", "é", "A", "a ", "z", "x", "日本", "B", "Z"],
+    ),
+    "fractional scores": (np.round(np.random.default_rng(5).random(500) * 4.0, 1), None),
+    "all tied at zero": ([0] * 30, None),
+    "one item": ([4], ["only"]),
+}
+
+
+@pytest.mark.parametrize("case", RUNS_CASES)
+def test_runs_are_those_of_array_source(
+    make_postgres_source: Make, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """After prepare() the snapshot counts the runs with m and reads them in one query (plain,
+    or packed in bytea when they are many): exactly ArraySource's runs of the same data."""
+    import adapters.postgres
+
+    scores, ids = RUNS_CASES[case]
+    source = make_postgres_source(scores, ids)
+    first, run_scores = ArraySource(scores, ids).read_score_runs()
+    assert source.score_run_count() == len(first)
+    with source.snapshot():
+        assert source.score_run_count() == len(first)
+        plain = source.read_score_runs()
+        monkeypatch.setattr(adapters.postgres, "PACKED_MIN_ROWS", 1)
+        packed = source.read_score_runs()
+    for got_first, got_scores in (plain, packed):
+        assert got_first.dtype == np.int64 and got_scores.dtype == np.float64
+        assert got_first.tolist() == first.tolist()
+        assert got_scores.tolist() == run_scores.tolist()
+    assert "scores of tied runs from" in str(source.check())
+
+
+def test_plateau_random_access_is_answered_by_the_runs(make_postgres_source: Make) -> None:
+    """On the plateau (two runs) the runs are read once and answer most random accesses: the
+    same items and the same AccessStats as ArraySource (which keeps runs too), scores inferred,
+    and fewer rows read by rank than random accesses made."""
+    scores = plateau_histogram(4000, 5)
+    source = make_postgres_source(scores, None)
+    assert source.score_run_count() == 2
+    for seed in range(2):
+        want = private_top_k(ArraySource(scores), k=5, epsilon=1.0, seed=seed)
+        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
+        assert got.items == want.items and got.accesses == want.accesses
+        counted = RunsKept(source)
+        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
+        assert again.items == want.items and again.accesses == want.accesses
+        assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
+        assert counted.rank_rows < again.accesses.random
+
+
+def test_a_rank_table_prepared_before_runs_tables_existed(
+    make_postgres_source: Make, conn: psycopg.Connection[Any], pg_conninfo: str
+) -> None:
+    """Without its runs table (dropped: as prepared by an older version) a rank table still
+    serves runs, with no runs and the answers of ArraySource without them; prepare() builds
+    the runs table again, from the rank table it keeps (not from the changed live table)."""
+    scores = plateau_histogram(4000, 5)
+    source = make_postgres_source(scores, None)
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(source.schema, source.runs_table)))
+    fresh = PostgresTable(
+        pg_conninfo, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+    )
+    try:
+        for store in (source, fresh):
+            assert store.score_run_count() is None
+            with store.snapshot():
+                assert store.score_run_count() is None
+            assert "no runs table" in str(store.check()) and not store.check().full_scan
+            reference = reference_like(store, scores)
+            assert not hasattr(reference, "read_score_runs")  # runs hidden: neighbours only
+            for seed in range(2):
+                got = private_top_k(store, k=5, epsilon=1.0, seed=seed)
+                want = private_top_k(reference, k=5, epsilon=1.0, seed=seed)
+                assert got.items == want.items and got.accesses == want.accesses
+    finally:
+        fresh.close()
+    zero = int(np.flatnonzero(scores == 0)[0])
+    conn.execute(
+        sql.SQL("UPDATE {} SET {} = 7 WHERE {} = %s").format(
+            sql.Identifier(source.schema, source.table),
+            sql.Identifier(SCORE_COLUMN),
+            sql.Identifier(ID_COLUMN),
+        ),
+        [zero],
+    )
+    source.prepare()  # no refresh: the rank table is kept, its runs table is built
+    assert source.is_stale()  # the update is not in the rank table, nor in its runs
+    first, run_scores = ArraySource(scores).read_score_runs()
+    with source.snapshot():
+        assert source.score_run_count() == len(first) == 2
+        got_first, got_scores = source.read_score_runs()
+    assert got_first.tolist() == first.tolist() and got_scores.tolist() == run_scores.tolist()
+    got = private_top_k(source, k=5, epsilon=1.0, seed=1)
+    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
+    assert got.items == want.items and got.accesses == want.accesses
+    assert got.accesses.rows_inferred > 0
+
+
+def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conninfo: str) -> None:
+    """Right before the run reads the runs, a writer rewrites every count (seven runs instead
+    of two) and refreshes the rank and runs tables, committed: the run still reads the runs of
+    its snapshot (with the count it took at the start), so items and AccessStats are those of
+    the data before. Would fail if the runs were read outside the snapshot (seven runs where two
+    were announced: an AccessError; or the wrong scores)."""
+    scores = plateau_histogram(3000, 4)
+    source = make_postgres_source(scores, None)
+    live = sql.Identifier(source.schema, source.table)
+
+    def rewrite() -> None:
+        with psycopg.connect(pg_conninfo, autocommit=True) as writer:
+            writer.execute(
+                sql.SQL("UPDATE {} SET {} = {} % 7").format(
+                    live, sql.Identifier(SCORE_COLUMN), sql.Identifier(ID_COLUMN)
+                )
+            )
+            PostgresTable(
+                writer, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+            ).prepare(refresh=True)
+
+    hooked = RunsKept(source, before_runs=rewrite)
+    got = private_top_k(hooked, k=4, epsilon=1.0, seed=3)
+    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, seed=3)
+    assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
+    assert got.items == want.items and got.accesses == want.accesses
+    assert got.accesses.rows_inferred > 0
+    assert source.score_run_count() == 7  # committed: a new snapshot sees the new runs
+    after = private_top_k(source, k=4, epsilon=1.0, seed=3)
+    new = np.arange(3000) % 7
+    assert after.items == private_top_k(ArraySource(new), k=4, epsilon=1.0, seed=3).items

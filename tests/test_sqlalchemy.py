@@ -16,8 +16,9 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
-from tests.helpers import reference_like
+from tests.helpers import plateau_histogram, reference_like
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
+from tests.test_postgres import RUNS_CASES, RunsKept
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError
 
@@ -193,7 +194,7 @@ def test_awkward_identifiers_are_quoted(engine: sa.Engine, tables: list[str]) ->
     tables.append(name)
     create_counts_table(engine, name, scores, ids, id_column, score_column)
     source = SQLAlchemyTable(engine, name, id=id_column, score=score_column)
-    tables.append(source.rank_table_name)
+    tables.extend([source.rank_table_name, source.runs_table_name])
     source.prepare()
     source.prepare()  # idempotent with awkward names too
     assert source.read_sorted(0, 4).ids.tolist() == ["Table", "x", "y", "Y"]
@@ -250,7 +251,7 @@ def test_invalid_counts_refused_by_prepare(
     rows, error, message = INVALID[case]
     name = raw_table(engine, tables, rows)
     source = SQLAlchemyTable(engine, name)
-    tables.append(source.rank_table_name)
+    tables.extend([source.rank_table_name, source.runs_table_name])
     with pytest.raises(error, match=rf"table '{name}'.*{message}"):
         source.prepare()
     with pytest.raises(RuntimeError, match=r"call prepare\(\) first"):
@@ -265,7 +266,7 @@ def test_sqlite_text_in_numeric_column(
     try:
         name = raw_table(engine, names, [(1, 3), (2, "many")], score_type=sa.Integer)
         source = SQLAlchemyTable(engine, name)
-        names.append(source.rank_table_name)
+        names.extend([source.rank_table_name, source.runs_table_name])
         with pytest.raises(TypeError, match=rf"table '{name}' column 'score' has 1 non-numeric"):
             source.prepare()
     finally:
@@ -293,7 +294,7 @@ def test_prepare_is_idempotent_and_staleness_is_detected(
 ) -> None:
     name = raw_table(engine, tables, [(1, 5.0), (2, 3.0), (3, 3.0)])
     source = SQLAlchemyTable(engine, name)
-    tables.append(source.rank_table_name)
+    tables.extend([source.rank_table_name, source.runs_table_name])
     source.prepare()
     source.prepare()
     assert source.domain_size() == 3 and not source.is_stale()
@@ -341,7 +342,7 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
     source = SQLAlchemyTable.from_votes(
         engine, votes_name, items_name, client="Client", item="item", item_id="item id"
     )
-    tables.append(source.rank_table_name)
+    tables.extend([source.rank_table_name, source.runs_table_name])
     source.prepare()
     expected = [len({c for c, i in votes if i == item and c is not None}) for item in domain]
     assert expected == [3, 1, 1, 2, 0, 1, 0]
@@ -479,7 +480,7 @@ def test_check_reports_full_scans(engine: sa.Engine, tables: list[str], dialect:
     rank table's id turns random access by id into a full scan, and check() says so."""
     name = raw_table(engine, tables, [(i, float(i % 7)) for i in range(500)])
     source = SQLAlchemyTable(engine, name)
-    tables.append(source.rank_table_name)
+    tables.extend([source.rank_table_name, source.runs_table_name])
     before = source.check()
     assert before.full_scan and all("call prepare()" in p.how for p in before.paths)
     source.prepare()
@@ -509,3 +510,97 @@ def test_snapshot_is_repeatable_read_on_a_read_committed_engine(
         assert source.read_sorted(0, 4).ids.tolist() == before == [0, 1, 2]
         assert source.domain_size() == 3
     assert source.read_sorted(0, 4).ids.tolist() == [3, 2, 1, 0]
+
+
+# ----- runs of tied scores (ScoreRuns) --------------------------------------------------------
+@pytest.mark.parametrize("case", RUNS_CASES)
+def test_runs_are_those_of_array_source(make_source: Callable[..., Any], case: str) -> None:
+    """After prepare() the snapshot counts the runs with m and reads them in one query: exactly
+    ArraySource's runs of the same data (ties, zeros, text ids, fractional scores)."""
+    scores, ids = RUNS_CASES[case]
+    source = make_source(scores, ids)
+    first, run_scores = ArraySource(scores, ids).read_score_runs()
+    assert source.score_run_count() == len(first)
+    with source.snapshot():
+        assert source.score_run_count() == len(first)
+        got_first, got_scores = source.read_score_runs()
+    assert got_first.dtype == np.int64 and got_scores.dtype == np.float64
+    assert got_first.tolist() == first.tolist()
+    assert got_scores.tolist() == run_scores.tolist()
+    assert "scores of tied runs from" in str(source.check())
+
+
+def test_plateau_random_access_is_answered_by_the_runs(make_source: Callable[..., Any]) -> None:
+    """On the plateau (two runs) the runs are read once and answer most random accesses: the
+    same items and the same AccessStats as ArraySource (which keeps runs too), scores inferred,
+    and fewer rows read by rank than random accesses made."""
+    scores = plateau_histogram(4000, 5)
+    source = make_source(scores, None)
+    assert source.score_run_count() == 2
+    for seed in range(2):
+        want = private_top_k(ArraySource(scores), k=5, epsilon=1.0, seed=seed)
+        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
+        assert got.items == want.items and got.accesses == want.accesses
+        counted = RunsKept(source)
+        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
+        assert again.items == want.items and again.accesses == want.accesses
+        assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
+        assert counted.rank_rows < again.accesses.random
+
+
+def test_a_rank_table_prepared_before_runs_tables_existed(make_source: Callable[..., Any]) -> None:
+    """Without its runs table (dropped: as prepared by an older version) a rank table still
+    serves runs, with no runs and the answers of ArraySource without them, both to the object
+    that saw the runs table before (it starts its snapshot again without it) and to a new one;
+    prepare() creates and fills the runs table again, and both see it."""
+    scores = plateau_histogram(4000, 5)
+    source = make_source(scores, None)
+    assert source.score_run_count() == 2
+    with source.engine.begin() as conn:
+        sa.Table(source.runs_table_name, sa.MetaData()).drop(conn)
+    fresh = SQLAlchemyTable(source.engine, source.table_name)
+    for store in (source, fresh):
+        assert store.score_run_count() is None
+        with store.snapshot():
+            assert store.score_run_count() is None and store.domain_size() == 4000
+        assert "no runs table" in str(store.check()) and not store.check().full_scan
+        reference = reference_like(store, scores)
+        assert not hasattr(reference, "read_score_runs")  # runs hidden: neighbours only
+        for seed in range(2):
+            got = private_top_k(store, k=5, epsilon=1.0, seed=seed)
+            want = private_top_k(reference, k=5, epsilon=1.0, seed=seed)
+            assert got.items == want.items and got.accesses == want.accesses
+    source.prepare()
+    assert fresh.score_run_count() == 2  # it looks again while it has not seen one
+    first, run_scores = ArraySource(scores).read_score_runs()
+    with source.snapshot():
+        assert source.score_run_count() == len(first) == 2
+        got_first, got_scores = source.read_score_runs()
+    assert got_first.tolist() == first.tolist() and got_scores.tolist() == run_scores.tolist()
+    got = private_top_k(source, k=5, epsilon=1.0, seed=1)
+    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
+    assert got.items == want.items and got.accesses == want.accesses
+    assert got.accesses.rows_inferred > 0
+
+
+def test_runs_are_read_in_the_runs_snapshot(make_source: Callable[..., Any]) -> None:
+    """Right before the run reads the runs, a writer rewrites every count (h -> TOP - h, and a
+    new item: three runs instead of two) and re-runs prepare(), committed: the run still reads
+    the runs of its snapshot (with the count it took at the start), so items and AccessStats
+    are those of the data before. Would fail if the runs were read outside the snapshot."""
+    m = 3000
+    scores = plateau_histogram(m, 4, height=30.0)
+    source = make_source(scores, None)
+    hooked = RunsKept(
+        source, before_runs=lambda: rewrite_and_prepare(source.engine, source.table_name, m)
+    )
+    got = private_top_k(hooked, k=4, epsilon=1.0, seed=3)
+    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, seed=3)
+    assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
+    assert got.items == want.items and got.accesses == want.accesses
+    assert got.accesses.rows_inferred > 0
+    assert source.score_run_count() == 3  # committed: a new snapshot sees the new runs
+    new = ArraySource([*(TOP - scores), 1000.0])
+    after = private_top_k(source, k=4, epsilon=1.0, seed=3)
+    assert after.items == private_top_k(new, k=4, epsilon=1.0, seed=3).items
+    assert after.accesses == private_top_k(new, k=4, epsilon=1.0, seed=3).accesses
