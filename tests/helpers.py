@@ -115,3 +115,36 @@ def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Call
             want.accesses.sorted,
             want.accesses.random,
         )
+
+
+class RunsKept(CountingSource):
+    """A CountingSource that keeps the store's runs of tied scores (CountingSource hides them),
+    so that a run can be counted as it really goes: rows read by rank, and reads of the runs.
+    `before_runs`, if given, is called once, right before the runs are read."""
+
+    def __init__(self, inner: Source, before_runs: Callable[[], None] | None = None) -> None:
+        super().__init__(inner)
+        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        self.before_runs = before_runs
+        self.runs_read = 0
+
+    def score_run_count(self) -> int | None:
+        return self.inner.score_run_count()  # type: ignore[attr-defined]
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.before_runs is not None:
+            self.before_runs()
+            self.before_runs = None
+        self.runs_read += 1
+        return self.inner.read_score_runs()  # type: ignore[attr-defined]
+
+
+RUNS_CASES: dict[str, tuple[Any, Any]] = {
+    "ties, zeros, text ids": (
+        [3, 0, 3, 1, 0, 3, 5, 0, 1, 0],
+        ["b", "a", "é", "A", "a ", "z", "x", "日本", "B", "Z"],
+    ),
+    "fractional scores": (np.round(np.random.default_rng(5).random(500) * 4.0, 1), None),
+    "all tied at zero": ([0] * 30, None),
+    "one item": ([4], ["only"]),
+}

@@ -21,7 +21,13 @@ import pytest
 
 from adapters.memory import ArraySource
 from tests.conftest import STORE_NAMES
-from tests.helpers import CountingSource, plateau_histogram
+from tests.helpers import (
+    RUNS_CASES,
+    CountingSource,
+    RunsKept,
+    plateau_histogram,
+    reference_like,
+)
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError, Rows, Source
 
@@ -238,3 +244,39 @@ def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
                 want.accesses.sorted,
                 want.accesses.random,
             ), options
+
+
+# ----- runs of tied scores (ScoreRuns) ------------------------------------------------------
+@pytest.mark.parametrize("case", RUNS_CASES)
+def test_runs_of_tied_scores_are_those_of_array_source(store, case: str) -> None:
+    """A store keeps the runs of its canonical order (first rank, score of each distinct score),
+    counts them with m and reads them in one query: exactly ArraySource's, on ties, zeros, text
+    ids, fractional scores, all-tied and one-item data."""
+    _, make = store
+    scores, ids = RUNS_CASES[case]
+    source = make(scores, ids)
+    first, run_scores = ArraySource(scores, ids).read_score_runs()
+    with source.snapshot():
+        assert source.score_run_count() == len(first)
+        got_first, got_scores = source.read_score_runs()
+    assert got_first.dtype == np.int64 and got_scores.dtype == np.float64
+    assert got_first.tolist() == first.tolist()
+    assert got_scores.tolist() == run_scores.tolist()
+
+
+def test_plateau_random_access_is_answered_by_the_runs(store) -> None:
+    """On the plateau (two runs) the runs are read once and answer the random accesses: the same
+    items and AccessStats as ArraySource (which keeps runs too), scores inferred, and fewer rows
+    read by rank than random accesses made (counted through RunsKept, which keeps the runs)."""
+    _, make = store
+    scores = plateau_histogram(4000, 5)
+    source = make(scores, None)
+    for seed in range(2):
+        want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=seed)
+        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
+        assert got.items == want.items and got.accesses == want.accesses
+        counted = RunsKept(source)
+        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
+        assert again.items == want.items and again.accesses == want.accesses
+        assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
+        assert counted.rank_rows < again.accesses.random

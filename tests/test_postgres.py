@@ -24,10 +24,10 @@ from psycopg import sql
 
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
-from tests.helpers import CountingSource, plateau_histogram, reference_like
+from tests.helpers import RUNS_CASES, CountingSource, RunsKept, plateau_histogram, reference_like
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessError, Rows, Source
+from topk_middleware.access import AccessError, Rows
 
 Make = Callable[..., PostgresTable]
 
@@ -375,39 +375,6 @@ def test_check_on_a_live_table_with_its_own_btrees(
 
 
 # ----- runs of tied scores (ScoreRuns) --------------------------------------------------------
-class RunsKept(CountingSource):
-    """A CountingSource that keeps the store's runs of tied scores (CountingSource hides them),
-    so that a run can be counted as it really goes: rows read by rank, and reads of the runs.
-    `before_runs`, if given, is called once, right before the runs are read."""
-
-    def __init__(self, inner: Source, before_runs: Callable[[], None] | None = None) -> None:
-        super().__init__(inner)
-        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
-        self.before_runs = before_runs
-        self.runs_read = 0
-
-    def score_run_count(self) -> int | None:
-        return self.inner.score_run_count()  # type: ignore[attr-defined]
-
-    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.before_runs is not None:
-            self.before_runs()
-            self.before_runs = None
-        self.runs_read += 1
-        return self.inner.read_score_runs()  # type: ignore[attr-defined]
-
-
-RUNS_CASES: dict[str, tuple[Any, Any]] = {
-    "ties, zeros, text ids": (
-        [3, 0, 3, 1, 0, 3, 5, 0, 1, 0],
-        ["b", "a", "é", "A", "a ", "z", "x", "日本", "B", "Z"],
-    ),
-    "fractional scores": (np.round(np.random.default_rng(5).random(500) * 4.0, 1), None),
-    "all tied at zero": ([0] * 30, None),
-    "one item": ([4], ["only"]),
-}
-
-
 @pytest.mark.parametrize("case", RUNS_CASES)
 def test_runs_are_those_of_array_source(
     make_postgres_source: Make, monkeypatch: pytest.MonkeyPatch, case: str
@@ -430,24 +397,6 @@ def test_runs_are_those_of_array_source(
         assert got_first.tolist() == first.tolist()
         assert got_scores.tolist() == run_scores.tolist()
     assert "scores of tied runs from" in str(source.check())
-
-
-def test_plateau_random_access_is_answered_by_the_runs(make_postgres_source: Make) -> None:
-    """On the plateau (two runs) the runs are read once and answer most random accesses: the
-    same items and the same AccessStats as ArraySource (which keeps runs too), scores inferred,
-    and fewer rows read by rank than random accesses made."""
-    scores = plateau_histogram(4000, 5)
-    source = make_postgres_source(scores, None)
-    assert source.score_run_count() == 2
-    for seed in range(2):
-        want = private_top_k(ArraySource(scores), k=5, epsilon=1.0, seed=seed)
-        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
-        assert got.items == want.items and got.accesses == want.accesses
-        counted = RunsKept(source)
-        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
-        assert again.items == want.items and again.accesses == want.accesses
-        assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
-        assert counted.rank_rows < again.accesses.random
 
 
 def test_a_rank_table_prepared_before_runs_tables_existed(

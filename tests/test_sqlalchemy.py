@@ -16,9 +16,8 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
-from tests.helpers import plateau_histogram, reference_like
+from tests.helpers import RunsKept, plateau_histogram, reference_like
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
-from tests.test_postgres import RUNS_CASES, RunsKept
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError
 
@@ -513,41 +512,6 @@ def test_snapshot_is_repeatable_read_on_a_read_committed_engine(
 
 
 # ----- runs of tied scores (ScoreRuns) --------------------------------------------------------
-@pytest.mark.parametrize("case", RUNS_CASES)
-def test_runs_are_those_of_array_source(make_source: Callable[..., Any], case: str) -> None:
-    """After prepare() the snapshot counts the runs with m and reads them in one query: exactly
-    ArraySource's runs of the same data (ties, zeros, text ids, fractional scores)."""
-    scores, ids = RUNS_CASES[case]
-    source = make_source(scores, ids)
-    first, run_scores = ArraySource(scores, ids).read_score_runs()
-    assert source.score_run_count() == len(first)
-    with source.snapshot():
-        assert source.score_run_count() == len(first)
-        got_first, got_scores = source.read_score_runs()
-    assert got_first.dtype == np.int64 and got_scores.dtype == np.float64
-    assert got_first.tolist() == first.tolist()
-    assert got_scores.tolist() == run_scores.tolist()
-    assert "scores of tied runs from" in str(source.check())
-
-
-def test_plateau_random_access_is_answered_by_the_runs(make_source: Callable[..., Any]) -> None:
-    """On the plateau (two runs) the runs are read once and answer most random accesses: the
-    same items and the same AccessStats as ArraySource (which keeps runs too), scores inferred,
-    and fewer rows read by rank than random accesses made."""
-    scores = plateau_histogram(4000, 5)
-    source = make_source(scores, None)
-    assert source.score_run_count() == 2
-    for seed in range(2):
-        want = private_top_k(ArraySource(scores), k=5, epsilon=1.0, seed=seed)
-        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
-        assert got.items == want.items and got.accesses == want.accesses
-        counted = RunsKept(source)
-        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
-        assert again.items == want.items and again.accesses == want.accesses
-        assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
-        assert counted.rank_rows < again.accesses.random
-
-
 def test_a_rank_table_prepared_before_runs_tables_existed(make_source: Callable[..., Any]) -> None:
     """Without its runs table (dropped: as prepared by an older version) a rank table still
     serves runs, with no runs and the answers of ArraySource without them, both to the object
