@@ -148,3 +148,19 @@ RUNS_CASES: dict[str, tuple[Any, Any]] = {
     "all tied at zero": ([0] * 30, None),
     "one item": ([4], ["only"]),
 }
+
+
+def assert_serves_the_runs_of(source: Any, scores: Any) -> None:
+    """`source` (prepared) keeps exactly ArraySource's runs of `scores`, and a run on it gives
+    ArraySource's items and AccessStats, with random accesses answered from the runs."""
+    from topk_middleware import private_top_k
+
+    first, run_scores = ArraySource(scores).read_score_runs()
+    with source.snapshot():
+        assert source.score_run_count() == len(first)
+        got_first, got_scores = source.read_score_runs()
+    assert got_first.tolist() == first.tolist() and got_scores.tolist() == run_scores.tolist()
+    got = private_top_k(source, k=5, epsilon=1.0, seed=1)
+    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
+    assert got.items == want.items and got.accesses == want.accesses
+    assert got.accesses.rows_inferred > 0

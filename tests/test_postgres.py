@@ -24,7 +24,14 @@ from psycopg import sql
 
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
-from tests.helpers import RUNS_CASES, CountingSource, RunsKept, plateau_histogram, reference_like
+from tests.helpers import (
+    RUNS_CASES,
+    CountingSource,
+    RunsKept,
+    assert_serves_the_runs_of,
+    plateau_histogram,
+    reference_like,
+)
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError, Rows
@@ -436,15 +443,7 @@ def test_a_rank_table_prepared_before_runs_tables_existed(
     )
     source.prepare()  # no refresh: the rank table is kept, its runs table is built
     assert source.is_stale()  # the update is not in the rank table, nor in its runs
-    first, run_scores = ArraySource(scores).read_score_runs()
-    with source.snapshot():
-        assert source.score_run_count() == len(first) == 2
-        got_first, got_scores = source.read_score_runs()
-    assert got_first.tolist() == first.tolist() and got_scores.tolist() == run_scores.tolist()
-    got = private_top_k(source, k=5, epsilon=1.0, seed=1)
-    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
-    assert got.items == want.items and got.accesses == want.accesses
-    assert got.accesses.rows_inferred > 0
+    assert_serves_the_runs_of(source, scores)
 
 
 def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conninfo: str) -> None:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
-from tests.helpers import RunsKept, plateau_histogram, reference_like
+from tests.helpers import RunsKept, assert_serves_the_runs_of, plateau_histogram, reference_like
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError
@@ -536,15 +536,7 @@ def test_a_rank_table_prepared_before_runs_tables_existed(make_source: Callable[
             assert got.items == want.items and got.accesses == want.accesses
     source.prepare()
     assert fresh.score_run_count() == 2  # it looks again while it has not seen one
-    first, run_scores = ArraySource(scores).read_score_runs()
-    with source.snapshot():
-        assert source.score_run_count() == len(first) == 2
-        got_first, got_scores = source.read_score_runs()
-    assert got_first.tolist() == first.tolist() and got_scores.tolist() == run_scores.tolist()
-    got = private_top_k(source, k=5, epsilon=1.0, seed=1)
-    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
-    assert got.items == want.items and got.accesses == want.accesses
-    assert got.accesses.rows_inferred > 0
+    assert_serves_the_runs_of(source, scores)
 
 
 def test_runs_are_read_in_the_runs_snapshot(make_source: Callable[..., Any]) -> None:
