@@ -125,6 +125,7 @@ class DuckDBTable:
         self._score = quote_identifier(score)
         self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
         self._run: _Run | None = None
+        self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         self._text_ids = self._check_columns()
         collate = ' COLLATE "binary"' if self._text_ids else ""
         self._collate = collate  # text ids compare byte-wise everywhere, not only in the order
@@ -326,6 +327,7 @@ class DuckDBTable:
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
+        self._seen_prepared = False
         ranked, indexed, with_runs = self._catalog()
         build = refresh or not ranked
         if not build and indexed and with_runs:
@@ -365,16 +367,22 @@ class DuckDBTable:
         cursor = self._con.cursor()
         try:
             cursor.execute("BEGIN TRANSACTION READ ONLY")
-            ranked, indexed, with_runs = self._catalog(cursor)
-            runs = None
-            if ranked:
-                m, runs = self._counts(cursor, with_runs)
+            counted = self._counts_if_prepared(cursor)
+            if counted is not None:  # as last seen: rank table, its index and runs table
+                ranked = indexed = True
+                m, runs = counted
             else:
-                warnings.warn(
-                    f"{self.where} has no rank table: every read is a full scan; call prepare()",
-                    stacklevel=3,
-                )
-                m = self.validate(cursor)
+                ranked, indexed, with_runs = self._catalog(cursor)
+                self._seen_prepared = ranked and indexed and with_runs
+                if ranked:
+                    m, runs = self._counts(cursor, with_runs)
+                else:
+                    warnings.warn(
+                        f"{self.where} has no rank table: every read is a full scan; "
+                        "call prepare()",
+                        stacklevel=3,
+                    )
+                    m, runs = self.validate(cursor), None
             self._run = _Run(cursor, ranked, m, indexed, runs)
             try:
                 yield
@@ -383,6 +391,21 @@ class DuckDBTable:
             cursor.execute("COMMIT")
         finally:
             cursor.close()  # after an error: closing the connection rolls its transaction back
+
+    def _counts_if_prepared(self, cursor: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
+        """(m, runs) without the catalog lookup (about 1 ms), if this object last saw the rank
+        table, its index and the runs table; None if it did not, or if they are gone (then the
+        failed query's transaction is restarted)."""
+        if not self._seen_prepared:
+            return None
+        try:
+            m, runs = self._counts(cursor, True)
+        except duckdb.CatalogException:
+            self._seen_prepared = False
+            cursor.execute("ROLLBACK")
+            cursor.execute("BEGIN TRANSACTION READ ONLY")
+            return None
+        return m, int(runs)  # type: ignore[arg-type]
 
     def _state(self) -> _Run:
         """The running snapshot, or a one-read state outside of one."""

@@ -49,12 +49,18 @@ TARGET_M = 10**7
 
 # ----- timing the store's share --------------------------------------------------------------
 class TimedSource:
-    """Wraps a Source and adds up the time spent inside its calls (the store's share)."""
+    """Wraps a Source and adds up the time spent inside its calls (the store's share). It keeps
+    the store's optional capabilities (runs of tied scores, read-ahead), so the instrumented run
+    reads what the plain one does."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.seconds = 0.0
         self.calls = 0
+        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        if hasattr(inner, "score_run_count"):
+            self.score_run_count = lambda: self._timed(inner.score_run_count)
+            self.read_score_runs = lambda: self._timed(inner.read_score_runs)
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()

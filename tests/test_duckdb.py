@@ -297,3 +297,34 @@ def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None
         got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
         want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=seed)
         assert got.items == want.items and got.accesses == want.accesses
+
+
+def test_a_prepared_source_skips_the_catalog_until_a_table_is_gone() -> None:
+    """After one snapshot has found the rank and runs tables, later snapshots of the same object
+    count m and the runs directly. If the runs table or the rank table is dropped behind its
+    back, the next run notices (the count fails, the transaction restarts), looks the catalog up
+    again and answers correctly without them: no runs, then a full-scan fallback with a warning."""
+    con = duckdb.connect()
+    scores = plateau_histogram(3000, 4)
+    con.execute(
+        "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score",
+        [list(range(3000)), scores.tolist()],
+    )
+    source = DuckDBTable(con, "t")
+    source.prepare()
+    want = private_top_k(reference_like(source, scores), k=4, epsilon=1.0, seed=2)
+    for _ in range(2):  # the second snapshot takes the short path
+        got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+        assert got.items == want.items and got.accesses == want.accesses
+    assert source._seen_prepared
+    con.execute(f"DROP TABLE {quote_identifier(source.runs_table)}")
+    got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+    assert source.score_run_count() is None and not source._seen_prepared
+    without_runs = private_top_k(reference_like(source, scores), k=4, epsilon=1.0, seed=2)
+    assert got.items == want.items and got.accesses == without_runs.accesses
+    source.prepare()  # the runs table again
+    assert private_top_k(source, k=4, epsilon=1.0, seed=2).accesses == want.accesses
+    con.execute(f"DROP TABLE {quote_identifier(source.rank_table)}")
+    with pytest.warns(UserWarning, match="no rank table"):
+        got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+    assert got.items == want.items
