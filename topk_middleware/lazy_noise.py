@@ -30,8 +30,9 @@ is that of a double near 1, 1.1e-16 in V; these noises never decide a top-k.
 
 Memory: positions before the sorted-access cursor are all sampled and are needed only as the
 cursor's predecessor; positions after it that random access has sampled sit in sorted numpy
-arrays (`_SampledAhead`) for predecessor / successor lookup. Items map to their noise in a dict
-(batches: in sorted numpy chunks). Time and memory are O(accesses log accesses), never O(m).
+arrays (`_SampledAhead`) for predecessor / successor lookup. Items map to their noise in
+`SortedChunks` (single placements gather in a small dict first). Time and memory are
+O(accesses log accesses) for batched access, never O(m).
 """
 
 from __future__ import annotations
@@ -165,6 +166,14 @@ class _SampledAhead:
             self._set(self.pos, self.v, self.item, self.noise)  # compact
         return entry
 
+    def insert(self, position: int, v: float, item: int, noise: float) -> None:
+        """One new (unsampled) position: O(len) copying, no sort."""
+        i = self.start + self.bisect(position)
+        self.pos = np.insert(self.pos, i, position)
+        self.v = np.insert(self.v, i, v)
+        self.item = np.insert(self.item, i, item)
+        self.noise = np.insert(self.noise, i, noise)
+
     def add(self, pos: np.ndarray, v: np.ndarray, item: np.ndarray, noise: np.ndarray) -> None:
         """Merge new (unsampled) positions, in any order."""
         columns = [
@@ -297,7 +306,7 @@ class LazyNoiseList:
             r, v_r, noise_r = self.m, 1.0, -math.inf
         v = self._draw_v(left, v_l, j, r, v_r)
         noise = self._noise_for(v, noise_l, noise_r)
-        ahead.add(np.array([j]), np.array([v]), np.array([rank]), np.array([noise]))
+        ahead.insert(j, v, rank, noise)
         self._place(rank, noise)
         return noise
 
