@@ -11,7 +11,8 @@ uniformly random rank, which a store serves from a positional index. Because eve
 ranks, one seed gives one answer on every store.
 
 A mechanism never holds a store: it holds a `CountedAccess`, which is the only door to it and
-counts every row that passes.
+counts every row that passes, and every random access it can answer without a row because the
+sorted order already fixes the score (`AccessStats.rows_inferred`).
 """
 
 from __future__ import annotations
@@ -168,7 +169,9 @@ class CountedAccess:
     store, in batches, and are counted as rows_fetched and round_trips. *Accesses*
     (`sorted_access`, `random_access` and their batched forms) are the steps of the sequential
     algorithm; they are served from what was fetched (fetching on demand if needed) and counted as
-    the paper counts them.
+    the paper counts them. A random access beyond the fetched prefix may be served without a
+    fetch when its score is fixed: by two known neighbours of one score, or by the store's runs
+    of tied scores (`fetch_ranks`).
     """
 
     source: Source
