@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from adapters.memory import ArraySource
+from topk_middleware import private_top_k
 from topk_middleware.access import Rows, ScoreRuns, Source
 
 
@@ -103,7 +104,6 @@ def random_histograms(rng: np.random.Generator):
 
 def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Callable) -> None:
     """With one seed the store gives the items and access counts ArraySource gives."""
-    from adapters.memory import ArraySource
     from tests.test_conformance import dataset
 
     scores, ids = dataset(data)
@@ -153,8 +153,6 @@ RUNS_CASES: dict[str, tuple[Any, Any]] = {
 def assert_serves_the_runs_of(source: Any, scores: Any) -> None:
     """`source` (prepared) keeps exactly ArraySource's runs of `scores`, and a run on it gives
     ArraySource's items and AccessStats, with random accesses answered from the runs."""
-    from topk_middleware import private_top_k
-
     first, run_scores = ArraySource(scores).read_score_runs()
     with source.snapshot():
         assert source.score_run_count() == len(first)
