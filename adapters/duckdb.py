@@ -447,7 +447,11 @@ class DuckDBTable:
             # read falls back to the rank predicate. No ORDER BY: _rows() sorts if needed.
             query = f"SELECT rank, id, score FROM {self._ranks} WHERE rowid >= ? AND rowid < ?"
             rows = _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
-            if len(rows) == stop - start and rows.ranks[0] == start and rows.ranks[-1] == stop - 1:
+            if (
+                len(rows) == stop - start
+                and rows.positions[0] == start
+                and rows.positions[-1] == stop - 1
+            ):
                 return rows  # stop - start distinct ranks from start to stop - 1: all of them
             query = f"SELECT rank, id, score FROM {self._ranks} WHERE rank >= ? AND rank < ?"
             return _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
@@ -471,7 +475,7 @@ class DuckDBTable:
         ).fetchnumpy()
         return np.asarray(got["first_rank"], dtype=np.int64), np.asarray(got["score"], float)
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         run = self._state()
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:

@@ -51,7 +51,7 @@ class ArraySource:
             np.arange(start, stop, dtype=np.int64), self._ids[start:stop], self._scores[start:stop]
         )
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         ranks = np.asarray(ranks, dtype=np.int64)
         return Rows(ranks, self._ids[ranks], self._scores[ranks])
 

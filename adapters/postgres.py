@@ -563,7 +563,7 @@ class PostgresTable:
         scores = np.fromiter((r[1] for r in records), dtype=np.float64, count=len(records))
         return first, scores
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         run = self._state()
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:

@@ -697,7 +697,7 @@ class SQLAlchemyTable:
         with self._connection() as conn:
             return self._rows(conn.execute(query).all(), round_trips=1)
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         r = self._ranks.c

@@ -255,7 +255,7 @@ class SyntheticSource:
         ranks = np.arange(start, max(start, stop), dtype=np.int64)
         return self._rows(ranks)
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         ranks = np.asarray(ranks, dtype=np.int64)
         if len(ranks) and (ranks.min() < 0 or ranks.max() >= self.m):
             raise AccessError(f"rank out of range [0, {self.m})")

@@ -89,8 +89,8 @@ class TimedSource:
     def read_sorted(self, start: int, count: int) -> Any:
         return self._timed(self.inner.read_sorted, start, count)
 
-    def read_ranks(self, ranks: np.ndarray) -> Any:
-        return self._timed(self.inner.read_ranks, ranks)
+    def read_positions(self, ranks: np.ndarray) -> Any:
+        return self._timed(self.inner.read_positions, ranks)
 
     def read_ids(self, ids: Sequence[Any]) -> Any:
         return self._timed(self.inner.read_ids, ids)
@@ -269,7 +269,7 @@ def calibrate_costs(source: Any, rows: int = 20_000, seed: int = 0) -> dict[str,
             trips.append(_time(lambda: source.read_sorted(0, 1))[0])
         trip = statistics.median(trips)
         sorted_s = _time(lambda: source.read_sorted(0, rows))[0]
-        random_s = _time(lambda: source.read_ranks(ranks))[0]
+        random_s = _time(lambda: source.read_positions(ranks))[0]
     return {
         "round_trip": trip * 1e6,
         "sorted": max(1e-3, (sorted_s - trip) / rows * 1e6),

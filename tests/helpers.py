@@ -41,8 +41,8 @@ class CountingSource:
         self.sorted_rows += len(rows)
         return rows
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
-        rows = self.inner.read_ranks(ranks)
+    def read_positions(self, ranks: np.ndarray) -> Rows:
+        rows = self.inner.read_positions(ranks)
         self.calls += 1
         self.rank_rows += len(rows)
         return rows

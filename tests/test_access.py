@@ -169,11 +169,11 @@ class _ShiftingSource(ArraySource):
 
     reads = 0
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
-        rows = super().read_ranks(ranks)
+    def read_positions(self, ranks: np.ndarray) -> Rows:
+        rows = super().read_positions(ranks)
         self.reads += 1
         if self.reads > 1:
-            return Rows(rows.ranks, rows.ids, rows.scores + 1.0)
+            return Rows(rows.positions, rows.ids, rows.scores + 1.0)
         return rows
 
 

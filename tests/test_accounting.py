@@ -169,8 +169,8 @@ class ReadCounter:
         self.rows += len(rows)
         return rows
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
-        rows = self.inner.read_ranks(ranks)
+    def read_positions(self, ranks: np.ndarray) -> Rows:
+        rows = self.inner.read_positions(ranks)
         self.rows += len(rows)
         return rows
 

@@ -92,7 +92,7 @@ def as_list(values: np.ndarray) -> list[Any]:
 
 
 def assert_rows_equal(got: Rows, want: Rows) -> None:
-    assert as_list(got.ranks) == as_list(want.ranks)
+    assert as_list(got.positions) == as_list(want.positions)
     assert as_list(got.ids) == as_list(want.ids)
     np.testing.assert_array_equal(np.asarray(got.scores, dtype=np.float64), want.scores)
 
@@ -141,11 +141,11 @@ def test_rank_map_is_canonical(store, data: str) -> None:
     m = len(scores)
     everything = np.random.default_rng(3).permutation(m)
     with source.snapshot():
-        rows = source.read_ranks(np.sort(everything[: m // 2]))
-        rest = source.read_ranks(np.sort(everything[m // 2 :]))
+        rows = source.read_positions(np.sort(everything[: m // 2]))
+        rest = source.read_positions(np.sort(everything[m // 2 :]))
     got: dict[int, tuple[Any, float]] = {}
     for part in (rows, rest):
-        columns = map(as_list, (part.ranks, part.ids, part.scores))
+        columns = map(as_list, (part.positions, part.ids, part.scores))
         got.update({r: (i, s) for r, i, s in zip(*columns, strict=True)})
     want = reference.read_sorted(0, m)
     assert sorted(got) == list(range(m))

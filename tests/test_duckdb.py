@@ -212,11 +212,17 @@ def test_rank_index_is_optional_and_prepare_restores_it() -> None:
     ranks = np.sort(np.random.default_rng(0).choice(5000, 300, replace=False))
     assert source.has_rank_index() and "ART index" in str(source.check())
     with source.snapshot():
-        assert source.read_ranks(ranks).ids.tolist() == reference.read_ranks(ranks).ids.tolist()
+        assert (
+            source.read_positions(ranks).ids.tolist()
+            == reference.read_positions(ranks).ids.tolist()
+        )
     con.execute(f"DROP INDEX {quote_identifier(source.rank_table + '_rank')}")
     assert not source.has_rank_index() and "no index on rank" in str(source.check())
     with source.snapshot():
-        assert source.read_ranks(ranks).ids.tolist() == reference.read_ranks(ranks).ids.tolist()
+        assert (
+            source.read_positions(ranks).ids.tolist()
+            == reference.read_positions(ranks).ids.tolist()
+        )
     con.execute("UPDATE t SET score = 1000 WHERE id = 1")  # not picked up: the copy is kept
     source.prepare()
     assert source.has_rank_index()
@@ -291,7 +297,7 @@ def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None
         for start, count in ((0, 20), (0, 4000), (1234, 100), (4990, 50)):
             got = source.read_sorted(start, count)
             want_rows = reference.read_sorted(start, count)
-            np.testing.assert_array_equal(got.ranks, want_rows.ranks)
+            np.testing.assert_array_equal(got.positions, want_rows.positions)
             np.testing.assert_array_equal(got.scores, want_rows.scores)
     for seed in range(5):
         got = private_top_k(source, k=5, epsilon=1.0, seed=seed)

@@ -335,7 +335,7 @@ def test_large_sorted_reads_come_packed(
         with source.snapshot():
             for start, count in ((0, 3000), (17, 1000), (2990, 50)):
                 got, want = source.read_sorted(start, count), reference.read_sorted(start, count)
-                assert got.ranks.tolist() == want.ranks.tolist()
+                assert got.positions.tolist() == want.positions.tolist()
                 assert got.ids.tolist() == want.ids.tolist()
                 assert got.scores.tolist() == want.scores.tolist()
         for seed in range(2):

@@ -145,10 +145,10 @@ def test_plateau_accesses_within_theorem_4_2(m: int, k: int) -> None:
 
 
 def test_sequential_counts_equal_the_rows_a_wrapper_sees() -> None:
-    """Unbatched, every sorted access is one row of read_sorted and every random access one row
-    of read_ranks: the paper's counts are observed directly. With distinct scores no score can be
-    inferred from tied neighbours; on the plateau the inferred ones make up the difference, and
-    at most k released ids are read at the end."""
+    """Unbatched, every sorted access is one row of read_sorted and every random access one
+    row of read_positions: the paper's counts are observed directly. With distinct scores no
+    score can be inferred from tied neighbours; on the plateau the inferred ones make up the
+    difference, and at most k released ids are read at the end."""
     m, k = 10_000, 10
     distinct = ArraySource(plateau_histogram(m, k) + np.arange(m)[::-1] * 1e-3)
     plateau = ArraySource(plateau_histogram(m, k))

@@ -80,7 +80,7 @@ def zipf_histogram(m: int, seed: int) -> tuple[np.ndarray, list[str]]:
 
 def assert_same_rows(source: Any, reference: ArraySource, start: int, count: int) -> None:
     got, want = source.read_sorted(start, count), reference.read_sorted(start, count)
-    assert got.ranks.tolist() == want.ranks.tolist()
+    assert got.positions.tolist() == want.positions.tolist()
     assert got.ids.tolist() == want.ids.tolist()
     assert got.scores.tolist() == want.scores.tolist()
 
@@ -114,8 +114,8 @@ def test_random_access_by_rank_and_id(make_source: Callable[..., Any]) -> None:
     source = make_source(scores, ids)
     reference = ArraySource(scores, ids)
     ranks = np.random.default_rng(2).choice(300, size=40, replace=False)
-    got, want = source.read_ranks(ranks), reference.read_ranks(ranks)
-    assert got.ranks.tolist() == want.ranks.tolist() == ranks.tolist()
+    got, want = source.read_positions(ranks), reference.read_positions(ranks)
+    assert got.positions.tolist() == want.positions.tolist() == ranks.tolist()
     assert got.ids.tolist() == want.ids.tolist()
     assert got.scores.tolist() == want.scores.tolist()
     asked = [ids[i] for i in (5, 0, 299, 17, 5)]
@@ -139,9 +139,9 @@ def test_in_lists_are_chunked(make_source: Callable[..., Any]) -> None:
     source = make_source(scores, ids, max_params=3)
     reference = ArraySource(scores, ids)
     ranks = np.arange(40, 50)
-    rows = source.read_ranks(ranks)
+    rows = source.read_positions(ranks)
     assert rows.round_trips == 4
-    assert rows.ids.tolist() == reference.read_ranks(ranks).ids.tolist()
+    assert rows.ids.tolist() == reference.read_positions(ranks).ids.tolist()
     asked = ids[:7]
     assert source.read_ids(asked).tolist() == reference.read_ids(asked).tolist()
     result = private_top_k(source, k=3, epsilon=1.0, seed=5)
@@ -420,8 +420,8 @@ class WriterMidRun:
             self.written = True
         return rows
 
-    def read_ranks(self, ranks: np.ndarray) -> Any:
-        return self.source.read_ranks(ranks)
+    def read_positions(self, ranks: np.ndarray) -> Any:
+        return self.source.read_positions(ranks)
 
     def read_ids(self, ids: Any) -> np.ndarray:
         return self.source.read_ids(ids)

@@ -33,7 +33,7 @@ def test_small_sources_are_canonical_and_bijective(family: str, m: int, kwargs, 
     source = SyntheticSource(m, family, seed=seed, **kwargs)
     assert source.domain_size() == m
     rows = source.read_sorted(0, m)
-    assert rows.ranks.tolist() == list(range(m))
+    assert rows.positions.tolist() == list(range(m))
     assert sorted(rows.ids.tolist()) == list(range(m))  # a bijection of [0, m)
     canonical = np.lexsort((rows.ids, -rows.scores))
     assert canonical.tolist() == list(range(m))
@@ -42,7 +42,7 @@ def test_small_sources_are_canonical_and_bijective(family: str, m: int, kwargs, 
     assert source.read_ids(rows.ids.tolist()).tolist() == rows.scores.tolist()
     # Random access by rank and the same histogram in an ArraySource agree with sorted access.
     shuffled = np.random.default_rng(seed).permutation(m)
-    by_rank = source.read_ranks(shuffled)
+    by_rank = source.read_positions(shuffled)
     assert by_rank.ids.tolist() == rows.ids[shuffled].tolist()
     assert by_rank.scores.tolist() == rows.scores[shuffled].tolist()
     twin = ArraySource(rows.scores, rows.ids).read_sorted(0, m)
@@ -78,7 +78,7 @@ def test_huge_sources_read_consistently(family: str) -> None:
     source = SyntheticSource(m, family, seed=5)
     rng = np.random.default_rng(6)
     ranks = np.unique(rng.integers(0, m, 20_000))
-    rows = source.read_ranks(ranks)
+    rows = source.read_positions(ranks)
     assert np.all((rows.ids >= 0) & (rows.ids < m))
     assert len(np.unique(rows.ids)) == len(ranks)
     assert np.array_equal(source.ranks_of_ids(rows.ids), ranks)
@@ -88,7 +88,7 @@ def test_huge_sources_read_consistently(family: str) -> None:
         assert np.all(np.diff(window.scores) <= 0)
         ties = np.diff(window.scores) == 0
         assert np.all(np.diff(window.ids)[ties] > 0)  # ties by id ascending
-        again = source.read_ranks(window.ranks)
+        again = source.read_positions(window.positions)
         assert np.array_equal(again.ids, window.ids)
     assert len(source.read_sorted(m - 2, 10)) == 2
 
@@ -133,4 +133,4 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(AccessError, match="no item with id 'a'"):
         source.read_ids(["a"])
     with pytest.raises(AccessError, match="rank out of range"):
-        source.read_ranks(np.array([5, 100]))
+        source.read_positions(np.array([5, 100]))

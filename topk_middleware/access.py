@@ -29,15 +29,15 @@ from .sorted_chunks import SortedChunks
 
 @dataclass(frozen=True)
 class Rows:
-    """A batch of rows from a store: parallel arrays of canonical ranks, item ids and scores."""
+    """A batch of rows from a store: parallel arrays of item positions, ids and scores."""
 
-    ranks: np.ndarray
+    positions: np.ndarray
     ids: np.ndarray
     scores: np.ndarray
     round_trips: int = 1
 
     def __len__(self) -> int:
-        return len(self.ranks)
+        return len(self.positions)
 
 
 @runtime_checkable
@@ -57,7 +57,7 @@ class RandomAccess(Protocol):
         """Scores of the named items, in the order given; an unknown id is an error."""
         ...
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
+    def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given canonical ranks (the positional index for uniform sampling)."""
         ...
 
@@ -257,11 +257,11 @@ class CountedAccess:
             read = wanted[~inferred]
         if len(read):
             self._rank_rows += len(read)
-            rows = self.source.read_ranks(read)
+            rows = self.source.read_positions(read)
             if len(rows) != len(read):
                 raise AccessError(f"store returned {len(rows)} rows for {len(read)} ranks")
             self._count_fetch(rows)
-            got = np.asarray(rows.ranks, dtype=np.int64)
+            got = np.asarray(rows.positions, dtype=np.int64)
             self._ids_beyond.update(zip(got.tolist(), np.asarray(rows.ids).tolist(), strict=True))
             self._known.add(got, np.asarray(rows.scores, dtype=np.float64))
         self._known.add(wanted[inferred], scores[inferred])
@@ -412,14 +412,14 @@ class CountedAccess:
         if missing:
             if not all(self.is_fetched(r) for r in missing):
                 raise AccessError("an id was asked for at a rank whose score is not known")
-            rows = self.source.read_ranks(np.asarray(missing, dtype=np.int64))
+            rows = self.source.read_positions(np.asarray(missing, dtype=np.int64))
             if len(rows) != len(missing):
                 raise AccessError(f"store returned {len(rows)} rows for {len(missing)} ranks")
-            expected = self.scores_at(np.asarray(rows.ranks, dtype=np.int64))
+            expected = self.scores_at(np.asarray(rows.positions, dtype=np.int64))
             if not np.array_equal(expected, np.asarray(rows.scores, dtype=np.float64)):
                 raise AccessError("a row changed score during the run: the snapshot is broken")
             self._count_fetch(rows)
-            got = np.asarray(rows.ranks).tolist()
+            got = np.asarray(rows.positions).tolist()
             self._ids_beyond.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
         prefix_ids = self._prefix.ids
         out = [prefix_ids[r] if r < fetched else self._ids_beyond[r] for r in ranks]

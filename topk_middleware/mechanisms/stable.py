@@ -125,13 +125,13 @@ class _Suffix:
         return nullcontext()  # runs inside the caller's snapshot
 
     def _shift(self, rows: Rows) -> Rows:
-        return Rows(rows.ranks - self.offset, rows.ids, rows.scores, rows.round_trips)
+        return Rows(rows.positions - self.offset, rows.ids, rows.scores, rows.round_trips)
 
     def read_sorted(self, start: int, count: int) -> Rows:
         return self._shift(self.source.read_sorted(start + self.offset, count))
 
-    def read_ranks(self, ranks: np.ndarray) -> Rows:
-        return self._shift(self.source.read_ranks(np.asarray(ranks) + self.offset))
+    def read_positions(self, ranks: np.ndarray) -> Rows:
+        return self._shift(self.source.read_positions(np.asarray(ranks) + self.offset))
 
     def read_ids(self, ids: Any) -> np.ndarray:
         return self.source.read_ids(ids)
