@@ -87,7 +87,7 @@ def test_ids_at_inferred_ranks_are_read_in_one_round_trip() -> None:
     ranks = np.random.default_rng(6).choice(np.arange(10, m), 2_000, replace=False)
     access.random_accesses(ranks[:20])  # read: they become the neighbours of later ranks
     access.random_accesses(ranks)
-    inferred = [int(r) for r in ranks if int(r) not in access._ids_beyond]
+    inferred = [int(r) for r in ranks if int(r) not in access._ids_by_position]
     assert len(inferred) == access.stats.rows_inferred > 0
     wanted = [3, *inferred[:7]]
     calls, rows = counter.calls, counter.rank_rows
@@ -184,7 +184,7 @@ def test_a_changed_row_at_release_is_detected() -> None:
     ranks = np.random.default_rng(8).choice(m, 300, replace=False)
     access.random_accesses(ranks[:20])
     access.random_accesses(ranks)
-    inferred = [int(r) for r in ranks if int(r) not in access._ids_beyond]
+    inferred = [int(r) for r in ranks if int(r) not in access._ids_by_position]
     assert inferred
     with pytest.raises(AccessError, match="snapshot"):
         access.ids_of(inferred[:1])

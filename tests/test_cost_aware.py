@@ -13,14 +13,16 @@ from topk_middleware.cli import zipf_histogram
 COSTS = [CostModel(1, 1, 0), CostModel(1, 4, 0), CostModel(1, 50, 0), CostModel(1, 1, 500)]
 
 
+@pytest.mark.parametrize("positions", ["ranks", "input"])
 @pytest.mark.parametrize("costs", COSTS, ids=str)
-def test_same_answer_as_the_plain_algorithm(costs: CostModel) -> None:
+def test_same_answer_as_the_plain_algorithm(costs: CostModel, positions: str) -> None:
     """With one seed, deferring, pruning and batching random accesses never change the answer:
     a pruned item that belonged to the top k, or a stop before every pending item that could beat
-    the k-th best was completed, would show up on some of these 120 histograms."""
+    the k-th best was completed, would show up on some of these 120 histograms (with items named
+    by rank, and by positions apart from sorted order)."""
     rng = np.random.default_rng(99)
     for h, k in random_histograms(rng):
-        source = ArraySource(h)
+        source = ArraySource(h, positions=positions)
         seed = int(rng.integers(1 << 30))
         for noise in ("gumbel", "laplace"):
             plain = private_top_k(source, k, 0.5, noise=noise, seed=seed, oracle="eager")

@@ -15,16 +15,21 @@ from tests.helpers import CountingSource, plateau_histogram, random_histograms
 from topk_middleware import Batching, private_top_k
 
 BATCHINGS = [Batching(), Batching.sequential(), Batching(first=3, growth=1.5)]
+# How items are named: by rank (a rank-ordered copy) or by their index in the input (a live
+# table with a dense integer key): positions apart from sorted order (access.py).
+POSITIONS = ["ranks", "input"]
 
 
+@pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("noise", ["gumbel", "laplace"])
-def test_same_noise_same_answer_as_oneshot(noise: str) -> None:
+def test_same_noise_same_answer_as_oneshot(noise: str, positions: str) -> None:
     """With one seed (hence one noise vector) the threshold algorithm returns exactly the one-shot
     top-k, in the same order, under every batching. A wrong stopping rule, a missed item or an
-    item completed with the wrong noise changes the answer on some of these 120 histograms."""
+    item completed with the wrong noise changes the answer on some of these 120 histograms.
+    Where positions are not ranks, an item's noise follows its position, not its depth."""
     rng = np.random.default_rng(2023)
     for h, k in random_histograms(rng):
-        source = ArraySource(h)
+        source = ArraySource(h, positions=positions)
         seed = int(rng.integers(1 << 30))
         expected = private_top_k(source, k, 1.0, noise=noise, method="oneshot", seed=seed).items
         for batching in BATCHINGS:
@@ -35,10 +40,11 @@ def test_same_noise_same_answer_as_oneshot(noise: str) -> None:
             assert got.accesses.total <= 2 * len(h)
 
 
-def test_batching_changes_round_trips_not_counts() -> None:
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_batching_changes_round_trips_not_counts(positions: str) -> None:
     """Batching changes rows_fetched and round trips, never the sequential access counts."""
     h = plateau_histogram(20_000, 10)
-    source = ArraySource(h)
+    source = ArraySource(h, positions=positions)
     runs = {
         str(b): private_top_k(source, 10, 1.0, seed=5, oracle="eager", batching=b)
         for b in BATCHINGS
@@ -55,10 +61,15 @@ def test_batching_changes_round_trips_not_counts() -> None:
         assert a.rows_fetched + a.rows_inferred >= a.random
     sequential = runs[str(Batching.sequential())].accesses
     doubling = runs[str(Batching())].accesses
+    assert doubling.round_trips < 40 < sequential.round_trips
+    if positions == "input":
+        # Nothing is inferred where positions are not ranks; the noise plan reads the sorted rows
+        # of a chunk of steps before their noises, so unbatched runs read ahead of their steps.
+        assert all(run.accesses.rows_inferred == 0 for run in runs.values())
+        return
     # Unbatched, every access is one row read or one inferred, plus at most k ids read at release.
     read_for_scores = sequential.total - sequential.rows_inferred
     assert read_for_scores <= sequential.rows_fetched <= read_for_scores + 10
-    assert doubling.round_trips < 40 < sequential.round_trips
 
 
 def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
@@ -70,16 +81,19 @@ def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
     return p
 
 
-def test_gumbel_threshold_follows_plackett_luce() -> None:
+@pytest.mark.parametrize(("positions", "oracle"), [("ranks", "eager"), ("input", "lazy")])
+def test_gumbel_threshold_follows_plackett_luce(positions: str, oracle: str) -> None:
     """The ranked Gumbel output follows Plackett-Luce with weights exp(h / scale) (Remark 3.5 and
     the Gumbel-max equivalence): chi-square over all 60 ranked triples of 5 items, 30,000 runs,
-    fixed seeds. A biased stopping rule or wrong noise scale fails it (p < 1e-3)."""
-    h = np.array([6.0, 5.0, 5.0, 3.0, 0.0])
+    fixed seeds. A biased stopping rule or wrong noise scale fails it (p < 1e-3); so does, with
+    positions apart from ranks, a noise tied to an item's depth instead of its position (the
+    ids are in input order, so the law would follow the wrong weights)."""
+    h = np.array([5.0, 6.0, 0.0, 5.0, 3.0])
     k, epsilon = 3, 1.5
-    source = ArraySource(h)
+    source = ArraySource(h, positions=positions)
     runs = 30_000
     counts = Counter(
-        tuple(private_top_k(source, k, epsilon, seed=s, oracle="eager").items) for s in range(runs)
+        tuple(private_top_k(source, k, epsilon, seed=s, oracle=oracle).items) for s in range(runs)
     )
     scale = k / epsilon
     weights = np.exp(h / scale)
@@ -186,8 +200,9 @@ def test_items_are_plain_python_values_for_every_method() -> None:
     assert all(type(item) is int for item in ints)
 
 
+@pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("noise", ["gumbel", "laplace"])
-def test_vectorised_run_equals_fagins_ta_step_by_step(noise: str) -> None:
+def test_vectorised_run_equals_fagins_ta_step_by_step(noise: str, positions: str) -> None:
     """The batched, vectorised Algorithm 3 against the generic step-by-step TA (Algorithm 1) on
     the lists L1 = h and L2 = the same eager noise vector: same ranked answer, and the same sorted
     and random accesses on L1. An off-by-one in the stopping step, or a random access charged for
@@ -200,15 +215,22 @@ def test_vectorised_run_equals_fagins_ta_step_by_step(noise: str) -> None:
     for h, k in random_histograms(rng):
         m = len(h)
         seed = int(rng.integers(1 << 30))
-        result = private_top_k(ArraySource(h), k, 1.0, noise=noise, seed=seed, oracle="eager")
+        source = ArraySource(h, positions=positions)
+        result = private_top_k(source, k, 1.0, noise=noise, seed=seed, oracle="eager")
         scale = calibrate(noise, k, m, 1.0, 0.0).scale
         z = make_noise(noise, scale).sample(np.random.default_rng(seed), m)
         canonical = np.lexsort((np.arange(m), -h))  # ArraySource's ids are 0..m-1
         h_by_rank = h[canonical]
-        l1 = ArrayList(list(range(m)), h_by_rank)
-        l2 = ArrayList(list(range(m)), z)
-        ta = threshold_algorithm([l1, l2], k)
-        assert result.items == [int(canonical[r]) for r in ta.items]
+        if positions == "ranks":  # z[r] is the noise of the item of rank r
+            l1 = ArrayList(list(range(m)), h_by_rank)
+            l2 = ArrayList(list(range(m)), z)
+            ta = threshold_algorithm([l1, l2], k)
+            assert result.items == [int(canonical[r]) for r in ta.items]
+        else:  # z[i] is the noise of item i, whatever its depth
+            l1 = ArrayList(canonical.tolist(), h_by_rank)
+            l2 = ArrayList(list(range(m)), z)
+            ta = threshold_algorithm([l1, l2], k)
+            assert result.items == [int(i) for i in ta.items]
         assert (result.accesses.sorted, result.accesses.random) == (
             l1.sorted_accesses,
             l1.random_accesses,

@@ -103,15 +103,24 @@ def test_target_k_always_returns_k_items() -> None:
     when k~ > k, and the set plus an EM (private threshold algorithm, random accesses counted)
     on the rest when k~ < k or the test fails."""
     rng = np.random.default_rng(2)
-    flat = ArraySource(rng.integers(0, 3, 20_000).astype(float))
+    flat_counts = rng.integers(0, 3, 20_000).astype(float)
     gap = np.r_[np.full(6, 10_000.0) + np.arange(6) * 1000, rng.integers(0, 3, 20_000)]
+    for positions in ("ranks", "input"):  # items named by rank, or apart from sorted order
+        flat = ArraySource(flat_counts, positions=positions)
+        for s in range(30):
+            r = stable_top_k(flat, 0.4, 1e-6, k=8, k_bar=40, seed=s)
+            assert len(set(r.items)) == 8 and not r.bottom
+            assert r.accesses.random > 0  # the EM fallback ran as the private threshold algorithm
+            source = ArraySource(gap, positions=positions)
+            g = stable_top_k(source, 2.0, 1e-6, k=6, k_bar=40, lam=0.0, seed=s)
+            assert set(g.items) == set(range(6))
+            assert (g.accesses.sorted, g.accesses.random) == (41, 0)
+    # k~ < k on the input-ordered gap: the EM on the rest must never return a removed item.
+    # The removed items hold positions 0 and 1, which the suffix gives to positions 500 and 501.
+    source = ArraySource(np.r_[10_000.0, 9_000.0, rng.integers(0, 3, 500)], positions="input")
     for s in range(30):
-        r = stable_top_k(flat, 0.4, 1e-6, k=8, k_bar=40, seed=s)
-        assert len(set(r.items)) == 8 and not r.bottom
-        assert r.accesses.random > 0  # the EM fallback ran as the private threshold algorithm
-        g = stable_top_k(ArraySource(gap), 2.0, 1e-6, k=6, k_bar=40, lam=0.0, seed=s)
-        assert set(g.items) == set(range(6))
-        assert (g.accesses.sorted, g.accesses.random) == (41, 0)
+        items = stable_top_k(source, 2.0, 1e-6, k=5, k_bar=40, lam=0.0, seed=s).items
+        assert len(set(items)) == 5 and {0, 1} <= set(items)
 
 
 def test_bad_input() -> None:

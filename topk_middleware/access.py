@@ -4,11 +4,21 @@ Wu, Ohrimenko, Wirth (ICML 2023), Section 2: the histogram h is reachable only t
 *sorted access* (the next (item, score) pair in non-increasing score order) and *random access*
 (the score of a named item). The cost of a mechanism is the number of such accesses.
 
-Every store serves one canonical order: score descending, ties broken by id ascending. The position
-of an item in that order is its *rank* (0-based). Ranks are how the core names items: sorted access
-at depth t returns the item of rank t, and sampling "a uniformly random item not yet seen" is a
-uniformly random rank, which a store serves from a positional index. Because every store agrees on
-ranks, one seed gives one answer on every store.
+Two ways of naming an item meet here (DESIGN invariant 11):
+
+* its *depth*: its place in the one canonical order every store serves (score descending, ties
+  by id ascending). Sorted access at depth t returns the row of depth t.
+* its *position*: a dense number 0..m-1 fixed for the snapshot, which is what random access and
+  uniform sampling name ("a uniformly random item not yet seen" is a uniformly random position).
+  Sorted access returns each row with its position.
+
+A rank-ordered copy of the table (what `prepare()` builds) makes them the same: an item's position
+is its rank. Such a store says so (`positions_are_ranks`), and then the order of positions is the
+order of scores, which lets random access be answered without reading rows (tied neighbours, the
+store's runs of tied scores). A live table keeps them apart: positions come from a dense integer
+key or a position table kept current across writes, and sorted access reads an index. Every
+rank-ordered store agrees on positions, so one seed gives one answer on all of them; on a live
+table the answer for a seed depends on its positions, the output law does not.
 
 A mechanism never holds a store: it holds a `CountedAccess`, which is the only door to it and
 counts every row that passes, and every random access it can answer without a row because the
@@ -45,20 +55,21 @@ class SortedAccess(Protocol):
     """Sorted access: rows in canonical order (score descending, ties by id ascending)."""
 
     def read_sorted(self, start: int, count: int) -> Rows:
-        """Rows of canonical ranks start .. start + count - 1 (fewer at the end)."""
+        """Rows of depths start .. start + count - 1 of the canonical order, each with its
+        position (fewer at the end)."""
         ...
 
 
 @runtime_checkable
 class RandomAccess(Protocol):
-    """Random access: the score of a named item, and the row at a given canonical rank."""
+    """Random access: the score of a named item, and the row at a given position."""
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         """Scores of the named items, in the order given; an unknown id is an error."""
         ...
 
-    def read_positions(self, ranks: np.ndarray) -> Rows:
-        """Rows at the given canonical ranks (the positional index for uniform sampling)."""
+    def read_positions(self, positions: np.ndarray) -> Rows:
+        """Rows at the given positions 0..m-1 (the positional index for uniform sampling)."""
         ...
 
 
@@ -73,6 +84,12 @@ class Source(SortedAccess, RandomAccess, Protocol):
     def snapshot(self) -> AbstractContextManager[Any]:
         """A context in which every read sees one snapshot of the data (invariant 4)."""
         ...
+
+
+def positions_are_ranks(source: Any) -> bool:
+    """Whether the source names every item by its rank in the canonical order (a rank-ordered
+    copy). A source says otherwise with a `positions_are_ranks` attribute that is False."""
+    return bool(getattr(source, "positions_are_ranks", True))
 
 
 @runtime_checkable
@@ -127,12 +144,14 @@ class AccessError(ValueError):
 
 
 class _Prefix:
-    """The fetched canonical prefix: growable numpy buffers of ids and scores (amortised O(1))."""
+    """The fetched canonical prefix: growable numpy buffers of positions, ids and scores
+    (amortised O(1) appends). Positions are kept only where they are not the depths."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_positions: bool) -> None:
         self.size = 0
         self._scores = np.empty(0, dtype=np.float64)
         self._ids: np.ndarray | None = None
+        self._positions = np.empty(0, dtype=np.int64) if keep_positions else None
 
     @property
     def scores(self) -> np.ndarray:
@@ -142,12 +161,18 @@ class _Prefix:
     def ids(self) -> np.ndarray:
         return self._ids[: self.size] if self._ids is not None else np.empty(0, dtype=object)
 
-    def append(self, ids: np.ndarray, scores: np.ndarray) -> None:
+    @property
+    def positions(self) -> np.ndarray:
+        if self._positions is None:
+            return np.arange(self.size, dtype=np.int64)
+        return self._positions[: self.size]
+
+    def append(self, rows: Rows) -> None:
         # Integer ids stay int64; anything else is kept as Python objects (numpy's fixed-width
         # strings would truncate a longer id fetched later).
-        ids = np.asarray(ids)
+        ids = np.asarray(rows.ids)
         kind = np.int64 if ids.dtype.kind in "iu" else object
-        need = self.size + len(scores)
+        need = self.size + len(rows)
         if self._ids is None:
             self._ids = np.empty(0, dtype=kind)
         elif kind is object and self._ids.dtype != object:
@@ -156,8 +181,12 @@ class _Prefix:
             capacity = max(need, 2 * len(self._scores))
             self._scores = np.resize(self._scores, capacity)
             self._ids = np.resize(self._ids, capacity)
-        self._scores[self.size : need] = scores
+            if self._positions is not None:
+                self._positions = np.resize(self._positions, capacity)
+        self._scores[self.size : need] = rows.scores
         self._ids[self.size : need] = ids
+        if self._positions is not None:
+            self._positions[self.size : need] = rows.positions
         self.size = need
 
 
@@ -165,13 +194,14 @@ class _Prefix:
 class CountedAccess:
     """The only door from a mechanism to a store; it counts every access.
 
-    Two layers meet here. *Fetches* (`fetch_sorted_until`, `fetch_ranks`, `read_all`) go to the
-    store, in batches, and are counted as rows_fetched and round_trips. *Accesses*
+    Two layers meet here. *Fetches* (`fetch_sorted_until`, `fetch_positions`, `read_all`) go to
+    the store, in batches, and are counted as rows_fetched and round_trips. *Accesses*
     (`sorted_access`, `random_access` and their batched forms) are the steps of the sequential
     algorithm; they are served from what was fetched (fetching on demand if needed) and counted as
-    the paper counts them. A random access beyond the fetched prefix may be served without a
-    fetch when its score is fixed: by two known neighbours of one score, or by the store's runs
-    of tied scores (`fetch_ranks`).
+    the paper counts them. Items are named by position (module docstring); `depths_of` tells
+    where a position stands in the fetched prefix. Where positions are ranks, a random access
+    beyond the fetched prefix may be served without a fetch when its score is fixed: by two known
+    neighbours of one score, or by the store's runs of tied scores (`fetch_positions`).
     """
 
     source: Source
@@ -180,14 +210,20 @@ class CountedAccess:
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
         self.stats.round_trips += 1
-        self._prefix = _Prefix()
-        self._known = SortedChunks()  # rank -> score beyond the prefix, fetched or inferred
-        self._ids_beyond: dict[int, Any] = {}  # ids of the rows fetched beyond the prefix
-        self._depth = 0  # next rank served by sorted access
+        self.ranked = positions_are_ranks(self.source)
+        self._prefix = _Prefix(keep_positions=not self.ranked)
+        # Scores known by position: beyond the prefix where positions are ranks (fetched or
+        # inferred), every fetched row otherwise.
+        self._known = SortedChunks()
+        self._ids_by_position: dict[int, Any] = {}  # ids of the rows in _known that were read
+        self._depth_of = SortedChunks()  # position -> depth in the prefix (unranked stores)
+        self._depth = 0  # next depth served by sorted access
         self._rank_rows = 0  # rows read by rank so far (for scores)
         self._runs: tuple[np.ndarray, np.ndarray] | None = None  # the store's runs, once read
         self._run_count = (
-            self.source.score_run_count() if isinstance(self.source, ScoreRuns) else None
+            self.source.score_run_count()
+            if self.ranked and isinstance(self.source, ScoreRuns)
+            else None
         )
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
@@ -201,11 +237,11 @@ class CountedAccess:
 
     @property
     def depth(self) -> int:
-        """How many sorted accesses have been made: the next rank sorted access serves."""
+        """How many sorted accesses have been made: the next depth sorted access serves."""
         return self._depth
 
     def fetch_sorted_until(self, end: int) -> None:
-        """Pull the canonical prefix up to rank `end` (exclusive) in one batch. After the first
+        """Pull the canonical prefix up to depth `end` (exclusive) in one batch. After the first
         read (a run that needs a second one is a long one), at least the store's
         `sorted_read_rows` rows, if it names them: reading ahead costs that store nothing."""
         start = self.prefix_fetched
@@ -217,38 +253,73 @@ class CountedAccess:
         rows = self.source.read_sorted(start, end - start)
         if len(rows) != end - start:
             raise AccessError(
-                f"store returned {len(rows)} rows for sorted ranks [{start}, {end}); the domain "
+                f"store returned {len(rows)} rows for sorted depths [{start}, {end}); the domain "
                 "changed during the run or the store does not serve its canonical order"
             )
         self._count_fetch(rows)
-        self._prefix.append(rows.ids, rows.scores)
+        self._prefix.append(rows)
+        if not self.ranked:
+            positions = self._checked_positions(rows)
+            new = ~self._known.lookup(positions)[0]
+            self._known.add(positions[new], np.asarray(rows.scores, dtype=np.float64)[new])
+            depths = np.arange(start, end, dtype=np.float64)
+            self._depth_of.add(positions, depths)
 
-    def is_fetched(self, rank: int) -> bool:
-        """Whether the score at `rank` is already known (no fetch needed)."""
-        if rank < self.prefix_fetched:
+    def _checked_positions(self, rows: Rows) -> np.ndarray:
+        positions = np.asarray(rows.positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
+            raise AccessError(f"store returned a position outside [0, {self.m})")
+        return positions
+
+    def _remember(self, positions: np.ndarray, ids: Any, scores: Any) -> None:
+        """Keep the scores and ids of rows read at positions not yet known."""
+        self._ids_by_position.update(zip(positions.tolist(), np.asarray(ids).tolist(), strict=True))
+        self._known.add(positions, np.asarray(scores, dtype=np.float64))
+
+    def prefix_positions(self) -> np.ndarray:
+        """The positions of the fetched prefix, by depth (read-only; no access counted)."""
+        return self._prefix.positions
+
+    def depths_of(self, positions: np.ndarray) -> np.ndarray:
+        """The depth of each position in the canonical order where it is known: its rank where
+        positions are ranks, its depth in the fetched prefix otherwise, and m (deeper than any
+        fetched row) for a position not in the prefix."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.ranked:
+            return positions
+        found, depths = self._depth_of.lookup(positions)
+        return np.where(found, depths, self.m).astype(np.int64)
+
+    def is_fetched(self, position: int) -> bool:
+        """Whether the score at `position` is already known (no fetch needed)."""
+        if self.ranked and position < self.prefix_fetched:
             return True
-        return bool(self._known.lookup(np.array([rank], dtype=np.int64))[0][0])
+        return bool(self._known.lookup(np.array([position], dtype=np.int64))[0][0])
 
-    def fetch_ranks(self, ranks: Sequence[int] | np.ndarray) -> None:
-        """Make the scores at the given ranks known, reading from the store in one batch.
+    def fetch_positions(self, positions: Sequence[int] | np.ndarray) -> None:
+        """Make the scores at the given positions known, reading from the store in one batch.
 
-        The canonical order sorts scores descending, so when the nearest known rows below and
-        above a rank have one score, the rank has that score too: it is *inferred*, not read (a
-        zone map on the sorted column; on count data most of the long tail is tied). The rows
-        still to read go in one batch. If the store keeps its runs of tied scores (`ScoreRuns`),
-        they are read instead once the rows read by rank would reach their number (ski rental:
-        at most about twice the rows of the cheaper choice), and every later random access is
-        answered from them.
+        Where positions are ranks the canonical order sorts scores descending along them, so
+        when the nearest known rows below and above a rank have one score, the rank has that
+        score too: it is *inferred*, not read (a zone map on the sorted column; on count data
+        most of the long tail is tied). The rows still to read go in one batch. If the store
+        keeps its runs of tied scores (`ScoreRuns`), they are read instead once the rows read by
+        rank would reach their number (ski rental: at most about twice the rows of the cheaper
+        choice), and every later random access is answered from them.
         """
-        wanted = np.unique(np.asarray(ranks, dtype=np.int64))
+        wanted = np.unique(np.asarray(positions, dtype=np.int64))
         if not len(wanted):
             return
         if wanted[0] < 0 or wanted[-1] >= self.m:
-            raise AccessError(f"rank out of range [0, {self.m})")
-        wanted = wanted[wanted >= self.prefix_fetched]
+            raise AccessError(f"position out of range [0, {self.m})")
+        if self.ranked:
+            wanted = wanted[wanted >= self.prefix_fetched]
         if self._known.count:
             wanted = wanted[~self._known.lookup(wanted)[0]]
         if not len(wanted):
+            return
+        if not self.ranked:
+            self._read_positions(wanted)
             return
         inferred, scores = self._infer(wanted)
         read = wanted[~inferred]
@@ -257,15 +328,16 @@ class CountedAccess:
             read = wanted[~inferred]
         if len(read):
             self._rank_rows += len(read)
-            rows = self.source.read_positions(read)
-            if len(rows) != len(read):
-                raise AccessError(f"store returned {len(rows)} rows for {len(read)} ranks")
-            self._count_fetch(rows)
-            got = np.asarray(rows.positions, dtype=np.int64)
-            self._ids_beyond.update(zip(got.tolist(), np.asarray(rows.ids).tolist(), strict=True))
-            self._known.add(got, np.asarray(rows.scores, dtype=np.float64))
+            self._read_positions(read)
         self._known.add(wanted[inferred], scores[inferred])
         self.stats.rows_inferred += int(inferred.sum())
+
+    def _read_positions(self, positions: np.ndarray) -> None:
+        rows = self.source.read_positions(positions)
+        if len(rows) != len(positions):
+            raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
+        self._count_fetch(rows)
+        self._remember(self._checked_positions(rows), rows.ids, rows.scores)
 
     def _infer(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mask, scores) of the ranks (beyond the prefix, not known) whose score is fixed: by the
@@ -315,8 +387,10 @@ class CountedAccess:
         self._count_fetch(rows)
         self.stats.sorted += self.m
         self._depth = self.m
-        self._prefix = _Prefix()
-        self._prefix.append(rows.ids, rows.scores)
+        self._prefix = _Prefix(keep_positions=not self.ranked)
+        self._prefix.append(rows)
+        if not self.ranked:
+            self._checked_positions(rows)
         return rows
 
     def _count_fetch(self, rows: Rows) -> None:
@@ -325,18 +399,18 @@ class CountedAccess:
 
     # ----- accesses: the steps of the sequential algorithm -----------------------------------
     def sorted_access(self) -> tuple[int, float]:
-        """The next (rank, score) in canonical order: one sorted access."""
-        rank = self._depth
-        if rank >= self.m:
+        """The next (position, score) in canonical order: one sorted access."""
+        depth = self._depth
+        if depth >= self.m:
             raise AccessError("sorted access past the end of the domain")
-        if rank >= self.prefix_fetched:
-            self.fetch_sorted_until(rank + 1)
+        if depth >= self.prefix_fetched:
+            self.fetch_sorted_until(depth + 1)
         self._depth += 1
         self.stats.sorted += 1
-        return rank, float(self._prefix.scores[rank])
+        return int(self._prefix.positions[depth]), float(self._prefix.scores[depth])
 
     def sorted_accesses(self, count: int) -> np.ndarray:
-        """The scores of the next `count` ranks in canonical order: `count` sorted accesses."""
+        """The scores of the next `count` depths in canonical order: `count` sorted accesses."""
         start, end = self._depth, self._depth + count
         if count < 0 or end > self.m:
             raise AccessError(f"sorted access past the end of the domain (m = {self.m})")
@@ -345,45 +419,47 @@ class CountedAccess:
         self.stats.sorted += count
         return self._prefix.scores[start:end].copy()
 
-    def random_access(self, rank: int) -> float:
-        """The score of the item at `rank`: one random access."""
+    def random_access(self, position: int) -> float:
+        """The score of the item at `position`: one random access."""
         self.stats.random += 1
-        if rank < self.prefix_fetched:
-            return float(self._prefix.scores[rank])
-        self.fetch_ranks([rank])
-        return float(self.scores_at(np.array([rank], dtype=np.int64))[0])
+        if self.ranked and position < self.prefix_fetched:
+            return float(self._prefix.scores[position])
+        self.fetch_positions([position])
+        return float(self.scores_at(np.array([position], dtype=np.int64))[0])
 
-    def random_accesses(self, ranks: np.ndarray) -> np.ndarray:
-        """The scores of the items at `ranks`: len(ranks) random accesses (one fetch if needed)."""
-        ranks = np.asarray(ranks, dtype=np.int64)
-        self.fetch_ranks(ranks)
-        self.stats.random += len(ranks)
-        return self.scores_at(ranks)
+    def random_accesses(self, positions: np.ndarray) -> np.ndarray:
+        """The scores of the items at `positions`: one random access each (one fetch if needed)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        self.fetch_positions(positions)
+        self.stats.random += len(positions)
+        return self.scores_at(positions)
 
-    def scores_at(self, ranks: np.ndarray) -> np.ndarray:
+    def scores_at(self, positions: np.ndarray) -> np.ndarray:
         """Scores of fetched rows, without counting an access: for an algorithm that evaluates
         ahead and then charges exactly the accesses its sequential form makes (`charge`)."""
-        ranks = np.asarray(ranks, dtype=np.int64)
-        in_prefix = ranks < self.prefix_fetched
-        scores = np.empty(len(ranks), dtype=np.float64)
-        scores[in_prefix] = self._prefix.scores[ranks[in_prefix]]
+        positions = np.asarray(positions, dtype=np.int64)
+        in_prefix = (
+            positions < self.prefix_fetched if self.ranked else np.zeros(len(positions), bool)
+        )
+        scores = np.empty(len(positions), dtype=np.float64)
+        scores[in_prefix] = self._prefix.scores[positions[in_prefix]]
         if not in_prefix.all():
-            beyond = ranks[~in_prefix]
+            beyond = positions[~in_prefix]
             found, known = self._known.lookup(beyond)
             if not found.all():
-                raise AccessError(f"rank {int(beyond[~found][0])} has not been fetched")
+                raise AccessError(f"position {int(beyond[~found][0])} has not been fetched")
             scores[~in_prefix] = known
         return scores
 
     def prefix_scores(self) -> np.ndarray:
-        """The scores of the fetched prefix (read-only view, no access counted)."""
+        """The scores of the fetched prefix, by depth (read-only view, no access counted)."""
         view = self._prefix.scores
         view.flags.writeable = False
         return view
 
     def charge(self, sorted_count: int, random_count: int) -> None:
         """Count accesses that a vectorised evaluation made from fetched rows: the sorted ones
-        are the next `sorted_count` ranks, which must have been fetched."""
+        are the next `sorted_count` depths, which must have been fetched."""
         if self._depth + sorted_count > self.prefix_fetched:
             raise AccessError("charged sorted accesses beyond the fetched prefix")
         self._depth += sorted_count
@@ -398,17 +474,32 @@ class CountedAccess:
         self.stats.round_trips += 1
         return scores
 
-    def id_of(self, rank: int) -> Any:
-        """The item id at a rank (no access is counted; see `ids_of`)."""
-        return self.ids_of([rank])[0]
+    def ids_at_depths(self, depths: Iterator[int] | Sequence[int]) -> list[Any]:
+        """The item ids at depths of the fetched prefix, as plain Python values (no access is
+        counted: it was when the rows were)."""
+        depths = [int(d) for d in depths]
+        if depths and max(depths) >= self.prefix_fetched:
+            raise AccessError("an id was asked for at a depth beyond the fetched prefix")
+        return self.ids_of(self._prefix.positions[depths]) if depths else []
 
-    def ids_of(self, ranks: Iterator[int] | Sequence[int]) -> list[Any]:
-        """The item ids at ranks whose scores are known, as plain Python values. No access is
+    def ids_of(self, positions: Iterator[int] | Sequence[int] | np.ndarray) -> list[Any]:
+        """The item ids at positions whose scores are known, as plain Python values. No access is
         counted: the accesses were counted when the scores were. An id at an inferred rank was
         never read; those are read in one batch (rows_fetched, one round trip)."""
-        ranks = [int(r) for r in ranks]
+        positions = [int(p) for p in positions]
+        if not self.ranked:
+            missing = np.array([p for p in positions if p not in self._ids_by_position], np.int64)
+            if len(missing):  # rows of the prefix (a full read keeps no map by position)
+                prefix = self._prefix.positions
+                depths = np.flatnonzero(np.isin(prefix, missing))
+                self._ids_by_position.update(
+                    zip(prefix[depths].tolist(), self._prefix.ids[depths].tolist(), strict=True)
+                )
+            if any(p not in self._ids_by_position for p in positions):
+                raise AccessError("an id was asked for at a position that was never read")
+            return [_plain(self._ids_by_position[p]) for p in positions]
         fetched = self.prefix_fetched
-        missing = sorted({r for r in ranks if r >= fetched and r not in self._ids_beyond})
+        missing = sorted({r for r in positions if r >= fetched and r not in self._ids_by_position})
         if missing:
             if not all(self.is_fetched(r) for r in missing):
                 raise AccessError("an id was asked for at a rank whose score is not known")
@@ -420,7 +511,12 @@ class CountedAccess:
                 raise AccessError("a row changed score during the run: the snapshot is broken")
             self._count_fetch(rows)
             got = np.asarray(rows.positions).tolist()
-            self._ids_beyond.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
+            self._ids_by_position.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
         prefix_ids = self._prefix.ids
-        out = [prefix_ids[r] if r < fetched else self._ids_beyond[r] for r in ranks]
-        return [x.item() if isinstance(x, np.generic) else x for x in out]  # plain Python ids
+        return [
+            _plain(prefix_ids[r] if r < fetched else self._ids_by_position[r]) for r in positions
+        ]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value

@@ -98,16 +98,16 @@ def private_top_k(
         distribution = make_noise(noise, guarantee.scale)
         rng = np.random.default_rng(seed)
         if method == "oneshot":
-            ranks = oneshot_top_k(access, distribution.sample(rng, access.m), k)
+            positions = oneshot_top_k(access, distribution.sample(rng, access.m), k)
         else:
             if oracle == "lazy":
                 noise_list = LazyNoiseList(distribution, access.m, rng)
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             if costs is None:
-                ranks = private_threshold_top_k(access, noise_list, k, batching or Batching())
+                positions = private_threshold_top_k(access, noise_list, k, batching or Batching())
             else:
                 schedule = batching or costs.batching(k, access.m)
-                ranks = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
-        items = access.ids_of(ranks)
+                positions = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
+        items = access.ids_of(positions)
     return TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)

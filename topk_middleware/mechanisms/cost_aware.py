@@ -109,28 +109,28 @@ class _Pending:
 
     def __init__(self) -> None:
         self.noise: dict[int, float] = {}
-        self._order = SortedList()  # (-z, rank): the head has the largest noise
+        self._order = SortedList()  # (-z, position): the head has the largest noise
 
     def __len__(self) -> int:
         return len(self.noise)
 
-    def add(self, rank: int, z: float) -> None:
-        self.noise[rank] = z
-        self._order.add((-z, rank))
+    def add(self, position: int, z: float) -> None:
+        self.noise[position] = z
+        self._order.add((-z, position))
 
-    def take(self, rank: int) -> float:
-        z = self.noise.pop(rank)
-        self._order.remove((-z, rank))
+    def take(self, position: int) -> float:
+        z = self.noise.pop(position)
+        self._order.remove((-z, position))
         return z
 
     def head(self) -> tuple[int, float] | None:
         if not self._order:
             return None
-        negative_z, rank = self._order[0]
-        return rank, -negative_z
+        negative_z, position = self._order[0]
+        return position, -negative_z
 
-    def ranks_from_head(self, count: int) -> list[int]:
-        return [rank for _, rank in self._order.islice(0, count)]
+    def positions_from_head(self, count: int) -> list[int]:
+        return [position for _, position in self._order.islice(0, count)]
 
     def count_at_least(self, bound: float) -> int:
         """How many pending items have noise z >= bound."""
@@ -150,7 +150,7 @@ def cost_aware_threshold_top_k(
     batching: Batching,
     costs: CostModel,
 ) -> list[int]:
-    """Algorithm 3 with deferred, pruned random accesses (module docstring): top-k ranks."""
+    """Algorithm 3 with deferred, pruned random accesses (module docstring): top-k positions."""
     m = access.m
     tracker = TopKTracker(k)
     seen: set[int] = set()
@@ -161,41 +161,47 @@ def cost_aware_threshold_top_k(
     start = 0
 
     def complete_head(count_hint: int, upcoming: list[int]) -> None:
-        rank, z = pending.head()  # type: ignore[misc]
-        if not access.is_fetched(rank):
+        position, z = pending.head()  # type: ignore[misc]
+        if not access.is_fetched(position):
             # One round trip for the completions expected next: the pending items nearest the
             # head, then the L2 items the block will meet.
-            access.fetch_ranks((pending.ranks_from_head(count_hint) + upcoming)[:count_hint])
-        pending.take(rank)
-        seen.add(rank)
-        tracker.offer(access.random_access(rank) + z, rank)
+            access.fetch_positions(
+                (pending.positions_from_head(count_hint) + upcoming)[:count_hint]
+            )
+        pending.take(position)
+        seen.add(position)
+        tracker.offer(access.random_access(position) + z, position)
 
-    noise_plan = NoisePlan(noise_list, k, m)
+    noise_plan = NoisePlan(noise_list, k, access)
     for block in batching.blocks(k):
         end = min(m, start + block)
         noise_plan.extend_to(end)
-        l2_ranks = noise_plan.l2_rank[start:end].tolist()
+        l2_positions = noise_plan.l2_position[start:end].tolist()
         plan = zip(
-            noise_plan.noise_of_rank[start:end].tolist(),
-            l2_ranks,
+            noise_plan.noise_at_depth[start:end].tolist(),
+            l2_positions,
             noise_plan.l2_noise[start:end].tolist(),
             strict=True,
         )
         access.fetch_sorted_until(end)
-        for step, (z_sorted_item, noise_rank, noise) in enumerate(plan):
-            rank, score = access.sorted_access()
-            if rank in pending.noise:
-                pending.take(rank)  # completed for free by sorted access
-            if rank not in seen:
-                seen.add(rank)
-                tracker.offer(score + z_sorted_item, rank)
+        for step, (z_sorted_item, noise_position, noise) in enumerate(plan):
+            position, score = access.sorted_access()
+            if position in pending.noise:
+                pending.take(position)  # completed for free by sorted access
+            if position not in seen:
+                seen.add(position)
+                tracker.offer(score + z_sorted_item, position)
             bound = tracker.kth() - score  # pending items with noise below it are pruned
-            if noise_rank not in seen and noise_rank not in pending.noise and noise >= bound:
-                pending.add(noise_rank, noise)  # (an arrival below the bound is pruned at once)
+            if (
+                noise_position not in seen
+                and noise_position not in pending.noise
+                and noise >= bound
+            ):
+                pending.add(noise_position, noise)  # (an arrival below the bound is pruned at once)
             pending.prune(bound)
             since_random += 1
             if closing_spent is None and since_random >= period and len(pending):
-                rest = l2_ranks[step:]
+                rest = l2_positions[step:]
                 complete_head(math.ceil(len(rest) / period) + 1, rest)
                 since_random = 0
                 pending.prune(tracker.kth() - score)

@@ -265,6 +265,28 @@ def sample_joint(
     return _sample_exact_set(gaps, t, t_prev, pyrng, rng)
 
 
+def _positions_of(access: CountedAccess, ranks: list[int], rng: np.random.Generator) -> list[int]:
+    """The positions of drawn ranks; one random access for each beyond the sorted prefix.
+
+    Ranks beyond the prefix all fall in the last segment of the draw, whose items are chosen
+    uniformly (_sample_exact_set): any uniform choice of unread items has the same law. Where
+    positions are ranks that choice is the drawn ranks; otherwise it is uniform positions not in
+    the prefix.
+    """
+    fetched = access.prefix_fetched
+    prefix = access.prefix_positions()
+    beyond = [i for i, r in enumerate(ranks) if r >= fetched]
+    positions = [int(prefix[r]) if r < fetched else int(r) for r in ranks]
+    if not access.ranked and beyond:
+        unread = np.setdiff1d(np.arange(access.m, dtype=np.int64), prefix)
+        drawn = rng.choice(unread, size=len(beyond), replace=False)
+        for i, p in zip(beyond, drawn.tolist(), strict=True):
+            positions[i] = int(p)
+    for i in beyond:
+        access.random_access(positions[i])  # the id of a drawn item beyond the prefix
+    return positions
+
+
 def joint_top_k(
     source: Source,
     k: int,
@@ -306,11 +328,9 @@ def joint_top_k(
             rng = np.random.default_rng(seed)
             ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
             assert ranks is not None
-        beyond = [r for r in ranks if r >= access.prefix_fetched]
-        for r in beyond:
-            access.random_access(r)  # the id of a drawn rank beyond the prefix
-        order = rng.permutation(len(ranks))
-        items = access.ids_of([ranks[i] for i in order])
+        positions = _positions_of(access, ranks, rng)
+        order = rng.permutation(len(positions))
+        items = access.ids_of([positions[i] for i in order])
     guarantee = PrivacyGuarantee(
         epsilon, 0.0, "exponential", 2.0 / epsilon, "Gillenwater et al. 2022, Theorem 8"
     )

@@ -124,7 +124,7 @@ def limited_domain_top_k(
         above = [int(r) for r in order if noisy[r] > v_bottom]
         ranks = above[:k]
         bottom = len(ranks) < k
-        items = access.ids_of(ranks)
+        items = access.ids_at_depths(ranks)
     if delta_prime > 0.0:
         eps_report = limited_domain_epsilon(k, epsilon, delta_prime)
         how = f"Durfee & Rogers 2019, Theorem 1 at delta' = {delta_prime:g}"

@@ -25,6 +25,8 @@ def top_k_ranks(values: np.ndarray, k: int, keys: np.ndarray | None = None) -> n
 
 
 def oneshot_top_k(access: CountedAccess, noises: np.ndarray, k: int) -> list[int]:
-    """Algorithm 2 with the given noise vector (noises[r] belongs to the item at rank r)."""
+    """Algorithm 2 with the given noise vector (noises[p] belongs to the item at position p):
+    the positions of the k largest h + Z, best first (ties: smaller position)."""
     rows = access.read_all()
-    return top_k_ranks(rows.scores + noises, k).tolist()
+    positions = np.asarray(rows.positions, dtype=np.int64)
+    return positions[top_k_ranks(rows.scores + noises[positions], k, positions)].tolist()

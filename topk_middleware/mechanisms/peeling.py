@@ -81,7 +81,7 @@ def peeling_top_k(
         charge(budget, cost)
         rows = access.read_all()
         ranks = peel(rows.scores, k, epsilon / k, np.random.default_rng(seed))
-        items = access.ids_of(ranks)
+        items = access.ids_at_depths(ranks)
     guarantee = PrivacyGuarantee(epsilon, 0.0, "exponential", k / epsilon, SOURCE)
     return MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost

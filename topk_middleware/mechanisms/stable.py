@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..access import AccessStats, CountedAccess, Rows, Source
+from ..access import AccessStats, CountedAccess, Rows, Source, positions_are_ranks
 from ..accounting import (
     MechanismResult,
     PrivacyBudget,
@@ -113,10 +113,22 @@ def _headline_epsilon(rho: float, delta_t: float, test: str, target: bool, delta
 
 
 class _Suffix:
-    """The histogram without its first `offset` ranks, as a Source (for the EM on h \\ S)."""
+    """The histogram without the items at its first `offset` depths, as a Source (for the EM on
+    h \\ S). `removed` are their positions. Where positions are ranks the suffix's positions are
+    the ranks shifted down by `offset`; otherwise each removed position below m - offset is given
+    to one of the items at the positions m - offset .. m - 1 that remain (so positions stay dense).
+    """
 
-    def __init__(self, source: Source, offset: int) -> None:
+    def __init__(self, source: Source, offset: int, removed: np.ndarray) -> None:
         self.source, self.offset = source, offset
+        self.positions_are_ranks = positions_are_ranks(source)
+        m = int(source.domain_size())
+        removed = np.asarray(removed, dtype=np.int64)
+        holes = np.sort(removed[removed < m - offset])
+        tail = np.arange(m - offset, m, dtype=np.int64)
+        movers = np.setdiff1d(tail, removed)  # sorted, as many as the holes
+        self._to_source = dict(zip(holes.tolist(), movers.tolist(), strict=True))
+        self._from_source = dict(zip(movers.tolist(), holes.tolist(), strict=True))
 
     def domain_size(self) -> int:
         return int(self.source.domain_size()) - self.offset
@@ -125,13 +137,23 @@ class _Suffix:
         return nullcontext()  # runs inside the caller's snapshot
 
     def _shift(self, rows: Rows) -> Rows:
-        return Rows(rows.positions - self.offset, rows.ids, rows.scores, rows.round_trips)
+        if self.positions_are_ranks:
+            positions = rows.positions - self.offset
+        else:
+            moved = self._from_source
+            positions = np.array([moved.get(p, p) for p in rows.positions.tolist()], np.int64)
+        return Rows(positions, rows.ids, rows.scores, rows.round_trips)
 
     def read_sorted(self, start: int, count: int) -> Rows:
         return self._shift(self.source.read_sorted(start + self.offset, count))
 
-    def read_positions(self, ranks: np.ndarray) -> Rows:
-        return self._shift(self.source.read_positions(np.asarray(ranks) + self.offset))
+    def read_positions(self, positions: np.ndarray) -> Rows:
+        if self.positions_are_ranks:
+            wanted = np.asarray(positions) + self.offset
+        else:
+            moved = self._to_source
+            wanted = np.array([moved.get(p, p) for p in np.asarray(positions).tolist()], np.int64)
+        return self._shift(self.source.read_positions(wanted))
 
     def read_ids(self, ids: Any) -> np.ndarray:
         return self.source.read_ids(ids)
@@ -226,22 +248,27 @@ def stable_top_k(
         passed = q_hat > 1.0
         stats = access.stats
         ranks: list[int] = list(range(k_tilde)) if passed else []
-        items = access.ids_of(ranks)
+        items = access.ids_at_depths(ranks)
         if target:
             eps_em = 2.0 * math.sqrt(rho)
             want = int(k)  # type: ignore[arg-type]
             if not passed:
                 extra = private_top_k(
-                    _Suffix(source, 0), want, eps_em, 0.0, "gumbel", seed=int(rng.integers(2**63))
+                    _Suffix(source, 0, np.empty(0, np.int64)),
+                    want,
+                    eps_em,
+                    0.0,
+                    "gumbel",
+                    seed=int(rng.integers(2**63)),
                 )
                 items, stats = list(extra.items), _add(stats, extra.accesses)
             elif k_tilde > want:
                 noisy = scores[:k_tilde] + rng.gumbel(0.0, want / eps_em, k_tilde)
                 keep = np.argsort(-noisy, kind="stable")[:want]
-                items = access.ids_of(sorted(int(r) for r in keep))
+                items = access.ids_at_depths(sorted(int(r) for r in keep))
             elif k_tilde < want:
                 extra = private_top_k(
-                    _Suffix(source, k_tilde),
+                    _Suffix(source, k_tilde, access.prefix_positions()[:k_tilde]),
                     want - k_tilde,
                     eps_em,
                     0.0,

@@ -6,8 +6,9 @@ and its expected cost on L1 is at most 2 (sqrt(mk) + sqrt(m/2)) (Theorem 4.2).
 
 Batching. Step s of the sequential algorithm makes one sorted access to each list, learns the noise
 of the L1 item (random access to L2) and the score of the L2 item (random access to L1, unless
-already seen). Which items a step touches depends only on ranks and on the noise list, never on
-scores; only *when it stops* depends on the data. So a block of steps is run in three phases:
+already seen). Which items a step touches depends only on the positions sorted access returns and
+on the noise list, never on scores (where positions are ranks, not even on the data); only *when
+it stops* depends on the scores. So a block of steps is run in three phases:
 plan (ask the noise list, see NoisePlan), fetch (one batch of sorted rows and one of random
 rows from the store), evaluate (the sequential stopping rule, step by step). The answer and the
 access counts are those of the sequential algorithm; only rows_fetched and round_trips change.
@@ -59,68 +60,83 @@ class Batching:
 class NoisePlan:
     """What the noise list answers at steps 0, 1, 2, ... of Algorithm 3, drawn ahead in chunks.
 
-    Step s needs the noise of the item of rank s (random access to L2) and the next item of L2
+    Step s needs the noise of the item at depth s (random access to L2) and the next item of L2
     with its noise (sorted access). The plan draws them for a whole chunk of steps with the noise
-    list's batched calls: first the chunk's sorted accesses, then the noises of its ranks. Any
-    order of calls samples the exact joint law of the noise list (Algorithm 4 samples each value
-    from its conditional law given the others), and the chunks are a fixed function of k, so the
-    plan, hence the answer for one seed, does not depend on how the store is batched. The chunks
-    are the default Batching's blocks, so a run with the default batching plans no step it does
-    not fetch.
+    list's batched calls: first the chunk's sorted accesses, then the noises of the positions at
+    its depths (fetching those rows first where positions are not ranks). Any order of calls
+    samples the exact joint law of the noise list (Algorithm 4 samples each value from its
+    conditional law given the others), and the chunks are a fixed function of k, so the plan,
+    hence the answer for one seed, does not depend on how the store is batched. The chunks are
+    the default Batching's blocks, so a run with the default batching plans no step it does not
+    fetch.
     """
 
-    def __init__(self, noise_list: NoiseList, k: int, m: int) -> None:
+    def __init__(self, noise_list: NoiseList, k: int, access: CountedAccess) -> None:
         self.noise_list = noise_list
-        self.m = m
-        self.noise_of_rank = np.empty(0)  # step s: the noise of the item of rank s
-        self.l2_rank = np.empty(0, dtype=np.int64)  # step s: the item at position s of L2 ...
+        self.access = access
+        self.noise_at_depth = np.empty(0)  # step s: the noise of the item at depth s
+        self.l2_position = np.empty(0, dtype=np.int64)  # step s: the item at place s of L2 ...
         self.l2_noise = np.empty(0)  # ... and its noise
         self._chunks = Batching().blocks(k)
 
     def __len__(self) -> int:
-        return len(self.l2_rank)
+        return len(self.l2_position)
 
     def extend_to(self, end: int) -> None:
         """Make sure steps 0 .. end - 1 are planned."""
-        end = min(end, self.m)
+        m = self.access.m
+        end = min(end, m)
         while len(self) < end:
             start = len(self)
-            count = min(next(self._chunks), self.m - start)
-            ranks, noises = self.noise_list.next_sorted_batch(count)
-            own = self.noise_list.noises_of(np.arange(start, start + count, dtype=np.int64))
-            self.l2_rank = np.concatenate([self.l2_rank, np.asarray(ranks, dtype=np.int64)])
+            count = min(next(self._chunks), m - start)
+            positions, noises = self.noise_list.next_sorted_batch(count)
+            if self.access.ranked:
+                at_depths = np.arange(start, start + count, dtype=np.int64)
+            else:
+                self.access.fetch_sorted_until(start + count)
+                at_depths = self.access.prefix_positions()[start : start + count]
+            own = self.noise_list.noises_of(at_depths)
+            self.l2_position = np.concatenate(
+                [self.l2_position, np.asarray(positions, dtype=np.int64)]
+            )
             self.l2_noise = np.concatenate([self.l2_noise, np.asarray(noises, dtype=float)])
-            self.noise_of_rank = np.concatenate([self.noise_of_rank, np.asarray(own, dtype=float)])
+            self.noise_at_depth = np.concatenate([self.noise_at_depth, np.asarray(own, float)])
 
 
 @dataclass(frozen=True)
 class _Steps:
     """Steps 0 .. n-1 of Algorithm 3 seen all at once (arrays indexed by step s).
 
-    At step s the run has seen the items of ranks 0..s (sorted access on the store) and the items
-    L2 served at steps 0..s; item l2_rank[t] needed a random access iff it had not been seen
-    before, i.e. iff l2_rank[t] > t. tau[s] = h[s] + l2_noise[s] is TA's threshold.
+    At step s the run has seen the items at depths 0..s (sorted access on the store) and the items
+    L2 served at steps 0..s; item l2_position[t] needed a random access iff sorted access had not
+    reached it before, i.e. iff its depth l2_depth[t] > t. tau[s] = h[s] + l2_noise[s] is TA's
+    threshold.
     """
 
-    own_value: np.ndarray  # h + Z of the item of rank s
-    l2_rank: np.ndarray
+    own_position: np.ndarray  # the position of the item at depth s
+    own_value: np.ndarray  # h + Z of the item at depth s
+    l2_position: np.ndarray
+    l2_depth: np.ndarray  # depth of the L2 item of step s (m where beyond the fetched prefix)
     l2_value: np.ndarray  # h + Z of the L2 item of step s (-inf where it was already seen)
     tau: np.ndarray
 
     @classmethod
     def gather(cls, access: CountedAccess, plan: NoisePlan, n: int) -> _Steps:
         h = access.prefix_scores()[:n]
-        l2_rank, l2_noise = plan.l2_rank[:n], plan.l2_noise[:n]
-        new = l2_rank > np.arange(n)
+        l2_position, l2_noise = plan.l2_position[:n], plan.l2_noise[:n]
+        l2_depth = access.depths_of(l2_position)
+        new = l2_depth > np.arange(n)
         l2_value = np.full(n, -np.inf)
-        l2_value[new] = access.scores_at(l2_rank[new]) + l2_noise[new]
-        return cls(h + plan.noise_of_rank[:n], l2_rank, l2_value, h + l2_noise)
+        l2_value[new] = access.scores_at(l2_position[new]) + l2_noise[new]
+        own_position = access.prefix_positions()[:n]
+        own_value = h + plan.noise_at_depth[:n]
+        return cls(own_position, own_value, l2_position, l2_depth, l2_value, h + l2_noise)
 
     def reaching(self, s: int) -> int:
         """How many items seen by step s have value >= tau[s] (TA stops once it is >= k)."""
         t = self.tau[s]
         own = np.count_nonzero(self.own_value[: s + 1] >= t)
-        only_l2 = (self.l2_rank[: s + 1] > s) & (self.l2_value[: s + 1] >= t)
+        only_l2 = (self.l2_depth[: s + 1] > s) & (self.l2_value[: s + 1] >= t)
         return own + int(np.count_nonzero(only_l2))
 
     def first_stop(self, k: int, start: int) -> int | None:
@@ -142,42 +158,44 @@ class _Steps:
         return low
 
     def top_k(self, k: int, stop: int) -> tuple[list[int], int]:
-        """Ranks of the k best items seen by step `stop`, best first (ties: smaller rank), and
-        the number of random accesses the sequential run made up to that step."""
-        l2_only = self.l2_rank[: stop + 1] > stop
-        ranks = np.concatenate([np.arange(stop + 1), self.l2_rank[: stop + 1][l2_only]])
+        """Positions of the k best items seen by step `stop`, best first (ties: smaller
+        position), and the number of random accesses the sequential run made up to that step."""
+        l2_only = self.l2_depth[: stop + 1] > stop
+        positions = np.concatenate(
+            [self.own_position[: stop + 1], self.l2_position[: stop + 1][l2_only]]
+        )
         values = np.concatenate([self.own_value[: stop + 1], self.l2_value[: stop + 1][l2_only]])
-        best = top_k_ranks(values, k, ranks)
-        random = int(np.count_nonzero(self.l2_rank[: stop + 1] > np.arange(stop + 1)))
-        return ranks[best].tolist(), random
+        best = top_k_ranks(values, k, positions)
+        random = int(np.count_nonzero(self.l2_depth[: stop + 1] > np.arange(stop + 1)))
+        return positions[best].tolist(), random
 
 
 def private_threshold_top_k(
     access: CountedAccess, noise_list: NoiseList, k: int, batching: Batching
 ) -> list[int]:
-    """Algorithm 3: ranks of the top-k items of h + Z, best first.
+    """Algorithm 3: positions of the top-k items of h + Z, best first.
 
     Each block: plan (NoisePlan), fetch (the sorted prefix and the rows of the block's L2 items
     beyond it, one round trip each), evaluate (TA's stopping rule over the steps so far, vectorised
     in _Steps). The answer and the charged accesses are those of the sequential run.
     """
     m = access.m
-    plan = NoisePlan(noise_list, k, m)
+    plan = NoisePlan(noise_list, k, access)
     start = 0
     for block in batching.blocks(k):
         end = min(m, start + block)
         plan.extend_to(end)
         access.fetch_sorted_until(end)
-        block_l2 = plan.l2_rank[start:end]
-        access.fetch_ranks(block_l2[block_l2 >= end])
+        block_l2 = plan.l2_position[start:end]
+        access.fetch_positions(block_l2[access.depths_of(block_l2) >= end])
         steps = _Steps.gather(access, plan, end)
         stop = steps.first_stop(k, start)
         if stop is None and end < m:
             start = end
             continue
-        ranks, random = steps.top_k(k, end - 1 if stop is None else stop)
+        positions, random = steps.top_k(k, end - 1 if stop is None else stop)
         access.charge(
             sorted_count=(end if stop is None else stop + 1) - access.depth, random_count=random
         )
-        return ranks
+        return positions
     raise AssertionError("unreachable")
