@@ -90,13 +90,28 @@ def runs_table_name(rank_table: str) -> str:
     return head.decode("utf-8", "ignore") + suffix
 
 
+MODES = ("copy", "live")
+
+
 class PostgresTable:
     """A histogram held in a PostgreSQL table: one row per item of the public domain.
 
     `conninfo_or_connection` is a libpq connection string (the adapter opens and owns an
     autocommit connection) or a psycopg Connection that is not inside a transaction.
-    Identifiers are composed with psycopg.sql, never pasted.
+    Identifiers are composed with psycopg.sql, never pasted. `mode="copy"` (the default) serves
+    runs from the rank table `prepare()` writes (module docstring); `mode="live"` reads the table
+    itself, through its B-trees and a position table kept current by triggers, with no rebuild
+    after writes (adapters/postgres_live.py).
     """
+
+    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> PostgresTable:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if cls is PostgresTable and mode == "live":
+            from .postgres_live import LivePostgresTable
+
+            return super().__new__(LivePostgresTable)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -107,7 +122,9 @@ class PostgresTable:
         *,
         schema: str | None = None,
         rank_table: str | None = None,
+        mode: str = "copy",
     ) -> None:
+        self.mode = mode
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -135,8 +152,8 @@ class PostgresTable:
             repr(table) if schema is None else f"{schema!r}.{table!r}"
         )
         self._run: _Run | None = None
-        text_ids = self._check_columns()
-        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
+        self._text_ids = self._check_columns()
+        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
         self._order = sql.SQL("{} DESC, {} ASC").format(self._score, id_key)
 
     # ----- construction from raw votes ----------------------------------------------------------
@@ -153,6 +170,7 @@ class PostgresTable:
         into: str | None = None,
         schema: str | None = None,
         replace: bool = False,
+        mode: str = "copy",
     ) -> PostgresTable:
         """Count votes per item as COUNT(DISTINCT client) over the public table of all items.
 
@@ -200,7 +218,7 @@ class PostgresTable:
                     "FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
                 ).format(out=out, i=i, v=v, ii=ii, vi=vi, vc=vc)
             )
-        source = cls(conn, into, id="id", score="score", schema=schema)
+        source = cls(conn, into, id="id", score="score", schema=schema, mode=mode)
         source._owns_connection = owned
         return source
 

@@ -11,14 +11,16 @@ import numpy as np
 
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
-from topk_middleware.access import Rows, ScoreRuns, Source
+from topk_middleware.access import Rows, ScoreRuns, Source, positions_are_ranks
 
 
 class CountingSource:
-    """Wraps a Source and counts, independently of CountedAccess, every row and call it serves."""
+    """Wraps a Source and counts, independently of CountedAccess, every row and call it serves.
+    It keeps whether the source's positions are ranks (that changes what the core may infer)."""
 
     def __init__(self, inner: Source) -> None:
         self.inner = inner
+        self.positions_are_ranks = positions_are_ranks(inner)
         self.sorted_rows = 0
         self.rank_rows = 0
         self.id_rows = 0

@@ -1,0 +1,443 @@
+"""PostgresTable(..., mode="live"): release from the user's table as it is now, with no copy.
+
+`PostgresTable(conninfo, table, mode="live")` reads the table itself in each run's snapshot, so
+writes need no rebuild: UPDATE, INSERT and DELETE of counts are seen by the next run.
+
+What `prepare()` installs, once (adapters/postgres.py builds nothing else in this mode):
+
+* a B-tree on the table's (score DESC, id) (`COLLATE "C"` for text ids: the canonical order of
+  topk_middleware/access.py), and a unique B-tree on id unless the table has one, both with
+  CREATE INDEX CONCURRENTLY, so writers are never blocked while they are built. PostgreSQL keeps
+  them current on every write;
+* a *position table* `<table>_topk_pos (position bigint PRIMARY KEY, id UNIQUE)`: positions
+  0..m-1 are what random access and uniform sampling name (access.py, DESIGN invariant 11);
+* row triggers on the table that keep positions dense at O(1) per changed item: an inserted item
+  takes position m; a deleted item's position is given to the item at position m - 1 (swap-
+  remove); a changed id is a delete and an insert; a TRUNCATE empties the position table. Item
+  inserts and deletes are serialised by a transaction-level advisory lock (updates of counts take
+  no lock and fire no trigger). The position table is filled and the triggers created in one
+  transaction that holds a SHARE ROW EXCLUSIVE lock on the table for its duration (writers wait
+  those seconds once; readers never).
+
+Each run is one REPEATABLE READ READ ONLY transaction. It learns m and checks the scores in one
+query of three index probes (the last position; the largest score, which must be finite and not
+NULL, NaN sorting there too; the smallest, which must be >= 0), never a count(*). Sorted access
+is a server-side cursor over the (score DESC, id) B-tree joined to the position table (FETCH
+FORWARD n per read; any other start falls back to OFFSET); random access by position goes through
+the position table's primary key and the table's id B-tree (`position = ANY(...)`), one query
+per batch. Concurrent writers are never blocked and never change a run (the snapshot sees one
+state of the table, its positions and its indexes).
+
+Positions are not ranks here: nothing is inferred from tied neighbours and the runs of tied
+scores are not used (access.py). Zero-vote items are rows with score 0 (a `from_votes` counts
+table has them): they count in m and come last in sorted access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from topk_middleware.access import AccessError, Rows
+
+from ._sql import (
+    MAX_IDENTIFIER_BYTES,
+    AccessCheck,
+    AccessPath,
+    plain_values,
+    rows_from_records,
+    scores_in_order,
+)
+from .postgres import PostgresTable, _seq_scans
+
+# Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
+# run reads a small fraction of the table, so the cursor walks the B-tree instead of sorting.
+CURSOR_TUPLE_FRACTION = 1e-6
+
+
+@dataclass
+class _LiveRun:
+    m: int
+    cursor: psycopg.ServerCursor[Any] | None = None
+    depth: int = 0  # the next depth the cursor serves
+
+
+def _short_name(base: str, suffix: str) -> str:
+    """`base + suffix`, or, past PostgreSQL's 63-byte limit, `base` cut short with a hash."""
+    name = base + suffix
+    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return name
+    tag = "_" + hashlib.sha1(base.encode("utf-8")).hexdigest()[:8] + suffix
+    head = base.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(tag)]
+    return head.decode("utf-8", "ignore") + tag
+
+
+class LivePostgresTable(PostgresTable):
+    """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
+
+    positions_are_ranks = False
+    _live: _LiveRun | None = None  # the run in progress, inside snapshot()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._setup_live()
+
+    def _setup_live(self) -> None:
+        schema, table = self.schema, self.table
+        self.position_table = _short_name(table, "_topk_pos")
+        digest = hashlib.sha1(
+            "\x00".join((schema or "", table, self.id_column, self.score_column)).encode()
+        ).hexdigest()[:12]
+        self.order_index = f"topk_{digest}_order"
+        self.live_id_index = f"topk_{digest}_live_id"
+        self.trigger_function = f"topk_{digest}_positions"
+        self._lock_key = int(digest[:15], 16)  # advisory lock of item inserts and deletes
+        qualify = (
+            (lambda n: sql.Identifier(n))
+            if schema is None
+            else (lambda n: sql.Identifier(schema, n))
+        )
+        self._pos = qualify(self.position_table)
+        self._function = qualify(self.trigger_function)
+
+    # ----- preparation --------------------------------------------------------------------------
+    def prepare(self, refresh: bool = False) -> None:
+        """Install the B-trees, the position table and its triggers if they are missing
+        (idempotent; `refresh` is accepted for symmetry and changes nothing: a live table needs
+        no rebuild). The table is validated first."""
+        if self._live is not None or self._run is not None:
+            raise RuntimeError("prepare() cannot run inside snapshot()")
+        self.validate()
+        conn = self._conn
+        if not conn.autocommit and conn.info.transaction_status != TransactionStatus.IDLE:
+            raise RuntimeError(f"{self.where}: prepare() needs a connection outside a transaction")
+        saved = conn.autocommit
+        conn.autocommit = True  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
+        try:
+            id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
+            conn.execute(
+                sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} ({} DESC, {})").format(
+                    sql.Identifier(self.order_index), self._base, self._score, id_key
+                )
+            )
+            if not self._has_unique_id_index():
+                conn.execute(
+                    sql.SQL("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} ({})").format(
+                        sql.Identifier(self.live_id_index), self._base, self._id
+                    )
+                )
+        except psycopg.errors.UniqueViolation:
+            raise ValueError(f"{self.where} column {self.id_column!r} has duplicate ids") from None
+        finally:
+            conn.autocommit = saved
+        with conn.transaction():
+            if not self._positions_installed(conn):
+                self._install_positions(conn)
+        with conn.transaction():
+            conn.execute(sql.SQL("ANALYZE {}").format(self._pos))
+
+    def _has_unique_id_index(self) -> bool:
+        """Whether a valid unique B-tree has exactly the id column as its key."""
+        query = (
+            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = "
+            "i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = %s::regclass AND "
+            "i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indexprs IS NULL AND "
+            "i.indpred IS NULL AND a.attname = %s)"
+        )
+        with self._reading() as cur:
+            base = self._base.as_string(self._conn)
+            return bool(cur.execute(query, [base, self.id_column]).fetchone()[0])
+
+    def _positions_installed(self, reader: Any) -> bool:
+        query = (
+            "SELECT to_regclass(%s) IS NOT NULL AND (SELECT count(*) = 3 FROM pg_trigger "
+            "WHERE tgrelid = %s::regclass AND tgname LIKE %s AND NOT tgisinternal)"
+        )
+        params = [self._pos.as_string(self._conn), self._base.as_string(self._conn)]
+        return bool(reader.execute(query, [*params, self.trigger_function + "%"]).fetchone()[0])
+
+    def _install_positions(self, conn: psycopg.Connection[Any]) -> None:
+        """Position table, filled in id order, and its triggers: one transaction (the caller's)
+        holding a SHARE ROW EXCLUSIVE lock on the table, so no write falls in between."""
+        conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(self._base))
+        id_type = conn.execute(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attname = %s",
+            [self._base.as_string(conn), self.id_column],
+        ).fetchone()[0]
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._pos))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {pos} (position bigint PRIMARY KEY, id {type} NOT NULL UNIQUE)"
+            ).format(pos=self._pos, type=sql.SQL(id_type))
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {pos} (position, id) SELECT row_number() OVER (ORDER BY {id}) - 1, "
+                "{id} FROM {base}"
+            ).format(pos=self._pos, id=self._id, base=self._base)
+        )
+        where = self.where.replace("'", "''")
+        body = sql.SQL(
+            """
+DECLARE
+  freed bigint;
+  last bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock({lock});
+  IF TG_OP = 'TRUNCATE' THEN
+    DELETE FROM {pos};
+    RETURN NULL;
+  END IF;
+  IF TG_OP IN ('DELETE', 'UPDATE') THEN
+    DELETE FROM {pos} WHERE id = OLD.{id} RETURNING position INTO freed;
+    SELECT position INTO last FROM {pos} ORDER BY position DESC LIMIT 1;
+    IF freed IS NOT NULL AND last IS NOT NULL AND last > freed THEN
+      UPDATE {pos} SET position = freed WHERE position = last;
+    END IF;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    IF NEW.{id} IS NULL THEN
+      RAISE EXCEPTION 'topk_middleware: {where} takes no NULL id (a live table names items by id)';
+    END IF;
+    INSERT INTO {pos} (position, id)
+      VALUES (coalesce((SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), 0),
+              NEW.{id});
+  END IF;
+  RETURN NULL;
+END
+"""
+        ).format(lock=sql.Literal(self._lock_key), pos=self._pos, id=self._id, where=sql.SQL(where))
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS {body}"
+            ).format(fn=self._function, body=sql.Literal(body.as_string(conn)))
+        )
+        triggers = (
+            ("_items", "AFTER INSERT OR DELETE", "FOR EACH ROW"),
+            (
+                "_ids",
+                "AFTER UPDATE OF {id}",
+                "FOR EACH ROW WHEN (OLD.{id} IS DISTINCT FROM NEW.{id})",
+            ),
+            ("_truncate", "AFTER TRUNCATE", "FOR EACH STATEMENT"),
+        )
+        for suffix, event, each in triggers:
+            name = sql.Identifier(self.trigger_function + suffix)
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(name, self._base))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {name} "
+                    + event
+                    + " ON {base} "
+                    + each
+                    + " EXECUTE FUNCTION {fn}()"
+                ).format(name=name, base=self._base, id=self._id, fn=self._function)
+            )
+
+    @contextmanager
+    def _reading(self) -> Iterator[psycopg.Cursor[Any]]:
+        if self._live is not None:  # inside the run's transaction
+            with self._conn.cursor() as cur:
+                yield cur
+        else:
+            with super()._reading() as cur:
+                yield cur
+
+    def is_stale(self) -> bool:
+        """Never: a live run reads the table as it is."""
+        return False
+
+    def has_rank_table(self) -> bool:
+        return False
+
+    # ----- the Source protocol ------------------------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One REPEATABLE READ READ ONLY transaction: the table, its positions and its indexes
+        as of its start, for every read of the run."""
+        if self._live is not None:
+            yield
+            return
+        conn = self._conn
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise RuntimeError(
+                f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
+                "its own REPEATABLE READ READ ONLY transaction"
+            )
+        saved = conn.isolation_level, conn.read_only
+        conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+        try:
+            with conn.transaction():
+                self._live = run = _LiveRun(self._live_m(conn))
+                try:
+                    yield
+                finally:
+                    self._live = None
+                    if run.cursor is not None and not run.cursor.closed:
+                        try:
+                            run.cursor.close()
+                        except psycopg.Error:
+                            pass  # the transaction is failing: its end closes the cursor
+        finally:
+            conn.isolation_level, conn.read_only = saved
+
+    def _live_m(self, reader: Any) -> int:
+        """m, after checking the scores' extremes: one query of three index probes."""
+        if not self._positions_installed(reader):
+            raise ValueError(
+                f"{self.where} has no position table {self.position_table!r} with its triggers: "
+                "call prepare() (mode='live')"
+            )
+        # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
+        # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows)
+        # and a small cursor_tuple_fraction (walk the B-tree rather than sort).
+        query = sql.SQL(
+            "SELECT set_config('jit', 'off', true), "
+            "set_config('cursor_tuple_fraction', {fraction}, true), "
+            "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
+            "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
+            "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
+            "LIMIT 1), "
+            "(SELECT b.{score} IS NULL FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1)"
+        ).format(
+            fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
+            pos=self._pos,
+            score=self._score,
+            base=self._base,
+        )
+        _, _, m, top, bottom, null_first = reader.execute(query).fetchone()
+        if m is None:
+            raise ValueError(f"{self.where} is empty: there is no item to select")
+        column = f"{self.where} column {self.score_column!r}"
+        if null_first:
+            raise ValueError(f"{column} has NULL score(s)")
+        if top is None or not np.isfinite(top):
+            raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
+        if bottom < 0:
+            raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
+        return int(m)
+
+    def _live_state(self) -> _LiveRun:
+        if self._live is None:
+            raise RuntimeError(f"{self.where}: live reads happen inside snapshot()")
+        return self._live
+
+    def domain_size(self) -> int:
+        if self._live is not None:
+            return self._live.m
+        with self._reading() as cur:
+            return self._live_m(cur)
+
+    def score_run_count(self) -> int | None:
+        return None
+
+    def _sorted_live_query(self) -> sql.Composable:
+        return sql.SQL(
+            "SELECT p.position, b.{id}, b.{score}::float8 FROM {base} AS b JOIN {pos} AS p "
+            "ON p.id = b.{id} ORDER BY b.{order}"
+        ).format(
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            pos=self._pos,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+
+    def _order_parts(self) -> list[sql.Composable]:
+        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
+        return [sql.SQL("{} DESC").format(self._score), sql.SQL("{} ASC").format(id_key)]
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        run = self._live_state()
+        start, stop = int(start), min(int(start) + int(count), run.m)
+        if stop <= start:
+            return rows_from_records([])
+        if run.cursor is None or run.depth != start:
+            if run.cursor is not None:
+                run.cursor.close()
+            run.cursor = self._conn.cursor(name=f"topk_sorted_{id(self):x}")
+            query = self._sorted_live_query()
+            if start:
+                query = query + sql.SQL(" OFFSET {}").format(sql.Literal(start))
+            run.cursor.execute(query)
+            run.depth = start
+        records = run.cursor.fetchmany(stop - start)
+        run.depth += len(records)
+        return rows_from_records(records)
+
+    def read_positions(self, positions: np.ndarray) -> Rows:
+        self._live_state()
+        wanted = plain_values(np.asarray(positions, dtype=np.int64))
+        if not wanted:
+            return rows_from_records([])
+        query = sql.SQL(
+            "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {base} AS b "
+            "ON b.{id} = p.id WHERE p.position = ANY(%s::bigint[])"
+        ).format(id=self._id, score=self._score, base=self._base, pos=self._pos)
+        with self._reading() as cur:
+            return rows_from_records(cur.execute(query, [wanted]).fetchall())
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        wanted = plain_values(ids)
+        if not wanted:
+            return np.empty(0, dtype=np.float64)
+        query = sql.SQL("SELECT {id}, {score}::float8 FROM {base} WHERE {id} = ANY(%s)").format(
+            id=self._id, score=self._score, base=self._base
+        )
+        with self._reading() as cur:
+            found = dict(cur.execute(query, [wanted]).fetchall())
+        return scores_in_order(found, wanted, self.where)
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        raise AccessError("a live table keeps no runs of tied scores")
+
+    def check(self) -> AccessCheck:
+        """How each access kind will be served, from EXPLAIN with sequential scans disabled."""
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            installed = self._positions_installed(cur)
+            if not installed:
+                warnings.warn(f"{self.where}: call prepare() (mode='live')", stacklevel=2)
+                return AccessCheck(
+                    self.where,
+                    [
+                        AccessPath(a, True, "no position table: call prepare() (mode='live')")
+                        for a in ("sorted", "random by position", "random by id")
+                    ],
+                )
+            cur.execute("SET LOCAL enable_seqscan = off")
+            probes = [
+                ("sorted", self._sorted_live_query() + sql.SQL(" LIMIT 100"), []),
+                (
+                    "random by position",
+                    sql.SQL(
+                        "SELECT b.{id} FROM {pos} AS p JOIN {base} AS b ON b.{id} = p.id "
+                        "WHERE p.position = ANY(%s::bigint[])"
+                    ).format(id=self._id, pos=self._pos, base=self._base),
+                    [[1, 2, 3]],
+                ),
+                (
+                    "random by id",
+                    sql.SQL("SELECT {score} FROM {base} WHERE {id} = ANY(%s)").format(
+                        score=self._score, base=self._base, id=self._id
+                    ),
+                    [self._sample_ids(cur)],
+                ),
+            ]
+            paths = []
+            for access, query, params in probes:
+                plan = cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()[0]
+                scans = sorted(_seq_scans(plan if isinstance(plan, list) else json.loads(plan)))
+                how = f"sequential scan of {', '.join(scans)}" if scans else "index scan"
+                paths.append(AccessPath(access, bool(scans), how + " (live table)"))
+        return AccessCheck(self.where, paths)

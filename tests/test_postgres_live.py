@@ -1,0 +1,281 @@
+"""PostgresTable(mode="live") on the real server: releases from the table as it is now.
+
+The reference for a live table is ArraySource over the same counts with the same positions
+(`positions="input"`, arrays in position order): with one seed both must give the same answer
+and the same sequential access counts, whatever was written since `prepare()`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from adapters.memory import ArraySource
+from adapters.postgres import PostgresTable
+from tests.helpers import CountingSource, plateau_histogram
+from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
+from topk_middleware import private_top_k
+from topk_middleware.access import Rows
+
+Made = Callable[..., PostgresTable]
+
+
+@pytest.fixture
+def make_live(pg_conninfo: str, pg_schema: str) -> Iterator[Made]:
+    made: list[PostgresTable] = []
+
+    def make(scores: Any, ids: Any = None) -> PostgresTable:
+        name = TABLE.format(uuid.uuid4().hex[:8])
+        with _connect(pg_conninfo) as conn:
+            create_table(conn, pg_schema, name, scores, ids)
+        source = PostgresTable(
+            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+        )
+        made.append(source)
+        source.prepare()
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+
+
+def execute(conninfo: str, source: PostgresTable, statement: str, *params: Any) -> None:
+    """Run a write on a connection of its own, committed: {t}, {id}, {score} name the table."""
+    with _connect(conninfo) as conn:
+        conn.execute(
+            sql.SQL(statement).format(
+                t=sql.Identifier(source.schema, source.table),
+                id=sql.Identifier(ID_COLUMN),
+                score=sql.Identifier(SCORE_COLUMN),
+            ),
+            list(params),
+        )
+
+
+def reference(conninfo: str, source: PostgresTable) -> ArraySource:
+    """ArraySource over the table's current counts, its arrays in the position table's order
+    (read with the server, independently of the adapter's reads)."""
+    query = sql.SQL(
+        "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {t} AS b "
+        "ON b.{id} = p.id ORDER BY p.position"
+    ).format(
+        id=sql.Identifier(ID_COLUMN),
+        score=sql.Identifier(SCORE_COLUMN),
+        pos=sql.Identifier(source.schema, source.position_table),
+        t=sql.Identifier(source.schema, source.table),
+    )
+    with _connect(conninfo) as conn:
+        records = conn.execute(query).fetchall()
+        (count,) = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(source.schema, source.table))
+        ).fetchone()
+    assert [r[0] for r in records] == list(range(count))  # positions are dense 0..m-1
+    return ArraySource([r[2] for r in records], [r[1] for r in records], positions="input")
+
+
+def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:
+    for seed in range(4):
+        for options in ({}, {"oracle": "eager"}, {"method": "oneshot"}, {"noise": "laplace"}):
+            got = private_top_k(source, k, 1.0, seed=seed, **options)
+            ref = private_top_k(want, k, 1.0, seed=seed, **options)
+            assert got.items == ref.items, (seed, options)
+            assert (got.accesses.sorted, got.accesses.random) == (
+                ref.accesses.sorted,
+                ref.accesses.random,
+            )
+            assert got.m == ref.m
+
+
+def test_live_runs_release_from_the_counts_after_writes(pg_conninfo: str, make_live: Made) -> None:
+    """UPDATE, INSERT and DELETE of counts, no prepare() in between: each run releases from the
+    new counts, exactly as ArraySource over them with the same positions. Fails if a run read a
+    stale copy, if positions were not kept dense (an item reachable twice or never, a wrong m),
+    or if sorted access and random access disagreed on an item."""
+    rng = np.random.default_rng(7)
+    scores = rng.integers(0, 40, 3000)
+    source = make_live(scores, np.arange(3000) * 3)
+    assert not source.positions_are_ranks and source.score_run_count() is None
+    assert_same_releases(source, reference(pg_conninfo, source), 5)
+
+    execute(
+        pg_conninfo, source, "UPDATE {t} SET {score} = {score} + 500 WHERE {id} = ANY(%s)", [9, 300]
+    )
+    released = private_top_k(source, 2, 1.0).items
+    assert set(released) == {9, 300}  # 500 votes ahead: the new counts are read
+    assert_same_releases(source, reference(pg_conninfo, source), 5)
+
+    execute(pg_conninfo, source, "DELETE FROM {t} WHERE {id} = ANY(%s)", [0, 9, 4500, 8997])
+    execute(pg_conninfo, source, "INSERT INTO {t} VALUES (%s, %s), (%s, %s)", -1, 900, 10**6, 0)
+    want = reference(pg_conninfo, source)
+    assert want.domain_size() == 3000 - 4 + 2
+    assert_same_releases(source, want, 5)
+    assert private_top_k(source, 1, 1.0).items == [-1]
+
+    execute(pg_conninfo, source, "UPDATE {t} SET {id} = %s WHERE {id} = %s", 77777, -1)
+    assert private_top_k(source, 1, 1.0).items == [77777]  # a changed id is a new item
+    assert_same_releases(source, reference(pg_conninfo, source), 3)
+
+
+def test_sorted_and_positional_reads_agree(pg_conninfo: str, make_live: Made) -> None:
+    """Sorted access over the whole domain, in uneven reads, is the canonical order (score
+    descending, ties by id), and reading the same positions by random access gives the same rows;
+    text ids compare in byte order."""
+    ids = ["b", "B", "a", "é", "a ", "Z", "ab", "c"] * 1
+    scores = [3, 3, 3, 1, 3, 0, 1, 3]
+    source = make_live(scores, ids)
+    execute(pg_conninfo, source, "INSERT INTO {t} VALUES ('A', 3), ('zz', 1)")
+    execute(pg_conninfo, source, "DELETE FROM {t} WHERE {id} = 'a'")
+    canonical = sorted(
+        zip(
+            [3, 3, 3, 1, 3, 0, 1, 3, 3, 1],
+            ["b", "B", "a", "é", "a ", "Z", "ab", "c", "A", "zz"],
+            strict=True,
+        ),
+        key=lambda r: (-r[0], r[1].encode()),
+    )
+    canonical = [r for r in canonical if r[1] != "a"]
+    with source.snapshot():
+        m = source.domain_size()
+        parts = [source.read_sorted(0, 2), source.read_sorted(2, 3), source.read_sorted(5, 10)]
+        again = source.read_sorted(1, 3)  # not where the cursor stands: read afresh
+        positions = np.concatenate([p.positions for p in parts])
+        by_position = source.read_positions(positions)
+    assert m == len(canonical)
+    got = [(s, i) for p in parts for s, i in zip(p.scores.tolist(), p.ids.tolist(), strict=True)]
+    assert got == [(float(s), i) for s, i in canonical]
+    assert again.ids.tolist() == [i for _, i in canonical[1:4]]
+    assert sorted(positions.tolist()) == list(range(m))
+    found = dict(zip(by_position.positions.tolist(), by_position.ids.tolist(), strict=True))
+    assert [found[p] for p in positions.tolist()] == [i for _, i in canonical]
+
+
+def test_a_concurrent_writer_changes_nothing_within_a_run(
+    pg_conninfo: str, make_live: Made
+) -> None:
+    """Writes committed between two reads of a run (a count that would win, a delete, an
+    insert) are not seen by that run: same answer and access counts as before the writes; the
+    next run sees them."""
+    scores = plateau_histogram(1500, 3)
+    source = make_live(scores)
+    before = reference(pg_conninfo, source)
+    loser = int(np.flatnonzero(scores == 0)[-1])
+    expected = private_top_k(before, 3, 1.0, seed=21)
+
+    class WriteBetweenReads(CountingSource):
+        def read_sorted(self, start: int, count: int) -> Rows:
+            rows = super().read_sorted(start, count)
+            if self.sorted_rows == len(rows):  # after the first read
+                execute(pg_conninfo, source, "UPDATE {t} SET {score} = 10^9 WHERE {id} = %s", loser)
+                execute(pg_conninfo, source, "DELETE FROM {t} WHERE {id} = %s", int(rows.ids[0]))
+                execute(pg_conninfo, source, "INSERT INTO {t} VALUES (%s, 10^9)", 10**7)
+            return rows
+
+    hooked = WriteBetweenReads(source)
+    result = private_top_k(hooked, 3, 1.0, seed=21)
+    assert hooked.calls >= 3 and hooked.sorted_rows < len(scores)
+    assert result.items == expected.items
+    assert (result.accesses.sorted, result.accesses.random) == (
+        expected.accesses.sorted,
+        expected.accesses.random,
+    )
+    assert set(private_top_k(source, 2, 1.0).items) == {loser, 10**7}
+
+
+def test_live_runs_refuse_bad_scores_written_after_prepare(
+    pg_conninfo: str, make_live: Made
+) -> None:
+    """A live run checks the scores' extremes in its first query (index probes, no scan): a
+    NULL, NaN, infinite or negative score written since prepare() is refused with a message
+    naming the table and column, before anything is released."""
+    source = make_live(np.arange(50, dtype=float) + 0.5)
+    for value, message in (
+        (None, "NULL score"),
+        ("NaN", "non-finite"),
+        ("Infinity", "non-finite"),
+        (-2.0, "negative"),
+    ):
+        execute(pg_conninfo, source, "UPDATE {t} SET {score} = %s WHERE {id} = 3", value)
+        with pytest.raises(ValueError, match=message) as error:
+            private_top_k(source, 2, 1.0)
+        assert SCORE_COLUMN in str(error.value)
+    execute(pg_conninfo, source, "UPDATE {t} SET {score} = 1 WHERE {id} = 3")
+    assert len(private_top_k(source, 2, 1.0).items) == 2
+    with pytest.raises(psycopg.errors.RaiseException, match="no NULL id"):
+        execute(pg_conninfo, source, "INSERT INTO {t} VALUES (NULL, 1)")
+
+
+def test_prepare_is_idempotent_and_needed(pg_conninfo: str, pg_schema: str) -> None:
+    """Without prepare() a live run says what to do; prepare() twice installs one set of
+    triggers and indexes, check() reports index scans (on a table large enough for the planner
+    to prefer them), and a duplicate id is refused."""
+    name = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, np.arange(20_000) % 97, np.arange(20_000))
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(pg_schema, name)))
+    source = PostgresTable(
+        pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+    )
+    with pytest.raises(ValueError, match="call prepare"):
+        private_top_k(source, 1, 1.0)
+    source.prepare()
+    source.prepare(refresh=True)
+    with _connect(pg_conninfo) as conn:
+        table = sql.Identifier(pg_schema, name).as_string(conn)
+        triggers = conn.execute(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+            [table],
+        ).fetchone()[0]
+        indexes = conn.execute(
+            "SELECT count(*) FROM pg_index WHERE indrelid = %s::regclass", [table]
+        ).fetchone()[0]
+    assert (triggers, indexes) == (3, 2)
+    assert not any(path.full_scan for path in source.check().paths)
+    assert source.is_stale() is False
+    with pytest.raises(ValueError, match="mode must be one of"):
+        PostgresTable(pg_conninfo, name, mode="frozen")
+
+    dup = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, dup, [5, 4, 3], [1, 1, 3])
+    duplicated = PostgresTable(
+        pg_conninfo, dup, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+    )
+    with pytest.raises(ValueError, match="duplicate"):
+        duplicated.prepare()
+    source.close()
+    duplicated.close()
+
+
+def test_from_votes_live_counts_zero_vote_items(pg_conninfo: str, pg_schema: str) -> None:
+    """from_votes(..., mode='live'): items without votes count in m and come last."""
+    votes, items = f"votes_{uuid.uuid4().hex[:6]}", f"items_{uuid.uuid4().hex[:6]}"
+    with _connect(pg_conninfo) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(pg_schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (client int, item int)").format(sql.Identifier(votes))
+        )
+        conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(items)))
+        conn.execute(
+            sql.SQL("INSERT INTO {} SELECT generate_series(0, 99)").format(sql.Identifier(items))
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} VALUES (1, 5), (2, 5), (3, 5), (1, 7)").format(
+                sql.Identifier(votes)
+            )
+        )
+    source = PostgresTable.from_votes(
+        pg_conninfo, votes, items, schema=pg_schema, mode="live", into=f"{votes}_live"
+    )
+    source.prepare()
+    with source.snapshot():
+        assert source.domain_size() == 100
+        rows = source.read_sorted(0, 100)
+    assert rows.ids.tolist()[:2] == [5, 7] and rows.scores.tolist()[2:] == [0.0] * 98
+    source.close()
