@@ -9,8 +9,9 @@ What `prepare()` installs, once (adapters/postgres.py builds nothing else in thi
   topk_middleware/access.py), and a unique B-tree on id unless the table has one, both with
   CREATE INDEX CONCURRENTLY, so writers are never blocked while they are built. PostgreSQL keeps
   them current on every write;
-* a *position table* `<table>_topk_pos (position bigint PRIMARY KEY, id UNIQUE)`: positions
-  0..m-1 are what random access and uniform sampling name (access.py, DESIGN invariant 11);
+* a *position table* `<table>_topk_pos (position, id)` with two covering B-trees (position ->
+  id, id -> position, both served by index-only scans): positions 0..m-1 are what random access
+  and uniform sampling name (access.py, DESIGN invariant 11);
 * row triggers on the table that keep positions dense at O(1) per changed item: an inserted item
   takes position m; a deleted item's position is given to the item at position m - 1 (swap-
   remove); a changed id is a delete and an insert; a TRUNCATE empties the position table. Item
@@ -141,10 +142,15 @@ class LivePostgresTable(PostgresTable):
         finally:
             conn.autocommit = saved
         with conn.transaction():
-            if not self._positions_installed(conn):
+            installed = self._positions_installed(conn)
+            if not installed:
                 self._install_positions(conn)
-        with conn.transaction():
-            conn.execute(sql.SQL("ANALYZE {}").format(self._pos))
+        if not installed:  # set the visibility map: the position B-trees answer alone
+            conn.autocommit = True
+            try:
+                conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(self._pos))
+            finally:
+                conn.autocommit = saved
 
     def _has_unique_id_index(self) -> bool:
         """Whether a valid unique B-tree has exactly the id column as its key."""
@@ -178,7 +184,8 @@ class LivePostgresTable(PostgresTable):
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._pos))
         conn.execute(
             sql.SQL(
-                "CREATE TABLE {pos} (position bigint PRIMARY KEY, id {type} NOT NULL UNIQUE)"
+                "CREATE TABLE {pos} (position bigint NOT NULL, id {type} NOT NULL, "
+                "PRIMARY KEY (position) INCLUDE (id), UNIQUE (id) INCLUDE (position))"
             ).format(pos=self._pos, type=sql.SQL(id_type))
         )
         conn.execute(
