@@ -300,36 +300,43 @@ END
             conn.isolation_level, conn.read_only = saved
 
     def _live_m(self, reader: Any) -> int:
-        """m, after checking the scores' extremes: one query of three index probes."""
-        if not self._positions_installed(reader):
-            raise ValueError(
-                f"{self.where} has no position table {self.position_table!r} with its triggers: "
-                "call prepare() (mode='live')"
-            )
+        """m, after checking that the position table and its triggers are there and the scores'
+        extremes: one query of a catalog lookup and three index probes."""
         # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
         # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows)
         # and a small cursor_tuple_fraction (walk the B-tree rather than sort).
         query = sql.SQL(
             "SELECT set_config('jit', 'off', true), "
             "set_config('cursor_tuple_fraction', {fraction}, true), "
+            "(SELECT count(*) FROM pg_trigger WHERE tgrelid = {base_name}::regclass "
+            "AND tgname LIKE {triggers} AND NOT tgisinternal), "
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
-            "LIMIT 1), "
-            "(SELECT b.{score} IS NULL FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1)"
+            "LIMIT 1)"
         ).format(
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
+            base_name=sql.Literal(self._base.as_string(self._conn)),
+            triggers=sql.Literal(self.trigger_function + "%"),
             pos=self._pos,
             score=self._score,
             base=self._base,
         )
-        _, _, m, top, bottom, null_first = reader.execute(query).fetchone()
+        try:
+            _, _, triggers, m, top, bottom = reader.execute(query).fetchone()
+        except psycopg.errors.UndefinedTable:
+            triggers = 0
+        if triggers != 3:
+            raise ValueError(
+                f"{self.where} has no position table {self.position_table!r} with its triggers: "
+                "call prepare() (mode='live')"
+            )
         if m is None:
             raise ValueError(f"{self.where} is empty: there is no item to select")
         column = f"{self.where} column {self.score_column!r}"
-        if null_first:
+        if top is None:  # NULL sorts first in a descending B-tree
             raise ValueError(f"{column} has NULL score(s)")
-        if top is None or not np.isfinite(top):
+        if not np.isfinite(top):  # so do NaN and Infinity
             raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
         if bottom < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
