@@ -541,7 +541,11 @@ class PostgresTable:
                 conn.execute(
                     "SELECT set_config('lock_timeout', %s, true)", [str(SWAP_LOCK_TIMEOUT_MS)]
                 )
-                conn.execute(sql.SQL("DROP TABLE {}, {}").format(self._ranks, self._runs))
+                conn.execute(
+                    sql.SQL("DROP TABLE {}, {}").format(self._ranks, self._runs)
+                    if self._catalog()[1]
+                    else sql.SQL("DROP TABLE {}").format(self._ranks)
+                )
         except psycopg.errors.LockNotAvailable:
             conn.execute("SELECT set_config('lock_timeout', '0', true)")
             for old, new in ((self._ranks, ranks), (self._runs, runs)):
@@ -719,6 +723,15 @@ class PostgresTable:
                 except RankTableMismatchError:
                     if attempt == 2 or yielded:
                         raise
+                except psycopg.OperationalError:
+                    # Lost before the run read anything (a terminated backend is only noticed
+                    # at the next query): reconnect once, if the connection is ours.
+                    lost = conn.closed or conn.broken
+                    if attempt == 2 or yielded or not lost or not self._conninfo:
+                        raise
+                    conn = self._usable_connection()
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    conn.read_only = True
         except psycopg.OperationalError as error:
             if not (conn.closed or conn.broken):
                 raise
@@ -728,7 +741,8 @@ class PostgresTable:
                 + (
                     "the next run reconnects"
                     if self._owns_connection and self._conninfo
-                    else "pass a new connection"
+                    else "make a PostgresTable with a new connection, or with a conninfo string so "
+                    "that it reconnects by itself"
                 )
             ) from None
         finally:

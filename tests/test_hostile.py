@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,210 @@ def test_cli_reports_a_store_failure_without_traceback(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "topk_middleware demo: error:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ----- PostgreSQL: rank tables that do not belong, refresh, races, faults, types ---------------
+
+PG_ITEMS = 200
+
+
+@pytest.fixture
+def pg_table(pg_conninfo: str, pg_schema: str):
+    """A fresh table (id bigint, score bigint) of PG_ITEMS items in the session schema, and a
+    function to (re)create it with given scores; the tables are dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    conn = psycopg.connect(pg_conninfo, autocommit=True)
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sql.Identifier(pg_schema, name)
+
+    def create(scores: list[int], id_type: str = "bigint", score_type: str = "bigint") -> None:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id {}, score {})").format(
+                table, sql.SQL(id_type), sql.SQL(score_type)
+            )
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {} VALUES (%s::text::{}, %s::text::{})").format(
+                    table, sql.SQL(id_type), sql.SQL(score_type)
+                ),
+                [(str(i), str(v)) for i, v in enumerate(scores)],
+            )
+
+    create([1000 if i == 16 else i % 17 for i in range(PG_ITEMS)])  # 16 on top
+    yield conn, pg_schema, name, create
+    for (drop,) in conn.execute(
+        "SELECT format('DROP TABLE IF EXISTS %%I.%%I CASCADE', schemaname, tablename) "
+        "FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s",
+        [pg_schema, name + "%"],
+    ).fetchall():
+        conn.execute(drop)
+    conn.close()
+
+
+def _pg_source(pg_conninfo: str, schema: str, name: str):
+    from adapters.postgres import PostgresTable
+
+    return PostgresTable(pg_conninfo, name, id="id", score="score", schema=schema)
+
+
+def test_pg_rank_table_of_a_recreated_table_is_not_trusted(pg_conninfo, pg_table) -> None:
+    from adapters.postgres import RankTableMismatchError
+
+    _, schema, name, create = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # dropped and re-created
+    with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
+        private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: the rank table of the old table is rebuilt
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    source.close()
+
+
+def test_pg_planted_rank_table_is_refused(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    from adapters.postgres import RankTableMismatchError
+
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    ranks, runs = (
+        sql.Identifier(schema, source.rank_table),
+        sql.Identifier(schema, source.runs_table),
+    )
+    conn.execute(sql.SQL("CREATE TABLE {} (rank bigint, id bigint, score float8)").format(ranks))
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (0, 199, 1e9), (1, 0, 0)").format(ranks))
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    source.prepare(refresh=True)  # asked for: replaced
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS 'topk-rank-v1 1 2 3'").format(ranks))
+    with pytest.raises(RankTableMismatchError):  # a forged fingerprint names other oids
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    assert runs is not None
+    source.close()
+
+
+def test_pg_refresh_swaps_tables_without_dead_rows(pg_conninfo, pg_table) -> None:
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    qualified = f'"{schema}"."{source.rank_table}"'
+    size, oid = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    for _ in range(3):
+        source.prepare(refresh=True)
+    size_after, oid_after = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    beside = [n.as_string(conn) for n in source._build_names()[:2]]
+    dead = sum(
+        conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
+    )
+    assert oid_after != oid  # a new table took the old one's place
+    assert size_after == size  # DELETE + INSERT would have doubled it (dead rows)
+    assert dead == 0  # nothing left beside it
+    source.close()
+
+
+def test_pg_concurrent_prepares_wait_for_each_other(pg_conninfo, pg_table) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, schema, name, _ = pg_table
+    sources = [_pg_source(pg_conninfo, schema, name) for _ in range(4)]
+
+    def prepare(i: int) -> None:
+        sources[i].prepare(refresh=bool(i % 2))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(prepare, range(4)))  # raw UniqueViolation / DeadlockDetected before
+    assert private_top_k(sources[0], k=1, epsilon=1e6, seed=1).items == [16]
+    for s in sources:
+        s.close()
+
+
+def test_pg_statement_timeout_stops_prepare_clearly(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    conn, schema, name, _ = pg_table
+    conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, g % 7 FROM generate_series(1000, 300000) g").format(
+            sql.Identifier(schema, name)
+        )
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(TimeoutError, match=r"statement_timeout of 0\.001 s"):
+        source.prepare(statement_timeout=0.001)
+    assert not source.has_rank_table()  # nothing half-built
+    source.prepare()
+    source.close()
+
+
+def test_pg_terminated_connection_reconnects(pg_conninfo, pg_table) -> None:
+    import psycopg
+
+    from adapters.postgres import PostgresTable
+
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    conn.execute("SELECT pg_terminate_backend(%s)", [source._conn.info.backend_pid])
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]  # reconnected
+    with pytest.raises(ConnectionError, match=r"lost during the run.*the next run reconnects"):
+        with source.snapshot():
+            conn.execute("SELECT pg_terminate_backend(%s)", [source._conn.info.backend_pid])
+            source.read_sorted(0, 5)
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    source.close()
+    theirs = psycopg.connect(pg_conninfo, autocommit=True)
+    borrowed = PostgresTable(theirs, name, id="id", score="score", schema=schema)
+    conn.execute("SELECT pg_terminate_backend(%s)", [theirs.info.backend_pid])
+    with pytest.raises(ConnectionError, match="make a PostgresTable with a new connection"):
+        private_top_k(borrowed, k=1, epsilon=1.0, seed=1)
+
+
+@pytest.mark.parametrize(
+    ("id_type", "score_type", "error", "message"),
+    [
+        ("bigint", "money", TypeError, "must be numeric, it is money"),
+        ("bigint", "oid", TypeError, "must be numeric, it is oid"),
+        ("json", "bigint", TypeError, "ids must have an equality and an order"),
+    ],
+)
+def test_pg_unusable_types_are_refused_at_construction(
+    pg_conninfo, pg_table, id_type, score_type, error, message
+) -> None:
+    _, schema, name, create = pg_table
+    create([1, 2, 3], id_type=id_type, score_type=score_type)
+    with pytest.raises(error, match=message):
+        _pg_source(pg_conninfo, schema, name)
+
+
+def test_pg_numeric_beyond_float8_and_long_ids_are_refused_clearly(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    conn, schema, name, create = pg_table
+    create([1, 2, 3], score_type="numeric")
+    conn.execute(
+        sql.SQL("UPDATE {} SET score = 1e309 WHERE id = 1").format(sql.Identifier(schema, name))
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(ValueError, match="beyond the float8 range"):
+        source.prepare()
+    source.close()
+    create([1, 2, 3], id_type="text")
+    conn.execute(
+        sql.SQL("UPDATE {} SET id = %s WHERE id = '1'").format(sql.Identifier(schema, name)),
+        [uuid.uuid4().hex * 400],  # 12,800 bytes that do not compress well enough
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(ValueError, match="an id of 12800 bytes"):
+        source.prepare()
+    source.close()
