@@ -328,15 +328,22 @@ class SQLAlchemyTable:
         ]
 
     # ----- prepare ------------------------------------------------------------------------
-    def prepare(self, *, index_source: bool = True) -> None:
-        """Validate the counts and (re)build what sublinear access needs; idempotent.
+    def prepare(self, refresh: bool = False, *, index_source: bool = True) -> None:
+        """Validate the counts and build what sublinear access needs; idempotent.
 
         Creates, if missing, the rank table (rank primary key, index on id), its runs table
         (first_rank primary key) and, with `index_source`, indexes on (score DESC, id) and (id)
-        of the counts table; then validates the counts and refills the rank table and the runs
-        table in one transaction (a concurrent run keeps the snapshot it started with). Raises
+        of the counts table. If the rank table was empty or missing, or with `refresh=True`
+        (after writes to the counts), it then validates the counts and refills the rank table
+        and the runs table in one transaction (a concurrent run keeps the snapshot it started
+        with); without `refresh` a filled rank table is kept, as in the other adapters. Raises
         ValueError naming the table and column for a missing, empty, NULL, NaN, infinite or
         negative score, a NULL id or a duplicate id.
+
+        What is released is what was validated: on PostgreSQL validation and copy read one
+        REPEATABLE READ snapshot, and on every dialect the copy itself is checked again before
+        the transaction commits (MariaDB's INSERT ... SELECT reads the latest rows, not the
+        snapshot), so a row a writer committed in between cannot slip in unvalidated.
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
@@ -345,30 +352,68 @@ class SQLAlchemyTable:
             if index_source:
                 for index in self._source_indexes:
                     index.create(conn, checkfirst=True)
-        with self.engine.begin() as conn:
-            self._validate(conn)
-            conn.execute(sa.delete(self._ranks))
-            position = sa.func.row_number().over(
-                order_by=(self._score.desc(), self._id_key(self._id))
-            )
+            filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
+            runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
+        if filled and runs_filled and not refresh:
+            self._with_runs = True
+            return
+        with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                self._fill(conn)
+        self._analyze()
+
+    def _fill(self, conn: Connection) -> None:
+        """Validate, copy, check the copy: inside the caller's transaction."""
+        self._validate(conn)
+        conn.execute(sa.delete(self._ranks))
+        position = sa.func.row_number().over(order_by=(self._score.desc(), self._id_key(self._id)))
+        try:
             conn.execute(
                 sa.insert(self._ranks).from_select(
                     ["rank", "id", "score"],
                     sa.select(position - 1, self._id, self._score).select_from(self._from),
                 )
             )
-            r = self._ranks.c
-            first = sa.func.min(r.rank)
-            conn.execute(sa.delete(self._runs))
-            conn.execute(
-                sa.insert(self._runs).from_select(
-                    ["run", "first_rank", "score"],
-                    sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
-                    .group_by(r.score)
-                    .order_by(first),
-                )
+        except sa.exc.IntegrityError:
+            raise ValueError(
+                f"{self.where} changed while prepare() copied it (a NULL or duplicate id, or a "
+                "NULL score, appeared after validation): nothing was replaced, call "
+                "prepare(refresh=True) again"
+            ) from None
+        r = self._ranks.c
+        first = sa.func.min(r.rank)
+        conn.execute(sa.delete(self._runs))
+        conn.execute(
+            sa.insert(self._runs).from_select(
+                ["run", "first_rank", "score"],
+                sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
+                .group_by(r.score)
+                .order_by(first),
             )
+        )
+        self._check_copy(conn)
         self._with_runs = True
+
+    def _check_copy(self, conn: Connection) -> None:
+        """The rank table just written is a valid histogram (one pass over it, in the writing
+        transaction): distinct ids, dense ranks, finite non-negative scores."""
+        r = self._ranks.c
+        rows, ids, high = conn.execute(
+            sa.select(sa.func.count(), sa.func.count(sa.distinct(r.id)), sa.func.max(r.rank))
+        ).one()
+        bad = conn.execute(
+            sa.select(sa.func.count()).where(sa.or_(r.score < 0, r.score.is_(None)))
+        ).scalar_one()
+        if rows != ids or bad or high is None or int(high) + 1 != rows:
+            raise ValueError(
+                f"{self.where} changed while prepare() copied it (the copy has {rows} rows, "
+                f"{ids} distinct ids, {bad} bad scores): a concurrent writer added a duplicate "
+                "or invalid row; nothing was replaced, call prepare(refresh=True) again"
+            )
+
+    def _analyze(self) -> None:
         if self.dialect in ("postgresql", "sqlite"):
             # Fresh statistics, so that the planner reads the rank table by its indexes.
             with self.engine.begin() as conn:
