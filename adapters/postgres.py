@@ -207,12 +207,26 @@ class PostgresTable:
                         conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
                 except psycopg.Error as error:
                     raise ValueError(f"PostgreSQL table {label!r}: {_first_line(error)}") from None
-            stray = conn.execute(
-                sql.SQL(
-                    "SELECT count(*), min(v.{vi}::text) FROM {v} AS v WHERE v.{vi} IS NOT NULL "
-                    "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
-                ).format(v=v, i=i, vi=vi, ii=ii)
-            ).fetchone()
+            try:
+                with conn.transaction():
+                    stray = conn.execute(
+                        sql.SQL(
+                            "SELECT count(*), min(v.{vi}::text) FROM {v} AS v "
+                            "WHERE v.{vi} IS NOT NULL "
+                            "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
+                        ).format(v=v, i=i, vi=vi, ii=ii)
+                    ).fetchone()
+            except (psycopg.errors.UndefinedFunction, psycopg.errors.DatatypeMismatch):
+                raise TypeError(
+                    f"PostgreSQL table {votes!r} column {item!r} and table {items!r} column "
+                    f"{item_id!r} have types that cannot be compared: item ids must be of one type"
+                ) from None
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [out.as_string(conn)])
+            if exists.fetchone()[0] and not replace:
+                raise ValueError(
+                    f"PostgreSQL table {into!r} (where the counts go) already exists: pass "
+                    "replace=True to replace it, or another name as into="
+                )
             if stray and stray[0]:
                 raise ValueError(
                     f"PostgreSQL table {votes!r} column {item!r} has {stray[0]} vote(s) for items "
