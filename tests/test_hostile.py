@@ -306,3 +306,161 @@ def test_pg_numeric_beyond_float8_and_long_ids_are_refused_clearly(pg_conninfo, 
     with pytest.raises(ValueError, match="an id of 12800 bytes"):
         source.prepare()
     source.close()
+
+
+# ----- SQLAlchemy: what is released is what was validated; odd schemas --------------------------
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mariadb"])
+def test_sqlalchemy_duplicate_committed_during_prepare_is_never_released(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """A writer commits a duplicate id right after validation, before the copy. PostgreSQL:
+    the copy reads the validated snapshot (the duplicate is not copied). MariaDB: the copy is
+    checked and refused. Before the fix the rank table held the item twice (m = 11 for 10)."""
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    engine = request.getfixturevalue(f"sqlalchemy_{dialect}_engine")
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "score": i} for i in range(10)])
+    source = SQLAlchemyTable(engine, name)
+    validate = source._validate
+
+    def validate_then_write(conn) -> None:
+        validate(conn)
+        with engine.begin() as writer:  # another connection, committed
+            writer.execute(table.insert().values(id=9, score=100))
+
+    source._validate = validate_then_write
+    try:
+        if dialect == "mariadb":
+            with pytest.raises(ValueError, match="changed while prepare\\(\\) copied it"):
+                source.prepare()
+        else:
+            source.prepare()
+            assert source.domain_size() == 10
+            assert source.read_sorted(0, 10).ids.tolist() == list(range(9, -1, -1))
+    finally:
+        with engine.begin() as conn:
+            for t in (source.runs_table_name, source.rank_table_name, name):
+                conn.execute(
+                    sa.text(f"DROP TABLE IF EXISTS {engine.dialect.identifier_preparer.quote(t)}")
+                )
+
+
+def test_sqlalchemy_prepare_has_refresh(sqlalchemy_sqlite_engine) -> None:
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id INTEGER, score INTEGER)")
+        conn.exec_driver_sql(f"INSERT INTO {name} VALUES (1, 5), (2, 3)")
+    source = SQLAlchemyTable(sqlalchemy_sqlite_engine, name)
+    source.prepare()
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {name} SET score = 9 WHERE id = 2")
+    source.prepare()  # kept: a filled rank table is the snapshot of the last build
+    assert source.read_sorted(0, 1).ids.tolist() == [1]
+    source.prepare(refresh=True)
+    assert source.read_sorted(0, 1).ids.tolist() == [2]
+    assert sa is not None
+
+
+def test_sqlalchemy_sqlite_untyped_id_and_missing_schema_are_refused(
+    sqlalchemy_sqlite_engine,
+) -> None:
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id, score INTEGER)")
+    with pytest.raises(TypeError, match="column 'id' has no declared type"):
+        SQLAlchemyTable(sqlalchemy_sqlite_engine, name)
+    with pytest.raises(ValueError, match="schema 'nowhere' does not exist"):
+        SQLAlchemyTable(sqlalchemy_sqlite_engine, name, schema="nowhere")
+
+
+def test_sqlalchemy_mariadb_backticks_and_long_ids(sqlalchemy_mariadb_engine) -> None:
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    engine = sqlalchemy_mariadb_engine
+    a, b = f"hostile_{uuid.uuid4().hex[:8]}", f"hostile_{uuid.uuid4().hex[:8]}"
+    made = []
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {a} (`i``d` INT, `sc``ore` INT)")
+            conn.exec_driver_sql(f"INSERT INTO {a} VALUES (1, 3), (2, 5)")
+            conn.exec_driver_sql(f"CREATE TABLE {b} (id VARCHAR(2000), score INT)")
+            conn.exec_driver_sql(f"INSERT INTO {b} VALUES (REPEAT('x', 700), 9), ('y', 1)")
+        source = SQLAlchemyTable(engine, a, id="i`d", score="sc`ore")
+        made.append(source)
+        source.prepare()
+        assert source.read_sorted(0, 2).ids.tolist() == [2, 1]
+        long_ids = SQLAlchemyTable(engine, b)  # "Specified key was too long" before
+        made.append(long_ids)
+        long_ids.prepare()
+        assert long_ids.read_sorted(0, 1).ids.tolist() == ["x" * 700]
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {b} SET id = REPEAT('z', 1500) WHERE id = 'y'")
+        with pytest.raises(ValueError, match="an id of 1500 characters"):  # "Data too long"
+            long_ids.prepare(refresh=True)
+    finally:
+        with engine.begin() as conn:
+            for s in made:
+                for t in (s.runs_table_name, s.rank_table_name):
+                    conn.exec_driver_sql(f"DROP TABLE IF EXISTS `{t}`")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {a}, {b}")
+
+
+# ----- from_votes: mismatched item types, an existing output table -----------------------------
+
+
+def test_duckdb_from_votes_refuses_mismatched_types_and_existing_output() -> None:
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE items (id BIGINT); INSERT INTO items VALUES (1), (2)")
+    con.execute("CREATE TABLE votes (client INT, item VARCHAR); INSERT INTO votes VALUES (1, '1')")
+    with pytest.raises(TypeError, match="item ids must be of one type"):
+        DuckDBTable.from_votes(con, "votes", "items")
+    con.execute("CREATE TABLE votes2 (client INT, item BIGINT); INSERT INTO votes2 VALUES (1, 1)")
+    con.execute("CREATE TABLE votes2_counts (x INT)")
+    with pytest.raises(ValueError, match=r"'votes2_counts' .* already exists: pass replace=True"):
+        DuckDBTable.from_votes(con, "votes2", "items")
+    DuckDBTable.from_votes(con, "votes2", "items", replace=True).prepare()
+
+
+def test_pg_from_votes_refuses_mismatched_types_and_existing_output(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    from adapters.postgres import PostgresTable
+
+    conn, schema, name, _ = pg_table
+    votes = f"{name}_votes"
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (client int, item text)").format(sql.Identifier(schema, votes))
+    )
+    with pytest.raises(TypeError, match="item ids must be of one type"):
+        PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ALTER item TYPE bigint USING item::bigint").format(
+            sql.Identifier(schema, votes)
+        )
+    )
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(schema, votes + "_counts"))
+    )
+    with pytest.raises(ValueError, match="already exists: pass replace=True"):
+        PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
+    PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, replace=True).close()
