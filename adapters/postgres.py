@@ -15,8 +15,9 @@ access read the live table while sampling read ranks computed at `prepare()` tim
 between would make the two disagree (an item seen twice or never, a wrong m). Reading both from
 the rank table keeps them consistent by construction. The consequence for concurrent writers: they
 are never blocked and never change a run, and a run sees the table as of the last
-`prepare(refresh=True)`, not as of its start. Refreshing replaces the rank table's rows in one
-transaction (DELETE + INSERT), so runs in progress keep their snapshot and are not blocked either.
+`prepare(refresh=True)`, not as of its start. Refreshing builds new tables beside the old ones
+and swaps them in at the end of its transaction (see `prepare()`), so runs in progress keep their
+snapshot; the swap waits for them (briefly), else falls back to copying the rows in.
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
 Without a rank table the adapter still works, reading the live table in that snapshot: sorted
@@ -34,8 +35,8 @@ without reading the rank table. The snapshot learns how many runs there are in t
 counts m (the last run's number, found through the primary key: O(log runs), not a count(*)), and
 reads them in one query when the core asks. A rank table built before the runs table existed gets
 one from the next `prepare()`, computed from the rank table (not the live table); until then
-`score_run_count()` is None and runs read rows, as before. Refreshing replaces the runs' rows by
-DELETE + INSERT too (not TRUNCATE, which would break the snapshot of a run in progress).
+`score_run_count()` is None and runs read rows, as before. A refresh swaps the runs table with
+the rank table.
 """
 
 from __future__ import annotations
