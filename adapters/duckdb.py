@@ -171,6 +171,23 @@ class DuckDBTable:
         kind = con.execute(f"DESCRIBE SELECT {ii} FROM {i}").fetchone()[1]
         binary = ' COLLATE "binary"' if kind.startswith(TEXT_TYPES) else ""
         on = f"v.{vi}{binary} = i.{ii}{binary}"  # byte-wise, whatever default_collation says
+        vote_kind = con.execute(f"DESCRIBE SELECT {vi} FROM {v}").fetchone()[1]
+        if vote_kind.startswith(TEXT_TYPES) != kind.startswith(TEXT_TYPES):
+            raise TypeError(
+                f"DuckDB table {votes!r} column {item!r} is {vote_kind} and table {items!r} "
+                f"column {item_id!r} is {kind}: item ids must be of one type"
+            )
+        if not replace:
+            found = con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                "AND schema_name = coalesce(?, current_schema()) AND table_name = ?",
+                [schema, into],
+            ).fetchone()[0]
+            if found:
+                raise ValueError(
+                    f"DuckDB table {into!r} (where the counts go) already exists: pass "
+                    "replace=True to replace it, or another name as into="
+                )
         stray = con.execute(
             f"SELECT count(*), any_value(v.{vi}) FROM {v} AS v "
             f"ANTI JOIN {i} AS i ON {on} WHERE v.{vi} IS NOT NULL"

@@ -9,18 +9,21 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.validation import check_scores, check_unique_ids
+from topk_middleware.validation import check_ids, check_scores
 
 
 class ArraySource:
     """A histogram in memory: `scores[i]` is the count of item `ids[i]` (ids default to 0..m-1).
 
     The arrays are copied and put in canonical order (score descending, ties by id ascending), so
-    sorted access is a slice. With `positions="ranks"` (the default) an item's position is its
-    rank, as in a rank-ordered copy, and the source keeps the runs of tied scores too
-    (`ScoreRuns`, computed on first use). With `positions="input"` an item's position is its index
-    in the arrays given, as in a live table whose dense integer key names the items: sorted
-    access returns each row with that position (access.py, positions apart from sorted order).
+    sorted access is a slice. Ids come back exactly as given (type and value: 1 stays 1, 'x\x00'
+    keeps its NUL); they may be int, float, str or bytes, mixed, and tie in the total order of
+    `topk_middleware.validation` (numbers, then text in code point order, then bytes), where 1 and
+    '1' are two items. With `positions="ranks"` (the default) an item's position is its rank, as
+    in a rank-ordered copy, and the source keeps the runs of tied scores too (`ScoreRuns`,
+    computed on first use). With `positions="input"` an item's position is its index in the
+    arrays given, as in a live table: sorted access returns each row with that position
+    (access.py, positions apart from sorted order).
     """
 
     def __init__(self, scores: Any, ids: Any = None, *, positions: str = "ranks") -> None:
@@ -29,16 +32,10 @@ class ArraySource:
         scores = check_scores(np.asarray(scores), where="ArraySource scores")
         m = len(scores)
         if ids is None:
-            ids = np.arange(m, dtype=np.int64)
+            ids, key = np.arange(m, dtype=np.int64), np.arange(m, dtype=np.int64)
         else:
-            ids = np.asarray(ids)
-            if ids.ndim != 1 or len(ids) != m:
-                raise ValueError(
-                    f"ArraySource ids must be a 1-D array of the same length as scores ({m}), "
-                    f"got shape {ids.shape}"
-                )
-            check_unique_ids(ids, where="ArraySource ids")
-        order = np.lexsort((ids, -scores))
+            ids, key = check_ids(ids, m, where="ArraySource ids")
+        order = np.lexsort((key, -scores))
         self._ids = ids[order]
         self._scores = scores[order]
         self.positions_are_ranks = positions == "ranks"

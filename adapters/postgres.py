@@ -15,8 +15,9 @@ access read the live table while sampling read ranks computed at `prepare()` tim
 between would make the two disagree (an item seen twice or never, a wrong m). Reading both from
 the rank table keeps them consistent by construction. The consequence for concurrent writers: they
 are never blocked and never change a run, and a run sees the table as of the last
-`prepare(refresh=True)`, not as of its start. Refreshing replaces the rank table's rows in one
-transaction (DELETE + INSERT), so runs in progress keep their snapshot and are not blocked either.
+`prepare(refresh=True)`, not as of its start. Refreshing builds new tables beside the old ones
+and swaps them in at the end of its transaction (see `prepare()`), so runs in progress keep their
+snapshot; the swap waits for them (briefly), else falls back to copying the rows in.
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
 Without a rank table the adapter still works, reading the live table in that snapshot: sorted
@@ -34,8 +35,8 @@ without reading the rank table. The snapshot learns how many runs there are in t
 counts m (the last run's number, found through the primary key: O(log runs), not a count(*)), and
 reads them in one query when the core asks. A rank table built before the runs table existed gets
 one from the next `prepare()`, computed from the rank table (not the live table); until then
-`score_run_count()` is None and runs read rows, as before. Refreshing replaces the runs' rows by
-DELETE + INSERT too (not TRUNCATE, which would break the snapshot of a run in progress).
+`score_run_count()` is None and runs read rows, as before. A refresh swaps the runs table with
+the rank table.
 """
 
 from __future__ import annotations
@@ -69,6 +70,28 @@ from ._sql import (
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
+# Score column types: numbers that convert to float8 (money and oid are 'N' types, not counts).
+SCORE_TYPES = ("smallint", "integer", "bigint", "real", "double precision", "numeric")
+# Id column types without a B-tree order (no count(DISTINCT), no index): refused.
+UNORDERED_ID_TYPES = ("json", "xml", "point", "line", "lseg", "box", "path", "polygon", "circle")
+# Longest text id (bytes) the unique B-tree on id takes with room to spare (its limit is
+# about 2,700 bytes per entry after compression).
+MAX_ID_BYTES = 2000
+# statement_timeout of prepare()'s statements (seconds), and how often the server checks that
+# the client is still there during one (PostgreSQL >= 14): a dead client's work stops.
+PREPARE_STATEMENT_TIMEOUT = 3600.0
+CLIENT_CHECK_INTERVAL_MS = 1000
+# How long a refresh waits for runs still reading the old rank table before it copies the rows
+# instead of swapping the tables.
+SWAP_LOCK_TIMEOUT_MS = 500
+
+
+# The fingerprint's first word: the format, and proof that prepare() wrote it.
+FINGERPRINT_TAG = "topk-rank-v1"
+
+
+class RankTableMismatchError(RuntimeError):
+    """The rank table does not provably belong to the current table (see prepare())."""
 
 
 @dataclass
@@ -131,6 +154,11 @@ class PostgresTable:
         else:
             self._conn = psycopg.connect(conninfo_or_connection, autocommit=True)
             self._owns_connection = True
+        self._conninfo = (
+            None
+            if isinstance(conninfo_or_connection, psycopg.Connection)
+            else str(conninfo_or_connection)
+        )
         self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
         self.rank_table = rank_table or rank_table_name(table, id, score)
         qualify = (
@@ -152,8 +180,8 @@ class PostgresTable:
             repr(table) if schema is None else f"{schema!r}.{table!r}"
         )
         self._run: _Run | None = None
-        self._text_ids = self._check_columns()
-        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
+        text_ids = self._text_ids = self._check_columns()
+        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
         self._order = sql.SQL("{} DESC, {} ASC").format(self._score, id_key)
 
     # ----- construction from raw votes ----------------------------------------------------------
@@ -198,12 +226,26 @@ class PostgresTable:
                         conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
                 except psycopg.Error as error:
                     raise ValueError(f"PostgreSQL table {label!r}: {_first_line(error)}") from None
-            stray = conn.execute(
-                sql.SQL(
-                    "SELECT count(*), min(v.{vi}::text) FROM {v} AS v WHERE v.{vi} IS NOT NULL "
-                    "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
-                ).format(v=v, i=i, vi=vi, ii=ii)
-            ).fetchone()
+            try:
+                with conn.transaction():
+                    stray = conn.execute(
+                        sql.SQL(
+                            "SELECT count(*), min(v.{vi}::text) FROM {v} AS v "
+                            "WHERE v.{vi} IS NOT NULL "
+                            "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
+                        ).format(v=v, i=i, vi=vi, ii=ii)
+                    ).fetchone()
+            except (psycopg.errors.UndefinedFunction, psycopg.errors.DatatypeMismatch):
+                raise TypeError(
+                    f"PostgreSQL table {votes!r} column {item!r} and table {items!r} column "
+                    f"{item_id!r} have types that cannot be compared: item ids must be of one type"
+                ) from None
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [out.as_string(conn)])
+            if exists.fetchone()[0] and not replace:
+                raise ValueError(
+                    f"PostgreSQL table {into!r} (where the counts go) already exists: pass "
+                    "replace=True to replace it, or another name as into="
+                )
             if stray and stray[0]:
                 raise ValueError(
                     f"PostgreSQL table {votes!r} column {item!r} has {stray[0]} vote(s) for items "
@@ -244,9 +286,17 @@ class PostgresTable:
                     f"{self.where} has no column {column!r} (columns: {sorted(columns)})"
                 )
         category, _, kind = columns[self.score_column]
-        if category != "N":
+        if category != "N" or not kind.startswith(SCORE_TYPES):
             raise TypeError(
-                f"{self.where} column {self.score_column!r} must be numeric, it is {kind}"
+                f"{self.where} column {self.score_column!r} must be numeric, it is {kind} "
+                f"(scores are one of {', '.join(SCORE_TYPES)})"
+            )
+        self._numeric_scores = kind.startswith("numeric")
+        id_kind = columns[self.id_column][2]
+        if id_kind.split("(")[0] in UNORDERED_ID_TYPES:
+            raise TypeError(
+                f"{self.where} column {self.id_column!r} is {id_kind}: ids must have an "
+                "equality and an order (text, integers, uuid, ...)"
             )
         self._integer_ids = columns[self.id_column][2] in ("smallint", "integer", "bigint")
         return bool(columns[self.id_column][1])
@@ -262,6 +312,7 @@ class PostgresTable:
             "count(*) FILTER (WHERE {score} < 0) FROM {base}"
         ).format(id=self._id, score=self._score, s=s, base=self._base)
         with self._reading() as cur:
+            self._refuse_unconvertible(cur)
             facts = TableFacts(*(int(x or 0) for x in cur.execute(query).fetchone()))
             duplicate = None
             if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
@@ -272,6 +323,33 @@ class PostgresTable:
                 ).fetchone()[0]
         raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
         return facts.rows
+
+    def _refuse_unconvertible(self, cur: psycopg.Cursor[Any]) -> None:
+        """Scores that float8 cannot hold (numeric beyond 1.8e308) and text ids too long for the
+        id B-tree: a clear error instead of a cast or index failure."""
+        if self._numeric_scores:
+            big = cur.execute(
+                sql.SQL(
+                    "SELECT count(*) FROM {} WHERE {s} <> 'NaN'::numeric "
+                    "AND abs({s}) > 1.7976931348623157e308::numeric"
+                ).format(self._base, s=self._score)
+            ).fetchone()[0]
+            if big:
+                raise ValueError(
+                    f"{self.where} column {self.score_column!r} has {big} score(s) beyond the "
+                    "float8 range (about 1.8e308): scores are compared as float8"
+                )
+        if self._text_ids:
+            longest = cur.execute(
+                sql.SQL("SELECT max(octet_length({id}::text)) FROM {}").format(
+                    self._base, id=self._id
+                )
+            ).fetchone()[0]
+            if longest and longest > MAX_ID_BYTES:
+                raise ValueError(
+                    f"{self.where} column {self.id_column!r} has an id of {longest} bytes: ids of "
+                    f"at most {MAX_ID_BYTES} bytes can be indexed"
+                )
 
     def _catalog(self) -> tuple[bool, bool]:
         """Whether the rank table and the runs table exist: one catalog lookup (a query on a
@@ -341,76 +419,257 @@ class PostgresTable:
         ]
 
     # ----- preparation --------------------------------------------------------------------------
-    def prepare(self, refresh: bool = False) -> None:
+    def prepare(
+        self, refresh: bool = False, *, statement_timeout: float | None = PREPARE_STATEMENT_TIMEOUT
+    ) -> None:
         """Create the rank table (rank, id, score) if it is missing, or with `refresh=True`
-        replace its rows by the table's current state; its unique B-trees on rank and on id if
+        rebuild it from the table's current state; its unique B-trees on rank and on id if
         they are missing; and the runs table of its tied scores with it (or alone, from the rank
         table, if only the runs table is missing).
 
-        Idempotent: without `refresh`, an existing rank table is kept. The table is validated
-        before it is copied. Everything happens in one transaction: runs in progress keep their
-        snapshot (refreshing is DELETE + INSERT, which blocks no reader).
+        Idempotent: without `refresh`, an existing rank table that belongs to this table (its
+        fingerprint, see `verify_rank_table()`) is kept; one built from a table of the same name
+        since dropped and re-created is rebuilt; a table of that name that prepare() did not
+        build is refused. Validation and copy read one REPEATABLE READ snapshot, so what is
+        released is what was validated. A rebuild writes new tables beside the old ones and
+        swaps them in at the end of the same transaction (drop, rename): no dead rows, and runs
+        in progress keep reading the old ones (the swap waits for them). Concurrent prepare()
+        calls on one rank table wait for each other (a session advisory lock). Each statement
+        has `statement_timeout` seconds (None: the server's setting), and the server stops the
+        work of a client that went away (client_connection_check_interval, PostgreSQL >= 14).
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
+        conn = self._usable_connection()
+        lock = int.from_bytes(
+            hashlib.sha1(self._ranks.as_string(conn).encode("utf-8")).digest()[:8],
+            "big",
+            signed=True,
+        )
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_lock(%s)", [lock])  # released below, or at exit
+        built = False
+        saved = conn.isolation_level
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            with conn.transaction():
+                self._limit_statements(conn, statement_timeout)
+                built = self._prepare_locked(conn, refresh)
+        except psycopg.errors.QueryCanceled as error:
+            raise TimeoutError(
+                f"{self.where}: prepare() was stopped by its statement_timeout of "
+                f"{statement_timeout} s ({_first_line(error)}); nothing was changed"
+            ) from None
+        finally:
+            conn.isolation_level = saved
+            if not conn.closed:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_unlock(%s)", [lock])
+        if built:
+            with conn.transaction():
+                for table in (self._ranks, self._runs):
+                    conn.execute(sql.SQL("ANALYZE {}").format(table))
+
+    def _limit_statements(self, conn: psycopg.Connection[Any], timeout: float | None) -> None:
+        if timeout is not None:
+            if not timeout > 0:
+                raise ValueError(f"statement_timeout must be > 0 seconds, got {timeout}")
+            ms = str(max(1, round(timeout * 1000)))
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", [ms])
+        if conn.info.server_version >= 140000:
+            conn.execute(
+                "SELECT set_config('client_connection_check_interval', %s, true)",
+                [str(CLIENT_CHECK_INTERVAL_MS)],
+            )
+
+    def _prepare_locked(self, conn: psycopg.Connection[Any], refresh: bool) -> bool:
+        """prepare() inside its transaction and lock; returns whether the tables were built."""
+        ranked, with_runs = self._catalog()
+        if ranked and not refresh:
+            stored, current = self._fingerprints(conn)
+            if stored is None or not stored.startswith(FINGERPRINT_TAG):
+                raise RankTableMismatchError(
+                    f"{self.where}: a table named {self.rank_table!r} exists but prepare() did "
+                    "not build it (no fingerprint): drop it, pass another rank_table name, or "
+                    "call prepare(refresh=True) to replace it"
+                )
+            refresh = stored != current  # built from an earlier table of this name: rebuild
+        if not ranked or refresh:
+            self.validate()
+            names = self._build_names() if ranked else None
+            target = (self._ranks, self._runs) if names is None else names[:2]
+            indexes = (self._rank_index, self._id_index) if names is None else names[2:]
+            self._build(conn, *target, *indexes)
+            if names is not None:
+                self._swap(conn, names)
+            self._record_fingerprint(conn)
+            return True
+        for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
+            conn.execute(
+                sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                    index, self._ranks, sql.Identifier(column)
+                )
+            )
+        if not with_runs:
+            self._create_runs(conn, self._runs, self._ranks)
+            return True
+        return False
+
+    def _build_names(self) -> tuple[sql.Composable, ...]:
+        """Names of the tables and indexes a refresh builds beside the old ones."""
+        digest = hashlib.sha1(self.rank_table.encode("utf-8")).hexdigest()[:12]
+        qualify = (
+            sql.Identifier if self.schema is None else (lambda n: sql.Identifier(self.schema, n))
+        )
+        return (
+            qualify(f"topk_{digest}_new"),
+            qualify(f"topk_{digest}_new_runs"),
+            sql.Identifier(f"topk_{digest}_new_rank"),
+            sql.Identifier(f"topk_{digest}_new_id"),
+        )
+
+    def _build(
+        self,
+        conn: psycopg.Connection[Any],
+        ranks: sql.Composable,
+        runs: sql.Composable,
+        rank_index: sql.Composable,
+        id_index: sql.Composable,
+    ) -> None:
+        """Write the rank table, its B-trees and its runs table under the given names."""
         rows = sql.SQL(
             "SELECT row_number() OVER (ORDER BY {order}) - 1, {id}, {score}::float8 FROM {base}"
         ).format(order=self._order, id=self._id, score=self._score, base=self._base)
-        with self._conn.transaction():
-            ranked, with_runs = self._catalog()
-            build = refresh or not ranked
-            if build:
-                self.validate()
-            if build and ranked:
-                self._conn.execute(sql.SQL("DELETE FROM {}").format(self._ranks))
-                self._conn.execute(sql.SQL("INSERT INTO {} ").format(self._ranks) + rows)
-            elif build:
-                self._conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE {ranks} AS SELECT rank, id, score FROM ({rows}) AS r"
-                        "(rank, id, score)"
-                    ).format(ranks=self._ranks, rows=rows)
+        for table in (ranks, runs):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))  # only build names
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {ranks} AS SELECT rank, id, score FROM ({rows}) AS r(rank, id, score)"
+            ).format(ranks=ranks, rows=rows)
+        )
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {ranks} ALTER COLUMN rank SET NOT NULL, "
+                "ALTER COLUMN id SET NOT NULL, ALTER COLUMN score SET NOT NULL, "
+                "ADD CHECK (score >= 0 AND score < 'Infinity'::float8)"
+            ).format(ranks=ranks)
+        )
+        for index, column in ((rank_index, "rank"), (id_index, "id")):
+            conn.execute(
+                sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
+                    index, ranks, sql.Identifier(column)
                 )
-                self._conn.execute(
-                    sql.SQL(
-                        "ALTER TABLE {ranks} ALTER COLUMN rank SET NOT NULL, "
-                        "ALTER COLUMN id SET NOT NULL, ALTER COLUMN score SET NOT NULL, "
-                        "ADD CHECK (score >= 0 AND score < 'Infinity'::float8)"
-                    ).format(ranks=self._ranks)
-                )
-            for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
-                self._conn.execute(
-                    sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
-                        index, self._ranks, sql.Identifier(column)
-                    )
-                )
-            build_runs = build or not with_runs
-            if build_runs:
-                self._build_runs(with_runs)
-        if build or build_runs:
-            with self._conn.transaction():
-                for table in (self._ranks, self._runs) if build else (self._runs,):
-                    self._conn.execute(sql.SQL("ANALYZE {}").format(table))
-
-    def _build_runs(self, exists: bool) -> None:
-        """Fill the runs table from the rank table (creating it unless it `exists`), inside the
-        caller's transaction: one row (run, first_rank, score) per distinct score."""
-        if exists:
-            self._conn.execute(sql.SQL("DELETE FROM {}").format(self._runs))
-        else:
-            self._conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (run bigint NOT NULL, first_rank bigint PRIMARY KEY, "
-                    "score float8 NOT NULL)"
-                ).format(self._runs)
             )
-        self._conn.execute(
+        self._create_runs(conn, runs, ranks)
+
+    def _swap(self, conn: psycopg.Connection[Any], names: tuple[sql.Composable, ...]) -> None:
+        """Put the new rank and runs tables in place of the old ones: drop the old ones and
+        rename the new ones (the short, exclusive end of a refresh). Dropping waits for the runs
+        reading the old tables; if one is still open after SWAP_LOCK_TIMEOUT_MS (a run held open
+        across the refresh), the rows are copied into the old tables instead (DELETE + INSERT,
+        which blocks no reader but leaves dead rows for VACUUM)."""
+        ranks, runs = names[:2]
+        try:
+            with conn.transaction():  # a savepoint
+                conn.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", [str(SWAP_LOCK_TIMEOUT_MS)]
+                )
+                conn.execute(
+                    sql.SQL("DROP TABLE {}, {}").format(self._ranks, self._runs)
+                    if self._catalog()[1]
+                    else sql.SQL("DROP TABLE {}").format(self._ranks)
+                )
+        except psycopg.errors.LockNotAvailable:
+            conn.execute("SELECT set_config('lock_timeout', '0', true)")
+            for old, new in ((self._ranks, ranks), (self._runs, runs)):
+                conn.execute(sql.SQL("DELETE FROM {}").format(old))
+                conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(old, new))
+                conn.execute(sql.SQL("DROP TABLE {}").format(new))
+            return
+        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        conn.execute(
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(ranks, sql.Identifier(self.rank_table))
+        )
+        conn.execute(
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(runs, sql.Identifier(self.runs_table))
+        )
+        digest = hashlib.sha1(self.rank_table.encode("utf-8")).hexdigest()[:12]
+        for old, new in (
+            (f"topk_{digest}_new_rank", self._rank_index),
+            (f"topk_{digest}_new_id", self._id_index),
+        ):
+            qualified = (
+                sql.Identifier(old) if self.schema is None else sql.Identifier(self.schema, old)
+            )
+            conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(qualified, new))
+
+    def _create_runs(
+        self, conn: psycopg.Connection[Any], runs: sql.Composable, ranks: sql.Composable
+    ) -> None:
+        """The runs table `runs` of the rank table `ranks`: one row (run, first_rank, score) per
+        distinct score."""
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (run bigint NOT NULL, first_rank bigint PRIMARY KEY, "
+                "score float8 NOT NULL)"
+            ).format(runs)
+        )
+        conn.execute(
             sql.SQL(
                 "INSERT INTO {runs} (run, first_rank, score) "
                 "SELECT row_number() OVER (ORDER BY min(rank)) - 1, min(rank), score "
                 "FROM {ranks} GROUP BY score ORDER BY 2"
-            ).format(runs=self._runs, ranks=self._ranks)
+            ).format(runs=runs, ranks=ranks)
         )
+
+    # ----- the fingerprint: does the rank table belong to this table? ---------------------------
+    def _fingerprint_sql(self, conn: psycopg.Connection[Any]) -> tuple[sql.Composable, ...]:
+        """SQL for (the fingerprint stored on the rank table, the current one): the identity
+        (oid) of the table and of the rank table, and the number and type of the id and score
+        columns. A table dropped and re-created, or a rank table not built by prepare(), gives
+        another fingerprint. Two catalog lookups by key: microseconds per run."""
+        base, ranks = self._base.as_string(conn), self._ranks.as_string(conn)
+        current = sql.SQL(
+            "concat_ws(' ', {tag}::text, to_regclass({base})::oid, to_regclass({ranks})::oid, "
+            "(SELECT string_agg(a.attnum || ':' || a.atttypid, ',' ORDER BY a.attname <> {id}) "
+            "FROM pg_attribute a WHERE a.attrelid = to_regclass({base}) AND NOT a.attisdropped "
+            "AND a.attname IN ({id}, {score})))"
+        ).format(
+            tag=sql.Literal(FINGERPRINT_TAG),
+            base=sql.Literal(base),
+            ranks=sql.Literal(ranks),
+            id=sql.Literal(self.id_column),
+            score=sql.Literal(self.score_column),
+        )
+        stored = sql.SQL("obj_description(to_regclass({}), 'pg_class')").format(sql.Literal(ranks))
+        return stored, current
+
+    def _fingerprints(self, reader: Any) -> tuple[str | None, str]:
+        stored, current = self._fingerprint_sql(self._conn)
+        return reader.execute(sql.SQL("SELECT {}, {}").format(stored, current)).fetchone()
+
+    def _record_fingerprint(self, conn: psycopg.Connection[Any]) -> None:
+        current = self._fingerprints(conn)[1]
+        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(current)))
+
+    def _check_fingerprint(self, stored: str | None, current: str) -> None:
+        """Raise RankTableMismatchError unless the rank table was built from this table."""
+        if stored != current:
+            why = (
+                "prepare() did not build it"
+                if stored is None or not stored.startswith(FINGERPRINT_TAG)
+                else "it was built from an earlier table of this name, or its columns changed"
+            )
+            raise RankTableMismatchError(
+                f"{self.where}: the rank table {self.rank_table!r} does not belong to this table "
+                f"({why}): call prepare(refresh=True)"
+            )
+
+    def verify_rank_table(self) -> None:
+        """Raise RankTableMismatchError unless the rank table provably belongs to the current
+        table (its fingerprint, see `_fingerprint_sql`). Runs check it in their snapshot."""
+        with self._reading() as cur:
+            self._check_fingerprint(*self._fingerprints(cur))
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
@@ -423,13 +682,47 @@ class PostgresTable:
             with self._conn.transaction(), self._conn.cursor() as cur:
                 yield cur
 
+    def _usable_connection(self) -> psycopg.Connection[Any]:
+        """The connection, opened again if this object owns it and it was closed or broken (a
+        terminated backend, a restarted server); a clear error if it is the caller's."""
+        conn = self._conn
+        lost = conn.closed or conn.broken
+        if not lost and conn.info.transaction_status == TransactionStatus.UNKNOWN:
+            lost = True
+        if not lost:
+            return conn
+        if self._owns_connection and self._conninfo is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            except psycopg.OperationalError as error:
+                raise ConnectionError(
+                    f"{self.where}: the connection to PostgreSQL was lost and reconnecting failed "
+                    f"({_first_line(error)})"
+                ) from None
+            return self._conn
+        raise ConnectionError(
+            f"{self.where}: the connection to PostgreSQL was lost (closed or terminated); make a "
+            "PostgresTable with a new connection, or with a conninfo string so that it reconnects "
+            "by itself"
+        )
+
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        """One REPEATABLE READ READ ONLY transaction: every read of the run sees one snapshot."""
+        """One REPEATABLE READ READ ONLY transaction: every read of the run sees one snapshot.
+
+        Its first query counts m and checks that the rank table belongs to the table (the
+        fingerprint); a rank table swapped in by a refresh that committed while this snapshot
+        was being taken is invisible to it, so that check is tried once more in a new snapshot.
+        A connection lost during the run gives a ConnectionError; the next run reconnects
+        (when this object opened the connection)."""
         if self._run is not None:  # nested: the outer snapshot already holds the transaction
             yield
             return
-        conn = self._conn
+        conn = self._usable_connection()
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise RuntimeError(
                 f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
@@ -437,30 +730,69 @@ class PostgresTable:
             )
         saved = conn.isolation_level, conn.read_only
         conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+        yielded = False
         try:
-            with conn.transaction():
-                ranked, with_runs = self._catalog()
-                runs = None
-                if ranked:
-                    m, runs = self._counts(conn, with_runs)
-                else:
-                    warnings.warn(
-                        f"{self.where} has no rank table: sampling reads the whole table; "
-                        "call prepare()",
-                        stacklevel=3,
-                    )
-                    m = self.validate()
-                self._run = _Run(ranked, int(m), runs)
+            for attempt in (1, 2):
                 try:
-                    yield
-                finally:
-                    self._run = None
+                    with conn.transaction():
+                        self._run = self._open_run(conn)
+                        yielded = True
+                        try:
+                            yield
+                        finally:
+                            self._close_run()
+                    return
+                except RankTableMismatchError:
+                    if attempt == 2 or yielded:
+                        raise
+                except psycopg.OperationalError:
+                    # Lost before the run read anything (a terminated backend is only noticed
+                    # at the next query): reconnect once, if the connection is ours.
+                    lost = conn.closed or conn.broken
+                    if attempt == 2 or yielded or not lost or not self._conninfo:
+                        raise
+                    conn = self._usable_connection()
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    conn.read_only = True
+        except psycopg.OperationalError as error:
+            if not (conn.closed or conn.broken):
+                raise
+            raise ConnectionError(
+                f"{self.where}: the connection to PostgreSQL was lost during the run "
+                f"({_first_line(error)}); "
+                + (
+                    "the next run reconnects"
+                    if self._owns_connection and self._conninfo
+                    else "make a PostgresTable with a new connection, or with a conninfo string so "
+                    "that it reconnects by itself"
+                )
+            ) from None
         finally:
-            conn.isolation_level, conn.read_only = saved
+            if not conn.closed:
+                conn.isolation_level, conn.read_only = saved
+
+    def _open_run(self, conn: psycopg.Connection[Any]) -> Any:
+        """What a run needs to know, read in its transaction's first queries: m, the rank table
+        and its runs of tied scores (or, without a rank table, a warning and a validation)."""
+        ranked, with_runs = self._catalog()
+        runs = None
+        if ranked:
+            m, runs = self._counts(conn, with_runs)
+        else:
+            warnings.warn(
+                f"{self.where} has no rank table: sampling reads the whole table; call prepare()",
+                stacklevel=5,
+            )
+            m = self.validate()
+        return _Run(ranked, int(m), runs)
+
+    def _close_run(self) -> None:
+        self._run = None
 
     def _state(self) -> _Run:
         if self._run is not None:
             return self._run
+        self._usable_connection()
         ranked, with_runs = self._catalog()
         if ranked:
             with self._reading() as cur:
@@ -471,14 +803,19 @@ class PostgresTable:
         self, reader: psycopg.Connection[Any] | psycopg.Cursor[Any], with_runs: bool
     ) -> tuple[int, int | None]:
         """m and the number of runs of tied scores (None without a runs table): one query, two
-        index probes (the last rank, and the number of the last run by the key first_rank)."""
+        index probes (the last rank, and the number of the last run by the key first_rank); and,
+        in the same query, the rank table's fingerprint, checked (RankTableMismatchError)."""
         runs = (
             sql.SQL("(SELECT run + 1 FROM {} ORDER BY first_rank DESC LIMIT 1)").format(self._runs)
             if with_runs
             else sql.SQL("NULL::bigint")
         )
-        query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {} FROM {}").format(runs, self._ranks)
-        m, count = reader.execute(query).fetchone()
+        stored, current = self._fingerprint_sql(self._conn)
+        query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {}, {}, {} FROM {}").format(
+            runs, stored, current, self._ranks
+        )
+        m, count, stored_print, current_print = reader.execute(query).fetchone()
+        self._check_fingerprint(stored_print, current_print)
         # No row (a runs table created after this snapshot began) is no runs table.
         return int(m), None if count is None else int(count)
 

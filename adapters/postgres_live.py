@@ -39,8 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +115,7 @@ class LivePostgresTable(PostgresTable):
         """Install the B-trees, the position table and its triggers if they are missing
         (idempotent; `refresh` is accepted for symmetry and changes nothing: a live table needs
         no rebuild). The table is validated first."""
-        if self._live is not None or self._run is not None:
+        if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
         self.validate()
         conn = self._conn
@@ -252,15 +251,6 @@ END
                 ).format(name=name, base=self._base, id=self._id, fn=self._function)
             )
 
-    @contextmanager
-    def _reading(self) -> Iterator[psycopg.Cursor[Any]]:
-        if self._live is not None:  # inside the run's transaction
-            with self._conn.cursor() as cur:
-                yield cur
-        else:
-            with super()._reading() as cur:
-                yield cur
-
     def is_stale(self) -> bool:
         """Never: a live run reads the table as it is."""
         return False
@@ -269,35 +259,19 @@ END
         return False
 
     # ----- the Source protocol ------------------------------------------------------------------
-    @contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """One REPEATABLE READ READ ONLY transaction: the table, its positions and its indexes
-        as of its start, for every read of the run."""
-        if self._live is not None:
-            yield
-            return
-        conn = self._conn
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            raise RuntimeError(
-                f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
-                "its own REPEATABLE READ READ ONLY transaction"
-            )
-        saved = conn.isolation_level, conn.read_only
-        conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
-        try:
-            with conn.transaction():
-                self._live = run = _LiveRun(self._live_m(conn))
-                try:
-                    yield
-                finally:
-                    self._live = None
-                    if run.cursor is not None and not run.cursor.closed:
-                        try:
-                            run.cursor.close()
-                        except psycopg.Error:
-                            pass  # the transaction is failing: its end closes the cursor
-        finally:
-            conn.isolation_level, conn.read_only = saved
+    # snapshot() is PostgresTable's: one REPEATABLE READ READ ONLY transaction (reconnecting once
+    # if the connection was lost before the run read anything), whose first query is _live_m.
+    def _open_run(self, conn: psycopg.Connection[Any]) -> _LiveRun:
+        return _LiveRun(self._live_m(conn))
+
+    def _close_run(self) -> None:
+        run, self._run = self._run, None
+        cursor = getattr(run, "cursor", None)
+        if cursor is not None and not cursor.closed:
+            try:
+                cursor.close()
+            except psycopg.Error:
+                pass  # the transaction is failing: its end closes the cursor
 
     def _live_m(self, reader: Any) -> int:
         """m, after checking that the position table and its triggers are there and the scores'
@@ -343,13 +317,13 @@ END
         return int(m)
 
     def _live_state(self) -> _LiveRun:
-        if self._live is None:
+        if self._run is None:
             raise RuntimeError(f"{self.where}: live reads happen inside snapshot()")
-        return self._live
+        return self._run
 
     def domain_size(self) -> int:
-        if self._live is not None:
-            return self._live.m
+        if self._run is not None:
+            return self._run.m
         with self._reading() as cur:
             return self._live_m(cur)
 

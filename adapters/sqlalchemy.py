@@ -58,6 +58,8 @@ MAX_NAME_BYTES = 63
 # Length of a text id in the MariaDB rank table when the source column has none (TEXT): the
 # longest utf8mb4 VARCHAR that InnoDB can index (3072 bytes).
 MYSQL_TEXT_ID_LENGTH = 768
+# Longest text id (bytes) a PostgreSQL B-tree entry takes with room to spare (limit ~2,700).
+PG_MAX_ID_BYTES = 2000
 
 
 class StaleRankTableError(RuntimeError):
@@ -130,6 +132,7 @@ class SQLAlchemyTable:
                 raise ValueError(
                     f"{self.where} has no column {name!r} (columns: {list(self._source.c.keys())})"
                 )
+        self._refuse_untyped_id()
         self._text_ids = isinstance(self._source.c[id].type, sa.String)
         self._from: sa.FromClause = self._source
         self._stray_votes = None
@@ -143,6 +146,15 @@ class SQLAlchemyTable:
         digest = _digest(schema, table, id, score)
         self._init_ranks(rank_table or _fit(table, f"__topk_rank_{digest}"), schema, max_params)
         self._source_indexes = self._index_specs(digest)
+
+    def _refuse_untyped_id(self) -> None:
+        """An id column without a declared type (SQLite allows one) gives the rank table no
+        type to copy: refused, saying what to declare."""
+        if _untyped(self._source.c[self.id_column].type):
+            raise TypeError(
+                f"{self.where} column {self.id_column!r} has no declared type: declare it "
+                "INTEGER or TEXT (ids of one type), e.g. by copying the table"
+            )
 
     # ----- construction from raw votes ------------------------------------------------------
     @classmethod
@@ -183,6 +195,13 @@ class SQLAlchemyTable:
         ):
             if name not in tab.c:
                 raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
+        if isinstance(items.c[item_id].type, sa.String) != isinstance(
+            votes.c[item].type, sa.String
+        ):
+            raise TypeError(
+                f"{votes_where} column {item!r} is {votes.c[item].type} and {items_where} "
+                f"column {item_id!r} is {items.c[item_id].type}: item ids must be of one type"
+            )
         self._text_ids = isinstance(items.c[item_id].type, sa.String)
         # Ids are matched and grouped by their byte-order key: under a case-insensitive
         # collation (MariaDB's default) 'apple' and 'Apple' are still two items.
@@ -293,7 +312,7 @@ class SQLAlchemyTable:
         if self.dialect == "sqlite":
             return sa.Text(collation="BINARY")
         if self.dialect in ("mysql", "mariadb"):
-            length = source_type.length or MYSQL_TEXT_ID_LENGTH
+            length = min(source_type.length or MYSQL_TEXT_ID_LENGTH, MYSQL_TEXT_ID_LENGTH)
             return mysql.VARCHAR(length, charset="utf8mb4", collation=self._mysql_bin_collation())
         return sa.String()
 
@@ -319,8 +338,8 @@ class SQLAlchemyTable:
             return []  # DuckDB does not use indexes for ORDER BY; no index on a query
         id_type = self._source.c[self.id_column].type
         if self.dialect in ("mysql", "mariadb") and isinstance(id_type, sa.String):
-            if not id_type.length:
-                return []  # MariaDB cannot index TEXT without a prefix length
+            if not id_type.length or id_type.length > MYSQL_TEXT_ID_LENGTH:
+                return []  # MariaDB cannot index TEXT, or keys over 3072 bytes, whole
         key = self._id_key(self._id) if self.dialect == "postgresql" else self._id
         return [
             sa.Index(_fit("ix", f"_topk_{digest}_score_id"), self._score.desc(), key),
@@ -328,15 +347,22 @@ class SQLAlchemyTable:
         ]
 
     # ----- prepare ------------------------------------------------------------------------
-    def prepare(self, *, index_source: bool = True) -> None:
-        """Validate the counts and (re)build what sublinear access needs; idempotent.
+    def prepare(self, refresh: bool = False, *, index_source: bool = True) -> None:
+        """Validate the counts and build what sublinear access needs; idempotent.
 
         Creates, if missing, the rank table (rank primary key, index on id), its runs table
         (first_rank primary key) and, with `index_source`, indexes on (score DESC, id) and (id)
-        of the counts table; then validates the counts and refills the rank table and the runs
-        table in one transaction (a concurrent run keeps the snapshot it started with). Raises
+        of the counts table. If the rank table was empty or missing, or with `refresh=True`
+        (after writes to the counts), it then validates the counts and refills the rank table
+        and the runs table in one transaction (a concurrent run keeps the snapshot it started
+        with); without `refresh` a filled rank table is kept, as in the other adapters. Raises
         ValueError naming the table and column for a missing, empty, NULL, NaN, infinite or
         negative score, a NULL id or a duplicate id.
+
+        What is released is what was validated: on PostgreSQL validation and copy read one
+        REPEATABLE READ snapshot, and on every dialect the copy itself is checked again before
+        the transaction commits (MariaDB's INSERT ... SELECT reads the latest rows, not the
+        snapshot), so a row a writer committed in between cannot slip in unvalidated.
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
@@ -345,30 +371,68 @@ class SQLAlchemyTable:
             if index_source:
                 for index in self._source_indexes:
                     index.create(conn, checkfirst=True)
-        with self.engine.begin() as conn:
-            self._validate(conn)
-            conn.execute(sa.delete(self._ranks))
-            position = sa.func.row_number().over(
-                order_by=(self._score.desc(), self._id_key(self._id))
-            )
+            filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
+            runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
+        if filled and runs_filled and not refresh:
+            self._with_runs = True
+            return
+        with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                self._fill(conn)
+        self._analyze()
+
+    def _fill(self, conn: Connection) -> None:
+        """Validate, copy, check the copy: inside the caller's transaction."""
+        self._validate(conn)
+        conn.execute(sa.delete(self._ranks))
+        position = sa.func.row_number().over(order_by=(self._score.desc(), self._id_key(self._id)))
+        try:
             conn.execute(
                 sa.insert(self._ranks).from_select(
                     ["rank", "id", "score"],
                     sa.select(position - 1, self._id, self._score).select_from(self._from),
                 )
             )
-            r = self._ranks.c
-            first = sa.func.min(r.rank)
-            conn.execute(sa.delete(self._runs))
-            conn.execute(
-                sa.insert(self._runs).from_select(
-                    ["run", "first_rank", "score"],
-                    sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
-                    .group_by(r.score)
-                    .order_by(first),
-                )
+        except sa.exc.IntegrityError:
+            raise ValueError(
+                f"{self.where} changed while prepare() copied it (a NULL or duplicate id, or a "
+                "NULL score, appeared after validation): nothing was replaced, call "
+                "prepare(refresh=True) again"
+            ) from None
+        r = self._ranks.c
+        first = sa.func.min(r.rank)
+        conn.execute(sa.delete(self._runs))
+        conn.execute(
+            sa.insert(self._runs).from_select(
+                ["run", "first_rank", "score"],
+                sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
+                .group_by(r.score)
+                .order_by(first),
             )
+        )
+        self._check_copy(conn)
         self._with_runs = True
+
+    def _check_copy(self, conn: Connection) -> None:
+        """The rank table just written is a valid histogram (one pass over it, in the writing
+        transaction): distinct ids, dense ranks, finite non-negative scores."""
+        r = self._ranks.c
+        rows, ids, high = conn.execute(
+            sa.select(sa.func.count(), sa.func.count(sa.distinct(r.id)), sa.func.max(r.rank))
+        ).one()
+        bad = conn.execute(
+            sa.select(sa.func.count()).where(sa.or_(r.score < 0, r.score.is_(None)))
+        ).scalar_one()
+        if rows != ids or bad or high is None or int(high) + 1 != rows:
+            raise ValueError(
+                f"{self.where} changed while prepare() copied it (the copy has {rows} rows, "
+                f"{ids} distinct ids, {bad} bad scores): a concurrent writer added a duplicate "
+                "or invalid row; nothing was replaced, call prepare(refresh=True) again"
+            )
+
+    def _analyze(self) -> None:
         if self.dialect in ("postgresql", "sqlite"):
             # Fresh statistics, so that the planner reads the rank table by its indexes.
             with self.engine.begin() as conn:
@@ -447,6 +511,7 @@ class SQLAlchemyTable:
             raise ValueError(
                 f"{where} column {score_name!r} has {facts['negative']} negative score(s)"
             )
+        self._refuse_long_ids(conn)
         key = self._id_key(id_)
         duplicate = conn.execute(
             sa.select(sa.func.min(id_), sa.func.count())
@@ -459,6 +524,24 @@ class SQLAlchemyTable:
             raise ValueError(
                 f"{where} column {id_name!r} has duplicate ids, e.g. {duplicate[0]!r} "
                 f"({duplicate[1]} rows): each item must appear once"
+            )
+
+    def _refuse_long_ids(self, conn: Connection) -> None:
+        """Text ids longer than the rank table's indexed id column takes: a clear error (not
+        MariaDB's "Data too long" or PostgreSQL's "index row requires ... bytes")."""
+        if not self._text_ids:
+            return
+        if self.dialect in ("mysql", "mariadb"):
+            length, limit, unit = sa.func.char_length(self._id), MYSQL_TEXT_ID_LENGTH, "characters"
+        elif self.dialect == "postgresql":
+            length, limit, unit = sa.func.octet_length(self._id), PG_MAX_ID_BYTES, "bytes"
+        else:
+            return
+        longest = conn.execute(sa.select(sa.func.max(length)).select_from(self._from)).scalar()
+        if longest is not None and int(longest) > limit:
+            raise ValueError(
+                f"{self.where} column {self.id_column!r} has an id of {int(longest)} {unit}: ids "
+                f"of at most {limit} {unit} can be indexed on {self.dialect}"
             )
 
     def check(self) -> AccessCheck:
@@ -779,9 +862,21 @@ def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: s
     if bind.dialect.name == "duckdb":
         return _reflect_duckdb(bind, table, schema, where)
     try:
-        return sa.Table(table, sa.MetaData(), autoload_with=bind, schema=schema)
+        reflected = sa.Table(table, sa.MetaData(), autoload_with=bind, schema=schema)
     except sa.exc.NoSuchTableError:
         raise ValueError(f"{where} does not exist") from None
+    except sa.exc.DBAPIError:
+        if schema is None:
+            raise
+        raise ValueError(
+            f"{where} cannot be read: schema {schema!r} does not exist or is not visible"
+        ) from None
+    if bind.dialect.name in ("mysql", "mariadb") and any("``" in c.name for c in reflected.c):
+        # The MySQL dialect reflects a backtick in a column name doubled, as SHOW CREATE TABLE
+        # writes it: undo that, so the name is quoted once, correctly.
+        columns = [sa.Column(c.name.replace("``", "`"), c.type) for c in reflected.c]
+        reflected = sa.Table(table, sa.MetaData(), *columns, schema=schema)
+    return reflected
 
 
 # DuckDB type names that duckdb-engine's ischema_names lacks.

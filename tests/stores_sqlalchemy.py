@@ -190,7 +190,7 @@ def write_sqlalchemy_source(source: SQLAlchemyTable, item: Any, score: float) ->
         )
     SQLAlchemyTable(
         source.engine, source.table_name, id=source.id_column, score=source.score_column
-    ).prepare()
+    ).prepare(refresh=True)
     return True
 
 

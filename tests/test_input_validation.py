@@ -60,7 +60,7 @@ def test_bad_parameters_are_refused(no_noise: None, kwargs, error, message) -> N
         ([], None, "empty"),
         ([[1.0, 2.0]], None, "1-D"),
         (["a", "b"], None, "real numbers"),
-        ([1.0, 2.0, 3.0], ["x", "y", "x"], r"duplicate id\(s\), e.g. 'x'"),
+        ([1.0, 2.0, 3.0], ["x", "y", "x"], r"duplicate ids, e.g. 'x' at indexes 0 and 2"),
         ([1.0, 2.0], [1, 2, 3], "same length"),
     ],
 )

@@ -306,7 +306,7 @@ def test_prepare_is_idempotent_and_staleness_is_detected(
     assert source.is_stale()
     # The rank table is the snapshot of prepare(): the update is not seen until prepare() again.
     assert source.read_sorted(0, 3).ids.tolist() == [1, 2, 3]
-    source.prepare()
+    source.prepare(refresh=True)
     assert not source.is_stale()
     assert source.read_sorted(0, 3).ids.tolist() == [3, 1, 2]
     with engine.begin() as conn:
@@ -362,7 +362,7 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
             match=rf"table '{votes_name}' column 'item' has 1 vote\(s\) for items not in "
             rf"table '{items_name}' \(e.g. '{stray}'\)",
         ):
-            source.prepare()
+            source.prepare(refresh=True)
         with engine.begin() as conn:
             conn.execute(vote_table.delete().where(vote_table.c.item == stray))
 
@@ -378,7 +378,7 @@ def rewrite_and_prepare(engine: sa.Engine, name: str, m: int) -> None:
     with engine.begin() as conn:
         conn.execute(live.update().values(score=TOP - live.c.score))
         conn.execute(live.insert().values(id=m, score=1000.0))
-    SQLAlchemyTable(engine, name).prepare()
+    SQLAlchemyTable(engine, name).prepare(refresh=True)
 
 
 def test_snapshot_holds_while_a_writer_commits(make_source: Callable[..., Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -142,5 +143,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "demo":
-        demo(args.m, args.k, args.epsilon, args.seed, args.data_dir)
+        problem = demo_argument_error(args.m, args.k, args.epsilon, args.seed)
+        if problem:
+            parser.error(problem)  # exit code 2, before any file or directory is created
+        try:
+            demo(args.m, args.k, args.epsilon, args.seed, args.data_dir)
+        except Exception as error:  # no traceback: the message, and a non-zero exit code
+            print(f"topk_middleware demo: error: {_first_line(error)}", file=sys.stderr)
+            return 1
     return 0
+
+
+def demo_argument_error(m: int, k: int, epsilon: float, seed: int | None) -> str | None:
+    """What is wrong with the demo's arguments, in words (None if nothing): checked before the
+    DuckDB file is created, so a refused command leaves nothing behind."""
+    if m < 1:
+        return f"--m must be >= 1 (the number of items), got {m}"
+    if k < 1:
+        return f"--k must be >= 1, got {k}"
+    if k > m:
+        return f"--k = {k} exceeds the number of items --m = {m}"
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        return f"--epsilon must be finite and > 0, got {epsilon}"
+    if seed is not None and seed < 0:
+        return f"--seed must be >= 0, got {seed}"
+    return None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,466 @@
+"""The hostile battery (issue 11): bad input, races and faults, one test per class of defect, on
+the real stores. Each test failed on the code before the fix it guards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.memory import ArraySource
+from topk_middleware import private_top_k
+
+# ----- ids come back exactly as given ---------------------------------------------------------
+
+
+def test_array_source_returns_ids_with_their_type_and_value() -> None:
+    source = ArraySource([50, 40, 30, 20, 10], ids=[1, "a", 2.5, "x\x00", b"\xff"])
+    rows = source.read_sorted(0, 5)
+    assert rows.ids.tolist() == [1, "a", 2.5, "x\x00", b"\xff"]
+    assert [type(i) for i in rows.ids.tolist()] == [int, str, float, str, bytes]
+    released = private_top_k(source, k=4, epsilon=1e6, seed=1).items  # noise far below the gaps
+    assert released == [1, "a", 2.5, "x\x00"]
+    assert type(released[0]) is int
+
+
+def test_array_source_one_and_text_one_are_two_items() -> None:
+    source = ArraySource([7, 7, 7], ids=["1", 1, "x"])
+    # The documented total order: numbers, then text in code point order.
+    assert source.read_sorted(0, 3).ids.tolist() == [1, "1", "x"]
+    assert source.read_ids(["1", 1]).tolist() == [7.0, 7.0]
+
+
+def test_array_source_mixed_ties_follow_the_documented_order() -> None:
+    source = ArraySource([1, 1, 1, 1, 1], ids=[b"a", "b", 2, "a", 1.5])
+    assert source.read_sorted(0, 5).ids.tolist() == [1.5, 2, "a", "b", b"a"]
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([None, 1, 2], r"ids\[0\] is None .*ids must be int, float, str or bytes"),
+        ([1, True, 2], r"ids\[1\] is True \(bool\)"),
+        ([1, 2, float("nan")], r"ids\[2\] is NaN"),
+        ([1, 1.0, 2], r"duplicate ids, e.g. 1 at indexes 0 and 1"),
+        (["a", ("b",), "c"], r"ids\[1\] is \('b',\) \(tuple\)"),
+        (np.array([3.0, np.nan, 1.0]), r"ids\[1\] is NaN"),
+    ],
+)
+def test_array_source_refuses_bad_ids_clearly(ids, message) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        ArraySource([1, 2, 3], ids=ids)
+
+
+# ----- the CLI: bad arguments, no traceback, nothing left behind -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--m", "0"], "--m must be >= 1"),
+        (["--m", "-5"], "--m must be >= 1"),
+        (["--m", "10", "--k", "0"], "--k must be >= 1"),
+        (["--m", "10", "--k", "11"], "--k = 11 exceeds the number of items"),
+        (["--m", "10", "--epsilon", "nan"], "--epsilon must be finite and > 0"),
+        (["--m", "10", "--epsilon", "-1"], "--epsilon must be finite and > 0"),
+        (["--m", "10", "--seed", "-1"], "--seed must be >= 0"),
+        (["--m", "ten"], "invalid int value"),
+    ],
+)
+def test_cli_refuses_bad_arguments_without_traceback_or_file(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, "-m", "topk_middleware", "demo", *args, "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not data.exists()  # no directory, no empty DuckDB file
+
+
+def test_cli_reports_a_store_failure_without_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = subprocess.run(
+        [sys.executable, "-m", "topk_middleware", "demo", "--m", "10", "--data-dir", str(blocker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "topk_middleware demo: error:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ----- PostgreSQL: rank tables that do not belong, refresh, races, faults, types ---------------
+
+PG_ITEMS = 200
+
+
+@pytest.fixture
+def pg_table(pg_conninfo: str, pg_schema: str):
+    """A fresh table (id bigint, score bigint) of PG_ITEMS items in the session schema, and a
+    function to (re)create it with given scores; the tables are dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    conn = psycopg.connect(pg_conninfo, autocommit=True)
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sql.Identifier(pg_schema, name)
+
+    def create(scores: list[int], id_type: str = "bigint", score_type: str = "bigint") -> None:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id {}, score {})").format(
+                table, sql.SQL(id_type), sql.SQL(score_type)
+            )
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {} VALUES (%s::text::{}, %s::text::{})").format(
+                    table, sql.SQL(id_type), sql.SQL(score_type)
+                ),
+                [(str(i), str(v)) for i, v in enumerate(scores)],
+            )
+
+    create([1000 if i == 16 else i % 17 for i in range(PG_ITEMS)])  # 16 on top
+    yield conn, pg_schema, name, create
+    for (drop,) in conn.execute(
+        "SELECT format('DROP TABLE IF EXISTS %%I.%%I CASCADE', schemaname, tablename) "
+        "FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s",
+        [pg_schema, name + "%"],
+    ).fetchall():
+        conn.execute(drop)
+    conn.close()
+
+
+def _pg_source(pg_conninfo: str, schema: str, name: str):
+    from adapters.postgres import PostgresTable
+
+    return PostgresTable(pg_conninfo, name, id="id", score="score", schema=schema)
+
+
+def test_pg_rank_table_of_a_recreated_table_is_not_trusted(pg_conninfo, pg_table) -> None:
+    from adapters.postgres import RankTableMismatchError
+
+    _, schema, name, create = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # dropped and re-created
+    with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
+        private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: the rank table of the old table is rebuilt
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    source.close()
+
+
+def test_pg_planted_rank_table_is_refused(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    from adapters.postgres import RankTableMismatchError
+
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    ranks, runs = (
+        sql.Identifier(schema, source.rank_table),
+        sql.Identifier(schema, source.runs_table),
+    )
+    conn.execute(sql.SQL("CREATE TABLE {} (rank bigint, id bigint, score float8)").format(ranks))
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (0, 199, 1e9), (1, 0, 0)").format(ranks))
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    source.prepare(refresh=True)  # asked for: replaced
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS 'topk-rank-v1 1 2 3'").format(ranks))
+    with pytest.raises(RankTableMismatchError):  # a forged fingerprint names other oids
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    assert runs is not None
+    source.close()
+
+
+def test_pg_refresh_swaps_tables_without_dead_rows(pg_conninfo, pg_table) -> None:
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    qualified = f'"{schema}"."{source.rank_table}"'
+    size, oid = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    for _ in range(3):
+        source.prepare(refresh=True)
+    size_after, oid_after = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    beside = [n.as_string(conn) for n in source._build_names()[:2]]
+    dead = sum(
+        conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
+    )
+    assert oid_after != oid  # a new table took the old one's place
+    assert size_after == size  # DELETE + INSERT would have doubled it (dead rows)
+    assert dead == 0  # nothing left beside it
+    source.close()
+
+
+def test_pg_concurrent_prepares_wait_for_each_other(pg_conninfo, pg_table) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, schema, name, _ = pg_table
+    sources = [_pg_source(pg_conninfo, schema, name) for _ in range(4)]
+
+    def prepare(i: int) -> None:
+        sources[i].prepare(refresh=bool(i % 2))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(prepare, range(4)))  # raw UniqueViolation / DeadlockDetected before
+    assert private_top_k(sources[0], k=1, epsilon=1e6, seed=1).items == [16]
+    for s in sources:
+        s.close()
+
+
+def test_pg_statement_timeout_stops_prepare_clearly(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    conn, schema, name, _ = pg_table
+    conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, g % 7 FROM generate_series(1000, 300000) g").format(
+            sql.Identifier(schema, name)
+        )
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(TimeoutError, match=r"statement_timeout of 0\.001 s"):
+        source.prepare(statement_timeout=0.001)
+    assert not source.has_rank_table()  # nothing half-built
+    source.prepare()
+    source.close()
+
+
+def test_pg_terminated_connection_reconnects(pg_conninfo, pg_table) -> None:
+    import psycopg
+
+    from adapters.postgres import PostgresTable
+
+    conn, schema, name, _ = pg_table
+    source = _pg_source(pg_conninfo, schema, name)
+    source.prepare()
+    conn.execute("SELECT pg_terminate_backend(%s)", [source._conn.info.backend_pid])
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]  # reconnected
+    with pytest.raises(ConnectionError, match=r"lost during the run.*the next run reconnects"):
+        with source.snapshot():
+            conn.execute("SELECT pg_terminate_backend(%s)", [source._conn.info.backend_pid])
+            source.read_sorted(0, 5)
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    source.close()
+    theirs = psycopg.connect(pg_conninfo, autocommit=True)
+    borrowed = PostgresTable(theirs, name, id="id", score="score", schema=schema)
+    conn.execute("SELECT pg_terminate_backend(%s)", [theirs.info.backend_pid])
+    with pytest.raises(ConnectionError, match="make a PostgresTable with a new connection"):
+        private_top_k(borrowed, k=1, epsilon=1.0, seed=1)
+
+
+@pytest.mark.parametrize(
+    ("id_type", "score_type", "error", "message"),
+    [
+        ("bigint", "money", TypeError, "must be numeric, it is money"),
+        ("bigint", "oid", TypeError, "must be numeric, it is oid"),
+        ("json", "bigint", TypeError, "ids must have an equality and an order"),
+    ],
+)
+def test_pg_unusable_types_are_refused_at_construction(
+    pg_conninfo, pg_table, id_type, score_type, error, message
+) -> None:
+    _, schema, name, create = pg_table
+    create([1, 2, 3], id_type=id_type, score_type=score_type)
+    with pytest.raises(error, match=message):
+        _pg_source(pg_conninfo, schema, name)
+
+
+def test_pg_numeric_beyond_float8_and_long_ids_are_refused_clearly(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    conn, schema, name, create = pg_table
+    create([1, 2, 3], score_type="numeric")
+    conn.execute(
+        sql.SQL("UPDATE {} SET score = 1e309 WHERE id = 1").format(sql.Identifier(schema, name))
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(ValueError, match="beyond the float8 range"):
+        source.prepare()
+    source.close()
+    create([1, 2, 3], id_type="text")
+    conn.execute(
+        sql.SQL("UPDATE {} SET id = %s WHERE id = '1'").format(sql.Identifier(schema, name)),
+        [uuid.uuid4().hex * 400],  # 12,800 bytes that do not compress well enough
+    )
+    source = _pg_source(pg_conninfo, schema, name)
+    with pytest.raises(ValueError, match="an id of 12800 bytes"):
+        source.prepare()
+    source.close()
+
+
+# ----- SQLAlchemy: what is released is what was validated; odd schemas --------------------------
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mariadb"])
+def test_sqlalchemy_duplicate_committed_during_prepare_is_never_released(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """A writer commits a duplicate id right after validation, before the copy. PostgreSQL:
+    the copy reads the validated snapshot (the duplicate is not copied). MariaDB: the copy is
+    checked and refused. Before the fix the rank table held the item twice (m = 11 for 10)."""
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    engine = request.getfixturevalue(f"sqlalchemy_{dialect}_engine")
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "score": i} for i in range(10)])
+    source = SQLAlchemyTable(engine, name)
+    validate = source._validate
+
+    def validate_then_write(conn) -> None:
+        validate(conn)
+        with engine.begin() as writer:  # another connection, committed
+            writer.execute(table.insert().values(id=9, score=100))
+
+    source._validate = validate_then_write
+    try:
+        if dialect == "mariadb":
+            with pytest.raises(ValueError, match="changed while prepare\\(\\) copied it"):
+                source.prepare()
+        else:
+            source.prepare()
+            assert source.domain_size() == 10
+            assert source.read_sorted(0, 10).ids.tolist() == list(range(9, -1, -1))
+    finally:
+        with engine.begin() as conn:
+            for t in (source.runs_table_name, source.rank_table_name, name):
+                conn.execute(
+                    sa.text(f"DROP TABLE IF EXISTS {engine.dialect.identifier_preparer.quote(t)}")
+                )
+
+
+def test_sqlalchemy_prepare_has_refresh(sqlalchemy_sqlite_engine) -> None:
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id INTEGER, score INTEGER)")
+        conn.exec_driver_sql(f"INSERT INTO {name} VALUES (1, 5), (2, 3)")
+    source = SQLAlchemyTable(sqlalchemy_sqlite_engine, name)
+    source.prepare()
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {name} SET score = 9 WHERE id = 2")
+    source.prepare()  # kept: a filled rank table is the snapshot of the last build
+    assert source.read_sorted(0, 1).ids.tolist() == [1]
+    source.prepare(refresh=True)
+    assert source.read_sorted(0, 1).ids.tolist() == [2]
+    assert sa is not None
+
+
+def test_sqlalchemy_sqlite_untyped_id_and_missing_schema_are_refused(
+    sqlalchemy_sqlite_engine,
+) -> None:
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    with sqlalchemy_sqlite_engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id, score INTEGER)")
+    with pytest.raises(TypeError, match="column 'id' has no declared type"):
+        SQLAlchemyTable(sqlalchemy_sqlite_engine, name)
+    with pytest.raises(ValueError, match="schema 'nowhere' does not exist"):
+        SQLAlchemyTable(sqlalchemy_sqlite_engine, name, schema="nowhere")
+
+
+def test_sqlalchemy_mariadb_backticks_and_long_ids(sqlalchemy_mariadb_engine) -> None:
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    engine = sqlalchemy_mariadb_engine
+    a, b = f"hostile_{uuid.uuid4().hex[:8]}", f"hostile_{uuid.uuid4().hex[:8]}"
+    made = []
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {a} (`i``d` INT, `sc``ore` INT)")
+            conn.exec_driver_sql(f"INSERT INTO {a} VALUES (1, 3), (2, 5)")
+            conn.exec_driver_sql(f"CREATE TABLE {b} (id VARCHAR(2000), score INT)")
+            conn.exec_driver_sql(f"INSERT INTO {b} VALUES (REPEAT('x', 700), 9), ('y', 1)")
+        source = SQLAlchemyTable(engine, a, id="i`d", score="sc`ore")
+        made.append(source)
+        source.prepare()
+        assert source.read_sorted(0, 2).ids.tolist() == [2, 1]
+        long_ids = SQLAlchemyTable(engine, b)  # "Specified key was too long" before
+        made.append(long_ids)
+        long_ids.prepare()
+        assert long_ids.read_sorted(0, 1).ids.tolist() == ["x" * 700]
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {b} SET id = REPEAT('z', 1500) WHERE id = 'y'")
+        with pytest.raises(ValueError, match="an id of 1500 characters"):  # "Data too long"
+            long_ids.prepare(refresh=True)
+    finally:
+        with engine.begin() as conn:
+            for s in made:
+                for t in (s.runs_table_name, s.rank_table_name):
+                    conn.exec_driver_sql(f"DROP TABLE IF EXISTS `{t}`")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {a}, {b}")
+
+
+# ----- from_votes: mismatched item types, an existing output table -----------------------------
+
+
+def test_duckdb_from_votes_refuses_mismatched_types_and_existing_output() -> None:
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE items (id BIGINT); INSERT INTO items VALUES (1), (2)")
+    con.execute("CREATE TABLE votes (client INT, item VARCHAR); INSERT INTO votes VALUES (1, '1')")
+    with pytest.raises(TypeError, match="item ids must be of one type"):
+        DuckDBTable.from_votes(con, "votes", "items")
+    con.execute("CREATE TABLE votes2 (client INT, item BIGINT); INSERT INTO votes2 VALUES (1, 1)")
+    con.execute("CREATE TABLE votes2_counts (x INT)")
+    with pytest.raises(ValueError, match=r"'votes2_counts' .* already exists: pass replace=True"):
+        DuckDBTable.from_votes(con, "votes2", "items")
+    DuckDBTable.from_votes(con, "votes2", "items", replace=True).prepare()
+
+
+def test_pg_from_votes_refuses_mismatched_types_and_existing_output(pg_conninfo, pg_table) -> None:
+    from psycopg import sql
+
+    from adapters.postgres import PostgresTable
+
+    conn, schema, name, _ = pg_table
+    votes = f"{name}_votes"
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (client int, item text)").format(sql.Identifier(schema, votes))
+    )
+    with pytest.raises(TypeError, match="item ids must be of one type"):
+        PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ALTER item TYPE bigint USING item::bigint").format(
+            sql.Identifier(schema, votes)
+        )
+    )
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(schema, votes + "_counts"))
+    )
+    with pytest.raises(ValueError, match="already exists: pass replace=True"):
+        PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
+    PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, replace=True).close()
