@@ -12,13 +12,16 @@ from topk_middleware import calibrate, private_top_k
 
 
 def fact_3_3(k: int, eps0: float, delta: float) -> float:
-    """Fact 3.3 written out independently (exponential form, not tanh)."""
+    """Fact 3.3 as Durfee & Rogers give it (Corollary 4.1 and Lemma 4.4 for k steps of eps0),
+    written out independently (exponential form, not tanh)."""
     if delta == 0:
         return k * eps0
+    log_term = math.log(1 / delta)
     a = k * eps0 * (math.exp(eps0) - 1) / (math.exp(eps0) + 1) + eps0 * math.sqrt(
-        k * math.log(1 / delta)
+        2 * k * log_term
     )
-    return min(k * eps0, a)
+    b = k * eps0**2 / 2 + eps0 * math.sqrt(k * log_term / 2)
+    return min(k * eps0, a, b)
 
 
 def fact_3_2(k: int, m: int, eps0: float, delta: float) -> float:

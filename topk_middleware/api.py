@@ -16,7 +16,8 @@ from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
 from .noise import make_noise
 from .noise_list import EagerNoiseList
-from .privacy import PrivacyGuarantee, calibrate
+from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate
+from .randomness import make_rng
 
 NOISES = ("gumbel", "laplace")
 METHODS = ("threshold", "oneshot")
@@ -45,6 +46,12 @@ def check_common(k: Any, epsilon: Any, delta: Any) -> None:
         raise TypeError(f"epsilon must be a real number, got {epsilon!r}")
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if epsilon / k < MIN_ITEM_EPSILON:
+        raise ValueError(
+            f"epsilon = {epsilon:g} is below the floor k * {MIN_ITEM_EPSILON:g} = "
+            f"{k * MIN_ITEM_EPSILON:g}: the noise scale would not be a finite number; nothing "
+            "was read or charged"
+        )
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
         raise TypeError(f"delta must be a real number, got {delta!r}")
     if not (0.0 <= delta < 1.0):
@@ -65,11 +72,12 @@ def private_top_k(
     delta: float = 0.0,
     noise: Literal["gumbel", "laplace"] = "gumbel",
     method: Literal["threshold", "oneshot"] = "threshold",
-    seed: int | None = None,
+    seed: int | np.random.Generator | None = None,
     *,
     oracle: Literal["lazy", "eager"] = "lazy",
     batching: Batching | None = None,
     costs: CostModel | None = None,
+    budget: Any = None,
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
 
@@ -77,11 +85,17 @@ def private_top_k(
     from them (privacy.calibrate). `method="threshold"` runs the private threshold algorithm
     (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2, a full read. Both have
     the same output distribution, and with the same seed and the eager oracle the same output.
-    `seed` makes a run reproducible; without it randomness comes from the operating system.
+    `seed` is a testing tool: it makes the run reproducible, and so the release a deterministic
+    function of the data (no privacy for anyone who knows it). Without it (production) the noise
+    comes from ChaCha20 keyed by the operating system (randomness.make_rng).
     `oracle` is the noise list of the threshold method: "lazy" (Algorithm 4, samples only the
     noises it reads) or "eager" (draws all m noises; the same noise vector as the one-shot run).
     `costs` (a CostModel) selects the cost-aware threshold algorithm (mechanisms/cost_aware.py)
     and, unless `batching` is given, the block schedule with the least modelled cost.
+    `budget` (a PrivacyBudget or a PrivacyLedger's budget) is charged the release's cost once m is
+    known and before any row is read; BudgetExceeded refuses the release.
+    The guarantee is for add/remove-one-client neighbours (every count moves by at most 1, all in
+    the same direction).
     """
     check_common(k, epsilon, delta)
     if noise not in NOISES:
@@ -91,12 +105,16 @@ def private_top_k(
     if oracle not in ORACLES:
         raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
     k = int(k)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
         guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta))
+        if budget is not None:
+            from .accounting import oneshot_cost  # accounting builds on this module
+
+            budget.charge(oneshot_cost(noise, k, access.m, float(epsilon), float(delta)))
         distribution = make_noise(noise, guarantee.scale)
-        rng = np.random.default_rng(seed)
         if method == "oneshot":
             ranks = oneshot_top_k(access, distribution.sample(rng, access.m), k)
         else:
@@ -110,4 +128,8 @@ def private_top_k(
                 schedule = batching or costs.batching(k, access.m)
                 ranks = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
         items = access.ids_of(ranks)
-    return TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)
+    result = TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)
+    log = getattr(budget, "log_release", None)
+    if log is not None:
+        log(result)
+    return result

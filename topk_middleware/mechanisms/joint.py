@@ -32,16 +32,24 @@ whole histogram. With many tied or nearly tied counts the prefix is long (a plat
 from __future__ import annotations
 
 import bisect
+import copy
 import math
-import random
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..access import CountedAccess, Source
-from ..accounting import MechanismResult, PrivacyBudget, PrivacyCost, charge, range_bounded_zcdp
+from ..accounting import (
+    MechanismResult,
+    PrivacyBudget,
+    PrivacyCost,
+    charge,
+    range_bounded_zcdp,
+    record,
+)
 from ..api import check_common, check_k_within
 from ..privacy import PrivacyGuarantee
+from ..randomness import make_rng, randbelow
 
 TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
 
@@ -126,7 +134,6 @@ def _sample_exact_set(
     gaps: _Gaps,
     t: float,
     t_prev: float | None,
-    pyrng: random.Random,
     rng: np.random.Generator,
 ) -> list[int]:
     """A uniform k-subset (ranks) with utility exactly -t: inside the t sets, outside t_prev's."""
@@ -168,7 +175,7 @@ def _sample_exact_set(
             x = n - pn
             if 0 <= x <= length and (pinside and n >= need_p[s]) == inside and n >= need_t[s]:
                 options.append(((pn, pinside), x, w * math.comb(length, x)))
-        pick = pyrng.randrange(sum(weight for _, _, weight in options))
+        pick = randbelow(rng, sum(weight for _, _, weight in options))
         for prev_state, x, weight in options:
             if pick < weight:
                 sizes[s], current = x, prev_state
@@ -242,7 +249,6 @@ def sample_joint(
     complete = len(counts) == d
     cut = 2.0 * (log_number_of_sets(d, k) + margin) / epsilon
     u = float(rng.random())
-    pyrng = random.Random(int(rng.integers(0, 2**63)))
     last = counts[k - 1] - counts
     limit = int(np.searchsorted(last, cut, side="right"))
     if limit == len(counts) and not complete:
@@ -262,7 +268,7 @@ def sample_joint(
             raise AssertionError("the full enumeration always decides")
     t = table.values[index]
     t_prev = table.values[index - 1] if index > 0 else None
-    return _sample_exact_set(gaps, t, t_prev, pyrng, rng)
+    return _sample_exact_set(gaps, t, t_prev, rng)
 
 
 def joint_top_k(
@@ -277,6 +283,8 @@ def joint_top_k(
     check_common(k, epsilon, 0.0)
     k, epsilon = int(k), float(epsilon)
     cost = joint_cost(epsilon)
+    rng = make_rng(seed)
+    saved = copy.deepcopy(rng)  # the same u again if the whole histogram must be read
     with source.snapshot():
         access = CountedAccess(source)
         m = access.m
@@ -296,14 +304,13 @@ def joint_top_k(
                 block *= 2
                 continue
             break
-        rng = np.random.default_rng(seed)
         ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
         if ranks is None:
             # The tail could matter for this draw: read everything and draw again (same u).
             access.fetch_sorted_until(m)
             while len(scores) < m:
                 scores.append(access.sorted_access()[1])
-            rng = np.random.default_rng(seed)
+            rng = saved
             ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
             assert ranks is not None
         beyond = [r for r in ranks if r >= access.prefix_fetched]
@@ -314,4 +321,7 @@ def joint_top_k(
     guarantee = PrivacyGuarantee(
         epsilon, 0.0, "exponential", 2.0 / epsilon, "Gillenwater et al. 2022, Theorem 8"
     )
-    return MechanismResult(items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost)
+    result = MechanismResult(
+        items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost
+    )
+    return record(budget, result)

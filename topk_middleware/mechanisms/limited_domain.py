@@ -30,9 +30,11 @@ from ..accounting import (
     PrivacyCost,
     charge,
     limited_domain_epsilon,
+    record,
 )
 from ..api import check_common
 from ..privacy import PrivacyGuarantee
+from ..randomness import make_rng
 
 
 def check_limited_domain(
@@ -104,6 +106,7 @@ def limited_domain_top_k(
         raise ValueError(f"delta_prime must be in [0, 1), got {delta_prime}")
     k, k_bar, epsilon, delta = int(k), int(k_bar), float(epsilon), float(delta)
     cost = limited_domain_cost(k, epsilon, delta, delta_prime)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         if access.m <= k_bar:
@@ -114,7 +117,6 @@ def limited_domain_top_k(
         charge(budget, cost)
         access.fetch_sorted_until(k_bar + 1)
         scores = np.array([access.sorted_access()[1] for _ in range(k_bar + 1)])
-        rng = np.random.default_rng(seed)
         noise = rng.gumbel(0.0, 1.0 / epsilon, k_bar + 1)
         v_bottom = (
             scores[k_bar] + threshold_offset(k_bar, epsilon, delta, sensitivity) + noise[k_bar]
@@ -131,7 +133,7 @@ def limited_domain_top_k(
     else:
         eps_report, how = k * epsilon, "Durfee & Rogers 2019, Theorem 1 with delta' = 0"
     guarantee = PrivacyGuarantee(eps_report, delta + delta_prime, "gumbel", 1.0 / epsilon, how)
-    return MechanismResult(
+    result = MechanismResult(
         items,
         guarantee,
         access.stats,
@@ -143,3 +145,4 @@ def limited_domain_top_k(
         cost=cost,
         details={"k_bar": k_bar},
     )
+    return record(budget, result)

@@ -17,9 +17,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..access import CountedAccess, Source
-from ..accounting import MechanismResult, PrivacyBudget, PrivacyCost, charge, range_bounded_zcdp
+from ..accounting import (
+    MechanismResult,
+    PrivacyBudget,
+    PrivacyCost,
+    charge,
+    range_bounded_zcdp,
+    record,
+)
 from ..api import check_common, check_k_within
 from ..privacy import PrivacyGuarantee
+from ..randomness import make_rng
 
 SOURCE = "Durfee & Rogers 2019, Section 4.1 (peeling EM), Lemmas 4.1-4.3; basic composition"
 
@@ -75,14 +83,16 @@ def peeling_top_k(
     check_common(k, epsilon, 0.0)
     k, epsilon = int(k), float(epsilon)
     cost = peeling_cost(k, epsilon)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
         charge(budget, cost)
         rows = access.read_all()
-        ranks = peel(rows.scores, k, epsilon / k, np.random.default_rng(seed))
+        ranks = peel(rows.scores, k, epsilon / k, rng)
         items = access.ids_of(ranks)
     guarantee = PrivacyGuarantee(epsilon, 0.0, "exponential", k / epsilon, SOURCE)
-    return MechanismResult(
+    result = MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost
     )
+    return record(budget, result)

@@ -49,9 +49,11 @@ from ..accounting import (
     pure_dp_rdp,
     range_bounded_zcdp,
     rdp_to_dp_epsilon,
+    record,
 )
 from ..api import check_k_within, private_top_k
 from ..privacy import PrivacyGuarantee
+from ..randomness import make_rng
 
 TESTS = ("gaussian", "laplace")
 PURE_SOURCE = "pure: A1 eps-DP + A5 (eps2, delta_t)-DP (Corollary 19), basic composition"
@@ -88,6 +90,10 @@ def stable_cost(
     else:
         curves, pure = _a2_parts(rho, test)
     return PrivacyCost(
+        recipe=(
+            "topk_middleware.mechanisms.stable:stable_cost",
+            (("rho", rho), ("delta_t", delta_t), ("test", test), ("target", target)),
+        ),
         mechanism="stable_top_k" + ("_target" if target else ""),
         epsilon=pure,
         delta=delta_t,
@@ -192,7 +198,7 @@ def stable_top_k(
     rho, delta_t = float(rho), float(delta_t)
     target = k is not None
     cost = stable_cost(rho, delta_t, test, target)
-    rng = np.random.default_rng(seed)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         m = access.m
@@ -217,12 +223,10 @@ def stable_top_k(
         q = float(gaps[k_tilde - 1])
         if test == "gaussian":
             sigma = 1.0 / math.sqrt(a2_rho)
-            q_hat = (
-                max(1.0, q) + rng.normal(0.0, sigma) - sigma * math.sqrt(2 * math.log(1 / delta_t))
-            )
+            q_hat = max(1.0, q) + rng.normal(0.0, sigma) - sigma * math.sqrt(2 * -math.log(delta_t))
         else:
             eps2 = math.sqrt(a2_rho)
-            q_hat = q + rng.laplace(0.0, 1.0 / eps2) - math.log(1 / delta_t) / eps2
+            q_hat = q + rng.laplace(0.0, 1.0 / eps2) - -math.log(delta_t) / eps2
         passed = q_hat > 1.0
         stats = access.stats
         ranks: list[int] = list(range(k_tilde)) if passed else []
@@ -231,9 +235,7 @@ def stable_top_k(
             eps_em = 2.0 * math.sqrt(rho)
             want = int(k)  # type: ignore[arg-type]
             if not passed:
-                extra = private_top_k(
-                    _Suffix(source, 0), want, eps_em, 0.0, "gumbel", seed=int(rng.integers(2**63))
-                )
+                extra = private_top_k(_Suffix(source, 0), want, eps_em, 0.0, "gumbel", seed=rng)
                 items, stats = list(extra.items), _add(stats, extra.accesses)
             elif k_tilde > want:
                 noisy = scores[:k_tilde] + rng.gumbel(0.0, want / eps_em, k_tilde)
@@ -246,7 +248,7 @@ def stable_top_k(
                     eps_em,
                     0.0,
                     "gumbel",
-                    seed=int(rng.integers(2**63)),
+                    seed=rng,
                 )
                 items, stats = items + list(extra.items), _add(stats, extra.accesses)
         order = rng.permutation(len(items))
@@ -261,7 +263,7 @@ def stable_top_k(
         f"Zhu & Wang 2022, Theorem {12 if target else 11}: delta_t-approximate rho-zCDP, "
         "RDP converted by Canonne-Kamath-Steinke 2020 Prop. 12",
     )
-    return MechanismResult(
+    result = MechanismResult(
         items,
         guarantee,
         stats,
@@ -273,3 +275,4 @@ def stable_top_k(
         cost=cost,
         details={"passed_test": passed},
     )
+    return record(budget, result)
