@@ -369,7 +369,9 @@ def record(budget: Any, result: Any) -> Any:
 
 
 # ----- the costs of the mechanisms of api.py ---------------------------------------------------
-def oneshot_cost(noise: str, k: int, m: int, epsilon: float, delta: float = 0.0) -> PrivacyCost:
+def oneshot_cost(
+    noise: str, k: int, m: int, epsilon: float, delta: float = 0.0, neighbours: str = "add_remove"
+) -> PrivacyCost:
     """The guarantee of private_top_k (Algorithm 2 or 3: one output distribution) and so of
     exponential_mechanism (k = 1, Gumbel), from the calibration of privacy.calibrate.
 
@@ -378,8 +380,9 @@ def oneshot_cost(noise: str, k: int, m: int, epsilon: float, delta: float = 0.0)
     k/(8 b^2)-zCDP (Cesar & Rogers 2021); plus the (epsilon, delta) pair of Fact 3.3 when the
     calibration used it. Laplace(b): 2k/b-DP and, when calibrated so, Fact 3.2's pair only.
     """
-    guarantee = calibrate(noise, k, m, epsilon, delta)
-    eps0 = 1.0 / guarantee.scale
+    guarantee = calibrate(noise, k, m, epsilon, delta, neighbours)
+    # per-step eta for this relation: replace doubled the scale to keep eta = the add/remove one
+    eps0 = (2.0 if neighbours == "replace" else 1.0) / guarantee.scale
     approx = ((guarantee.epsilon, guarantee.delta),) if guarantee.delta > 0 else ()
     if noise == "gumbel":
         return PrivacyCost(

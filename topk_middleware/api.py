@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -16,7 +17,7 @@ from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
 from .noise import make_noise
 from .noise_list import EagerNoiseList
-from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate
+from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate, check_neighbours
 from .randomness import make_rng
 
 NOISES = ("gumbel", "laplace")
@@ -25,15 +26,63 @@ ORACLES = ("lazy", "eager")
 
 
 @dataclass(frozen=True)
-class TopKResult:
-    """A private top-k release and what it cost."""
+class Release:
+    """What an analyst receives: the items and the guarantee, nothing else data-dependent.
 
-    items: list[Any]  # item ids, best (largest noisy score) first
+    `ranked` says whether the order of `items` is part of the release; when it is not (Laplace,
+    joint, StableTopK sets) the items come in a data-independent order. `bottom`: the mechanism
+    released the bottom symbol (limited domain, StableTopK), itself covered by the guarantee.
+    """
+
+    items: tuple[Any, ...]
     privacy: PrivacyGuarantee
+    ranked: bool
+    bottom: bool = False
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Operator-side facts about a run: data-dependent and outside the privacy guarantee (the
+    access counts of the threshold algorithm depend on the counts; DESIGN invariant 7)."""
+
     accesses: AccessStats
+    method: str
+    m: int
+    timings: dict[str, float]
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TopKResult:
+    """A private top-k run: the release (`release()`, for the analyst) and the operator's
+    diagnostics (`diagnostics`; `accesses` stays for the operator's convenience)."""
+
+    items: list[Any]  # item ids: best first when ranked; else in a data-independent order
+    privacy: PrivacyGuarantee
+    accesses: AccessStats  # operator-side: data-dependent, outside the guarantee
     ranked: bool  # True when the order of `items` is part of the release (Gumbel, Remark 3.5)
     method: str
     m: int
+    timings: dict[str, float] = field(default_factory=dict, compare=False)
+    plan: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def diagnostics(self) -> Diagnostics:
+        return Diagnostics(self.accesses, self.method, self.m, dict(self.timings), dict(self.plan))
+
+    def release(self) -> Release:
+        """The analyst's view: items, guarantee, whether ranked (and bottom, where it applies)."""
+        return Release(
+            tuple(self.items), self.privacy, self.ranked, bool(getattr(self, "bottom", False))
+        )
+
+
+def unranked_order(items: list[Any]) -> list[Any]:
+    """A set's items in a data-independent order: sorted by id (ids of one store share a type)."""
+    try:
+        return sorted(items)
+    except TypeError:
+        return sorted(items, key=repr)
 
 
 def check_common(k: Any, epsilon: Any, delta: Any) -> None:
@@ -78,6 +127,7 @@ def private_top_k(
     batching: Batching | None = None,
     costs: CostModel | None = None,
     budget: Any = None,
+    neighbours: Literal["add_remove", "replace"] = "add_remove",
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
 
@@ -95,7 +145,8 @@ def private_top_k(
     `budget` (a PrivacyBudget or a PrivacyLedger's budget) is charged the release's cost once m is
     known and before any row is read; BudgetExceeded refuses the release.
     The guarantee is for add/remove-one-client neighbours (every count moves by at most 1, all in
-    the same direction).
+    the same direction); `neighbours="replace"` (counts move by at most 1 either way) doubles the
+    noise scale for the same guarantee (Laplace: pure only; privacy.py).
     """
     check_common(k, epsilon, delta)
     if noise not in NOISES:
@@ -104,16 +155,20 @@ def private_top_k(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if oracle not in ORACLES:
         raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+    check_neighbours(neighbours)
     k = int(k)
     rng = make_rng(seed)
+    started = time.perf_counter()
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
-        guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta))
+        guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta), neighbours)
         if budget is not None:
             from .accounting import oneshot_cost  # accounting builds on this module
 
-            budget.charge(oneshot_cost(noise, k, access.m, float(epsilon), float(delta)))
+            budget.charge(
+                oneshot_cost(noise, k, access.m, float(epsilon), float(delta), neighbours)
+            )
         distribution = make_noise(noise, guarantee.scale)
         if method == "oneshot":
             ranks = oneshot_top_k(access, distribution.sample(rng, access.m), k)
@@ -128,7 +183,13 @@ def private_top_k(
                 schedule = batching or costs.batching(k, access.m)
                 ranks = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
         items = access.ids_of(ranks)
-    result = TopKResult(items, guarantee, access.stats, noise == "gumbel", method, access.m)
+    if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
+        items = unranked_order(items)
+    plan = {"oracle": oracle, "cost_aware": costs is not None}
+    seconds = {"total": time.perf_counter() - started}
+    result = TopKResult(
+        items, guarantee, access.stats, noise == "gumbel", method, access.m, seconds, plan
+    )
     log = getattr(budget, "log_release", None)
     if log is not None:
         log(result)

@@ -15,6 +15,17 @@ per-item noise scale b = 1 / eps0 from it. Sources (Wu, Ohrimenko, Wirth, ICML 2
   delta in [0, 0.05] and 8 eps0 sqrt(k ln(m/delta)) <= 0.2, also
   (8 eps0 sqrt(k ln(m/delta)), delta)-DP.
 
+Neighbours. Every guarantee here is for *add/remove one client*: a client adds (or withdraws) at
+most one vote per item, so every count moves by at most 1 and all in the same direction. That
+monotonicity is what makes Gumbel(1/eps0) eps0-range-bounded per step (Durfee & Rogers Lemma 4.3).
+`neighbours="replace"` (one client's votes replaced: counts move by at most 1 in either
+direction) doubles the noise scale: the exponential mechanism with a non-monotone quality of
+sensitivity 1 and weights exp(eps0 h / 2) is eps0-range-bounded (same Lemma 4.3), so every
+range-bounded statement above holds unchanged (Gumbel, pure and approximate). For Laplace only
+the pure bound is kept under replace, with twice the scale: a replace pair (h, h') is joined by
+two add/remove pairs through (max(h, h')) at half the distance each in units of the doubled
+scale, and the pure bound is linear in 1/scale (group privacy of two add/remove steps).
+
 The private threshold algorithm (Algorithm 3) and the lazy oracle (Algorithm 4) have exactly the
 one-shot output distribution, so they inherit these guarantees.
 """
@@ -95,12 +106,41 @@ def laplace_topk_epsilon(k: int, m: int, eps0: float, delta: float) -> float:
     return min(pure, advanced)
 
 
-def calibrate(noise: str, k: int, m: int, epsilon: float, delta: float) -> PrivacyGuarantee:
-    """The smallest per-item noise whose one-shot top-k meets (epsilon, delta).
+NEIGHBOURS = ("add_remove", "replace")
+
+
+def check_neighbours(neighbours: str) -> None:
+    if neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
+
+
+def calibrate(
+    noise: str, k: int, m: int, epsilon: float, delta: float, neighbours: str = "add_remove"
+) -> PrivacyGuarantee:
+    """The smallest per-item noise whose one-shot top-k meets (epsilon, delta) for this neighbour
+    relation (module docstring: "replace" doubles the scale; Laplace then pure only).
 
     When the approximate-DP bound does not beat the pure one (or its conditions fail), the pure
     calibration is used and the reported delta is 0: the release is then epsilon-DP.
     """
+    check_neighbours(neighbours)
+    if neighbours == "add_remove":
+        return _calibrate_add_remove(noise, k, m, epsilon, delta)
+    base = _calibrate_add_remove(noise, k, m, epsilon, delta if noise == "gumbel" else 0.0)
+    check_scale(2.0 * base.scale, f"{noise} calibration (replace-one neighbours)")
+    return PrivacyGuarantee(
+        base.epsilon,
+        base.delta,
+        noise,
+        2.0 * base.scale,
+        base.derivation.replace("(add/remove one client)", "")
+        + " (replace one client: twice the scale, Durfee & Rogers Lemma 4.3 non-monotone)",
+    )
+
+
+def _calibrate_add_remove(
+    noise: str, k: int, m: int, epsilon: float, delta: float
+) -> PrivacyGuarantee:
     if noise == "gumbel":
         eps0 = epsilon / k
         check_scale(k / epsilon, "gumbel calibration")
@@ -139,7 +179,10 @@ def calibrate(noise: str, k: int, m: int, epsilon: float, delta: float) -> Priva
     if noise == "laplace":
         check_scale(2.0 * k / epsilon, "laplace calibration")
         eps0 = epsilon / (2.0 * k)
-        how = "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, pure: eps = 2*k*eps0"
+        how = (
+            "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, pure: eps = 2*k*eps0 "
+            "(add/remove one client)"
+        )
         used_delta = 0.0
         if (
             0.0 < delta <= LAPLACE_ADVANCED_MAX_DELTA
@@ -152,7 +195,8 @@ def calibrate(noise: str, k: int, m: int, epsilon: float, delta: float) -> Priva
                 used_delta = delta
                 how = (
                     "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, "
-                    "eps = 8*eps0*sqrt(k*ln(m/delta)) (m >= 2, delta <= 0.05, eps <= 0.2)"
+                    "eps = 8*eps0*sqrt(k*ln(m/delta)) (m >= 2, delta <= 0.05, eps <= 0.2) "
+                    "(add/remove one client)"
                 )
         achieved = laplace_topk_epsilon(k, m, eps0, used_delta)
         return PrivacyGuarantee(achieved, used_delta, "laplace", 1.0 / eps0, how)

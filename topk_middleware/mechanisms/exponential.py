@@ -28,12 +28,14 @@ def exponential_mechanism(
     *,
     batching: Batching | None = None,
     budget: Any = None,
+    neighbours: str = "add_remove",
 ) -> TopKResult:
     """One item, drawn with probability proportional to exp(epsilon * count) (Corollary 4.3).
 
     This is `private_top_k(source, k=1, epsilon, noise="gumbel", method="threshold",
     oracle="lazy")`: nothing more. `result.items` holds the one selected id. `seed` is for tests
-    only (module randomness). epsilon-DP for add/remove-one-client neighbours.
+    only (module randomness). epsilon-DP for add/remove-one-client neighbours;
+    `neighbours="replace"`: the same epsilon for replace-one-client neighbours (scale 2/epsilon).
     """
     return private_top_k(
         source,
@@ -46,4 +48,5 @@ def exponential_mechanism(
         oracle="lazy",
         batching=batching,
         budget=budget,
+        neighbours=neighbours,  # type: ignore[arg-type]
     )

@@ -48,7 +48,7 @@ from ..accounting import (
     record,
 )
 from ..api import check_common, check_k_within
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
 from ..randomness import make_rng, randbelow
 
 TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
@@ -278,11 +278,18 @@ def joint_top_k(
     seed: int | None = None,
     *,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
-    """An unordered private top-k set from the joint exponential mechanism, pure epsilon-DP."""
+    """An unordered private top-k set from the joint exponential mechanism, pure epsilon-DP for
+    add/remove-one-client neighbours (u moves by at most 1). `neighbours="replace"`: u moves by
+    at most 2 (c_(i) and s_(i) each by 1, in either direction), so the weights are
+    exp(epsilon u / 4): the same epsilon (McSherry & Talwar, sensitivity 2). The items come in a
+    fresh random order. `seed` is for tests only."""
     check_common(k, epsilon, 0.0)
+    check_neighbours(neighbours)
     k, epsilon = int(k), float(epsilon)
     cost = joint_cost(epsilon)
+    weight_epsilon = epsilon / 2.0 if neighbours == "replace" else epsilon
     rng = make_rng(seed)
     saved = copy.deepcopy(rng)  # the same u again if the whole histogram must be read
     with source.snapshot():
@@ -290,7 +297,7 @@ def joint_top_k(
         m = access.m
         check_k_within(k, m)
         charge(budget, cost)
-        cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / epsilon
+        cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / weight_epsilon
         # Sorted accesses until a count falls below c_(k) - cut (or the end of the domain).
         scores: list[float] = []
         block = 2 * k
@@ -304,14 +311,14 @@ def joint_top_k(
                 block *= 2
                 continue
             break
-        ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+        ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
         if ranks is None:
             # The tail could matter for this draw: read everything and draw again (same u).
             access.fetch_sorted_until(m)
             while len(scores) < m:
                 scores.append(access.sorted_access()[1])
             rng = saved
-            ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+            ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
             assert ranks is not None
         beyond = [r for r in ranks if r >= access.prefix_fetched]
         for r in beyond:
@@ -319,7 +326,11 @@ def joint_top_k(
         order = rng.permutation(len(ranks))
         items = access.ids_of([ranks[i] for i in order])
     guarantee = PrivacyGuarantee(
-        epsilon, 0.0, "exponential", 2.0 / epsilon, "Gillenwater et al. 2022, Theorem 8"
+        epsilon,
+        0.0,
+        "exponential",
+        2.0 / weight_epsilon,
+        f"Gillenwater et al. 2022, Theorem 8 ({neighbours.replace('_', '/')} one client)",
     )
     result = MechanismResult(
         items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost

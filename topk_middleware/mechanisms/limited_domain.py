@@ -33,7 +33,7 @@ from ..accounting import (
     record,
 )
 from ..api import check_common
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
 from ..randomness import make_rng
 
 
@@ -94,14 +94,23 @@ def limited_domain_top_k(
     delta_prime: float = 0.0,
     seed: int | None = None,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
     """Durfee-Rogers Algorithm 1: at most k items, ranked, from k_bar + 1 sorted accesses.
 
     `epsilon` is the per-item Gumbel parameter (noise scale 1/epsilon); `delta` sets the
     threshold; `delta_prime` picks the point of Theorem 1 reported in `result.privacy`
-    (0: the pure-composition form (k epsilon, delta)).
+    (0: the pure-composition form (k epsilon, delta)). Guarantees are for add/remove-one-client
+    neighbours; "replace" is refused. `seed` is for tests only.
     """
     check_limited_domain(k, k_bar, epsilon, delta, sensitivity)
+    check_neighbours(neighbours)
+    if neighbours == "replace":
+        raise ValueError(
+            "limited_domain_top_k is calibrated for add/remove-one-client neighbours only (its "
+            "threshold's delta assumes monotone counts: with the same threshold, replace-one "
+            "neighbours need a larger delta); nothing was read or charged"
+        )
     if not (0.0 <= delta_prime < 1.0):
         raise ValueError(f"delta_prime must be in [0, 1), got {delta_prime}")
     k, k_bar, epsilon, delta = int(k), int(k_bar), float(epsilon), float(delta)

@@ -26,7 +26,7 @@ from ..accounting import (
     record,
 )
 from ..api import check_common, check_k_within
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
 from ..randomness import make_rng
 
 SOURCE = "Durfee & Rogers 2019, Section 4.1 (peeling EM), Lemmas 4.1-4.3; basic composition"
@@ -78,9 +78,15 @@ def peeling_top_k(
     seed: int | None = None,
     *,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
-    """Ranked private top-k by k sequential exponential-mechanism steps, pure epsilon-DP."""
+    """Ranked private top-k by k sequential exponential-mechanism steps, pure epsilon-DP for
+    add/remove-one-client neighbours (monotone counts, Lemma 4.1). `neighbours="replace"`:
+    weights exp(epsilon h / (2k)), each step (epsilon/k)-DP and -range-bounded for a non-monotone
+    quality (Lemmas 4.1, 4.3): the same guarantee. `seed` is for tests only."""
     check_common(k, epsilon, 0.0)
+    check_neighbours(neighbours)
+    factor = 2.0 if neighbours == "replace" else 1.0
     k, epsilon = int(k), float(epsilon)
     cost = peeling_cost(k, epsilon)
     rng = make_rng(seed)
@@ -89,9 +95,11 @@ def peeling_top_k(
         check_k_within(k, access.m)
         charge(budget, cost)
         rows = access.read_all()
-        ranks = peel(rows.scores, k, epsilon / k, rng)
+        ranks = peel(rows.scores, k, epsilon / (factor * k), rng)
         items = access.ids_of(ranks)
-    guarantee = PrivacyGuarantee(epsilon, 0.0, "exponential", k / epsilon, SOURCE)
+    guarantee = PrivacyGuarantee(
+        epsilon, 0.0, "exponential", factor * k / epsilon, f"{SOURCE} ({neighbours})"
+    )
     result = MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost
     )

@@ -52,7 +52,7 @@ from ..accounting import (
     record,
 )
 from ..api import check_k_within, private_top_k
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
 from ..randomness import make_rng
 
 TESTS = ("gaussian", "laplace")
@@ -185,14 +185,24 @@ def stable_top_k(
     delta: float | None = None,
     seed: int | None = None,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
     """Zhu-Wang StableTopK: A2 (k=None: adaptive k, may return bottom) or A3 (target k).
 
     `rho`, `delta_t`: the delta_t-approximate rho-zCDP budget. `k_bar` caps the chosen k (and the
     sorted prefix read). `delta` is where `result.privacy` converts to (epsilon, delta + delta_t)
-    (default: delta_t).
+    (default: delta_t). Guarantees are for add/remove-one-client neighbours; "replace" is
+    refused. `seed` is for tests only.
     """
     _check(rho, delta_t, k, k_bar, test, lam)
+    check_neighbours(neighbours)
+    if neighbours == "replace":
+        raise ValueError(
+            "stable_top_k is calibrated for add/remove-one-client neighbours only: under "
+            "replace-one neighbours a gap h_(j) - h_(j+1) moves by up to 2 and the released top-k "
+            "set is not noised, so the propose-test-release test (A4/A5) has no valid calibration "
+            "here; nothing was read or charged"
+        )
     if delta is not None and not (isinstance(delta, numbers.Real) and 0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1) or None, got {delta!r}")
     rho, delta_t = float(rho), float(delta_t)
