@@ -138,9 +138,10 @@ def limited_domain_top_k(
         items = access.ids_of(ranks)
     if delta_prime > 0.0:
         eps_report = limited_domain_epsilon(k, epsilon, delta_prime)
-        how = f"Durfee & Rogers 2019, Theorem 1 at delta' = {delta_prime:g}"
+        how = f"Durfee & Rogers 2019, Theorem 1 at delta' = {delta_prime:g} (add/remove one client)"
     else:
-        eps_report, how = k * epsilon, "Durfee & Rogers 2019, Theorem 1 with delta' = 0"
+        eps_report = k * epsilon
+        how = "Durfee & Rogers 2019, Theorem 1 with delta' = 0 (add/remove one client)"
     guarantee = PrivacyGuarantee(eps_report, delta + delta_prime, "gumbel", 1.0 / epsilon, how)
     result = MechanismResult(
         items,

@@ -98,7 +98,11 @@ def peeling_top_k(
         ranks = peel(rows.scores, k, epsilon / (factor * k), rng)
         items = access.ids_of(ranks)
     guarantee = PrivacyGuarantee(
-        epsilon, 0.0, "exponential", factor * k / epsilon, f"{SOURCE} ({neighbours})"
+        epsilon,
+        0.0,
+        "exponential",
+        factor * k / epsilon,
+        f"{SOURCE} ({neighbours.replace('_', '/')} one client)",
     )
     result = MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost

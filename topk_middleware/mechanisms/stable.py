@@ -271,7 +271,7 @@ def stable_top_k(
         test,
         1.0 / math.sqrt(rho),
         f"Zhu & Wang 2022, Theorem {12 if target else 11}: delta_t-approximate rho-zCDP, "
-        "RDP converted by Canonne-Kamath-Steinke 2020 Prop. 12",
+        "RDP converted by Canonne-Kamath-Steinke 2020 Prop. 12 (add/remove one client)",
     )
     result = MechanismResult(
         items,
