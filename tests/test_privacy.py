@@ -12,13 +12,14 @@ from topk_middleware import calibrate, private_top_k
 
 
 def fact_3_3(k: int, eps0: float, delta: float) -> float:
-    """Fact 3.3 written out independently (exponential form, not tanh)."""
+    """Fact 3.3 as Durfee & Rogers give it (Corollary 4.1 and Lemma 4.4 for k steps of eps0),
+    written out independently (exponential form, not tanh)."""
     if delta == 0:
         return k * eps0
-    a = k * eps0 * (math.exp(eps0) - 1) / (math.exp(eps0) + 1) + eps0 * math.sqrt(
-        k * math.log(1 / delta)
-    )
-    return min(k * eps0, a)
+    log_term = math.log(1 / delta)
+    a = k * eps0 * (math.exp(eps0) - 1) / (math.exp(eps0) + 1) + eps0 * math.sqrt(2 * k * log_term)
+    b = k * eps0**2 / 2 + eps0 * math.sqrt(k * log_term / 2)
+    return min(k * eps0, a, b)
 
 
 def fact_3_2(k: int, m: int, eps0: float, delta: float) -> float:
@@ -88,3 +89,42 @@ def test_result_reports_the_guarantee() -> None:
     assert r.ranked and r.privacy.noise == "gumbel"
     r = private_top_k(ArraySource(np.arange(100)), 10, 1.0, noise="laplace", seed=1)
     assert not r.ranked and r.privacy.scale == pytest.approx(20.0)
+
+
+def optimal_range_bounded_delta(k: int, eta: float, epsilon: float, grid: int = 801) -> float:
+    """The delta of k composed eta-range-bounded steps at this epsilon, over the extremal pairs
+    of Dong, Durfee & Rogers 2020 (each step: privacy loss t w.p. q, t - eta w.p. 1 - q, with
+    q = (e^(eta-t) - 1)/(e^(eta-t) - e^-t) so both outputs' laws sum to 1), t on a grid of
+    [0, eta], computed exactly with the binomial law of the number of t-outcomes."""
+    from scipy.stats import binom
+
+    worst = 0.0
+    j = np.arange(k + 1)
+    for t in np.linspace(0.0, eta, grid):
+        if t == 0.0:
+            continue
+        q = math.expm1(eta - t) / (math.exp(eta - t) - math.exp(-t))
+        loss = j * t + (k - j) * (t - eta)
+        p = binom.pmf(j, k, q)
+        worst = max(worst, float(np.sum(p * np.maximum(0.0, -np.expm1(epsilon - loss)))))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("k", "epsilon", "delta"), [(10, 1.0, 1e-6), (30, 1.0, 1e-6), (100, 2.0, 1e-8), (5, 0.5, 1e-3)]
+)
+def test_fact_3_3_is_above_the_optimal_range_bounded_composition(
+    k: int, epsilon: float, delta: float
+) -> None:
+    """The calibrated Gumbel release (k steps of eps0-range-bounded EM) claims (epsilon, delta):
+    the optimal composition of k eps0-range-bounded steps needs no more than delta at that
+    epsilon. So does the value Wu et al. print (sqrt(k ln 1/delta)), which we no longer use."""
+    g = calibrate("gumbel", k, 10**6, epsilon, delta)
+    eps0 = 1 / g.scale
+    assert optimal_range_bounded_delta(k, eps0, g.epsilon) <= delta
+    printed = min(
+        k * eps0, k * eps0 * math.tanh(eps0 / 2) + eps0 * math.sqrt(k * math.log(1 / delta))
+    )
+    assert optimal_range_bounded_delta(k, eps0, printed) <= delta
+    # the check can fail: at a clearly smaller epsilon the optimal delta exceeds delta
+    assert optimal_range_bounded_delta(k, eps0, 0.5 * g.epsilon) > delta

@@ -225,12 +225,14 @@ def test_vectorised_run_equals_fagins_ta_step_by_step(noise: str, positions: str
             l1 = ArrayList(list(range(m)), h_by_rank)
             l2 = ArrayList(list(range(m)), z)
             ta = threshold_algorithm([l1, l2], k)
-            assert result.items == [int(canonical[r]) for r in ta.items]
+            expected = [int(canonical[r]) for r in ta.items]
         else:  # z[i] is the noise of item i, whatever its depth
             l1 = ArrayList(canonical.tolist(), h_by_rank)
             l2 = ArrayList(list(range(m)), z)
             ta = threshold_algorithm([l1, l2], k)
-            assert result.items == [int(i) for i in ta.items]
+            expected = [int(i) for i in ta.items]
+        # a Laplace release is a set, returned sorted by id (api.unranked_order)
+        assert result.items == (sorted(expected) if noise == "laplace" else expected)
         assert (result.accesses.sorted, result.accesses.random) == (
             l1.sorted_accesses,
             l1.random_accesses,

@@ -8,12 +8,15 @@ The core, one idea per module:
     mechanisms/      one-shot (Algorithm 2), private threshold (Algorithm 3), ...
     privacy.py       guarantees and noise calibration (Facts 3.2, 3.3)
     accounting.py    each release's guarantee in every form; PrivacyBudget composes them
+    ledger.py        PrivacyLedger: durable per-principal budgets in a SQL database
+    randomness.py    make_rng: ChaCha20 from the OS unless a (test) seed is given
     api.py           private_top_k
 """
 
 from .access import AccessStats, CountedAccess, RandomAccess, Rows, SortedAccess, Source
 from .accounting import BudgetExceeded, MechanismResult, PrivacyBudget, PrivacyCost
 from .api import TopKResult, private_top_k
+from .ledger import LedgerBudget, PrivacyLedger
 from .mechanisms.cost_aware import CostModel
 from .mechanisms.exponential import exponential_mechanism
 from .mechanisms.joint import joint_top_k
@@ -32,11 +35,13 @@ __all__ = [
     "BudgetExceeded",
     "CostModel",
     "CountedAccess",
+    "LedgerBudget",
     "MechanismResult",
     "PayWhatYouGet",
     "PrivacyBudget",
     "PrivacyCost",
     "PrivacyGuarantee",
+    "PrivacyLedger",
     "RandomAccess",
     "Rows",
     "SortedAccess",

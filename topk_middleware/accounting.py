@@ -26,6 +26,8 @@ computations and against Google's dp-accounting package.
 from __future__ import annotations
 
 import math
+import numbers
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +36,8 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from .access import Source
-from .api import TopKResult, check_common, private_top_k
-from .privacy import calibrate
+from .api import TopKResult, private_top_k
+from .privacy import calibrate, range_bounded_composition_epsilon
 
 RdpCurve = Callable[[float], float]
 
@@ -65,25 +67,9 @@ def advanced_composition_epsilon(epsilons: Sequence[float], delta_prime: float) 
     if delta_prime <= 0.0:
         return basic
     advanced = float(
-        np.sum(eps * np.tanh(eps / 2.0))
-        + math.sqrt(2.0 * np.sum(eps**2) * math.log(1 / delta_prime))
+        np.sum(eps * np.tanh(eps / 2.0)) + math.sqrt(2.0 * np.sum(eps**2) * -math.log(delta_prime))
     )
     return min(basic, advanced)
-
-
-def range_bounded_composition_epsilon(etas: Sequence[float], delta_prime: float) -> float:
-    """Durfee & Rogers 2019, Lemma 4.4: the adaptive composition of eta_i-range-bounded steps is
-    (eps', delta')-DP with eps' = min{sum eta_i, sum eta_i (e^eta_i - 1)/(e^eta_i + 1)
-    + sqrt(2 sum eta_i^2 ln(1/delta')), sum eta_i^2 / 2 + sqrt((1/2) sum eta_i^2 ln(1/delta'))}."""
-    eta = np.asarray(etas, dtype=np.float64)
-    first = float(eta.sum())
-    if delta_prime <= 0.0:
-        return first
-    log_term = math.log(1.0 / delta_prime)
-    squares = float(np.sum(eta**2))
-    second = float(np.sum(eta * np.tanh(eta / 2.0))) + math.sqrt(2.0 * squares * log_term)
-    third = squares / 2.0 + math.sqrt(0.5 * squares * log_term)
-    return min(first, second, third)
 
 
 def limited_domain_epsilon(k: int, epsilon: float, delta_prime: float) -> float:
@@ -100,7 +86,7 @@ def zcdp_to_dp_epsilon(rho: float, delta: float) -> float:
     eps(alpha) = alpha rho, minimised over alpha. (Zhu & Wang 2022, Theorem 11 prints
     sqrt(2 rho ln(1/delta)); that does not follow from their Lemma 4: we use the minimisation.)"""
     _check_delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    return rho + 2.0 * math.sqrt(rho * -math.log(delta))
 
 
 def rdp_to_dp_epsilon(
@@ -215,6 +201,9 @@ class PrivacyCost:
     approx: tuple[tuple[float, float], ...] = ()
     sources: tuple[str, ...] = ()
     range_bounded_delta: float | None = None
+    # How to rebuild the cost from its parameters ("module:function", keyword arguments): what a
+    # durable ledger stores for a cost whose RDP curve is a function.
+    recipe: tuple[str, tuple[tuple[str, Any], ...]] | None = None
 
     def rdp_curve(self) -> RdpCurve | None:
         """The RDP curve, from `rdp` or else from zCDP (alpha -> alpha rho, Bun & Steinke 2016)."""
@@ -319,39 +308,70 @@ class PrivacyBudget:
     epsilon: float
     delta: float = 0.0
     releases: list[PrivacyCost] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"budget epsilon must be finite and > 0, got {self.epsilon}")
-        if not (0.0 <= self.delta < 1.0):
-            raise ValueError(f"budget delta must be in [0, 1), got {self.delta}")
+        check_budget_total(self.epsilon, self.delta)
 
     def spent(self) -> ComposedGuarantee:
-        return compose(self.releases, self.delta)
+        with self._lock:
+            return compose(list(self.releases), self.delta)
 
     def would_spend(self, cost: PrivacyCost) -> ComposedGuarantee:
-        return compose([*self.releases, cost], self.delta)
+        with self._lock:
+            return compose([*self.releases, cost], self.delta)
 
     def charge(self, cost: PrivacyCost) -> ComposedGuarantee:
-        after = self.would_spend(cost)
-        if after.epsilon > self.epsilon * (1 + 1e-12):
-            raise BudgetExceeded(
-                f"{cost.mechanism} would take the budget to epsilon = {after.epsilon:.6g} "
-                f"(best rule: {after.rule}) at delta <= {self.delta:g}, over the total "
-                f"epsilon = {self.epsilon:g}; nothing was read or released"
-            )
-        self.releases.append(cost)
-        return after
+        """Check and record under one lock: threads sharing the budget never overspend it."""
+        with self._lock:
+            after = compose([*self.releases, cost], self.delta)
+            refuse_if_over(after, self.epsilon, self.delta, cost)
+            self.releases.append(cost)
+            return after
 
 
-def charge(budget: PrivacyBudget | None, cost: PrivacyCost) -> None:
-    """Charge `budget` (if any) before a mechanism touches its source."""
+def check_budget_total(epsilon: Any, delta: Any) -> None:
+    """A budget's total: a real epsilon, finite and > 0, and a real delta in [0, 1)."""
+    for name, value in (("epsilon", epsilon), ("delta", delta)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"budget {name} must be a real number, got {value!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"budget epsilon must be finite and > 0, got {epsilon}")
+    if not (0.0 <= delta < 1.0):
+        raise ValueError(f"budget delta must be in [0, 1), got {delta}")
+
+
+def refuse_if_over(
+    after: ComposedGuarantee, epsilon: float, delta: float, cost: PrivacyCost
+) -> None:
+    """BudgetExceeded when the composition `after` passes the total (epsilon, delta)."""
+    if after.epsilon > epsilon * (1 + 1e-12):
+        raise BudgetExceeded(
+            f"{cost.mechanism} would take the budget to epsilon = {after.epsilon:.6g} "
+            f"(best rule: {after.rule}) at delta <= {delta:g}, over the total "
+            f"epsilon = {epsilon:g}; nothing was read or released"
+        )
+
+
+def charge(budget: Any, cost: PrivacyCost) -> None:
+    """Charge `budget` (a PrivacyBudget, a PrivacyLedger's budget, or None) before a mechanism
+    touches its source."""
     if budget is not None:
         budget.charge(cost)
 
 
+def record(budget: Any, result: Any) -> Any:
+    """Log a finished release with the budget that paid for it (a ledger keeps it); return it."""
+    log = getattr(budget, "log_release", None)
+    if log is not None:
+        log(result)
+    return result
+
+
 # ----- the costs of the mechanisms of api.py ---------------------------------------------------
-def oneshot_cost(noise: str, k: int, m: int, epsilon: float, delta: float = 0.0) -> PrivacyCost:
+def oneshot_cost(
+    noise: str, k: int, m: int, epsilon: float, delta: float = 0.0, neighbours: str = "add_remove"
+) -> PrivacyCost:
     """The guarantee of private_top_k (Algorithm 2 or 3: one output distribution) and so of
     exponential_mechanism (k = 1, Gumbel), from the calibration of privacy.calibrate.
 
@@ -360,8 +380,9 @@ def oneshot_cost(noise: str, k: int, m: int, epsilon: float, delta: float = 0.0)
     k/(8 b^2)-zCDP (Cesar & Rogers 2021); plus the (epsilon, delta) pair of Fact 3.3 when the
     calibration used it. Laplace(b): 2k/b-DP and, when calibrated so, Fact 3.2's pair only.
     """
-    guarantee = calibrate(noise, k, m, epsilon, delta)
-    eps0 = 1.0 / guarantee.scale
+    guarantee = calibrate(noise, k, m, epsilon, delta, neighbours)
+    # per-step eta for this relation: replace doubled the scale to keep eta = the add/remove one
+    eps0 = (2.0 if neighbours == "replace" else 1.0) / guarantee.scale
     approx = ((guarantee.epsilon, guarantee.delta),) if guarantee.delta > 0 else ()
     if noise == "gumbel":
         return PrivacyCost(
@@ -385,10 +406,7 @@ def budgeted_private_top_k(
 ) -> TopKResult:
     """private_top_k, charged to `budget` first: refused (BudgetExceeded) before any row is read.
     Only the domain size m is asked of the store before the charge (the calibration needs it)."""
-    check_common(k, epsilon, delta)
-    noise = kwargs.get("noise", "gumbel")
-    budget.charge(oneshot_cost(noise, int(k), int(source.domain_size()), float(epsilon), delta))
-    return private_top_k(source, k, epsilon, delta, **kwargs)
+    return private_top_k(source, k, epsilon, delta, budget=budget, **kwargs)
 
 
 # ----- results ---------------------------------------------------------------------------------

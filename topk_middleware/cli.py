@@ -112,6 +112,7 @@ def demo(
     p = result.privacy
     print(f"\nPrivacy: ({p.epsilon:.6g}, {p.delta:.3g})-DP, per-item noise scale {p.scale:.6g}")
     print(f"  derived from {p.derivation}")
+    print("\n== Operator diagnostics (data-dependent, outside the guarantee: not for analysts) ==")
     a = result.accesses
     bound = 2 * (math.sqrt(m * k) + math.sqrt(m / 2))
     print(

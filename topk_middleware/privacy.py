@@ -3,12 +3,28 @@
 Users state the total guarantee a release must meet, (epsilon, delta); the mechanism derives the
 per-item noise scale b = 1 / eps0 from it. Sources (Wu, Ohrimenko, Wirth, ICML 2023, Section 3.2):
 
-* Fact 3.3 (Durfee & Rogers 2019): with Z_i ~ Gumbel(1/eps0), the one-shot top-k is
-  (eps'', delta)-DP for every delta in [0, 1], where
-  eps'' = min{k eps0, k eps0 (e^eps0 - 1)/(e^eps0 + 1) + eps0 sqrt(k ln(1/delta))}.
+* Fact 3.3 (Durfee & Rogers 2019): with Z_i ~ Gumbel(1/eps0), the one-shot top-k equals k
+  peeling steps of the exponential mechanism (their Lemma 4.2), each eps0-range-bounded as counts
+  are monotone under add/remove-one-client neighbours (Lemma 4.3); so for every delta it is
+  (eps'', delta)-DP with eps'' their Lemma 4.4 for k steps of eps0:
+  eps'' = min{k eps0, k eps0 tanh(eps0/2) + eps0 sqrt(2k ln(1/delta)),
+              k eps0^2/2 + eps0 sqrt(k ln(1/delta)/2)}.
+  The first two terms are their Corollary 4.1 (eps''); Wu et al. print the second with
+  sqrt(k ln(1/delta)), which Corollary 4.1 does not give: we use the cited terms only.
 * Fact 3.2 (Qiao et al. 2021): with Z_i ~ Laplace(1/eps0), it is 2 k eps0-DP; and, when m >= 2,
   delta in [0, 0.05] and 8 eps0 sqrt(k ln(m/delta)) <= 0.2, also
   (8 eps0 sqrt(k ln(m/delta)), delta)-DP.
+
+Neighbours. Every guarantee here is for *add/remove one client*: a client adds (or withdraws) at
+most one vote per item, so every count moves by at most 1 and all in the same direction. That
+monotonicity is what makes Gumbel(1/eps0) eps0-range-bounded per step (Durfee & Rogers Lemma 4.3).
+`neighbours="replace"` (one client's votes replaced: counts move by at most 1 in either
+direction) doubles the noise scale: the exponential mechanism with a non-monotone quality of
+sensitivity 1 and weights exp(eps0 h / 2) is eps0-range-bounded (same Lemma 4.3), so every
+range-bounded statement above holds unchanged (Gumbel, pure and approximate). For Laplace only
+the pure bound is kept under replace, with twice the scale: a replace pair (h, h') is joined by
+two add/remove pairs through (max(h, h')) at half the distance each in units of the doubled
+scale, and the pure bound is linear in 1/scale (group privacy of two add/remove steps).
 
 The private threshold algorithm (Algorithm 3) and the lazy oracle (Algorithm 4) have exactly the
 one-shot output distribution, so they inherit these guarantees.
@@ -17,9 +33,16 @@ one-shot output distribution, so they inherit these guarantees.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from scipy.optimize import brentq
+
+# The calibration floor (DESIGN invariant 6): a per-item epsilon below this would make the noise
+# scale 1/eps0 (and the noise, up to ~745 scales) not a finite double. Refused before anything is
+# read or charged.
+MIN_ITEM_EPSILON = 1e-300
 
 # Fact 3.2 holds only in this range of delta and of the resulting epsilon.
 LAPLACE_ADVANCED_MAX_DELTA = 0.05
@@ -41,13 +64,35 @@ class PrivacyGuarantee:
         return 1.0 / self.scale
 
 
+def range_bounded_composition_epsilon(etas: Sequence[float], delta_prime: float) -> float:
+    """Durfee & Rogers 2019, Lemma 4.4: the adaptive composition of eta_i-range-bounded steps is
+    (eps', delta')-DP with eps' = min{sum eta_i, sum eta_i (e^eta_i - 1)/(e^eta_i + 1)
+    + sqrt(2 sum eta_i^2 ln(1/delta')), sum eta_i^2 / 2 + sqrt((1/2) sum eta_i^2 ln(1/delta'))}."""
+    eta = np.asarray(etas, dtype=np.float64)
+    first = float(eta.sum())
+    if delta_prime <= 0.0:
+        return first
+    log_term = -math.log(delta_prime)
+    squares = float(np.sum(eta**2))
+    second = float(np.sum(eta * np.tanh(eta / 2.0))) + math.sqrt(2.0 * squares * log_term)
+    third = squares / 2.0 + math.sqrt(0.5 * squares * log_term)
+    return min(first, second, third)
+
+
 def gumbel_topk_epsilon(k: int, eps0: float, delta: float) -> float:
-    """Fact 3.3: eps'' of the one-shot top-k with Gumbel(1/eps0) noise, at this delta."""
-    pure = k * eps0
-    if delta <= 0.0:
-        return pure
-    advanced = k * eps0 * math.tanh(eps0 / 2.0) + eps0 * math.sqrt(k * math.log(1.0 / delta))
-    return min(pure, advanced)
+    """Fact 3.3 as its source gives it: eps'' of the one-shot top-k with Gumbel(1/eps0) noise at
+    this delta, Durfee & Rogers 2019 Lemma 4.4 with k steps of eps0 (Corollary 4.1 + its third
+    term)."""
+    return range_bounded_composition_epsilon([eps0] * k, delta)
+
+
+def check_scale(scale: float, what: str) -> None:
+    """Refuse a noise scale that is not a finite positive double (the calibration floor)."""
+    if not (math.isfinite(scale) and 0.0 < scale <= 1.0 / MIN_ITEM_EPSILON):
+        raise ValueError(
+            f"{what}: the noise scale {scale:g} is not finite (per-item epsilon below the floor "
+            f"{MIN_ITEM_EPSILON:g}); nothing was read or charged"
+        )
 
 
 def laplace_topk_epsilon(k: int, m: int, eps0: float, delta: float) -> float:
@@ -55,29 +100,67 @@ def laplace_topk_epsilon(k: int, m: int, eps0: float, delta: float) -> float:
     pure = 2.0 * k * eps0
     if delta <= 0.0 or m < 2 or delta > LAPLACE_ADVANCED_MAX_DELTA:
         return pure
-    advanced = 8.0 * eps0 * math.sqrt(k * math.log(m / delta))
+    advanced = 8.0 * eps0 * math.sqrt(k * (math.log(m) - math.log(delta)))
     if advanced > LAPLACE_ADVANCED_MAX_EPSILON:
         return pure
     return min(pure, advanced)
 
 
-def calibrate(noise: str, k: int, m: int, epsilon: float, delta: float) -> PrivacyGuarantee:
-    """The smallest per-item noise whose one-shot top-k meets (epsilon, delta).
+NEIGHBOURS = ("add_remove", "replace")
+
+
+def check_neighbours(neighbours: str) -> None:
+    if neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
+
+
+def calibrate(
+    noise: str, k: int, m: int, epsilon: float, delta: float, neighbours: str = "add_remove"
+) -> PrivacyGuarantee:
+    """The smallest per-item noise whose one-shot top-k meets (epsilon, delta) for this neighbour
+    relation (module docstring: "replace" doubles the scale; Laplace then pure only).
 
     When the approximate-DP bound does not beat the pure one (or its conditions fail), the pure
     calibration is used and the reported delta is 0: the release is then epsilon-DP.
     """
+    check_neighbours(neighbours)
+    if neighbours == "add_remove":
+        return _calibrate_add_remove(noise, k, m, epsilon, delta)
+    base = _calibrate_add_remove(noise, k, m, epsilon, delta if noise == "gumbel" else 0.0)
+    check_scale(2.0 * base.scale, f"{noise} calibration (replace-one neighbours)")
+    return PrivacyGuarantee(
+        base.epsilon,
+        base.delta,
+        noise,
+        2.0 * base.scale,
+        base.derivation.replace("(add/remove one client)", "")
+        + " (replace one client: twice the scale, Durfee & Rogers Lemma 4.3 non-monotone)",
+    )
+
+
+def _calibrate_add_remove(
+    noise: str, k: int, m: int, epsilon: float, delta: float
+) -> PrivacyGuarantee:
     if noise == "gumbel":
         eps0 = epsilon / k
-        how = "Wu et al. 2023, Fact 3.3 (Durfee & Rogers 2019): Gumbel one-shot, pure: eps = k*eps0"
+        check_scale(k / epsilon, "gumbel calibration")
+        how = (
+            "Wu et al. 2023, Fact 3.3 (Durfee & Rogers 2019, Cor. 4.1): Gumbel one-shot, "
+            "pure: eps = k*eps0 (add/remove one client)"
+        )
         used_delta = 0.0
         if delta > 0.0:
-            root_term = math.sqrt(k * math.log(1.0 / delta))
-            # The advanced branch is increasing in eps0, negative at 0 and >= epsilon at `high`.
-            high = epsilon / root_term
+            # Lemma 4.4 is increasing in eps0 and <= k*eps0 = epsilon at the pure eps0; its last
+            # term grows without bound: double until it passes epsilon, then find the root.
+            def excess(e: float) -> float:
+                return gumbel_topk_epsilon(k, e, delta) - epsilon
+
+            high = 2.0 * eps0
+            while excess(high) <= 0.0:
+                high *= 2.0
             advanced = brentq(
-                lambda e: k * e * math.tanh(e / 2.0) + e * root_term - epsilon,
-                0.0,
+                excess,
+                eps0,
                 high,
                 xtol=1e-300,
                 rtol=1e-14,
@@ -86,27 +169,34 @@ def calibrate(noise: str, k: int, m: int, epsilon: float, delta: float) -> Priva
                 eps0 = advanced
                 used_delta = delta
                 how = (
-                    "Wu et al. 2023, Fact 3.3 (Durfee & Rogers 2019): Gumbel one-shot, "
-                    "eps = k*eps0*tanh(eps0/2) + eps0*sqrt(k*ln(1/delta))"
+                    "Wu et al. 2023, Fact 3.3 as Durfee & Rogers 2019 give it (Lemmas 4.2-4.4, "
+                    "Cor. 4.1): Gumbel one-shot, eps = min{k*eps0*tanh(eps0/2) + "
+                    "eps0*sqrt(2k*ln(1/delta)), k*eps0^2/2 + eps0*sqrt(k*ln(1/delta)/2)} "
+                    "(add/remove one client)"
                 )
         achieved = gumbel_topk_epsilon(k, eps0, used_delta)
         return PrivacyGuarantee(achieved, used_delta, "gumbel", 1.0 / eps0, how)
     if noise == "laplace":
+        check_scale(2.0 * k / epsilon, "laplace calibration")
         eps0 = epsilon / (2.0 * k)
-        how = "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, pure: eps = 2*k*eps0"
+        how = (
+            "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, pure: eps = 2*k*eps0 "
+            "(add/remove one client)"
+        )
         used_delta = 0.0
         if (
             0.0 < delta <= LAPLACE_ADVANCED_MAX_DELTA
             and m >= 2
             and epsilon <= LAPLACE_ADVANCED_MAX_EPSILON
         ):
-            advanced = epsilon / (8.0 * math.sqrt(k * math.log(m / delta)))
+            advanced = epsilon / (8.0 * math.sqrt(k * (math.log(m) - math.log(delta))))
             if advanced > eps0:
                 eps0 = advanced
                 used_delta = delta
                 how = (
                     "Wu et al. 2023, Fact 3.2 (Qiao et al. 2021): Laplace one-shot, "
-                    "eps = 8*eps0*sqrt(k*ln(m/delta)) (m >= 2, delta <= 0.05, eps <= 0.2)"
+                    "eps = 8*eps0*sqrt(k*ln(m/delta)) (m >= 2, delta <= 0.05, eps <= 0.2) "
+                    "(add/remove one client)"
                 )
         achieved = laplace_topk_epsilon(k, m, eps0, used_delta)
         return PrivacyGuarantee(achieved, used_delta, "laplace", 1.0 / eps0, how)

@@ -12,18 +12,30 @@ Privacy: epsilon-DP by Fact 3.3 with k = 1 (per-item Gumbel scale 1/epsilon, pri
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from ..access import Source
 from ..api import TopKResult, private_top_k
 from .threshold import Batching
 
 
 def exponential_mechanism(
-    source: Source, epsilon: float, seed: int | None = None, *, batching: Batching | None = None
+    source: Source,
+    epsilon: float,
+    seed: int | np.random.Generator | None = None,
+    *,
+    batching: Batching | None = None,
+    budget: Any = None,
+    neighbours: str = "add_remove",
 ) -> TopKResult:
     """One item, drawn with probability proportional to exp(epsilon * count) (Corollary 4.3).
 
     This is `private_top_k(source, k=1, epsilon, noise="gumbel", method="threshold",
-    oracle="lazy")`: nothing more. `result.items` holds the one selected id.
+    oracle="lazy")`: nothing more. `result.items` holds the one selected id. `seed` is for tests
+    only (module randomness). epsilon-DP for add/remove-one-client neighbours;
+    `neighbours="replace"`: the same epsilon for replace-one-client neighbours (scale 2/epsilon).
     """
     return private_top_k(
         source,
@@ -35,4 +47,6 @@ def exponential_mechanism(
         seed=seed,
         oracle="lazy",
         batching=batching,
+        budget=budget,
+        neighbours=neighbours,  # type: ignore[arg-type]
     )

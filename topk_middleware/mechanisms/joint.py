@@ -32,16 +32,24 @@ whole histogram. With many tied or nearly tied counts the prefix is long (a plat
 from __future__ import annotations
 
 import bisect
+import copy
 import math
-import random
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..access import CountedAccess, Source
-from ..accounting import MechanismResult, PrivacyBudget, PrivacyCost, charge, range_bounded_zcdp
+from ..accounting import (
+    MechanismResult,
+    PrivacyBudget,
+    PrivacyCost,
+    charge,
+    range_bounded_zcdp,
+    record,
+)
 from ..api import check_common, check_k_within
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
+from ..randomness import make_rng, randbelow
 
 TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
 
@@ -126,7 +134,6 @@ def _sample_exact_set(
     gaps: _Gaps,
     t: float,
     t_prev: float | None,
-    pyrng: random.Random,
     rng: np.random.Generator,
 ) -> list[int]:
     """A uniform k-subset (ranks) with utility exactly -t: inside the t sets, outside t_prev's."""
@@ -168,7 +175,7 @@ def _sample_exact_set(
             x = n - pn
             if 0 <= x <= length and (pinside and n >= need_p[s]) == inside and n >= need_t[s]:
                 options.append(((pn, pinside), x, w * math.comb(length, x)))
-        pick = pyrng.randrange(sum(weight for _, _, weight in options))
+        pick = randbelow(rng, sum(weight for _, _, weight in options))
         for prev_state, x, weight in options:
             if pick < weight:
                 sizes[s], current = x, prev_state
@@ -242,7 +249,6 @@ def sample_joint(
     complete = len(counts) == d
     cut = 2.0 * (log_number_of_sets(d, k) + margin) / epsilon
     u = float(rng.random())
-    pyrng = random.Random(int(rng.integers(0, 2**63)))
     last = counts[k - 1] - counts
     limit = int(np.searchsorted(last, cut, side="right"))
     if limit == len(counts) and not complete:
@@ -262,7 +268,7 @@ def sample_joint(
             raise AssertionError("the full enumeration always decides")
     t = table.values[index]
     t_prev = table.values[index - 1] if index > 0 else None
-    return _sample_exact_set(gaps, t, t_prev, pyrng, rng)
+    return _sample_exact_set(gaps, t, t_prev, rng)
 
 
 def _positions_of(access: CountedAccess, ranks: list[int], rng: np.random.Generator) -> list[int]:
@@ -294,17 +300,26 @@ def joint_top_k(
     seed: int | None = None,
     *,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
-    """An unordered private top-k set from the joint exponential mechanism, pure epsilon-DP."""
+    """An unordered private top-k set from the joint exponential mechanism, pure epsilon-DP for
+    add/remove-one-client neighbours (u moves by at most 1). `neighbours="replace"`: u moves by
+    at most 2 (c_(i) and s_(i) each by 1, in either direction), so the weights are
+    exp(epsilon u / 4): the same epsilon (McSherry & Talwar, sensitivity 2). The items come in a
+    fresh random order. `seed` is for tests only."""
     check_common(k, epsilon, 0.0)
+    check_neighbours(neighbours)
     k, epsilon = int(k), float(epsilon)
     cost = joint_cost(epsilon)
+    weight_epsilon = epsilon / 2.0 if neighbours == "replace" else epsilon
+    rng = make_rng(seed)
+    saved = copy.deepcopy(rng)  # the same u again if the whole histogram must be read
     with source.snapshot():
         access = CountedAccess(source)
         m = access.m
         check_k_within(k, m)
         charge(budget, cost)
-        cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / epsilon
+        cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / weight_epsilon
         # Sorted accesses until a count falls below c_(k) - cut (or the end of the domain).
         scores: list[float] = []
         block = 2 * k
@@ -318,20 +333,26 @@ def joint_top_k(
                 block *= 2
                 continue
             break
-        rng = np.random.default_rng(seed)
-        ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+        ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
         if ranks is None:
             # The tail could matter for this draw: read everything and draw again (same u).
             access.fetch_sorted_until(m)
             while len(scores) < m:
                 scores.append(access.sorted_access()[1])
-            rng = np.random.default_rng(seed)
-            ranks = sample_joint(np.asarray(scores), m, k, epsilon, rng)
+            rng = saved
+            ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
             assert ranks is not None
         positions = _positions_of(access, ranks, rng)
         order = rng.permutation(len(positions))
         items = access.ids_of([positions[i] for i in order])
     guarantee = PrivacyGuarantee(
-        epsilon, 0.0, "exponential", 2.0 / epsilon, "Gillenwater et al. 2022, Theorem 8"
+        epsilon,
+        0.0,
+        "exponential",
+        2.0 / weight_epsilon,
+        f"Gillenwater et al. 2022, Theorem 8 ({neighbours.replace('_', '/')} one client)",
     )
-    return MechanismResult(items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost)
+    result = MechanismResult(
+        items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost
+    )
+    return record(budget, result)

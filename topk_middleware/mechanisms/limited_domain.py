@@ -30,9 +30,11 @@ from ..accounting import (
     PrivacyCost,
     charge,
     limited_domain_epsilon,
+    record,
 )
 from ..api import check_common
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
+from ..randomness import make_rng
 
 
 def check_limited_domain(
@@ -92,18 +94,28 @@ def limited_domain_top_k(
     delta_prime: float = 0.0,
     seed: int | None = None,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
     """Durfee-Rogers Algorithm 1: at most k items, ranked, from k_bar + 1 sorted accesses.
 
     `epsilon` is the per-item Gumbel parameter (noise scale 1/epsilon); `delta` sets the
     threshold; `delta_prime` picks the point of Theorem 1 reported in `result.privacy`
-    (0: the pure-composition form (k epsilon, delta)).
+    (0: the pure-composition form (k epsilon, delta)). Guarantees are for add/remove-one-client
+    neighbours; "replace" is refused. `seed` is for tests only.
     """
     check_limited_domain(k, k_bar, epsilon, delta, sensitivity)
+    check_neighbours(neighbours)
+    if neighbours == "replace":
+        raise ValueError(
+            "limited_domain_top_k is calibrated for add/remove-one-client neighbours only (its "
+            "threshold's delta assumes monotone counts: with the same threshold, replace-one "
+            "neighbours need a larger delta); nothing was read or charged"
+        )
     if not (0.0 <= delta_prime < 1.0):
         raise ValueError(f"delta_prime must be in [0, 1), got {delta_prime}")
     k, k_bar, epsilon, delta = int(k), int(k_bar), float(epsilon), float(delta)
     cost = limited_domain_cost(k, epsilon, delta, delta_prime)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         if access.m <= k_bar:
@@ -114,7 +126,6 @@ def limited_domain_top_k(
         charge(budget, cost)
         access.fetch_sorted_until(k_bar + 1)
         scores = np.array([access.sorted_access()[1] for _ in range(k_bar + 1)])
-        rng = np.random.default_rng(seed)
         noise = rng.gumbel(0.0, 1.0 / epsilon, k_bar + 1)
         v_bottom = (
             scores[k_bar] + threshold_offset(k_bar, epsilon, delta, sensitivity) + noise[k_bar]
@@ -127,11 +138,12 @@ def limited_domain_top_k(
         items = access.ids_at_depths(ranks)
     if delta_prime > 0.0:
         eps_report = limited_domain_epsilon(k, epsilon, delta_prime)
-        how = f"Durfee & Rogers 2019, Theorem 1 at delta' = {delta_prime:g}"
+        how = f"Durfee & Rogers 2019, Theorem 1 at delta' = {delta_prime:g} (add/remove one client)"
     else:
-        eps_report, how = k * epsilon, "Durfee & Rogers 2019, Theorem 1 with delta' = 0"
+        eps_report = k * epsilon
+        how = "Durfee & Rogers 2019, Theorem 1 with delta' = 0 (add/remove one client)"
     guarantee = PrivacyGuarantee(eps_report, delta + delta_prime, "gumbel", 1.0 / epsilon, how)
-    return MechanismResult(
+    result = MechanismResult(
         items,
         guarantee,
         access.stats,
@@ -143,3 +155,4 @@ def limited_domain_top_k(
         cost=cost,
         details={"k_bar": k_bar},
     )
+    return record(budget, result)

@@ -17,9 +17,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..access import CountedAccess, Source
-from ..accounting import MechanismResult, PrivacyBudget, PrivacyCost, charge, range_bounded_zcdp
+from ..accounting import (
+    MechanismResult,
+    PrivacyBudget,
+    PrivacyCost,
+    charge,
+    range_bounded_zcdp,
+    record,
+)
 from ..api import check_common, check_k_within
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
+from ..randomness import make_rng
 
 SOURCE = "Durfee & Rogers 2019, Section 4.1 (peeling EM), Lemmas 4.1-4.3; basic composition"
 
@@ -70,19 +78,33 @@ def peeling_top_k(
     seed: int | None = None,
     *,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
-    """Ranked private top-k by k sequential exponential-mechanism steps, pure epsilon-DP."""
+    """Ranked private top-k by k sequential exponential-mechanism steps, pure epsilon-DP for
+    add/remove-one-client neighbours (monotone counts, Lemma 4.1). `neighbours="replace"`:
+    weights exp(epsilon h / (2k)), each step (epsilon/k)-DP and -range-bounded for a non-monotone
+    quality (Lemmas 4.1, 4.3): the same guarantee. `seed` is for tests only."""
     check_common(k, epsilon, 0.0)
+    check_neighbours(neighbours)
+    factor = 2.0 if neighbours == "replace" else 1.0
     k, epsilon = int(k), float(epsilon)
     cost = peeling_cost(k, epsilon)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
         charge(budget, cost)
         rows = access.read_all()
-        ranks = peel(rows.scores, k, epsilon / k, np.random.default_rng(seed))
+        ranks = peel(rows.scores, k, epsilon / (factor * k), rng)
         items = access.ids_at_depths(ranks)
-    guarantee = PrivacyGuarantee(epsilon, 0.0, "exponential", k / epsilon, SOURCE)
-    return MechanismResult(
+    guarantee = PrivacyGuarantee(
+        epsilon,
+        0.0,
+        "exponential",
+        factor * k / epsilon,
+        f"{SOURCE} ({neighbours.replace('_', '/')} one client)",
+    )
+    result = MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost
     )
+    return record(budget, result)

@@ -49,9 +49,11 @@ from ..accounting import (
     pure_dp_rdp,
     range_bounded_zcdp,
     rdp_to_dp_epsilon,
+    record,
 )
 from ..api import check_k_within, private_top_k
-from ..privacy import PrivacyGuarantee
+from ..privacy import PrivacyGuarantee, check_neighbours
+from ..randomness import make_rng
 
 TESTS = ("gaussian", "laplace")
 PURE_SOURCE = "pure: A1 eps-DP + A5 (eps2, delta_t)-DP (Corollary 19), basic composition"
@@ -88,6 +90,10 @@ def stable_cost(
     else:
         curves, pure = _a2_parts(rho, test)
     return PrivacyCost(
+        recipe=(
+            "topk_middleware.mechanisms.stable:stable_cost",
+            (("rho", rho), ("delta_t", delta_t), ("test", test), ("target", target)),
+        ),
         mechanism="stable_top_k" + ("_target" if target else ""),
         epsilon=pure,
         delta=delta_t,
@@ -201,20 +207,30 @@ def stable_top_k(
     delta: float | None = None,
     seed: int | None = None,
     budget: PrivacyBudget | None = None,
+    neighbours: str = "add_remove",
 ) -> MechanismResult:
     """Zhu-Wang StableTopK: A2 (k=None: adaptive k, may return bottom) or A3 (target k).
 
     `rho`, `delta_t`: the delta_t-approximate rho-zCDP budget. `k_bar` caps the chosen k (and the
     sorted prefix read). `delta` is where `result.privacy` converts to (epsilon, delta + delta_t)
-    (default: delta_t).
+    (default: delta_t). Guarantees are for add/remove-one-client neighbours; "replace" is
+    refused. `seed` is for tests only.
     """
     _check(rho, delta_t, k, k_bar, test, lam)
+    check_neighbours(neighbours)
+    if neighbours == "replace":
+        raise ValueError(
+            "stable_top_k is calibrated for add/remove-one-client neighbours only: under "
+            "replace-one neighbours a gap h_(j) - h_(j+1) moves by up to 2 and the released top-k "
+            "set is not noised, so the propose-test-release test (A4/A5) has no valid calibration "
+            "here; nothing was read or charged"
+        )
     if delta is not None and not (isinstance(delta, numbers.Real) and 0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1) or None, got {delta!r}")
     rho, delta_t = float(rho), float(delta_t)
     target = k is not None
     cost = stable_cost(rho, delta_t, test, target)
-    rng = np.random.default_rng(seed)
+    rng = make_rng(seed)
     with source.snapshot():
         access = CountedAccess(source)
         m = access.m
@@ -239,12 +255,10 @@ def stable_top_k(
         q = float(gaps[k_tilde - 1])
         if test == "gaussian":
             sigma = 1.0 / math.sqrt(a2_rho)
-            q_hat = (
-                max(1.0, q) + rng.normal(0.0, sigma) - sigma * math.sqrt(2 * math.log(1 / delta_t))
-            )
+            q_hat = max(1.0, q) + rng.normal(0.0, sigma) - sigma * math.sqrt(2 * -math.log(delta_t))
         else:
             eps2 = math.sqrt(a2_rho)
-            q_hat = q + rng.laplace(0.0, 1.0 / eps2) - math.log(1 / delta_t) / eps2
+            q_hat = q + rng.laplace(0.0, 1.0 / eps2) - -math.log(delta_t) / eps2
         passed = q_hat > 1.0
         stats = access.stats
         ranks: list[int] = list(range(k_tilde)) if passed else []
@@ -259,7 +273,7 @@ def stable_top_k(
                     eps_em,
                     0.0,
                     "gumbel",
-                    seed=int(rng.integers(2**63)),
+                    seed=rng,
                 )
                 items, stats = list(extra.items), _add(stats, extra.accesses)
             elif k_tilde > want:
@@ -273,7 +287,7 @@ def stable_top_k(
                     eps_em,
                     0.0,
                     "gumbel",
-                    seed=int(rng.integers(2**63)),
+                    seed=rng,
                 )
                 items, stats = items + list(extra.items), _add(stats, extra.accesses)
         order = rng.permutation(len(items))
@@ -286,9 +300,9 @@ def stable_top_k(
         test,
         1.0 / math.sqrt(rho),
         f"Zhu & Wang 2022, Theorem {12 if target else 11}: delta_t-approximate rho-zCDP, "
-        "RDP converted by Canonne-Kamath-Steinke 2020 Prop. 12",
+        "RDP converted by Canonne-Kamath-Steinke 2020 Prop. 12 (add/remove one client)",
     )
-    return MechanismResult(
+    result = MechanismResult(
         items,
         guarantee,
         stats,
@@ -300,3 +314,4 @@ def stable_top_k(
         cost=cost,
         details={"passed_test": passed},
     )
+    return record(budget, result)
