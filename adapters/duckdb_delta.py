@@ -1,0 +1,370 @@
+"""DuckDB refresh by delta: the rank-ordered copy as a *base*, the changed rows as a small *delta*.
+
+DuckDB has no index-ordered scan, so `DuckDBTable.prepare()` writes a rank-ordered copy of the
+table (the base) and a *shadow*: (user rowid, id, score, base rank) of every row, in the user
+table's rowid order. After writes, `DuckDBTable.refresh()` finds the changed rows in one pass:
+a POSITIONAL JOIN of the user table with the shadow (both scanned once, in lockstep; no sort, no
+hash join of m rows). Rows whose rowid, id and score all agree are unchanged; the few others are
+matched by id among themselves (a hash join of the mismatched rows only), which tells score
+changes, inserts and deletes apart. UPDATE keeps rowids, INSERT appends, so the mismatched rows
+are the changed ones; a DELETE shifts the alignment of every later row, which stays correct (they
+match by id and compare equal) but costs a hash join of those rows: when the mismatched rows pass
+the fold fraction, the refresh folds instead.
+
+Positions (topk_middleware/access.py: what random access and sampling name) stay dense 0..m-1,
+as a function of the base and the table's current rows (the delta is recomputed from the base at
+every refresh, so it never drifts):
+
+* an item of the base keeps its base rank as position (changed score or not);
+* inserted items take the positions m_base, m_base + 1, ... in id order (byte order for text);
+* with m = m_base + inserted - deleted, the positions >= m that are still held are given to the
+  holes below m left by deleted items, lowest to lowest (a batched swap-remove: the item at the
+  top position moves into the hole).
+
+The *delta* table holds (seq, position, id, score) of every item not served by the base as it
+stands (changed score, inserted, or moved), in canonical order (seq = its place there); the
+*skip* table holds the base ranks the base no longer serves (changed, deleted, moved), ascending.
+So m = |base| - |skip| + |delta|. Sorted access is the base minus the skipped ranks merged with
+the delta (`DeltaView.read_sorted`, a merge cursor); random access by position is the delta's
+position first, then the base rank. While the delta is non-empty positions are not ranks
+(`positions_are_ranks` False): no inference from tied neighbours, no runs of tied scores.
+
+Folding: when the delta (or the skip list) passes `fold_fraction` of m, `refresh()` rebuilds the
+base (a full sort) and empties the delta. The default, 5%, is measured by
+`python -m benchmarks freshness` (see its JSON): a delta of that size adds a few milliseconds to a
+run, while a fold costs a full `prepare()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from topk_middleware.access import Rows
+
+# Fold the delta into a new base when it holds more than this fraction of m.
+FOLD_FRACTION = 0.05
+# Rows of the base and of the delta read per window of the merge cursor.
+MERGE_WINDOW = 8192
+
+
+@dataclass
+class RefreshReport:
+    """What the last `refresh()` did (for operators and tests)."""
+
+    kind: str  # "delta", "fold" (rebuilt past the fraction), "build" (no base yet), "none"
+    changed: int = 0  # items whose score changed
+    inserted: int = 0
+    deleted: int = 0
+    mismatched_rows: int = 0  # rows the positional pass could not pair as unchanged
+    delta_rows: int = 0
+    skip_rows: int = 0
+    m: int = 0
+    table_reads: int = 0  # statements of the refresh that read the user's table
+    statements: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeltaNames:
+    """Quoted names of the tables a delta refresh uses."""
+
+    base: str  # the rank table (rank, id, score), in rank order
+    shadow: str  # (rid, id, score, rank), in the user table's rowid order
+    delta: str  # (seq, position, id, score), in canonical order
+    skip: str  # (base_rank), ascending
+    table: str  # the user's table
+    id: str  # its id column (quoted)
+    score: str  # its score column (quoted)
+    collate: str  # ' COLLATE "binary"' for text ids, else ""
+
+
+def shadow_sql(names: DeltaNames) -> str:
+    """The shadow from the rank table and the user's table, as of the same transaction."""
+    c = names.collate
+    return (
+        f"CREATE OR REPLACE TABLE {names.shadow} AS SELECT t.rowid AS rid, r.id, r.score, r.rank "
+        f"FROM {names.table} AS t JOIN {names.base} AS r ON r.id{c} = t.{names.id}{c} "
+        "ORDER BY rid"
+    )
+
+
+def empty_delta_sql(names: DeltaNames) -> list[str]:
+    """Empty delta and skip tables (with the types of the base)."""
+    return [
+        f"CREATE OR REPLACE TABLE {names.delta} AS SELECT 0::BIGINT AS seq, rank AS position, "
+        f"id, score FROM {names.base} LIMIT 0",
+        f"CREATE OR REPLACE TABLE {names.skip} AS SELECT rank AS base_rank FROM {names.base} "
+        "LIMIT 0",
+    ]
+
+
+class DeltaRefresh:
+    """One delta refresh inside the caller's transaction on `con` (see the module docstring)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, names: DeltaNames, where: str) -> None:
+        self.con, self.n, self.where = con, names, where
+        self.report = RefreshReport("delta")
+
+    def _run(self, sql: str, params: Any = None) -> duckdb.DuckDBPyConnection:
+        self.report.statements.append(sql)
+        if self.n.table in sql:
+            self.report.table_reads += 1
+        return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+
+    def find_changes(self, m_base: int, fold_rows: int) -> bool:
+        """The one pass over the user's table; False if the mismatched rows pass `fold_rows`
+        (then the caller folds). Leaves the temp table __topk_changes (id, score, base_rank,
+        present) of every item whose state differs from the base."""
+        n, c = self.n, self.n.collate
+        self._run(
+            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.rid AS l_rid, l.id AS l_id, "
+            "l.score AS l_score, l.raw_null AS l_raw_null, s.rid AS s_rid, s.id AS s_id, "
+            "s.score AS s_score, s.rank AS s_rank "
+            f"FROM (SELECT rowid AS rid, {n.id} AS id, {n.score}::DOUBLE AS score, "
+            f"{n.score} IS NULL AS raw_null FROM {n.table}) AS l POSITIONAL JOIN {n.shadow} AS s "
+            f"WHERE l.rid IS DISTINCT FROM s.rid OR l.id{c} IS DISTINCT FROM s.id{c} "
+            "OR l.score IS DISTINCT FROM s.score OR l.score IS NULL OR isnan(l.score)"
+        )
+        self.report.mismatched_rows = self._run("SELECT count(*) FROM __topk_mismatch").fetchone()[
+            0
+        ]
+        if self.report.mismatched_rows > fold_rows:
+            return False
+        self._validate()
+        self._run(
+            "CREATE OR REPLACE TEMP TABLE __topk_changes AS "
+            "WITH lv AS (SELECT l_id AS id, l_score AS score FROM __topk_mismatch "
+            "WHERE l_rid IS NOT NULL), "
+            "bs AS (SELECT s_id AS id, s_score AS score, s_rank AS rank FROM __topk_mismatch "
+            "WHERE s_rid IS NOT NULL) "
+            "SELECT coalesce(lv.id, bs.id) AS id, lv.score AS score, bs.rank AS base_rank, "
+            "lv.id IS NOT NULL AS present "
+            f"FROM lv FULL JOIN bs ON lv.id{c} = bs.id{c} "
+            "WHERE lv.id IS NULL OR bs.id IS NULL OR lv.score <> bs.score"
+        )
+        # An inserted id that the base holds unchanged (its row paired as unchanged) is a
+        # duplicate: one probe of the base by the inserted ids.
+        duplicate = self._run(
+            f"SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
+            f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL"
+        ).fetchone()[0]
+        if duplicate is not None:
+            raise ValueError(
+                f"{self.where} has duplicate ids (e.g. {duplicate!r}): each item must appear once"
+            )
+        inserted, deleted, changed = self._run(
+            "SELECT count_if(base_rank IS NULL), count_if(NOT present), "
+            "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
+        ).fetchone()
+        self.report.inserted, self.report.deleted = int(inserted), int(deleted)
+        self.report.changed = int(changed)
+        self.report.m = m_base + self.report.inserted - self.report.deleted
+        if self.report.m <= 0:
+            raise ValueError(f"{self.where} is empty: there is no item to select")
+        return True
+
+    def _validate(self) -> None:
+        """The checks of `validate()` on the rows that differ from the base (the others were
+        checked when the base was built)."""
+        c = self.n.collate
+        row = self._run(
+            "SELECT count_if(l_id IS NULL), count_if(l_raw_null), "
+            "count_if(isnan(l_score) OR isinf(l_score)), count_if(l_score < 0) "
+            "FROM __topk_mismatch WHERE l_rid IS NOT NULL"
+        ).fetchone()
+        null_ids, null_scores, non_finite, negative = (int(x or 0) for x in row)
+        if null_ids:
+            raise ValueError(f"{self.where} has {null_ids} NULL id(s)")
+        if null_scores:
+            raise ValueError(f"{self.where} has {null_scores} NULL score(s)")
+        if non_finite:
+            raise ValueError(f"{self.where} has {non_finite} NaN or infinite score(s)")
+        if negative:
+            raise ValueError(f"{self.where} has {negative} negative score(s)")
+        duplicate = self._run(
+            f"SELECT l_id{c} FROM __topk_mismatch WHERE l_rid IS NOT NULL GROUP BY l_id{c} "
+            "HAVING count(*) > 1 LIMIT 1"
+        ).fetchone()
+        if duplicate is not None:
+            raise ValueError(
+                f"{self.where} has duplicate ids (e.g. {duplicate[0]!r}): each item must appear "
+                "once"
+            )
+
+    def write_delta(self, m_base: int) -> tuple[int, int]:
+        """Positions (module docstring), then the delta and skip tables; (delta, skip) rows."""
+        n, c, m = self.n, self.n.collate, self.report.m
+        self._run(
+            "CREATE OR REPLACE TEMP TABLE __topk_placed AS "
+            "SELECT id, score, base_rank, coalesce(base_rank, "
+            f"{int(m_base)} + row_number() OVER (PARTITION BY base_rank IS NULL ORDER BY id{c}) "
+            "- 1) AS prov FROM __topk_changes WHERE present "
+            # unchanged items of the base at the top positions: they move into holes
+            f"UNION ALL SELECT b.id, b.score, b.rank, b.rank FROM {n.base} AS b "
+            f"WHERE b.rank >= {int(m)} "
+            "AND b.rank NOT IN (SELECT base_rank FROM __topk_changes WHERE base_rank IS NOT NULL)"
+        )
+        self._run(
+            f"CREATE OR REPLACE TABLE {n.delta} AS "
+            "WITH movers AS (SELECT prov, row_number() OVER (ORDER BY prov) AS k "
+            f"FROM __topk_placed WHERE prov >= {int(m)}), "
+            "holes AS (SELECT base_rank AS hole, row_number() OVER (ORDER BY base_rank) AS k "
+            f"FROM __topk_changes WHERE NOT present AND base_rank < {int(m)}), "
+            "moved AS (SELECT movers.prov, holes.hole FROM movers JOIN holes USING (k)) "
+            f"SELECT (row_number() OVER (ORDER BY p.score DESC, p.id{c} ASC) - 1)::BIGINT AS seq, "
+            "coalesce(moved.hole, p.prov)::BIGINT AS position, p.id, p.score "
+            "FROM __topk_placed AS p LEFT JOIN moved USING (prov) ORDER BY seq"
+        )
+        self._run(
+            f"CREATE OR REPLACE TABLE {n.skip} AS SELECT base_rank FROM ("
+            "SELECT base_rank FROM __topk_changes WHERE base_rank IS NOT NULL "
+            "UNION SELECT base_rank FROM __topk_placed WHERE base_rank IS NOT NULL) "
+            "ORDER BY base_rank"
+        )
+        delta, skip = self._run(
+            f"SELECT (SELECT count(*) FROM {n.delta}), (SELECT count(*) FROM {n.skip})"
+        ).fetchone()
+        self.report.delta_rows, self.report.skip_rows = int(delta), int(skip)
+        for temp in ("__topk_mismatch", "__topk_changes", "__topk_placed"):
+            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+        return self.report.delta_rows, self.report.skip_rows
+
+    def drop_temps(self) -> None:
+        for temp in ("__topk_mismatch", "__topk_changes", "__topk_placed"):
+            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+
+
+class DeltaView:
+    """Reads of one snapshot through base + delta (module docstring), on the run's cursor.
+
+    CountedAccess reads the sorted prefix in order, so the view keeps a merge cursor (depth, next
+    base rank, next delta seq); a read starting anywhere else is served by one ordered query over
+    the whole merged relation (correct, slower).
+    """
+
+    def __init__(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        names: DeltaNames,
+        m_base: int,
+        delta_rows: int,
+        skip_rows: int,
+    ) -> None:
+        self.cur, self.n = cursor, names
+        self.m_base, self.delta_rows, self.skip_rows = m_base, delta_rows, skip_rows
+        self.m = m_base - skip_rows + delta_rows
+        self._depth = 0  # the merge cursor: next depth, next base rank, next delta seq
+        self._base_next = 0
+        self._delta_next = 0
+
+    def relation(self) -> str:
+        """(position, id, score) of every item: the base minus skipped ranks, and the delta."""
+        n = self.n
+        return (
+            f"(SELECT rank AS position, id, score FROM {n.base} "
+            f"WHERE rank NOT IN (SELECT base_rank FROM {n.skip}) "
+            f"UNION ALL SELECT position, id, score FROM {n.delta})"
+        )
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        start, stop = int(start), min(int(start) + int(count), self.m)
+        if stop <= start:
+            return _rows([], [], [])
+        if start != self._depth:
+            got = self.cur.execute(
+                f"SELECT position, id, score FROM {self.relation()} "
+                f"ORDER BY score DESC, id{self.n.collate} ASC LIMIT ? OFFSET ?",
+                [stop - start, start],
+            ).fetchnumpy()
+            return _rows(got["position"], got["id"], got["score"])
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        need, trips = stop - start, 0
+        while need > 0:
+            positions, ids, scores = self._merge_window(need)
+            trips += 1
+            parts.append((positions, ids, scores))
+            need -= len(positions)
+        self._depth = stop
+        rows = _rows(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+        return Rows(rows.positions, rows.ids, rows.scores, round_trips=trips)
+
+    def _merge_window(self, need: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Up to `need` rows of the merged order from the cursor, in one query: a window of the
+        base (skipped ranks flagged), of the delta, merged by DuckDB in canonical order; the rows
+        up to the earlier of the two windows' last rows are final (neither stream can put an
+        unread row before them)."""
+        n, c = self.n, self.n.collate
+        width = max(need, MERGE_WINDOW)
+        b0, b1 = self._base_next, min(self._base_next + width, self.m_base)
+        d0, d1 = self._delta_next, min(self._delta_next + width, self.delta_rows)
+        got = self.cur.execute(
+            "SELECT src, position, id, score, skipped FROM ("
+            f"SELECT 0 AS src, b.rank AS position, b.id, b.score, "
+            f"b.rank IN (SELECT base_rank FROM {n.skip} WHERE base_rank >= $b0 "
+            "AND base_rank < $b1) AS skipped "
+            f"FROM {n.base} AS b WHERE b.rowid >= $b0 AND b.rowid < $b1 "
+            f"UNION ALL SELECT 1, position, id, score, false FROM {n.delta} "
+            "WHERE seq >= $d0 AND seq < $d1) "
+            f"ORDER BY score DESC, id{c} ASC, src",
+            {"b0": b0, "b1": b1, "d0": d0, "d1": d1},
+        ).fetchnumpy()
+        src = np.asarray(got["src"], dtype=np.int64)
+        skipped = np.asarray(got["skipped"], dtype=bool)
+        final = len(src)
+        if b1 < self.m_base:  # rows after the base window's last row may still come
+            final = min(final, int(np.flatnonzero(src == 0)[-1]) + 1)
+        if d1 < self.delta_rows:
+            final = min(final, int(np.flatnonzero(src == 1)[-1]) + 1)
+        served = np.flatnonzero(~skipped[:final])[:need]
+        cut = int(served[-1]) + 1 if len(served) else final  # merged rows consumed
+        self._base_next += int(np.count_nonzero(src[:cut] == 0))
+        self._delta_next += int(np.count_nonzero(src[:cut] == 1))
+        positions = np.asarray(got["position"], dtype=np.int64)[served]
+        ids = np.asarray(got["id"])[served]
+        scores = np.asarray(got["score"], dtype=np.float64)[served]
+        return positions, ids, scores
+
+    def read_positions(self, wanted: list[int], index_max: int) -> Rows:
+        """Rows at the given positions: the delta's first, then the base by rank."""
+        n = self.n
+        keys = ", ".join(str(p) for p in wanted)
+        if len(wanted) <= index_max:
+            base = f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN ({keys})"
+            delta = f"SELECT 1, position, id, score FROM {n.delta} WHERE position IN ({keys})"
+            got = self.cur.execute(f"{base} UNION ALL {delta}").fetchnumpy()
+        else:
+            got = self.cur.execute(
+                "WITH w AS (SELECT unnest(?::BIGINT[]) AS p) "
+                f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN (SELECT p FROM w) "
+                f"UNION ALL SELECT 1, position, id, score FROM {n.delta} "
+                "WHERE position IN (SELECT p FROM w)",
+                [wanted],
+            ).fetchnumpy()
+        src = np.asarray(got["src"], dtype=np.int64)
+        positions = np.asarray(got["rank"], dtype=np.int64)
+        from_delta = set(positions[src == 1].tolist())
+        keep = (src == 1) | ~np.isin(positions, list(from_delta))
+        positions = positions[keep]
+        ids = np.asarray(got["id"])[keep]
+        scores = np.asarray(got["score"], dtype=np.float64)[keep]
+        order = np.argsort(positions, kind="stable")
+        return _rows(positions[order], ids[order], scores[order])
+
+    def read_ids_query(self) -> str:
+        """(id, score) of the current items whose ids are in the list parameter."""
+        n, c = self.n, self.n.collate
+        return (
+            f"SELECT id, score FROM {n.delta} WHERE id{c} IN (SELECT unnest($ids){c}) "
+            f"UNION ALL SELECT id, score FROM {n.base} WHERE id{c} IN (SELECT unnest($ids){c}) "
+            f"AND rank NOT IN (SELECT base_rank FROM {n.skip})"
+        )
+
+
+def _rows(positions: Any, ids: Any, scores: Any) -> Rows:
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "US":
+        ids = ids.astype(object)
+    return Rows(np.asarray(positions, dtype=np.int64), ids, np.asarray(scores, dtype=np.float64))
