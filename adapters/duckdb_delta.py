@@ -72,7 +72,7 @@ class DeltaNames:
     """Quoted names of the tables a delta refresh uses."""
 
     base: str  # the rank table (rank, id, score), in rank order
-    shadow: str  # (rid, id, score, rank), in the user table's rowid order
+    shadow: str  # (id, score, rank) of the base, in the user table's rowid order
     delta: str  # (seq, position, id, score), in canonical order
     skip: str  # (base_rank), ascending
     table: str  # the user's table
@@ -85,9 +85,9 @@ def shadow_sql(names: DeltaNames) -> str:
     """The shadow from the rank table and the user's table, as of the same transaction."""
     c = names.collate
     return (
-        f"CREATE OR REPLACE TABLE {names.shadow} AS SELECT t.rowid AS rid, r.id, r.score, r.rank "
+        f"CREATE OR REPLACE TABLE {names.shadow} AS SELECT r.id, r.score, r.rank "
         f"FROM {names.table} AS t JOIN {names.base} AS r ON r.id{c} = t.{names.id}{c} "
-        "ORDER BY rid"
+        "ORDER BY t.rowid"
     )
 
 
@@ -120,13 +120,13 @@ class DeltaRefresh:
         present) of every item whose state differs from the base."""
         n, c = self.n, self.n.collate
         self._run(
-            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.rid AS l_rid, l.id AS l_id, "
-            "l.score AS l_score, l.raw_null AS l_raw_null, s.rid AS s_rid, s.id AS s_id, "
+            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, l.id AS l_id, "
+            "l.score AS l_score, l.raw_null AS l_raw_null, s.rank IS NOT NULL AS s_live, s.id AS s_id, "
             "s.score AS s_score, s.rank AS s_rank "
-            f"FROM (SELECT rowid AS rid, {n.id} AS id, {n.score}::DOUBLE AS score, "
+            f"FROM (SELECT true AS live, {n.id} AS id, {n.score}::DOUBLE AS score, "
             f"{n.score} IS NULL AS raw_null FROM {n.table}) AS l POSITIONAL JOIN {n.shadow} AS s "
-            f"WHERE l.rid IS DISTINCT FROM s.rid OR l.id{c} IS DISTINCT FROM s.id{c} "
-            "OR l.score IS DISTINCT FROM s.score OR l.score IS NULL OR isnan(l.score)"
+            f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score "
+            "OR l.score IS NULL OR isnan(l.score)"
         )
         self.report.mismatched_rows = self._run("SELECT count(*) FROM __topk_mismatch").fetchone()[
             0
@@ -137,9 +137,9 @@ class DeltaRefresh:
         self._run(
             "CREATE OR REPLACE TEMP TABLE __topk_changes AS "
             "WITH lv AS (SELECT l_id AS id, l_score AS score FROM __topk_mismatch "
-            "WHERE l_rid IS NOT NULL), "
+            "WHERE l_live), "
             "bs AS (SELECT s_id AS id, s_score AS score, s_rank AS rank FROM __topk_mismatch "
-            "WHERE s_rid IS NOT NULL) "
+            "WHERE s_live) "
             "SELECT coalesce(lv.id, bs.id) AS id, lv.score AS score, bs.rank AS base_rank, "
             "lv.id IS NOT NULL AS present "
             f"FROM lv FULL JOIN bs ON lv.id{c} = bs.id{c} "
@@ -173,7 +173,7 @@ class DeltaRefresh:
         row = self._run(
             "SELECT count_if(l_id IS NULL), count_if(l_raw_null), "
             "count_if(isnan(l_score) OR isinf(l_score)), count_if(l_score < 0) "
-            "FROM __topk_mismatch WHERE l_rid IS NOT NULL"
+            "FROM __topk_mismatch WHERE l_live"
         ).fetchone()
         null_ids, null_scores, non_finite, negative = (int(x or 0) for x in row)
         if null_ids:
@@ -185,7 +185,7 @@ class DeltaRefresh:
         if negative:
             raise ValueError(f"{self.where} has {negative} negative score(s)")
         duplicate = self._run(
-            f"SELECT l_id{c} FROM __topk_mismatch WHERE l_rid IS NOT NULL GROUP BY l_id{c} "
+            f"SELECT l_id{c} FROM __topk_mismatch WHERE l_live GROUP BY l_id{c} "
             "HAVING count(*) > 1 LIMIT 1"
         ).fetchone()
         if duplicate is not None:
@@ -297,7 +297,8 @@ class DeltaView:
         up to the earlier of the two windows' last rows are final (neither stream can put an
         unread row before them)."""
         n, c = self.n, self.n.collate
-        width = max(need, MERGE_WINDOW)
+        first = self._base_next == 0 and self._delta_next == 0  # the first read: often short
+        width = 2 * need + 16 if first else max(need, MERGE_WINDOW)
         b0, b1 = self._base_next, min(self._base_next + width, self.m_base)
         d0, d1 = self._delta_next, min(self._delta_next + width, self.delta_rows)
         got = self.cur.execute(
