@@ -159,8 +159,8 @@ class DeltaRefresh:
             "SELECT count_if(base_rank IS NULL), count_if(NOT present), "
             "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
         ).fetchone()
-        self.report.inserted, self.report.deleted = int(inserted), int(deleted)
-        self.report.changed = int(changed)
+        self.report.inserted, self.report.deleted = int(inserted or 0), int(deleted or 0)
+        self.report.changed = int(changed or 0)
         self.report.m = m_base + self.report.inserted - self.report.deleted
         if self.report.m <= 0:
             raise ValueError(f"{self.where} is empty: there is no item to select")
