@@ -120,9 +120,9 @@ class DeltaRefresh:
         present) of every item whose state differs from the base."""
         n, c = self.n, self.n.collate
         self._run(
-            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, l.id AS l_id, "
-            "l.score AS l_score, l.raw_null AS l_raw_null, s.rank IS NOT NULL AS s_live, s.id AS s_id, "
-            "s.score AS s_score, s.rank AS s_rank "
+            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, "
+            "l.id AS l_id, l.score AS l_score, l.raw_null AS l_raw_null, "
+            "s.rank IS NOT NULL AS s_live, s.id AS s_id, s.score AS s_score, s.rank AS s_rank "
             f"FROM (SELECT true AS live, {n.id} AS id, {n.score}::DOUBLE AS score, "
             f"{n.score} IS NULL AS raw_null FROM {n.table}) AS l POSITIONAL JOIN {n.shadow} AS s "
             f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score "
