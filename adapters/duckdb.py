@@ -397,6 +397,7 @@ class DuckDBTable:
             id=self._id,
             score=self._score,
             collate=self._collate,
+            runs=self._runs,
         )
 
     def _has_delta_layout(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
@@ -438,7 +439,7 @@ class DuckDBTable:
                 f"the delta tables of {self.where} are gone: run prepare(refresh=True, full=True)"
             ) from None
         if delta or skip:
-            run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip))
+            run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip), run.runs)
             run.m, run.runs = run.delta.m, None
 
     @property
@@ -446,6 +447,14 @@ class DuckDBTable:
         """False while a delta is pending: positions are then base ranks, moved and appended
         (adapters/duckdb_delta.py), not ranks of the canonical order."""
         return self._state().delta is None
+
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int] | None:
+        """PositionScores: while a delta is pending, scores at positions without their rows
+        (the delta's, else the base's runs of tied scores); None otherwise (read the rows)."""
+        delta = self._state().delta
+        if delta is None:
+            return None
+        return delta.read_position_scores(np.asarray(positions, dtype=np.int64))
 
     def refresh(self) -> RefreshReport:
         """Bring the copy up to date after writes to the table, at about the cost of one scan.
@@ -466,11 +475,9 @@ class DuckDBTable:
         job = DeltaRefresh(con, self._names(), self.where)
         try:
             con.execute("BEGIN TRANSACTION")
-            m_base = int(con.execute(f"SELECT count(*) FROM {self._ranks}").fetchone()[0])
-            keep = job.find_changes(m_base, int(self.fold_fraction * m_base))
+            keep = job.find_changes(self.fold_fraction)
             if keep:
-                delta, skip = job.write_delta(m_base)
-                keep = max(delta, skip) <= self.fold_fraction * job.report.m
+                job.write_delta()
             con.execute("COMMIT" if keep else "ROLLBACK")
         except BaseException:
             con.execute("ROLLBACK")

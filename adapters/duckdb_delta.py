@@ -43,12 +43,14 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import Rows
+from topk_middleware.access import AccessError, Rows
 
 # Fold the delta into a new base when it holds more than this fraction of m.
 FOLD_FRACTION = 0.05
 # Rows of the base and of the delta read per window of the merge cursor.
 MERGE_WINDOW = 8192
+# Random access scores come from the base's runs of tied scores up to this many runs.
+RUNS_READ_MAX = 65536
 
 
 @dataclass
@@ -60,6 +62,7 @@ class RefreshReport:
     inserted: int = 0
     deleted: int = 0
     mismatched_rows: int = 0  # rows the positional pass could not pair as unchanged
+    m_base: int = 0
     delta_rows: int = 0
     skip_rows: int = 0
     m: int = 0
@@ -79,6 +82,7 @@ class DeltaNames:
     id: str  # its id column (quoted)
     score: str  # its score column (quoted)
     collate: str  # ' COLLATE "binary"' for text ids, else ""
+    runs: str = ""  # the base's runs of tied scores (first_rank, score), if it has them
 
 
 def shadow_sql(names: DeltaNames) -> str:
@@ -114,10 +118,11 @@ class DeltaRefresh:
             self.report.table_reads += 1
         return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
 
-    def find_changes(self, m_base: int, fold_rows: int) -> bool:
-        """The one pass over the user's table; False if the mismatched rows pass `fold_rows`
-        (then the caller folds). Leaves the temp table __topk_changes (id, score, base_rank,
-        present) of every item whose state differs from the base."""
+    def find_changes(self, fold_fraction: float) -> bool:
+        """The one pass over the user's table, then the changes among the mismatched rows.
+        Leaves the temp table __topk_changes (id, score, base_rank, present) of every item whose
+        state differs from the base, and fills the report's counts. False when the mismatched
+        rows or the delta would pass `fold_fraction` of m (the caller folds instead)."""
         n, c = self.n, self.n.collate
         self._run(
             "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, "
@@ -128,16 +133,22 @@ class DeltaRefresh:
             f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score "
             "OR l.score IS NULL OR isnan(l.score)"
         )
-        self.report.mismatched_rows = self._run("SELECT count(*) FROM __topk_mismatch").fetchone()[
-            0
-        ]
-        if self.report.mismatched_rows > fold_rows:
+        row = self._run(
+            f"SELECT (SELECT count(*) FROM {n.base}), count(*), count_if(l_live AND l_id IS NULL), "
+            "count_if(l_raw_null), count_if(isnan(l_score) OR isinf(l_score)), "
+            f"count_if(l_score < 0), count_if(l_live) - count(DISTINCT l_id{c}) "
+            "FROM __topk_mismatch"
+        ).fetchone()
+        m_base, mismatched, null_ids, null_scores, non_finite, negative, repeated = (
+            int(x or 0) for x in row
+        )
+        self.report.m_base, self.report.mismatched_rows = m_base, mismatched
+        if mismatched > fold_fraction * m_base:
             return False
-        self._validate()
+        self._refuse(null_ids, null_scores, non_finite, negative, repeated)
         self._run(
             "CREATE OR REPLACE TEMP TABLE __topk_changes AS "
-            "WITH lv AS (SELECT l_id AS id, l_score AS score FROM __topk_mismatch "
-            "WHERE l_live), "
+            "WITH lv AS (SELECT l_id AS id, l_score AS score FROM __topk_mismatch WHERE l_live), "
             "bs AS (SELECT s_id AS id, s_score AS score, s_rank AS rank FROM __topk_mismatch "
             "WHERE s_live) "
             "SELECT coalesce(lv.id, bs.id) AS id, lv.score AS score, bs.rank AS base_rank, "
@@ -147,94 +158,82 @@ class DeltaRefresh:
         )
         # An inserted id that the base holds unchanged (its row paired as unchanged) is a
         # duplicate: one probe of the base by the inserted ids.
-        duplicate = self._run(
-            f"SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
-            f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL"
-        ).fetchone()[0]
-        if duplicate is not None:
+        row = self._run(
+            f"SELECT (SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
+            f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL), "
+            "count_if(base_rank IS NULL), count_if(NOT present), "
+            "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
+        ).fetchone()
+        if row[0] is not None:
+            raise ValueError(
+                f"{self.where} has duplicate ids (e.g. {row[0]!r}): each item must appear once"
+            )
+        inserted, deleted, changed = (int(x or 0) for x in row[1:])
+        m = m_base + inserted - deleted
+        if m <= 0:
+            raise ValueError(f"{self.where} is empty: there is no item to select")
+        self.report.inserted, self.report.deleted, self.report.changed = inserted, deleted, changed
+        self.report.m = m
+        # The delta: every present changed item, and every unchanged base item at rank >= m
+        # (it moves into a hole); the skip list: the base ranks of changed items and all ranks
+        # >= m. Counted before they are written, to fold instead of writing a large delta.
+        top, changed_top, present, changed_below = self._run(
+            f"SELECT greatest({m_base} - {m}, 0), count_if(base_rank >= {m}), "
+            f"count_if(present), count_if(base_rank < {m}) FROM __topk_changes"
+        ).fetchone()
+        self.report.delta_rows = int(present or 0) + int(top) - int(changed_top or 0)
+        self.report.skip_rows = int(changed_below or 0) + int(top)
+        return max(self.report.delta_rows, self.report.skip_rows) <= fold_fraction * m
+
+    def _refuse(
+        self, null_ids: int, null_scores: int, non_finite: int, negative: int, repeated: int
+    ) -> None:
+        """The checks of `validate()` on the rows that differ from the base (the others were
+        checked when the base was built)."""
+        if null_ids:
+            raise ValueError(f"{self.where} has {null_ids} NULL id(s)")
+        if repeated:
+            duplicate = self._run(
+                f"SELECT l_id{self.n.collate} FROM __topk_mismatch WHERE l_live "
+                f"GROUP BY l_id{self.n.collate} HAVING count(*) > 1 LIMIT 1"
+            ).fetchone()[0]
             raise ValueError(
                 f"{self.where} has duplicate ids (e.g. {duplicate!r}): each item must appear once"
             )
-        inserted, deleted, changed = self._run(
-            "SELECT count_if(base_rank IS NULL), count_if(NOT present), "
-            "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
-        ).fetchone()
-        self.report.inserted, self.report.deleted = int(inserted or 0), int(deleted or 0)
-        self.report.changed = int(changed or 0)
-        self.report.m = m_base + self.report.inserted - self.report.deleted
-        if self.report.m <= 0:
-            raise ValueError(f"{self.where} is empty: there is no item to select")
-        return True
-
-    def _validate(self) -> None:
-        """The checks of `validate()` on the rows that differ from the base (the others were
-        checked when the base was built)."""
-        c = self.n.collate
-        row = self._run(
-            "SELECT count_if(l_id IS NULL), count_if(l_raw_null), "
-            "count_if(isnan(l_score) OR isinf(l_score)), count_if(l_score < 0) "
-            "FROM __topk_mismatch WHERE l_live"
-        ).fetchone()
-        null_ids, null_scores, non_finite, negative = (int(x or 0) for x in row)
-        if null_ids:
-            raise ValueError(f"{self.where} has {null_ids} NULL id(s)")
         if null_scores:
             raise ValueError(f"{self.where} has {null_scores} NULL score(s)")
         if non_finite:
             raise ValueError(f"{self.where} has {non_finite} NaN or infinite score(s)")
         if negative:
             raise ValueError(f"{self.where} has {negative} negative score(s)")
-        duplicate = self._run(
-            f"SELECT l_id{c} FROM __topk_mismatch WHERE l_live GROUP BY l_id{c} "
-            "HAVING count(*) > 1 LIMIT 1"
-        ).fetchone()
-        if duplicate is not None:
-            raise ValueError(
-                f"{self.where} has duplicate ids (e.g. {duplicate[0]!r}): each item must appear "
-                "once"
-            )
 
-    def write_delta(self, m_base: int) -> tuple[int, int]:
-        """Positions (module docstring), then the delta and skip tables; (delta, skip) rows."""
-        n, c, m = self.n, self.n.collate, self.report.m
-        self._run(
-            "CREATE OR REPLACE TEMP TABLE __topk_placed AS "
-            "SELECT id, score, base_rank, coalesce(base_rank, "
-            f"{int(m_base)} + row_number() OVER (PARTITION BY base_rank IS NULL ORDER BY id{c}) "
-            "- 1) AS prov FROM __topk_changes WHERE present "
-            # unchanged items of the base at the top positions: they move into holes
-            f"UNION ALL SELECT b.id, b.score, b.rank, b.rank FROM {n.base} AS b "
-            f"WHERE b.rank >= {int(m)} "
-            "AND b.rank NOT IN (SELECT base_rank FROM __topk_changes WHERE base_rank IS NOT NULL)"
-        )
+    def write_delta(self) -> None:
+        """Positions (module docstring), then the delta and skip tables."""
+        n, c, m, m_base = self.n, self.n.collate, self.report.m, self.report.m_base
         self._run(
             f"CREATE OR REPLACE TABLE {n.delta} AS "
-            "WITH movers AS (SELECT prov, row_number() OVER (ORDER BY prov) AS k "
-            f"FROM __topk_placed WHERE prov >= {int(m)}), "
+            "WITH placed AS (SELECT id, score, base_rank, coalesce(base_rank, "
+            f"{m_base} + row_number() OVER (PARTITION BY base_rank IS NULL ORDER BY id{c}) "
+            "- 1) AS prov FROM __topk_changes WHERE present "
+            f"UNION ALL SELECT b.id, b.score, b.rank, b.rank FROM {n.base} AS b "
+            f"WHERE b.rank >= {m} "
+            "AND b.rank NOT IN (SELECT base_rank FROM __topk_changes WHERE base_rank >= "
+            f"{m})), "
+            "movers AS (SELECT prov, row_number() OVER (ORDER BY prov) AS k "
+            f"FROM placed WHERE prov >= {m}), "
             "holes AS (SELECT base_rank AS hole, row_number() OVER (ORDER BY base_rank) AS k "
-            f"FROM __topk_changes WHERE NOT present AND base_rank < {int(m)}), "
+            f"FROM __topk_changes WHERE NOT present AND base_rank < {m}), "
             "moved AS (SELECT movers.prov, holes.hole FROM movers JOIN holes USING (k)) "
             f"SELECT (row_number() OVER (ORDER BY p.score DESC, p.id{c} ASC) - 1)::BIGINT AS seq, "
             "coalesce(moved.hole, p.prov)::BIGINT AS position, p.id, p.score "
-            "FROM __topk_placed AS p LEFT JOIN moved USING (prov) ORDER BY seq"
+            "FROM placed AS p LEFT JOIN moved USING (prov) ORDER BY seq"
         )
         self._run(
             f"CREATE OR REPLACE TABLE {n.skip} AS SELECT base_rank FROM ("
-            "SELECT base_rank FROM __topk_changes WHERE base_rank IS NOT NULL "
-            "UNION SELECT base_rank FROM __topk_placed WHERE base_rank IS NOT NULL) "
+            f"SELECT base_rank FROM __topk_changes WHERE base_rank < {m} "
+            f"UNION ALL SELECT range AS base_rank FROM range({m}, greatest({m_base}, {m}))) "
             "ORDER BY base_rank"
         )
-        delta, skip = self._run(
-            f"SELECT (SELECT count(*) FROM {n.delta}), (SELECT count(*) FROM {n.skip})"
-        ).fetchone()
-        self.report.delta_rows, self.report.skip_rows = int(delta), int(skip)
-        for temp in ("__topk_mismatch", "__topk_changes", "__topk_placed"):
-            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
-        return self.report.delta_rows, self.report.skip_rows
-
-    def drop_temps(self) -> None:
-        for temp in ("__topk_mismatch", "__topk_changes", "__topk_placed"):
-            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
 
 
 class DeltaView:
@@ -252,9 +251,12 @@ class DeltaView:
         m_base: int,
         delta_rows: int,
         skip_rows: int,
+        base_runs: int | None = None,
     ) -> None:
         self.cur, self.n = cursor, names
         self.m_base, self.delta_rows, self.skip_rows = m_base, delta_rows, skip_rows
+        self.base_runs = base_runs  # runs of tied scores of the base (None: no runs table)
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None
         self.m = m_base - skip_rows + delta_rows
         self._depth = 0  # the merge cursor: next depth, next base rank, next delta seq
         self._base_next = 0
@@ -353,6 +355,38 @@ class DeltaView:
         scores = np.asarray(got["score"], dtype=np.float64)[keep]
         order = np.argsort(positions, kind="stable")
         return _rows(positions[order], ids[order], scores[order])
+
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int] | None:
+        """PositionScores (topk_middleware/access.py): the scores at positions without their
+        rows. A position held by the delta is read from it (one query over the small delta);
+        any other is a base rank, whose score the base's runs of tied scores give (read once per
+        snapshot). None (read the rows) when the base keeps no runs or has more runs than
+        RUNS_READ_MAX: count data has few distinct counts."""
+        if not self.n.runs or self.base_runs is None or self.base_runs > RUNS_READ_MAX:
+            return None
+        got = self.cur.execute(
+            f"SELECT position, score FROM {self.n.delta} "
+            "WHERE position IN (SELECT unnest(?::BIGINT[]))",
+            [positions.tolist()],
+        ).fetchnumpy()
+        if self._runs is None:
+            runs = self.cur.execute(
+                f"SELECT first_rank, score FROM {self.n.runs} ORDER BY first_rank"
+            ).fetchnumpy()
+            first = np.asarray(runs["first_rank"], dtype=np.int64)
+            self._runs = (first, np.asarray(runs["score"], dtype=np.float64))
+        first, run_scores = self._runs
+        in_delta = np.asarray(got["position"], dtype=np.int64)
+        held = np.isin(positions, in_delta)
+        scores = np.empty(len(positions), dtype=np.float64)
+        base = positions[~held]
+        if len(base) and (base.max() >= self.m_base or base.min() < 0):
+            raise AccessError(f"position {int(base.max())} is neither in the delta nor the base")
+        scores[~held] = run_scores[np.searchsorted(first, base, side="right") - 1]
+        order = np.argsort(in_delta)
+        where = np.searchsorted(in_delta[order], positions[held])
+        scores[held] = np.asarray(got["score"], dtype=np.float64)[order][where]
+        return scores, len(in_delta)
 
     def read_ids_query(self) -> str:
         """(id, score) of the current items whose ids are in the list parameter."""
