@@ -89,7 +89,7 @@ def shadow_sql(names: DeltaNames) -> str:
     """The shadow from the rank table and the user's table, as of the same transaction."""
     c = names.collate
     return (
-        f"CREATE OR REPLACE TABLE {names.shadow} AS SELECT r.id, r.score, r.rank "
+        f"CREATE OR REPLACE TABLE {names.shadow} AS SELECT r.id, t.{names.score} AS score, r.rank "
         f"FROM {names.table} AS t JOIN {names.base} AS r ON r.id{c} = t.{names.id}{c} "
         "ORDER BY t.rowid"
     )
@@ -126,16 +126,15 @@ class DeltaRefresh:
         n, c = self.n, self.n.collate
         self._run(
             "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, "
-            "l.id AS l_id, l.score AS l_score, l.raw_null AS l_raw_null, "
-            "s.rank IS NOT NULL AS s_live, s.id AS s_id, s.score AS s_score, s.rank AS s_rank "
-            f"FROM (SELECT true AS live, {n.id} AS id, {n.score}::DOUBLE AS score, "
-            f"{n.score} IS NULL AS raw_null FROM {n.table}) AS l POSITIONAL JOIN {n.shadow} AS s "
-            f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score "
-            "OR l.score IS NULL OR isnan(l.score)"
+            "l.id AS l_id, l.score::DOUBLE AS l_score, s.rank IS NOT NULL AS s_live, "
+            "s.id AS s_id, s.score::DOUBLE AS s_score, s.rank AS s_rank "
+            f"FROM (SELECT true AS live, {n.id} AS id, {n.score} AS score FROM {n.table}) AS l "
+            f"POSITIONAL JOIN {n.shadow} AS s "
+            f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score"
         )
         row = self._run(
             f"SELECT (SELECT count(*) FROM {n.base}), count(*), count_if(l_live AND l_id IS NULL), "
-            "count_if(l_raw_null), count_if(isnan(l_score) OR isinf(l_score)), "
+            "count_if(l_live AND l_score IS NULL), count_if(isnan(l_score) OR isinf(l_score)), "
             f"count_if(l_score < 0), count_if(l_live) - count(DISTINCT l_id{c}) "
             "FROM __topk_mismatch"
         ).fetchone()
