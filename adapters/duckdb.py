@@ -448,7 +448,7 @@ class DuckDBTable:
         (adapters/duckdb_delta.py), not ranks of the canonical order."""
         return self._state().delta is None
 
-    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int] | None:
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """PositionScores: while a delta is pending, scores at positions without their rows
         (the delta's, else the base's runs of tied scores); None otherwise (read the rows)."""
         delta = self._state().delta

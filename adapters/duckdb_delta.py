@@ -51,6 +51,9 @@ FOLD_FRACTION = 0.05
 MERGE_WINDOW = 8192
 # Random access scores come from the base's runs of tied scores up to this many runs.
 RUNS_READ_MAX = 65536
+# Up to this many positions are looked up in the delta by a list of constants; a longer batch
+# reads the delta's (position, score) once per snapshot.
+INDEX_LOOKUP_MAX = 64
 
 
 @dataclass
@@ -255,7 +258,9 @@ class DeltaView:
         self.cur, self.n = cursor, names
         self.m_base, self.delta_rows, self.skip_rows = m_base, delta_rows, skip_rows
         self.base_runs = base_runs  # runs of tied scores of the base (None: no runs table)
+        self.numeric_ids = not names.collate  # text ids compare in byte order: sorted by DuckDB
         self._runs: tuple[np.ndarray, np.ndarray] | None = None
+        self._delta_scores: tuple[np.ndarray, np.ndarray] | None = None  # by position
         self.m = m_base - skip_rows + delta_rows
         self._depth = 0  # the merge cursor: next depth, next base rank, next delta seq
         self._base_next = 0
@@ -310,9 +315,13 @@ class DeltaView:
             f"FROM {n.base} AS b WHERE b.rowid >= $b0 AND b.rowid < $b1 "
             f"UNION ALL SELECT 1, position, id, score, false FROM {n.delta} "
             "WHERE seq >= $d0 AND seq < $d1) "
-            f"ORDER BY score DESC, id{c} ASC, src",
+            # numeric ids are merged by numpy below (cheaper than a sort in the query)
+            + ("" if self.numeric_ids else f"ORDER BY score DESC, id{c} ASC, src"),
             {"b0": b0, "b1": b1, "d0": d0, "d1": d1},
         ).fetchnumpy()
+        if self.numeric_ids:  # canonical order, the base's row before the delta's on a tie
+            order = np.lexsort((got["src"], got["id"], -np.asarray(got["score"], np.float64)))
+            got = {name: np.asarray(column)[order] for name, column in got.items()}
         src = np.asarray(got["src"], dtype=np.int64)
         skipped = np.asarray(got["skipped"], dtype=bool)
         final = len(src)
@@ -355,7 +364,7 @@ class DeltaView:
         order = np.argsort(positions, kind="stable")
         return _rows(positions[order], ids[order], scores[order])
 
-    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int] | None:
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """PositionScores (topk_middleware/access.py): the scores at positions without their
         rows. A position held by the delta is read from it (one query over the small delta);
         any other is a base rank, whose score the base's runs of tied scores give (read once per
@@ -363,11 +372,29 @@ class DeltaView:
         RUNS_READ_MAX: count data has few distinct counts."""
         if not self.n.runs or self.base_runs is None or self.base_runs > RUNS_READ_MAX:
             return None
-        got = self.cur.execute(
-            f"SELECT position, score FROM {self.n.delta} "
-            "WHERE position IN (SELECT unnest(?::BIGINT[]))",
-            [positions.tolist()],
-        ).fetchnumpy()
+        if len(positions) <= INDEX_LOOKUP_MAX and self._delta_scores is None:
+            keys = ", ".join(str(int(p)) for p in positions)
+            got = self.cur.execute(
+                f"SELECT position, score FROM {self.n.delta} WHERE position IN ({keys})"
+            ).fetchnumpy()
+            read = len(got["position"])
+        else:  # a long list: the delta's (position, score) once per snapshot, then numpy
+            if self._delta_scores is None:
+                everything = self.cur.execute(
+                    f"SELECT position, score FROM {self.n.delta} ORDER BY position"
+                ).fetchnumpy()
+                self._delta_scores = (
+                    np.asarray(everything["position"], dtype=np.int64),
+                    np.asarray(everything["score"], dtype=np.float64),
+                )
+                read = len(self._delta_scores[0])
+            else:
+                read = 0
+            held_positions, held_scores = self._delta_scores
+            where = np.searchsorted(held_positions, positions)
+            hit = where < len(held_positions)
+            hit[hit] = held_positions[where[hit]] == positions[hit]
+            got = {"position": positions[hit], "score": held_scores[where[hit]]}
         if self._runs is None:
             runs = self.cur.execute(
                 f"SELECT first_rank, score FROM {self.n.runs} ORDER BY first_rank"
@@ -385,7 +412,7 @@ class DeltaView:
         order = np.argsort(in_delta)
         where = np.searchsorted(in_delta[order], positions[held])
         scores[held] = np.asarray(got["score"], dtype=np.float64)[order][where]
-        return scores, len(in_delta)
+        return scores, read, int(np.count_nonzero(~held))
 
     def read_ids_query(self) -> str:
         """(id, score) of the current items whose ids are in the list parameter."""

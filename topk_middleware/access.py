@@ -118,9 +118,10 @@ class PositionScores(Protocol):
     small delta knows the score of a base position from its runs of tied scores). The ids of
     items whose rows were not read are read in one batch when they are released (`ids_of`)."""
 
-    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int] | None:
-        """(the scores at `positions`, how many rows were read to find them) in one round trip,
-        or None when the store would have to read the rows anyway."""
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+        """(the scores at `positions`, how many rows the store read, how many of the positions
+        it answered without reading their row) in one round trip, or None when the store would
+        have to read the rows anyway."""
         ...
 
 
@@ -360,11 +361,11 @@ class CountedAccess:
         got = self.source.read_position_scores(positions)  # type: ignore[attr-defined]
         if got is None:
             return False
-        scores, read = np.asarray(got[0], dtype=np.float64), int(got[1])
-        if len(scores) != len(positions) or not 0 <= read <= len(positions):
+        scores, read, inferred = np.asarray(got[0], dtype=np.float64), int(got[1]), int(got[2])
+        if len(scores) != len(positions) or read < 0 or not 0 <= inferred <= len(positions):
             raise AccessError(f"store returned {len(scores)} scores for {len(positions)} positions")
         self.stats.rows_fetched += read
-        self.stats.rows_inferred += len(positions) - read
+        self.stats.rows_inferred += inferred
         self.stats.round_trips += 1
         self._known.add(positions, scores)
         return True
