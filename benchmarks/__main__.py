@@ -80,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.plots, cfg.quiet = not args.no_plot, args.quiet
         if args.name:
             cfg.name = args.name
-        payload = freshness.run(cfg)
-        print(freshness.report(payload))
+        if args.fold_sweep:
+            payload = freshness.fold_sweep(cfg)
+            print(freshness.fold_report(payload))
+        else:
+            payload = freshness.run(cfg)
+            print(freshness.report(payload))
     else:
         payload = wallclock.profile(args)
         print(json.dumps({k: v for k, v in payload.items() if k != "text"}, indent=2))

@@ -5,7 +5,8 @@ For each store entry (`STORES`: DuckDB today; a store's live mode is another ent
 shuffled ids and prepares it, then:
 
 1. ``release_before``: private_top_k(method="threshold") on the freshly prepared table: today's
-   rank-table run, the reference of the "unchanged data" target;
+   rank-table run (with ``release_after_rebuild``, step 5, the reference of the "unchanged data"
+   target: the medians of both pooled);
 2. writes: 1% of the items, chosen at random, get their count moved up or down by 1 to 3 (never
    below 0), in one transaction;
 3. interleaved rep by rep: ``fresh_release`` (a): what the store needs to see the writes (DuckDB:
@@ -13,7 +14,9 @@ shuffled ids and prepares it, then:
    store's own one-shot query ``ORDER BY score - b*ln(-ln(random())) DESC LIMIT k`` on the
    written table (b the Gumbel scale of the release); ``release_unchanged``: a release with no
    write since the last refresh (DuckDB: the run reads the base and the pending delta);
-4. the parts of (a): the refresh alone and the release alone.
+4. the parts of (a): the refresh alone and the release alone;
+5. ``full_rebuild_seconds``: today's refresh, a full rebuild of the copy (`prepare(refresh=True,
+   full=True)`), then ``release_after_rebuild``: today's rank-table run on the new counts.
 
 Targets (issue 10): DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
 rank-table run.
@@ -79,6 +82,10 @@ class DuckDBEntry:
         )
         con.execute("COMMIT")
         return int(before)
+
+    def fold(self) -> None:
+        """Rebuild the rank-ordered copy by a full sort (today's refresh)."""
+        self.source.prepare(refresh=True, full=True)
 
     def refresh(self) -> dict[str, Any]:
         report = self.source.refresh()
@@ -184,6 +191,10 @@ def bench_table(cfg: FreshnessConfig, entry: Any, family: str, m: int, oracle: s
         seconds, result = _time(release)
         unchanged.append(seconds)
         accesses = {"total": result.accesses.total, "rows_fetched": result.accesses.rows_fetched}
+    # today's rank-table run on the new counts: rebuild the copy, then release
+    rebuild_seconds, _ = _time(entry.fold)
+    release()  # warm-up
+    after = [_time(release)[0] for _ in range(reps)]
     out = {
         "store": entry.name,
         "family": family,
@@ -197,6 +208,7 @@ def bench_table(cfg: FreshnessConfig, entry: Any, family: str, m: int, oracle: s
         "items_written": len(chosen),
         "rows_changed": changed_rows,
         "refresh": refresh_info,
+        "full_rebuild_seconds": rebuild_seconds,
         "oneshot_sql_query": (
             f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC "
             f"LIMIT {cfg.k}"
@@ -208,13 +220,15 @@ def bench_table(cfg: FreshnessConfig, entry: Any, family: str, m: int, oracle: s
             "release_part": _summary(release_parts),
             "oneshot_sql": _summary(sql),
             "release_unchanged": _summary(unchanged),
+            "release_after_rebuild": _summary(after),
         },
         "release_unchanged_accesses": accesses,
     }
     med = {name: v["median"] for name, v in out["methods"].items()}
     out["ratios"] = {
         "fresh_vs_oneshot_sql": med["fresh_release"] / med["oneshot_sql"],
-        "unchanged_vs_before": med["release_unchanged"] / med["release_before"],
+        # today's rank-table run: before the writes and after a full rebuild, pooled
+        "unchanged_vs_before": med["release_unchanged"] / statistics.median(before + after),
     }
     entry.drop(table)
     return out
@@ -276,6 +290,104 @@ def run(cfg: FreshnessConfig) -> dict[str, Any]:
     return payload
 
 
+# ----- the fold fraction ---------------------------------------------------------------------
+FOLD_SWEEP = (0.01, 0.02, 0.05, 0.1, 0.2)  # fractions of m changed since the base
+
+
+def fold_sweep(cfg: FreshnessConfig) -> dict[str, Any]:
+    """What a delta of a given size costs (refresh, and a release reading it) against a full
+    rebuild, to choose the fold fraction: for each size and family, writes reach each fraction
+    of FOLD_SWEEP in turn (distinct random items, cumulative; the delta never folds here)."""
+    from topk_middleware import private_top_k
+
+    oracle = common.best_oracle()
+    info = common.machine_info(None)
+    workdir = Path(tempfile.mkdtemp(prefix="topk_freshness_"))
+    results = []
+    try:
+        entry = DuckDBEntry(workdir)
+        try:
+            for m in cfg.ms:
+                for family in cfg.families:
+                    table = table_name(family, m)
+                    scores = common.family_scores(family, m, cfg.k)
+                    ids = common.shuffled_ids(m, seed=cfg.seed)
+                    entry.load(table, ids, scores)
+                    entry.prepare(table)
+                    entry.source.fold_fraction = 1.0
+                    seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
+
+                    def release(seeds: Any = seeds) -> Any:
+                        return private_top_k(
+                            entry.source,
+                            k=cfg.k,
+                            epsilon=cfg.epsilon,
+                            seed=next(seeds),
+                            oracle=oracle,
+                        )
+
+                    rng = np.random.default_rng(cfg.seed + m)
+                    order = rng.permutation(m)
+                    done = 0
+                    points = []
+                    for fraction in FOLD_SWEEP:
+                        upto = int(fraction * m)
+                        chunk = order[done:upto]
+                        steps = rng.integers(1, MAX_STEP + 1, len(chunk)) * rng.choice(
+                            [-1, 1], len(chunk)
+                        )
+                        entry.write(table, ids[chunk], steps)
+                        done = upto
+                        refresh = [_time(entry.refresh) for _ in range(2)]
+                        release()
+                        runs = [_time(release)[0] for _ in range(3)]
+                        points.append(
+                            {
+                                "items_written_fraction": fraction,
+                                "delta_rows": refresh[-1][1]["delta_rows"],
+                                "refresh_seconds": statistics.median(t for t, _ in refresh),
+                                "release_seconds": statistics.median(runs),
+                            }
+                        )
+                    rebuild, _ = _time(entry.fold)
+                    release()
+                    today = statistics.median(_time(release)[0] for _ in range(3))
+                    results.append(
+                        {
+                            "family": family,
+                            "m": m,
+                            "points": points,
+                            "full_rebuild_seconds": rebuild,
+                            "release_after_rebuild_seconds": today,
+                        }
+                    )
+                    entry.drop(table)
+        finally:
+            entry.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    payload = {"benchmark": "freshness_fold", "machine": info, "results": results}
+    path = common.write_json(cfg.out / f"{cfg.name}_fold.json", payload)
+    payload["files"] = [str(path)]
+    return payload
+
+
+def fold_report(payload: dict[str, Any]) -> str:
+    lines = [
+        "| data | m | written | delta rows | refresh | release | full rebuild | today's run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in payload["results"]:
+        for p in e["points"]:
+            lines.append(
+                f"| {e['family']} | {e['m']:.0e} | {p['items_written_fraction']:.0%} | "
+                f"{p['delta_rows']:,} | {_ms(p['refresh_seconds'])} | "
+                f"{_ms(p['release_seconds'])} | {_ms(e['full_rebuild_seconds'])} | "
+                f"{_ms(e['release_after_rebuild_seconds'])} |"
+            )
+    return "\n".join(lines)
+
+
 # ----- output --------------------------------------------------------------------------------
 def _ms(seconds: float) -> str:
     if seconds >= 1:
@@ -286,8 +398,9 @@ def _ms(seconds: float) -> str:
 def markdown_table(payload: dict[str, Any]) -> str:
     lines = [
         "| store | data | m | (a) refresh + release | refresh | release | (b) one-shot SQL | "
-        "(a)/(b) | release before writes | release unchanged | unchanged/before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "(a)/(b) | today's run (before / after rebuild) | release unchanged | unchanged/today | "
+        "full rebuild |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in payload["results"]:
         med = {name: v["median"] for name, v in e["methods"].items()}
@@ -295,8 +408,9 @@ def markdown_table(payload: dict[str, Any]) -> str:
             f"| {e['store']} | {e['family']} | {e['m']:.0e} | {_ms(med['fresh_release'])} | "
             f"{_ms(med['refresh_part'])} | {_ms(med['release_part'])} | "
             f"{_ms(med['oneshot_sql'])} | {e['ratios']['fresh_vs_oneshot_sql']:.2f}x | "
-            f"{_ms(med['release_before'])} | {_ms(med['release_unchanged'])} | "
-            f"{e['ratios']['unchanged_vs_before']:.2f}x |"
+            f"{_ms(med['release_before'])} / {_ms(med['release_after_rebuild'])} | "
+            f"{_ms(med['release_unchanged'])} | {e['ratios']['unchanged_vs_before']:.2f}x | "
+            f"{_ms(e['full_rebuild_seconds'])} |"
         )
     return "\n".join(lines)
 
@@ -357,6 +471,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=None, help="timed reps below 10^7 (5)")
     parser.add_argument("--reps-large", type=int, default=None, help="timed reps at 10^7 (3)")
+    parser.add_argument(
+        "--fold-sweep", action="store_true", help="delta size against a full rebuild (DuckDB)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> FreshnessConfig:
