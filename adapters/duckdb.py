@@ -10,6 +10,9 @@ column let a range `rank BETWEEN a AND b` (sorted access) skip every other row g
 sampled ranks (random access by rank, the positional index) is one query: an IN list served by an
 ART index on rank when it is short, one scan of the rank column when it is long. Runs read that
 copy, so a run sees the table as of the last `prepare()`; `prepare(refresh=True)` updates it.
+After writes, `refresh()` (what `prepare(refresh=True)` does once a copy exists) costs about one
+scan, not a sort: one pass finds the changed rows and keeps them in a small delta merged with the
+copy on read, folded into a new copy past `fold_fraction` of m (adapters/duckdb_delta.py).
 Without the copy every read is a full scan of the live table (correct, slow; `check()` says so).
 
 Every read of a run happens in one DuckDB transaction on a connection of its own (`snapshot()`):
@@ -142,6 +145,7 @@ class DuckDBTable:
         self.fold_fraction = FOLD_FRACTION
         self.last_refresh: RefreshReport | None = None
         self._delta_tables_seen = False  # the delta and skip tables were found (never dropped)
+        self._delta_sizes: tuple[int, int] | None = None  # (delta, skip) rows, from _counts()
         self._run: _Run | None = None
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         self._text_ids = self._check_columns()
@@ -424,20 +428,24 @@ class DuckDBTable:
     def _attach_delta(self, run: _Run) -> None:
         """Give the run a view of the delta if it is non-empty: then m counts it, positions are
         not ranks and there are no runs of tied scores (adapters/duckdb_delta.py)."""
-        if not self._delta_tables_seen:
+        sizes, self._delta_sizes = self._delta_sizes, None  # counted with m by _counts()
+        names = self._names()
+        if sizes is None:
             if not self._has_delta_layout(run.cursor):
                 return
             self._delta_tables_seen = True
-        names = self._names()
-        try:
-            delta, skip = run.cursor.execute(
-                f"SELECT (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip})"
-            ).fetchone()
-        except duckdb.CatalogException:
-            self._delta_tables_seen = False
-            raise AccessError(
-                f"the delta tables of {self.where} are gone: run prepare(refresh=True, full=True)"
-            ) from None
+            try:
+                sizes = run.cursor.execute(
+                    f"SELECT (SELECT count(*) FROM {names.delta}), "
+                    f"(SELECT count(*) FROM {names.skip})"
+                ).fetchone()
+            except duckdb.CatalogException:
+                self._delta_tables_seen = False
+                raise AccessError(
+                    f"the delta tables of {self.where} are gone: run "
+                    "prepare(refresh=True, full=True)"
+                ) from None
+        delta, skip = sizes
         if delta or skip:
             run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip), run.runs)
             run.m, run.runs = run.delta.m, None
@@ -538,7 +546,7 @@ class DuckDBTable:
         try:
             m, runs = self._counts(cursor, True)
         except duckdb.CatalogException:
-            self._seen_prepared = False
+            self._seen_prepared = self._delta_tables_seen = False
             cursor.execute("ROLLBACK")
             cursor.execute("BEGIN TRANSACTION READ ONLY")
             return None
@@ -559,7 +567,14 @@ class DuckDBTable:
     def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
         """m and the number of runs of tied scores (None without a runs table): one query."""
         runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        m, count = con.execute(f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}").fetchone()
+        pending = ""  # the delta's sizes in the same round trip, once its tables were seen
+        if self._delta_tables_seen:
+            names = self._names()
+            pending = f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip})"
+        m, count, *sizes = con.execute(
+            f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
+        ).fetchone()
+        self._delta_sizes = (int(sizes[0]), int(sizes[1])) if sizes else None
         return int(m), None if count is None else int(count)
 
     def _ranked_source(self, ranked: bool) -> str:

@@ -1,15 +1,17 @@
 """DuckDB refresh by delta: the rank-ordered copy as a *base*, the changed rows as a small *delta*.
 
 DuckDB has no index-ordered scan, so `DuckDBTable.prepare()` writes a rank-ordered copy of the
-table (the base) and a *shadow*: (user rowid, id, score, base rank) of every row, in the user
-table's rowid order. After writes, `DuckDBTable.refresh()` finds the changed rows in one pass:
-a POSITIONAL JOIN of the user table with the shadow (both scanned once, in lockstep; no sort, no
-hash join of m rows). Rows whose rowid, id and score all agree are unchanged; the few others are
-matched by id among themselves (a hash join of the mismatched rows only), which tells score
-changes, inserts and deletes apart. UPDATE keeps rowids, INSERT appends, so the mismatched rows
-are the changed ones; a DELETE shifts the alignment of every later row, which stays correct (they
-match by id and compare equal) but costs a hash join of those rows: when the mismatched rows pass
-the fold fraction, the refresh folds instead.
+table (the base) and, in the same transaction, a *shadow*: (id, score, base rank) of every row,
+in the user table's row order. After writes, `DuckDBTable.refresh()` finds the changed rows in
+one pass: a POSITIONAL JOIN of the user table with the shadow (both scanned once, in lockstep; no
+sort, no hash join of m rows). Rows whose id and score agree with the shadow row beside them are
+unchanged; the others (and shadow rows with no live row beside them) are matched by id among
+themselves (a hash join of the mismatched rows only), which tells score changes, inserts and
+deletes apart. UPDATE keeps a row in place and INSERT appends, so the mismatched rows are the
+changed ones. A DELETE shifts every later row against the shadow: still correct (those rows
+match by id and compare equal) but each costs a hash-join row, so once the mismatched rows pass
+the fold fraction the refresh folds instead. Only the mismatched rows are validated (the others
+were when the base was built): the errors of `validate()`, before anything is written.
 
 Positions (topk_middleware/access.py: what random access and sampling name) stay dense 0..m-1,
 as a function of the base and the table's current rows (the delta is recomputed from the base at
@@ -25,14 +27,20 @@ The *delta* table holds (seq, position, id, score) of every item not served by t
 stands (changed score, inserted, or moved), in canonical order (seq = its place there); the
 *skip* table holds the base ranks the base no longer serves (changed, deleted, moved), ascending.
 So m = |base| - |skip| + |delta|. Sorted access is the base minus the skipped ranks merged with
-the delta (`DeltaView.read_sorted`, a merge cursor); random access by position is the delta's
-position first, then the base rank. While the delta is non-empty positions are not ranks
-(`positions_are_ranks` False): no inference from tied neighbours, no runs of tied scores.
+the delta (`DeltaView.read_sorted`, a merge cursor over windows of both); random access by
+position is the delta's position first, then the base rank. While the delta is non-empty
+positions are not ranks (`positions_are_ranks` False: the core infers nothing from tied
+neighbours); the store still answers scores at positions without reading rows
+(`PositionScores`): a base position's score is that of its base rank, given by the base's runs of
+tied scores, and the delta's are read from the delta. Empty delta: the rank table as before.
 
-Folding: when the delta (or the skip list) passes `fold_fraction` of m, `refresh()` rebuilds the
-base (a full sort) and empties the delta. The default, 5%, is measured by
-`python -m benchmarks freshness` (see its JSON): a delta of that size adds a few milliseconds to a
-run, while a fold costs a full `prepare()`.
+Folding: when the delta (or the skip list, or the mismatched rows) passes `fold_fraction` of m
+(default FOLD_FRACTION = 5%), `refresh()` rebuilds the base by a full sort and empties the delta.
+Measured by `python -m benchmarks freshness --fold-sweep` (benchmarks/results/
+freshness_fold.json, m = 10^7): a refresh grows with the delta (it writes it) while a full
+rebuild costs several seconds, and a release reading a delta costs about the same from 1% to 20%;
+at 5% a refresh stays well under the rebuild and the first release after writes stays within
+about twice the store's one-shot query.
 """
 
 from __future__ import annotations
@@ -372,6 +380,8 @@ class DeltaView:
         RUNS_READ_MAX: count data has few distinct counts."""
         if not self.n.runs or self.base_runs is None or self.base_runs > RUNS_READ_MAX:
             return None
+        if len(positions) <= INDEX_LOOKUP_MAX and self._runs is None:
+            return None  # a short batch: its rows (with ids) cost one indexed query
         if len(positions) <= INDEX_LOOKUP_MAX and self._delta_scores is None:
             keys = ", ".join(str(int(p)) for p in positions)
             got = self.cur.execute(
