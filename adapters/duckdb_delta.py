@@ -351,9 +351,15 @@ class DeltaView:
         n = self.n
         keys = ", ".join(str(p) for p in wanted)
         if len(wanted) <= index_max:
-            base = f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN ({keys})"
-            delta = f"SELECT 1, position, id, score FROM {n.delta} WHERE position IN ({keys})"
-            got = self.cur.execute(f"{base} UNION ALL {delta}").fetchnumpy()
+            # two queries: inside a UNION the IN list would not be served by the rank index
+            base = self.cur.execute(
+                f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN ({keys})"
+            ).fetchnumpy()
+            delta = self.cur.execute(
+                f"SELECT 1 AS src, position AS rank, id, score FROM {n.delta} "
+                f"WHERE position IN ({keys})"
+            ).fetchnumpy()
+            got = {name: np.concatenate([base[name], delta[name]]) for name in base}
         else:
             got = self.cur.execute(
                 "WITH w AS (SELECT unnest(?::BIGINT[]) AS p) "
@@ -380,37 +386,42 @@ class DeltaView:
         RUNS_READ_MAX: count data has few distinct counts."""
         if not self.n.runs or self.base_runs is None or self.base_runs > RUNS_READ_MAX:
             return None
-        if len(positions) <= INDEX_LOOKUP_MAX and self._runs is None:
-            return None  # a short batch: its rows (with ids) cost one indexed query
-        if len(positions) <= INDEX_LOOKUP_MAX and self._delta_scores is None:
+        # one round trip: the delta's scores at a short list of positions (else the whole
+        # delta's, once per snapshot), with the base's runs the first time
+        short = len(positions) <= INDEX_LOOKUP_MAX and self._delta_scores is None
+        parts = []
+        if short:
             keys = ", ".join(str(int(p)) for p in positions)
-            got = self.cur.execute(
-                f"SELECT position, score FROM {self.n.delta} WHERE position IN ({keys})"
-            ).fetchnumpy()
-            read = len(got["position"])
-        else:  # a long list: the delta's (position, score) once per snapshot, then numpy
-            if self._delta_scores is None:
-                everything = self.cur.execute(
-                    f"SELECT position, score FROM {self.n.delta} ORDER BY position"
-                ).fetchnumpy()
-                self._delta_scores = (
-                    np.asarray(everything["position"], dtype=np.int64),
-                    np.asarray(everything["score"], dtype=np.float64),
-                )
-                read = len(self._delta_scores[0])
-            else:
-                read = 0
-            held_positions, held_scores = self._delta_scores
-            where = np.searchsorted(held_positions, positions)
-            hit = where < len(held_positions)
-            hit[hit] = held_positions[where[hit]] == positions[hit]
-            got = {"position": positions[hit], "score": held_scores[where[hit]]}
+            parts.append(
+                f"SELECT 1 AS src, position, score FROM {self.n.delta} WHERE position IN ({keys})"
+            )
+        elif self._delta_scores is None:
+            parts.append(f"SELECT 1 AS src, position, score FROM {self.n.delta}")
         if self._runs is None:
-            runs = self.cur.execute(
-                f"SELECT first_rank, score FROM {self.n.runs} ORDER BY first_rank"
-            ).fetchnumpy()
-            first = np.asarray(runs["first_rank"], dtype=np.int64)
-            self._runs = (first, np.asarray(runs["score"], dtype=np.float64))
+            parts.append(f"SELECT 0, first_rank, score FROM {self.n.runs}")
+        read = 0
+        if parts:
+            got = self.cur.execute(" UNION ALL ".join(parts)).fetchnumpy()
+            src = np.asarray(got["src"], dtype=np.int64)
+            where = np.asarray(got["position"], dtype=np.int64)
+            values = np.asarray(got["score"], dtype=np.float64)
+            read = len(src)
+            if self._runs is None:
+                runs = src == 0
+                order = np.argsort(where[runs])
+                self._runs = (where[runs][order], values[runs][order])
+            held_here = src == 1
+            if not short:
+                order = np.argsort(where[held_here])
+                self._delta_scores = (where[held_here][order], values[held_here][order])
+        if short:
+            got = {"position": where[held_here], "score": values[held_here]}
+        else:  # the whole delta is known: numpy
+            held_positions, held_scores = self._delta_scores  # type: ignore[misc]
+            at = np.searchsorted(held_positions, positions)
+            hit = at < len(held_positions)
+            hit[hit] = held_positions[at[hit]] == positions[hit]
+            got = {"position": positions[hit], "score": held_scores[at[hit]]}
         first, run_scores = self._runs
         in_delta = np.asarray(got["position"], dtype=np.int64)
         held = np.isin(positions, in_delta)
