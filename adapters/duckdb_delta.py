@@ -313,7 +313,8 @@ class DeltaView:
         n, c = self.n, self.n.collate
         first = self._base_next == 0 and self._delta_next == 0  # the first read: often short
         width = 2 * need + 16 if first else max(need, MERGE_WINDOW)
-        b0, b1 = self._base_next, min(self._base_next + width, self.m_base)
+        # a margin on the base side: its window also holds skipped ranks
+        b0, b1 = self._base_next, min(self._base_next + width + width // 8 + 16, self.m_base)
         d0, d1 = self._delta_next, min(self._delta_next + width, self.delta_rows)
         got = self.cur.execute(
             "SELECT src, position, id, score, skipped FROM ("
