@@ -419,7 +419,16 @@ class DuckDBTable:
         return int(found) == len(names)
 
     def _write_base_extras(self, con: duckdb.DuckDBPyConnection) -> None:
-        """With a new base, in its transaction: its shadow and an empty delta."""
+        """With a new base, in its transaction: its shadow and an empty delta. Only for a table
+        (a view has no row order to keep a shadow in: its refresh is a full rebuild)."""
+        is_table = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce($schema, current_schema())) "
+            "AND lower(table_name) = lower($table)",
+            {"schema": self.schema, "table": self.table},
+        ).fetchone()[0]
+        if not is_table:
+            return
         names = self._names()
         con.execute(shadow_sql(names))
         for statement in empty_delta_sql(names):

@@ -272,3 +272,32 @@ def test_a_run_keeps_its_snapshot_while_a_writer_refreshes() -> None:
     assert got == [w[0] for w in want_old]
     with source.snapshot():
         assert source.read_sorted(0, 2).ids.tolist() == [70, 123456]
+
+
+def test_a_view_refreshes_by_a_full_rebuild() -> None:
+    """A view has no row order to keep a shadow in: prepare() works and refresh() rebuilds."""
+    con = duckdb.connect()
+    make(con, 50, text=False)
+    con.execute(f'CREATE VIEW "counts view" AS SELECT * FROM {Q_TABLE}')
+    source = DuckDBTable(con, "counts view", id=ID_COLUMN, score=SCORE_COLUMN)
+    source.prepare()
+    con.execute(f"UPDATE {Q_TABLE} SET {Q_SCORE} = 500 WHERE {Q_ID} = 21")
+    assert source.refresh().kind == "build"
+    with source.snapshot():
+        assert source.read_sorted(0, 1).ids.tolist() == [21]
+
+
+def test_a_table_in_a_schema_refreshes_by_delta() -> None:
+    con = duckdb.connect()
+    con.execute('CREATE SCHEMA "My Schema"')
+    con.execute(
+        'CREATE TABLE "My Schema"."t" AS SELECT range AS id, range % 7 AS score FROM range(300)'
+    )
+    source = DuckDBTable(con, "t", schema="My Schema")
+    source.prepare()
+    con.execute('UPDATE "My Schema"."t" SET score = 99 WHERE id = 5')
+    con.execute('INSERT INTO "My Schema"."t" VALUES (1000, 50)')
+    assert source.refresh().kind == "delta"
+    with source.snapshot():
+        assert source.read_sorted(0, 2).ids.tolist() == [5, 1000]
+        assert source.domain_size() == 301
