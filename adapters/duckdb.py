@@ -10,6 +10,9 @@ column let a range `rank BETWEEN a AND b` (sorted access) skip every other row g
 sampled ranks (random access by rank, the positional index) is one query: an IN list served by an
 ART index on rank when it is short, one scan of the rank column when it is long. Runs read that
 copy, so a run sees the table as of the last `prepare()`; `prepare(refresh=True)` updates it.
+After writes, `refresh()` (what `prepare(refresh=True)` does once a copy exists) costs about one
+scan, not a sort: one pass finds the changed rows and keeps them in a small delta merged with the
+copy on read, folded into a new copy past `fold_fraction` of m (adapters/duckdb_delta.py).
 Without the copy every read is a full scan of the live table (correct, slow; `check()` says so).
 
 Every read of a run happens in one DuckDB transaction on a connection of its own (`snapshot()`):
@@ -29,7 +32,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import Rows
+from topk_middleware.access import AccessError, Rows
 
 from ._sql import (
     AccessCheck,
@@ -39,6 +42,15 @@ from ._sql import (
     raise_if_invalid,
     rank_table_name,
     scores_in_order,
+)
+from .duckdb_delta import (
+    FOLD_FRACTION,
+    DeltaNames,
+    DeltaRefresh,
+    DeltaView,
+    RefreshReport,
+    empty_delta_sql,
+    shadow_sql,
 )
 
 NUMERIC_TYPES = (
@@ -86,6 +98,7 @@ class _Run:
     m: int
     indexed: bool = False
     runs: int | None = None  # runs of tied scores in the runs table, if there is one
+    delta: DeltaView | None = None  # a non-empty delta over the base (adapters/duckdb_delta.py)
 
 
 class DuckDBTable:
@@ -116,6 +129,7 @@ class DuckDBTable:
         self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
         self.rank_table = rank_table or rank_table_name(table, id, score)
         prefix = "" if schema is None else quote_identifier(schema) + "."
+        self._prefix = prefix
         self._base = prefix + quote_identifier(table)
         self._ranks = prefix + quote_identifier(self.rank_table)
         self._rank_index = self.rank_table + "_rank"
@@ -124,6 +138,14 @@ class DuckDBTable:
         self._id = quote_identifier(id)
         self._score = quote_identifier(score)
         self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
+        # refresh by delta (adapters/duckdb_delta.py): the shadow, delta and skip tables
+        self.shadow_table = self.rank_table + "_shadow"
+        self.delta_table = self.rank_table + "_delta"
+        self.skip_table = self.rank_table + "_skip"
+        self.fold_fraction = FOLD_FRACTION
+        self.last_refresh: RefreshReport | None = None
+        self._delta_tables_seen = False  # the delta and skip tables were found (never dropped)
+        self._delta_sizes: tuple[int, int] | None = None  # (delta, skip) rows, from _counts()
         self._run: _Run | None = None
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         self._text_ids = self._check_columns()
@@ -281,10 +303,12 @@ class DuckDBTable:
         when there is none). One full scan of the table, joined on (id, score)."""
         if not self.has_rank_table():
             return True
+        delta = self._state().delta
+        current = self._ranks if delta is None else delta.relation()
         unmatched, live, ranked = self._con.execute(
             f"SELECT count(*) FILTER (WHERE r.id IS NULL), (SELECT count(*) FROM {self._base}), "
-            f"(SELECT count(*) FROM {self._ranks}) FROM {self._base} AS b "
-            f"LEFT JOIN {self._ranks} AS r ON r.id{self._collate} = b.{self._id}{self._collate} "
+            f"(SELECT count(*) FROM {current}) FROM {self._base} AS b "
+            f"LEFT JOIN {current} AS r ON r.id{self._collate} = b.{self._id}{self._collate} "
             f"AND r.score = b.{self._score}::DOUBLE"
         ).fetchone()
         return bool(unmatched or live != ranked)
@@ -336,14 +360,20 @@ class DuckDBTable:
         )
 
     # ----- preparation --------------------------------------------------------------------------
-    def prepare(self, refresh: bool = False) -> None:
-        """Create the rank-ordered copy (rank, id, score) if it is missing (or rebuild it).
+    def prepare(self, refresh: bool = False, *, full: bool = False) -> None:
+        """Create the rank-ordered copy (rank, id, score) if it is missing (or bring it up to date).
 
-        Idempotent: without `refresh`, an existing copy is kept. The table is validated first;
-        the copy is written in one transaction, so a run reading the old copy is not disturbed.
+        Idempotent: without `refresh`, an existing copy is kept. With `refresh`, an existing copy
+        is brought up to date by `refresh()`: one pass over the table and a small delta, folded
+        into a new copy past `fold_fraction` of m (adapters/duckdb_delta.py); `full=True`
+        rebuilds the copy by a full sort instead. The table is validated first; the copy is
+        written in one transaction, so a run reading the old copy is not disturbed.
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
+        if refresh and not full and self._has_delta_layout():
+            self.refresh()
+            return
         self._seen_prepared = False
         ranked, indexed, with_runs = self._catalog()
         build = refresh or not ranked
@@ -367,12 +397,134 @@ class DuckDBTable:
                     f"CREATE OR REPLACE TABLE {self._runs} AS SELECT min(rank) AS first_rank, "
                     f"score FROM {self._ranks} GROUP BY score ORDER BY first_rank"
                 )
+            if build:
+                self._write_base_extras(con)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
         finally:
             con.close()
+
+    # ----- refresh by delta (adapters/duckdb_delta.py) ------------------------------------------
+    def _names(self) -> DeltaNames:
+        q = self._prefix
+        return DeltaNames(
+            base=self._ranks,
+            shadow=q + quote_identifier(self.shadow_table),
+            delta=q + quote_identifier(self.delta_table),
+            skip=q + quote_identifier(self.skip_table),
+            table=self._base,
+            id=self._id,
+            score=self._score,
+            collate=self._collate,
+            runs=self._runs,
+        )
+
+    def _has_delta_layout(self, cursor: duckdb.DuckDBPyConnection | None = None) -> bool:
+        """Whether the rank table, its shadow and the delta and skip tables all exist (one
+        catalog lookup, which cannot abort a transaction)."""
+        con = cursor or self._con
+        names = [self.rank_table, self.shadow_table, self.delta_table, self.skip_table]
+        found = con.execute(
+            "SELECT count(DISTINCT lower(table_name)) FROM duckdb_tables() "
+            "WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce($schema, current_schema())) "
+            "AND lower(table_name) IN (SELECT lower(unnest($names)))",
+            {"schema": self.schema, "names": names},
+        ).fetchone()[0]
+        return int(found) == len(names)
+
+    def _write_base_extras(self, con: duckdb.DuckDBPyConnection) -> None:
+        """With a new base, in its transaction: its shadow and an empty delta. Only for a table
+        (a view has no row order to keep a shadow in: its refresh is a full rebuild)."""
+        is_table = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce($schema, current_schema())) "
+            "AND lower(table_name) = lower($table)",
+            {"schema": self.schema, "table": self.table},
+        ).fetchone()[0]
+        if not is_table:
+            return
+        names = self._names()
+        con.execute(shadow_sql(names))
+        for statement in empty_delta_sql(names):
+            con.execute(statement)
+
+    def _attach_delta(self, run: _Run) -> None:
+        """Give the run a view of the delta if it is non-empty: then m counts it, positions are
+        not ranks and there are no runs of tied scores (adapters/duckdb_delta.py)."""
+        sizes, self._delta_sizes = self._delta_sizes, None  # counted with m by _counts()
+        names = self._names()
+        if sizes is None:
+            if not self._has_delta_layout(run.cursor):
+                return
+            self._delta_tables_seen = True
+            try:
+                sizes = run.cursor.execute(
+                    f"SELECT (SELECT count(*) FROM {names.delta}), "
+                    f"(SELECT count(*) FROM {names.skip})"
+                ).fetchone()
+            except duckdb.CatalogException:
+                self._delta_tables_seen = False
+                raise AccessError(
+                    f"the delta tables of {self.where} are gone: run "
+                    "prepare(refresh=True, full=True)"
+                ) from None
+        delta, skip = sizes
+        if delta or skip:
+            run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip), run.runs)
+            run.m, run.runs = run.delta.m, None
+
+    @property
+    def positions_are_ranks(self) -> bool:
+        """False while a delta is pending: positions are then base ranks, moved and appended
+        (adapters/duckdb_delta.py), not ranks of the canonical order."""
+        return self._state().delta is None
+
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+        """PositionScores: while a delta is pending, scores at positions without their rows
+        (the delta's, else the base's runs of tied scores); None otherwise (read the rows)."""
+        delta = self._state().delta
+        if delta is None:
+            return None
+        return delta.read_position_scores(np.asarray(positions, dtype=np.int64))
+
+    def refresh(self) -> RefreshReport:
+        """Bring the copy up to date after writes to the table, at about the cost of one scan.
+
+        One pass over the table finds the changed rows (score changed, inserted, deleted) and
+        writes them into a small delta, merged with the base on read; past `fold_fraction` of m
+        (default 5%) the delta is folded into a new base by a full rebuild instead. Without a
+        base (or with one built before deltas existed) this is a full build. One transaction:
+        runs in progress keep their snapshot. Returns what was done (also `last_refresh`).
+        """
+        if self._run is not None:
+            raise RuntimeError("refresh() cannot run inside snapshot()")
+        if not self._has_delta_layout():
+            self.prepare(refresh=True, full=True)
+            self.last_refresh = RefreshReport("build", m=self.domain_size())
+            return self.last_refresh
+        con = self._con.cursor()
+        job = DeltaRefresh(con, self._names(), self.where)
+        try:
+            con.execute("BEGIN TRANSACTION")
+            keep = job.find_changes(self.fold_fraction)
+            if keep:
+                job.write_delta()
+            con.execute("COMMIT" if keep else "ROLLBACK")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+        if not keep:
+            self.prepare(refresh=True, full=True)
+            job.report.kind = "fold"
+            job.report.delta_rows = job.report.skip_rows = 0
+            job.report.m = self.domain_size()
+        self.last_refresh = job.report
+        return job.report
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
@@ -401,6 +553,8 @@ class DuckDBTable:
                     )
                     m, runs = self.validate(cursor), None
             self._run = _Run(cursor, ranked, m, indexed, runs)
+            if ranked:
+                self._attach_delta(self._run)
             try:
                 yield
             finally:
@@ -418,7 +572,7 @@ class DuckDBTable:
         try:
             m, runs = self._counts(cursor, True)
         except duckdb.CatalogException:
-            self._seen_prepared = False
+            self._seen_prepared = self._delta_tables_seen = False
             cursor.execute("ROLLBACK")
             cursor.execute("BEGIN TRANSACTION READ ONLY")
             return None
@@ -432,12 +586,21 @@ class DuckDBTable:
         if not ranked:
             return _Run(self._con, ranked, self.validate(), indexed)
         m, runs = self._counts(self._con, with_runs)
-        return _Run(self._con, ranked, m, indexed, runs)
+        run = _Run(self._con, ranked, m, indexed, runs)
+        self._attach_delta(run)
+        return run
 
     def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
         """m and the number of runs of tied scores (None without a runs table): one query."""
         runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        m, count = con.execute(f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}").fetchone()
+        pending = ""  # the delta's sizes in the same round trip, once its tables were seen
+        if self._delta_tables_seen:
+            names = self._names()
+            pending = f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip})"
+        m, count, *sizes = con.execute(
+            f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
+        ).fetchone()
+        self._delta_sizes = (int(sizes[0]), int(sizes[1])) if sizes else None
         return int(m), None if count is None else int(count)
 
     def _ranked_source(self, ranked: bool) -> str:
@@ -454,6 +617,8 @@ class DuckDBTable:
 
     def read_sorted(self, start: int, count: int) -> Rows:
         run = self._state()
+        if run.delta is not None:
+            return run.delta.read_sorted(start, count)
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return _rows({"rank": [], "id": [], "score": []})
@@ -497,6 +662,8 @@ class DuckDBTable:
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:
             return _rows({"rank": [], "id": [], "score": []})
+        if run.delta is not None:
+            return run.delta.read_positions(wanted, INDEX_LOOKUP_MAX if run.indexed else 0)
         source = self._ranked_source(run.ranked)
         if run.indexed and len(wanted) <= INDEX_LOOKUP_MAX:
             # The ART index on rank serves an IN list of constants key by key (about 25 us a key
@@ -515,6 +682,9 @@ class DuckDBTable:
         wanted = plain_values(ids)
         if not wanted:
             return np.empty(0, dtype=np.float64)
+        if run.delta is not None:
+            found = dict(run.cursor.execute(run.delta.read_ids_query(), {"ids": wanted}).fetchall())
+            return scores_in_order(found, wanted, self.where)
         source = self._ranks if run.ranked else self._base
         id_col, score_col = ("id", "score") if run.ranked else (self._id, self._score)
         query = (

@@ -3,6 +3,7 @@
     python -m benchmarks access [--quick] [--runs N] [--max-m M] ...   accesses vs the bounds
     python -m benchmarks wallclock [--quick] [--stores duckdb postgres] ...   real stores
     python -m benchmarks profile [--store duckdb] [--family plateau] ...   where the time goes
+    python -m benchmarks freshness [--quick] [--stores duckdb] ...   the first release after writes
 
 Results (JSON, PNG) go to benchmarks/results/ unless --out says otherwise.
 """
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import access, wallclock
+    from . import access, freshness, wallclock
 
     p_access = sub.add_parser("access", help="access cost against sqrt(mk) and Theorem 4.2")
     _common_arguments(p_access)
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     p_prof = sub.add_parser("profile", help="profile one threshold run on a store (pyinstrument)")
     _common_arguments(p_prof)
     wallclock.add_profile_arguments(p_prof)
+
+    p_fresh = sub.add_parser("freshness", help="refresh + release after 1% writes vs SQL")
+    _common_arguments(p_fresh)
+    freshness.add_arguments(p_fresh)
 
     args = parser.parse_args(argv)
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -69,6 +74,18 @@ def main(argv: list[str] | None = None) -> int:
             cfg.name = args.name
         payload = wallclock.run(cfg)
         print(wallclock.report(payload))
+    elif args.command == "freshness":
+        cfg = freshness.config_from_args(args)
+        cfg.seed, cfg.out = args.seed, args.out
+        cfg.plots, cfg.quiet = not args.no_plot, args.quiet
+        if args.name:
+            cfg.name = args.name
+        if args.fold_sweep:
+            payload = freshness.fold_sweep(cfg)
+            print(freshness.fold_report(payload))
+        else:
+            payload = freshness.run(cfg)
+            print(freshness.report(payload))
     else:
         payload = wallclock.profile(args)
         print(json.dumps({k: v for k, v in payload.items() if k != "text"}, indent=2))

@@ -211,3 +211,50 @@ def test_sorted_reads_read_ahead_as_far_as_the_store_asks() -> None:
         b = private_top_k(ahead, 5, 1.0, seed=seed).accesses
         assert (a.sorted, a.random) == (b.sorted, b.random)
         assert b.round_trips <= a.round_trips
+
+
+class ScoresWithoutRows(CountingSource):
+    """ArraySource(positions="input") that also tells scores at positions without rows
+    (PositionScores), counting those answers independently."""
+
+    positions_are_ranks = False
+
+    def __init__(self, inner: ArraySource, wrong: bool = False) -> None:
+        super().__init__(inner)
+        self.scored = 0
+        self.wrong = wrong
+
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int]:
+        self.scored += len(positions)
+        scores = self.inner.read_positions(positions).scores
+        return (scores[:-1] if self.wrong else scores), 0, len(positions)
+
+
+def test_scores_without_rows_change_no_answer_and_ids_are_read_at_release() -> None:
+    """A store whose positions are not ranks and that tells scores without rows gives the same
+    answers and sorted / random access counts as when it reads the rows; its answers are counted
+    as inferred, and the released items' rows (ids) are read in one batch at the end."""
+    m = 5000
+    scores = tied_counts(m, seed=3)
+    ids = np.array([f"id{i}" for i in range(m)], dtype=object)
+    for seed in range(8):
+        plain = CountingSource(ArraySource(scores, ids, positions="input"))
+        plain.positions_are_ranks = False
+        told = ScoresWithoutRows(ArraySource(scores, ids, positions="input"))
+        want = private_top_k(plain, k=5, epsilon=0.5, seed=seed)
+        got = private_top_k(told, k=5, epsilon=0.5, seed=seed)
+        assert got.items == want.items
+        assert (got.accesses.sorted, got.accesses.random) == (
+            want.accesses.sorted,
+            want.accesses.random,
+        )
+        assert got.accesses.rows_inferred == told.scored > 0
+        assert told.rank_rows <= 5  # only the released items' rows, never the sampled ones
+        assert got.accesses.rows_fetched == told.rows
+
+
+def test_scores_without_rows_of_the_wrong_length_are_refused() -> None:
+    source = ScoresWithoutRows(ArraySource(tied_counts(100), positions="input"), wrong=True)
+    access = CountedAccess(source)
+    with pytest.raises(AccessError, match="scores for"):
+        access.fetch_positions(np.array([3, 50, 70]))

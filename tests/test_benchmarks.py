@@ -159,3 +159,27 @@ def test_wallclock_harness_on_duckdb_and_postgres(tmp_path: Path) -> None:
     with psycopg.connect(PG_DSN) as con:
         left = con.execute("SELECT to_regclass('topk_bench_zipf_1000')").fetchone()[0]
     assert left is None
+
+
+def test_freshness_harness_on_duckdb(tmp_path: Path) -> None:
+    """The freshness benchmark: after 1% writes, a delta refresh (one read of the table) and a
+    release, the SQL one-shot, and today's run; ratios are those of the medians."""
+    out = tmp_path / "fresh"
+    main(
+        ["freshness", "--out", str(out), "--name", "tiny", "--quiet", "--m", "2000", "--reps", "2"]
+    )
+    payload = json.loads((out / "tiny.json").read_text())
+    entries = payload["results"]
+    assert {(e["store"], e["family"]) for e in entries} == {
+        ("duckdb", "zipf"),
+        ("duckdb", "plateau"),
+    }
+    for e in entries:
+        assert e["items_written"] == 20 and 0 < e["rows_changed"] <= 20
+        assert e["refresh"]["kind"] == "delta" and e["refresh"]["table_reads"] == 1
+        assert e["refresh"]["changed"] == e["rows_changed"]
+        med = {name: v["median"] for name, v in e["methods"].items()}
+        assert all(len(v["seconds"]) == 2 for v in e["methods"].values())
+        ratio = e["ratios"]["fresh_vs_oneshot_sql"]
+        assert ratio == pytest.approx(med["fresh_release"] / med["oneshot_sql"])
+    assert (out / "tiny.png").read_bytes()[:4] == b"\x89PNG"

@@ -111,6 +111,20 @@ class ScoreRuns(Protocol):
         ...
 
 
+@runtime_checkable
+class PositionScores(Protocol):
+    """Optional, for a store whose positions are not ranks: scores at positions without their
+    rows, where the store can tell them cheaper than it reads the rows (a rank-ordered base with a
+    small delta knows the score of a base position from its runs of tied scores). The ids of
+    items whose rows were not read are read in one batch when they are released (`ids_of`)."""
+
+    def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+        """(the scores at `positions`, how many rows the store read, how many of the positions
+        it answered without reading their row) in one round trip, or None when the store would
+        have to read the rows anyway."""
+        ...
+
+
 @dataclass
 class AccessStats:
     """What one mechanism run cost.
@@ -225,6 +239,7 @@ class CountedAccess:
             if self.ranked and isinstance(self.source, ScoreRuns)
             else None
         )
+        self._position_scores = not self.ranked and isinstance(self.source, PositionScores)
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
@@ -319,7 +334,8 @@ class CountedAccess:
         if not len(wanted):
             return
         if not self.ranked:
-            self._read_positions(wanted)
+            if not (self._position_scores and self._read_position_scores(wanted)):
+                self._read_positions(wanted)
             return
         inferred, scores = self._infer(wanted)
         read = wanted[~inferred]
@@ -338,6 +354,21 @@ class CountedAccess:
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
         self._count_fetch(rows)
         self._remember(self._checked_positions(rows), rows.ids, rows.scores)
+
+    def _read_position_scores(self, positions: np.ndarray) -> bool:
+        """Scores without rows from a `PositionScores` store; False if it declines. Scores it
+        found without reading a row are counted as inferred."""
+        got = self.source.read_position_scores(positions)  # type: ignore[attr-defined]
+        if got is None:
+            return False
+        scores, read, inferred = np.asarray(got[0], dtype=np.float64), int(got[1]), int(got[2])
+        if len(scores) != len(positions) or read < 0 or not 0 <= inferred <= len(positions):
+            raise AccessError(f"store returned {len(scores)} scores for {len(positions)} positions")
+        self.stats.rows_fetched += read
+        self.stats.rows_inferred += inferred
+        self.stats.round_trips += 1
+        self._known.add(positions, scores)
+        return True
 
     def _infer(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mask, scores) of the ranks (beyond the prefix, not known) whose score is fixed: by the
@@ -495,27 +526,35 @@ class CountedAccess:
                 self._ids_by_position.update(
                     zip(prefix[depths].tolist(), self._prefix.ids[depths].tolist(), strict=True)
                 )
-            if any(p not in self._ids_by_position for p in positions):
-                raise AccessError("an id was asked for at a position that was never read")
+            unread = sorted({p for p in positions if p not in self._ids_by_position})
+            if unread:  # scores known without rows (PositionScores): read the rows now
+                if not all(self.is_fetched(p) for p in unread):
+                    raise AccessError("an id was asked for at a position that was never read")
+                self._read_ids_of(np.asarray(unread, dtype=np.int64))
             return [_plain(self._ids_by_position[p]) for p in positions]
         fetched = self.prefix_fetched
         missing = sorted({r for r in positions if r >= fetched and r not in self._ids_by_position})
         if missing:
             if not all(self.is_fetched(r) for r in missing):
                 raise AccessError("an id was asked for at a rank whose score is not known")
-            rows = self.source.read_positions(np.asarray(missing, dtype=np.int64))
-            if len(rows) != len(missing):
-                raise AccessError(f"store returned {len(rows)} rows for {len(missing)} ranks")
-            expected = self.scores_at(np.asarray(rows.positions, dtype=np.int64))
-            if not np.array_equal(expected, np.asarray(rows.scores, dtype=np.float64)):
-                raise AccessError("a row changed score during the run: the snapshot is broken")
-            self._count_fetch(rows)
-            got = np.asarray(rows.positions).tolist()
-            self._ids_by_position.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
+            self._read_ids_of(np.asarray(missing, dtype=np.int64))
         prefix_ids = self._prefix.ids
         return [
             _plain(prefix_ids[r] if r < fetched else self._ids_by_position[r]) for r in positions
         ]
+
+    def _read_ids_of(self, positions: np.ndarray) -> None:
+        """Read the rows at positions whose scores are known but whose ids were never read, in
+        one batch, checking that the scores agree."""
+        rows = self.source.read_positions(positions)
+        if len(rows) != len(positions):
+            raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
+        expected = self.scores_at(np.asarray(rows.positions, dtype=np.int64))
+        if not np.array_equal(expected, np.asarray(rows.scores, dtype=np.float64)):
+            raise AccessError("a row changed score during the run: the snapshot is broken")
+        self._count_fetch(rows)
+        got = np.asarray(rows.positions).tolist()
+        self._ids_by_position.update(zip(got, np.asarray(rows.ids).tolist(), strict=True))
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,502 @@
+"""Freshness benchmark: the first private release after writes to the counts, against the SQL query.
+
+For each store entry (`STORES`: DuckDB today; a store's live mode is another entry), each m
+(10^6, 10^7) and each family (zipf, plateau) it loads a table (id BIGINT, score BIGINT) with
+shuffled ids and prepares it, then:
+
+1. ``release_before``: private_top_k(method="threshold") on the freshly prepared table (today's
+   rank-table run, before any write);
+2. writes: 1% of the items, chosen at random, get their count moved up or down by 1 to 3 (never
+   below 0), in one transaction; then today's path on the new counts is built beside (a second
+   rank-ordered copy by a full sort: ``full_rebuild_seconds``);
+3. interleaved rep by rep: ``fresh_release`` (a): what the store needs to see the writes (DuckDB:
+   `refresh()`, the delta refresh) plus the release, end to end; ``oneshot_sql`` (b): the
+   store's own one-shot query ``ORDER BY score - b*ln(-ln(random())) DESC LIMIT k`` on the
+   written table (b the Gumbel scale of the release); ``release_unchanged``: a release with no
+   write since the last refresh (DuckDB: the run reads the base and the pending delta);
+   ``release_today``: today's rank-table run on the same counts (the second copy);
+4. the parts of (a): the refresh alone and the release alone.
+
+Targets (issue 10): DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
+rank-table run (release_unchanged / release_today, interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import common
+from .wallclock import DuckDBStore, gumbel_scale, table_name
+
+CHANGED_FRACTION = 0.01  # of the items, written between the preparation and the fresh release
+MAX_STEP = 3  # each written count moves by 1..MAX_STEP, up or down
+TARGET_M = 10**7
+TARGET_FRESH_VS_SQL = 2.0  # (a) / (b) at most
+TARGET_UNCHANGED_VS_TODAY = 1.5  # release_unchanged / release_today at most
+
+
+# ----- store entries -------------------------------------------------------------------------
+class DuckDBEntry:
+    """DuckDB: a rank-ordered base, a refresh by delta after writes (adapters/duckdb_delta.py)."""
+
+    name = "duckdb"
+
+    def __init__(self, workdir: Path) -> None:
+        self.store = DuckDBStore(workdir / "freshness.duckdb")
+        self.source: Any = None
+        self.reference: Any = None
+
+    def version(self) -> str:
+        return self.store.version()
+
+    def load(self, table: str, ids: np.ndarray, scores: np.ndarray) -> None:
+        self.store.load(table, ids, scores)
+
+    def prepare(self, table: str) -> None:
+        self.source = self.store.source(table)
+        self.source.prepare(refresh=True, full=True)
+
+    def write(self, table: str, ids: np.ndarray, steps: np.ndarray) -> int:
+        """Move the counts of `ids` by `steps` (never below 0) in one transaction; returns how
+        many rows changed."""
+        con = self.store.con
+        changes = {"id": ids, "step": steps}  # noqa: F841 (scanned by name)
+        con.execute("BEGIN TRANSACTION")
+        before = con.execute(
+            f"SELECT count(*) FROM {table} AS t JOIN changes AS c ON t.id = c.id "
+            "WHERE greatest(t.score + c.step, 0) <> t.score"
+        ).fetchone()[0]
+        con.execute(
+            f"UPDATE {table} SET score = greatest({table}.score + c.step, 0) FROM changes AS c "
+            f"WHERE {table}.id = c.id"
+        )
+        con.execute("COMMIT")
+        return int(before)
+
+    def fold(self) -> None:
+        """Rebuild the rank-ordered copy by a full sort (today's refresh)."""
+        self.source.prepare(refresh=True, full=True)
+
+    def prepare_reference(self, table: str) -> None:
+        """Today's path on the current counts, to compare with: a second rank-ordered copy of
+        the table, built by a full sort (`self.reference`)."""
+        from adapters.duckdb import DuckDBTable
+
+        self.reference = DuckDBTable(self.store.con, table, rank_table=f"{table}_today_rank")
+        self.reference.prepare(refresh=True, full=True)
+
+    def refresh(self) -> dict[str, Any]:
+        report = self.source.refresh()
+        return {
+            "kind": report.kind,
+            "changed": report.changed,
+            "delta_rows": report.delta_rows,
+            "skip_rows": report.skip_rows,
+            "mismatched_rows": report.mismatched_rows,
+            "table_reads": report.table_reads,
+        }
+
+    def oneshot_sql(self, table: str, k: int, scale: float) -> Callable[[], list[Any]]:
+        return self.store.oneshot_sql(table, k, scale)
+
+    def drop(self, table: str) -> None:
+        self.store.con.execute(f"DROP TABLE IF EXISTS {table}")
+        for source in (self.source, self.reference):
+            if source is not None:
+                for name in ("rank_table", "runs_table", "shadow_table", "delta_table"):
+                    self.store.con.execute(f'DROP TABLE IF EXISTS "{getattr(source, name)}"')
+                self.store.con.execute(f'DROP TABLE IF EXISTS "{source.skip_table}"')
+        self.source = self.reference = None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+STORES: dict[str, Callable[[Path], Any]] = {"duckdb": DuckDBEntry}
+
+
+# ----- the benchmark -------------------------------------------------------------------------
+@dataclass
+class FreshnessConfig:
+    stores: tuple[str, ...] = ("duckdb",)
+    ms: tuple[int, ...] = (10**6, 10**7)
+    families: tuple[str, ...] = ("zipf", "plateau")
+    k: int = 10
+    epsilon: float = 1.0
+    reps: int = 5
+    reps_large: int = 3  # at m >= 10^7
+    seed: int = 0
+    out: Path = common.RESULTS_DIR
+    name: str = "freshness"
+    plots: bool = True
+    quiet: bool = False
+
+
+def _time(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {"seconds": values, "median": statistics.median(values), "min": min(values)}
+
+
+def bench_table(cfg: FreshnessConfig, entry: Any, family: str, m: int, oracle: str) -> dict:
+    from topk_middleware import private_top_k
+
+    table = table_name(family, m)
+    scores = common.family_scores(family, m, cfg.k)
+    ids = common.shuffled_ids(m, seed=cfg.seed)
+    start = time.perf_counter()
+    entry.load(table, ids, scores)
+    load_seconds = time.perf_counter() - start
+    prepare_seconds, _ = _time(lambda: entry.prepare(table))
+    scale = gumbel_scale(cfg.k, cfg.epsilon, m)
+    reps = cfg.reps_large if m >= 10**7 else cfg.reps
+    seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
+
+    def release(source: Any = None) -> Any:
+        return private_top_k(
+            source or entry.source, k=cfg.k, epsilon=cfg.epsilon, seed=next(seeds), oracle=oracle
+        )
+
+    release()  # warm-up
+    before = [_time(release)[0] for _ in range(reps)]
+    rng = np.random.default_rng(cfg.seed + m)
+    chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
+    steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice([-1, 1], len(chosen))
+    written = ids[chosen]
+    del scores, ids
+    write_seconds, changed_rows = _time(lambda: entry.write(table, written, steps))
+    rebuild_seconds, _ = _time(lambda: entry.prepare_reference(table))
+    release(entry.reference)  # warm-up
+    oneshot = entry.oneshot_sql(table, cfg.k, scale)
+    oneshot()  # warm-up
+    fresh: list[float] = []
+    refresh_parts: list[float] = []
+    release_parts: list[float] = []
+    sql: list[float] = []
+    unchanged: list[float] = []
+    today: list[float] = []
+    refresh_info: dict[str, Any] = {}
+    accesses: dict[str, Any] = {}
+    for _ in range(reps):
+        start = time.perf_counter()
+        refresh_info = entry.refresh()
+        middle = time.perf_counter()
+        result = release()
+        end = time.perf_counter()
+        fresh.append(end - start)
+        refresh_parts.append(middle - start)
+        release_parts.append(end - middle)
+        sql.append(_time(oneshot)[0])
+        seconds, result = _time(release)
+        unchanged.append(seconds)
+        accesses = {"total": result.accesses.total, "rows_fetched": result.accesses.rows_fetched}
+        today.append(_time(lambda: release(entry.reference))[0])
+    out = {
+        "store": entry.name,
+        "family": family,
+        "m": m,
+        "k": cfg.k,
+        "epsilon": cfg.epsilon,
+        "reps": reps,
+        "load_seconds": load_seconds,
+        "prepare_seconds": prepare_seconds,
+        "write_seconds": write_seconds,
+        "items_written": len(chosen),
+        "rows_changed": changed_rows,
+        "refresh": refresh_info,
+        "full_rebuild_seconds": rebuild_seconds,
+        "oneshot_sql_query": (
+            f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC "
+            f"LIMIT {cfg.k}"
+        ),
+        "methods": {
+            "release_before": _summary(before),
+            "fresh_release": _summary(fresh),
+            "refresh_part": _summary(refresh_parts),
+            "release_part": _summary(release_parts),
+            "oneshot_sql": _summary(sql),
+            "release_unchanged": _summary(unchanged),
+            "release_today": _summary(today),
+        },
+        "release_unchanged_accesses": accesses,
+    }
+    med = {name: v["median"] for name, v in out["methods"].items()}
+    out["ratios"] = {
+        "fresh_vs_oneshot_sql": med["fresh_release"] / med["oneshot_sql"],
+        "unchanged_vs_today": med["release_unchanged"] / med["release_today"],
+    }
+    entry.drop(table)
+    return out
+
+
+def run(cfg: FreshnessConfig) -> dict[str, Any]:
+    """Every store entry, size and family; writes <out>/<name>.json and a PNG."""
+    oracle = common.best_oracle()
+    info = common.machine_info(None)
+    workdir = Path(tempfile.mkdtemp(prefix="topk_freshness_"))
+    started = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    versions: dict[str, str] = {}
+    try:
+        for store in cfg.stores:
+            entry = STORES[store](workdir)
+            versions[store] = entry.version()
+            try:
+                plan = [(f, m) for m in cfg.ms for f in cfg.families]
+                for family, m in common.progress(plan, desc=store, quiet=cfg.quiet):
+                    results.append(bench_table(cfg, entry, family, m, oracle))
+            finally:
+                entry.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    targets = []
+    for e in results:
+        if e["m"] != TARGET_M:
+            continue
+        r = e["ratios"]
+        targets.append(
+            {
+                "store": e["store"],
+                "family": e["family"],
+                "fresh_vs_oneshot_sql": r["fresh_vs_oneshot_sql"],
+                "fresh_met": r["fresh_vs_oneshot_sql"] <= TARGET_FRESH_VS_SQL,
+                "unchanged_vs_today": r["unchanged_vs_today"],
+                "unchanged_met": r["unchanged_vs_today"] <= TARGET_UNCHANGED_VS_TODAY,
+            }
+        )
+    payload = {
+        "benchmark": "freshness",
+        "machine": {**info, "store_versions": versions},
+        "config": {
+            **{k: v for k, v in asdict(cfg).items() if k != "out"},
+            "oracle": oracle,
+            "changed_fraction": CHANGED_FRACTION,
+            "max_step": MAX_STEP,
+        },
+        "elapsed_seconds": time.perf_counter() - started,
+        "results": results,
+        "targets": targets,
+    }
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    path = common.write_json(cfg.out / f"{cfg.name}.json", payload)
+    payload["files"] = [str(path)]
+    if cfg.plots and results:
+        payload["files"].append(str(plot(payload, cfg.out, cfg.name)))
+    return payload
+
+
+# ----- the fold fraction ---------------------------------------------------------------------
+FOLD_SWEEP = (0.01, 0.02, 0.05, 0.1, 0.2)  # fractions of m changed since the base
+
+
+def fold_sweep(cfg: FreshnessConfig) -> dict[str, Any]:
+    """What a delta of a given size costs (refresh, and a release reading it) against a full
+    rebuild, to choose the fold fraction: for each size and family, writes reach each fraction
+    of FOLD_SWEEP in turn (distinct random items, cumulative; the delta never folds here)."""
+    from topk_middleware import private_top_k
+
+    oracle = common.best_oracle()
+    info = common.machine_info(None)
+    workdir = Path(tempfile.mkdtemp(prefix="topk_freshness_"))
+    results = []
+    try:
+        entry = DuckDBEntry(workdir)
+        try:
+            for m in cfg.ms:
+                for family in cfg.families:
+                    table = table_name(family, m)
+                    scores = common.family_scores(family, m, cfg.k)
+                    ids = common.shuffled_ids(m, seed=cfg.seed)
+                    entry.load(table, ids, scores)
+                    entry.prepare(table)
+                    entry.source.fold_fraction = 1.0
+                    seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
+
+                    def release(seeds: Any = seeds) -> Any:
+                        return private_top_k(
+                            entry.source,
+                            k=cfg.k,
+                            epsilon=cfg.epsilon,
+                            seed=next(seeds),
+                            oracle=oracle,
+                        )
+
+                    rng = np.random.default_rng(cfg.seed + m)
+                    order = rng.permutation(m)
+                    done = 0
+                    points = []
+                    for fraction in FOLD_SWEEP:
+                        upto = int(fraction * m)
+                        chunk = order[done:upto]
+                        steps = rng.integers(1, MAX_STEP + 1, len(chunk)) * rng.choice(
+                            [-1, 1], len(chunk)
+                        )
+                        entry.write(table, ids[chunk], steps)
+                        done = upto
+                        refresh = [_time(entry.refresh) for _ in range(2)]
+                        release()
+                        runs = [_time(release)[0] for _ in range(3)]
+                        points.append(
+                            {
+                                "items_written_fraction": fraction,
+                                "delta_rows": refresh[-1][1]["delta_rows"],
+                                "refresh_seconds": statistics.median(t for t, _ in refresh),
+                                "release_seconds": statistics.median(runs),
+                            }
+                        )
+                    rebuild, _ = _time(entry.fold)
+                    release()
+                    today = statistics.median(_time(release)[0] for _ in range(3))
+                    results.append(
+                        {
+                            "family": family,
+                            "m": m,
+                            "points": points,
+                            "full_rebuild_seconds": rebuild,
+                            "release_after_rebuild_seconds": today,
+                        }
+                    )
+                    entry.drop(table)
+        finally:
+            entry.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    payload = {"benchmark": "freshness_fold", "machine": info, "results": results}
+    path = common.write_json(cfg.out / f"{cfg.name}_fold.json", payload)
+    payload["files"] = [str(path)]
+    return payload
+
+
+def fold_report(payload: dict[str, Any]) -> str:
+    lines = [
+        "| data | m | written | delta rows | refresh | release | full rebuild | today's run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in payload["results"]:
+        for p in e["points"]:
+            lines.append(
+                f"| {e['family']} | {e['m']:.0e} | {p['items_written_fraction']:.0%} | "
+                f"{p['delta_rows']:,} | {_ms(p['refresh_seconds'])} | "
+                f"{_ms(p['release_seconds'])} | {_ms(e['full_rebuild_seconds'])} | "
+                f"{_ms(e['release_after_rebuild_seconds'])} |"
+            )
+    return "\n".join(lines)
+
+
+# ----- output --------------------------------------------------------------------------------
+def _ms(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def markdown_table(payload: dict[str, Any]) -> str:
+    lines = [
+        "| store | data | m | (a) refresh + release | refresh | release | (b) one-shot SQL | "
+        "(a)/(b) | release unchanged | today's run | unchanged/today | today's refresh "
+        "(full rebuild) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in payload["results"]:
+        med = {name: v["median"] for name, v in e["methods"].items()}
+        lines.append(
+            f"| {e['store']} | {e['family']} | {e['m']:.0e} | {_ms(med['fresh_release'])} | "
+            f"{_ms(med['refresh_part'])} | {_ms(med['release_part'])} | "
+            f"{_ms(med['oneshot_sql'])} | {e['ratios']['fresh_vs_oneshot_sql']:.2f}x | "
+            f"{_ms(med['release_unchanged'])} | {_ms(med['release_today'])} | "
+            f"{e['ratios']['unchanged_vs_today']:.2f}x | {_ms(e['full_rebuild_seconds'])} |"
+        )
+    return "\n".join(lines)
+
+
+def report(payload: dict[str, Any]) -> str:
+    lines = [markdown_table(payload), ""]
+    for t in payload["targets"]:
+        lines.append(
+            f"target {t['store']} {t['family']} 1e7: (a)/(b) {t['fresh_vs_oneshot_sql']:.2f}x "
+            f"(<= {TARGET_FRESH_VS_SQL}: {'met' if t['fresh_met'] else 'MISSED'}); unchanged/"
+            f"today {t['unchanged_vs_today']:.2f}x (<= {TARGET_UNCHANGED_VS_TODAY}: "
+            f"{'met' if t['unchanged_met'] else 'MISSED'})"
+        )
+    lines.append(f"elapsed: {payload['elapsed_seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def plot(payload: dict[str, Any], out: Path, name: str) -> Path:
+    """Median seconds of each timed step (log scale), one group of bars per store / data / m."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = payload["results"]
+    steps = ["fresh_release", "oneshot_sql", "release_unchanged", "release_today"]
+    width = 0.8 / len(steps)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(entries)), 4.6))
+    x = np.arange(len(entries))
+    for i, step in enumerate(steps):
+        values = [e["methods"][step]["median"] for e in entries]
+        ax.bar(x + (i - (len(steps) - 1) / 2) * width, values, width, label=step)
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{e['store']}\n{e['family']}\nm={e['m']:.0e}" for e in entries])
+    ax.set_ylabel("median seconds (log)")
+    config = payload["config"]
+    ax.set_title(
+        f"Release after {config['changed_fraction']:.0%} writes, k = {config['k']}, "
+        f"epsilon = {config['epsilon']}"
+    )
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----- command line --------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="m = 1e4 and 1e5, 2 reps")
+    parser.add_argument("--stores", nargs="+", choices=sorted(STORES), default=None)
+    parser.add_argument("--m", type=float, nargs="+", default=None, help="sizes (1e6 1e7)")
+    parser.add_argument("--families", nargs="+", choices=common.FAMILIES, default=None)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=None, help="timed reps below 10^7 (5)")
+    parser.add_argument("--reps-large", type=int, default=None, help="timed reps at 10^7 (3)")
+    parser.add_argument(
+        "--fold-sweep", action="store_true", help="delta size against a full rebuild (DuckDB)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> FreshnessConfig:
+    cfg = FreshnessConfig()
+    if args.quick:
+        cfg.ms, cfg.reps, cfg.reps_large, cfg.name = (10**4, 10**5), 2, 2, "freshness_quick"
+    if args.stores:
+        cfg.stores = tuple(args.stores)
+    if args.m:
+        cfg.ms = tuple(int(m) for m in args.m)
+    if args.families:
+        cfg.families = tuple(args.families)
+    cfg.k, cfg.epsilon = args.k, args.epsilon
+    if args.reps is not None:
+        cfg.reps = args.reps
+    if args.reps_large is not None:
+        cfg.reps_large = args.reps_large
+    return cfg
