@@ -445,6 +445,30 @@ $topk$"""
             for event, body in bodies.items():
                 conn.exec_driver_sql(f"CREATE TRIGGER {prefix}{self._trigger(event)} {body}")
 
+    def uninstall(self) -> None:
+        """Drop what prepare() installed apart from the indexes: the triggers (and PostgreSQL's
+        trigger function), the position table and the count table. Runs fail afterwards until
+        prepare() runs again."""
+        preparer = self.engine.dialect.identifier_preparer
+        schema = self._pos.schema
+        prefix = "" if schema is None else f"{preparer.quote_schema(schema)}."
+        with self.engine.begin() as conn:
+            exists = sa.inspect(conn).has_table(self.table_name, schema=schema)
+            for event in ("ins", "del", "upd", "trunc"):
+                if self.dialect == "postgresql":
+                    if exists:
+                        table = self._quoted(self._source)  # type: ignore[arg-type]
+                        conn.exec_driver_sql(
+                            f"DROP TRIGGER IF EXISTS {self._trigger(event)} ON {table}"
+                        )
+                elif event != "trunc":
+                    conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {prefix}{self._trigger(event)}")
+            if self.dialect == "postgresql":
+                function = preparer.quote(f"{self._trigger_prefix}_sync")
+                conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {prefix}{function}()")
+            for table in (self._pos, self._count):
+                table.drop(conn, checkfirst=True)
+
     # ----- what a run reads -----------------------------------------------------------------
     def is_stale(self) -> bool:
         """Never: a live run reads the table as it is."""
