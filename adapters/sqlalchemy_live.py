@@ -17,13 +17,18 @@ Wu, Ohrimenko, Wirth, ICML 2023, samples a uniformly random unseen item) is a de
   positions 0..m-1 in id order, and a one-row count table `<table>_topk_pos_n` (n = m);
 * triggers on the user's table that keep both current: AFTER INSERT the new id takes position n;
   AFTER DELETE the item at the last position n - 1 takes the deleted item's position (swap-remove);
-  an UPDATE that changes the id is a delete and an insert; an UPDATE of the score needs nothing
-  (PostgreSQL also empties both tables on TRUNCATE).
+  an UPDATE that changes the id is a delete and an insert; an UPDATE of the score needs nothing.
+  On PostgreSQL the INSERT and DELETE triggers are statement triggers over the transition tables:
+  a statement's d new items take positions n..n+d-1 in the order it inserted them, and its d
+  deleted items' holes below n - d are filled, in position order, by the items left at or above
+  n - d; the count row is updated once per statement (a row trigger would leave one dead version
+  of it per row, which every later row of the transaction steps over: quadratic). PostgreSQL also
+  empties both tables on TRUNCATE.
 
-Cost of the scheme: O(1) index operations per inserted or deleted item (O(changed items) per
-write), nothing per changed score. Concurrent item inserts and deletes are serialized by the row
-lock on the count row, taken first by every trigger (`UPDATE` on PostgreSQL, `SELECT ... FOR
-UPDATE` on MariaDB; SQLite has one writer at a time). A PostgreSQL writer in REPEATABLE READ or
+Cost of the scheme: O(1) index operations per inserted or deleted item (O(d log d) per statement
+of d items on PostgreSQL), nothing per changed score. Concurrent item inserts and deletes are
+serialized by the row lock on the count row, taken first by every trigger (`UPDATE` or `SELECT
+... FOR UPDATE`; SQLite has one writer at a time). A PostgreSQL writer in REPEATABLE READ or
 SERIALIZABLE whose insert or delete of items races another gets a serialization error (retry it);
 positions never go wrong. Filling the position table and installing the triggers happen while
 writers wait (PostgreSQL SHARE ROW EXCLUSIVE lock; MariaDB LOCK TABLES ... WRITE, which CREATE
@@ -34,10 +39,12 @@ WITH CONSISTENT SNAPSHOT, READ ONLY; SQLite one read transaction): m = max(posit
 of the position primary key, checked against the count row. Sorted access from depth 0, and from
 where the previous read of the snapshot stopped, is keyset pagination on the index: the rows tied
 with the last (score, id) after its id, then the rows of lower score, each branch an index range
-with a LIMIT; any other start falls back to OFFSET. Each page is joined to the position table by
-id. Random access by position goes position table -> user table by id, one query per batch;
-random access by id is `id IN (...)` on the unique index. Zero-vote items are rows with score 0:
-they count in m and come last in sorted access.
+with a LIMIT; any other start falls back to OFFSET. Each row of a page finds its position by one
+probe of the position table's id index. Random access by position goes position table -> user
+table by id (one probe of the id index per row), one query per batch; random access by id is
+`id IN (...)` on the unique index. (A batch of more than m / PROBE_FRACTION rows, i.e. a full
+read, joins the two tables instead: planners hash-join large batches, and probes would lose.)
+Zero-vote items are rows with score 0: they count in m and come last in sorted access.
 
 Positions are not ranks (`positions_are_ranks = False`), so the core infers no scores from the
 sorted order and no runs of tied scores are kept. Scores are validated by `prepare()` once; a run
@@ -55,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from adapters._sql import AccessCheck, AccessPath, plain_values
@@ -68,6 +75,9 @@ __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 LIVE_DIALECTS = ("postgresql", "sqlite", "mysql", "mariadb")
 # MariaDB / MySQL collations that order (and compare) UTF-8 text by its bytes, without padding.
 MYSQL_BYTE_ORDER_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb3_nopad_bin", "utf8mb4_0900_bin")
+# A batch of up to m / PROBE_FRACTION rows finds positions (sorted access) or scores (random
+# access) by one index probe per row; a larger one (a full read) by a join.
+PROBE_FRACTION = 16
 
 
 def _named(table: str, suffix: str) -> str:
@@ -324,40 +334,74 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
         function = preparer.quote(f"{self._trigger_prefix}_sync")
         if self._pos.schema is not None:
             function = f"{preparer.quote_schema(self._pos.schema)}.{function}"
+        pos, count, position, ident = n["pos"], n["count"], n["position"], n["id"]
+        # INSERT and DELETE: statement triggers over the transition tables, so that a statement
+        # touching d items updates the count row once and the position table in O(d log d) (a
+        # row trigger would leave d versions of the count row for each later one to step over).
+        # UPDATE of the id: a row trigger (rare). TRUNCATE: both tables emptied.
         body = f"""
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $topk$
 DECLARE
     v_hole bigint;
     v_last bigint;
+    v_count bigint;
+    v_gone bigint[];
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        UPDATE {n["count"]} SET n = 0;
-        DELETE FROM {n["pos"]};
-        RETURN NULL;
-    END IF;
-    IF TG_OP IN ('DELETE', 'UPDATE') THEN
-        UPDATE {n["count"]} SET n = n - 1 RETURNING n INTO v_last;
-        DELETE FROM {n["pos"]} WHERE id = OLD.{n["id"]} RETURNING {n["position"]} INTO v_hole;
-        IF v_hole IS NULL THEN
-            UPDATE {n["count"]} SET n = n + 1;
-        ELSIF v_hole <> v_last THEN
-            UPDATE {n["pos"]} SET {n["position"]} = v_hole WHERE {n["position"]} = v_last;
+        UPDATE {count} SET n = 0;
+        DELETE FROM {pos};
+    ELSIF TG_LEVEL = 'STATEMENT' AND TG_OP = 'INSERT' THEN
+        SELECT count(*) INTO v_count FROM new_rows;
+        IF v_count > 0 THEN
+            UPDATE {count} SET n = n + v_count RETURNING n - v_count INTO v_last;
+            INSERT INTO {pos} ({position}, id)
+                SELECT v_last + row_number() OVER () - 1, {ident} FROM new_rows;
         END IF;
-    END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        UPDATE {n["count"]} SET n = n + 1 RETURNING n - 1 INTO v_last;
-        INSERT INTO {n["pos"]} ({n["position"]}, id) VALUES (v_last, NEW.{n["id"]});
+    ELSIF TG_LEVEL = 'STATEMENT' AND TG_OP = 'DELETE' THEN
+        SELECT n INTO v_last FROM {count} FOR UPDATE;
+        WITH gone AS (
+            DELETE FROM {pos} p USING old_rows o WHERE p.id = o.{ident} RETURNING p.{position}
+        )
+        SELECT array_agg({position}) INTO v_gone FROM gone;
+        IF v_gone IS NOT NULL THEN
+            v_count := v_last - cardinality(v_gone);
+            -- The items left at positions >= the new count fill the holes below it, in order.
+            UPDATE {pos} p SET {position} = moves.hole
+            FROM (
+                SELECT tail.{position} AS old, holes.hole
+                FROM (
+                    SELECT {position}, row_number() OVER (ORDER BY {position}) AS r
+                    FROM {pos} WHERE {position} >= v_count
+                ) tail
+                JOIN (
+                    SELECT hole, row_number() OVER (ORDER BY hole) AS r
+                    FROM unnest(v_gone) AS hole WHERE hole < v_count
+                ) holes USING (r)
+            ) moves
+            WHERE p.{position} = moves.old;
+            UPDATE {count} SET n = v_count;
+        END IF;
+    ELSE  -- a row whose id changed: delete, then insert
+        UPDATE {count} SET n = n - 1 RETURNING n INTO v_last;
+        DELETE FROM {pos} WHERE id = OLD.{ident} RETURNING {position} INTO v_hole;
+        IF v_hole IS NULL THEN
+            UPDATE {count} SET n = n + 1;
+        ELSIF v_hole <> v_last THEN
+            UPDATE {pos} SET {position} = v_hole WHERE {position} = v_last;
+        END IF;
+        UPDATE {count} SET n = n + 1 RETURNING n - 1 INTO v_last;
+        INSERT INTO {pos} ({position}, id) VALUES (v_last, NEW.{ident});
     END IF;
     RETURN NULL;
 END
 $topk$"""
-        row = "FOR EACH ROW"
+        table = n["table"]
         triggers = {
-            "ins": f"AFTER INSERT ON {n['table']} {row}",
-            "del": f"AFTER DELETE ON {n['table']} {row}",
-            "upd": f"AFTER UPDATE OF {n['id']} ON {n['table']} {row} "
-            f"WHEN (OLD.{n['id']} IS DISTINCT FROM NEW.{n['id']})",
-            "trunc": f"AFTER TRUNCATE ON {n['table']} FOR EACH STATEMENT",
+            "ins": f"AFTER INSERT ON {table} REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT",
+            "del": f"AFTER DELETE ON {table} REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT",
+            "upd": f"AFTER UPDATE OF {ident} ON {table} FOR EACH ROW "
+            f"WHEN (OLD.{ident} IS DISTINCT FROM NEW.{ident})",
+            "trunc": f"AFTER TRUNCATE ON {table} FOR EACH STATEMENT",
         }
         with self.engine.begin() as conn:
             # Writers wait until the positions and the triggers are in place; readers go on.
@@ -572,44 +616,88 @@ $topk$"""
         )
         return sa.union_all(sa.select(tied.subquery("tied")), sa.select(below.subquery("below")))
 
+    def _probes(self, rows: int) -> bool:
+        """Whether to find the other side of `rows` rows by one index probe each (a correlated
+        subquery) rather than by a join, which planners serve with a hash join over a whole
+        table once the batch looks large to them: probes up to 1/PROBE_FRACTION of m."""
+        return self._m is None or rows * PROBE_FRACTION < self._m
+
+    def _one_of(self, column: Any, name: str, type_: sa.types.TypeEngine[Any]) -> Any:
+        """`column` is one of the values of parameter `name` (a list): `= ANY(array)` on
+        PostgreSQL (one parameter, about half the time of an IN list of a thousand), else an
+        expanding IN list."""
+        if self.dialect == "postgresql":
+            return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(type_)))
+        return column.in_(sa.bindparam(name, expanding=True))
+
+    def _sorted_query(
+        self, start: int, count: int, cursor: tuple[int, Any, Any] | None, probes: bool
+    ) -> Any:
+        """(position, id, score) of depths start.., at most `count`, in canonical order."""
+        page = self._page(start, count, cursor).subquery("page")
+        p = self._pos.c
+        if probes:
+            position = sa.select(p.position).where(p.id == page.c.id).scalar_subquery()
+            query = sa.select(position, page.c.id, page.c.score)
+        else:
+            query = sa.select(p.position, page.c.id, page.c.score).select_from(
+                page.join(self._pos, p.id == page.c.id)
+            )
+        return query.order_by(page.c.score.desc(), self._order_key(page.c.id)).limit(count)
+
+    def _positions_query(self, probes: bool) -> Any:
+        """(position, id, score) at the positions of the expanding parameter `positions`."""
+        p = self._pos.c
+        at = self._one_of(p.position, "positions", sa.BigInteger())
+        if probes:
+            score = (
+                sa.select(self._score_column)
+                .where(self._match_key(self._id_column) == p.id)
+                .scalar_subquery()
+            )
+            return sa.select(p.position, p.id, score).where(at)
+        return (
+            sa.select(p.position, self._id_column, self._score_column)
+            .select_from(
+                self._pos.join(self._source, self._match_key(self._id_column) == p.id)  # type: ignore[arg-type]
+            )
+            .where(at)
+        )
+
     def read_sorted(self, start: int, count: int) -> Rows:
         """Depths start .. start+count-1 with their positions: one query (module docstring)."""
         start, count = int(start), int(count)
         if count <= 0:
             return self._rows([], round_trips=0)
         cursor = self._cursor if self._conn is not None else None
-        page = self._page(start, count, cursor).subquery("page")
-        p = self._pos.c
-        query = (
-            sa.select(p.position, page.c.id, page.c.score)
-            .select_from(page.join(self._pos, p.id == page.c.id))
-            .order_by(page.c.score.desc(), self._order_key(page.c.id))
-            .limit(count)
-        )
+        query = self._sorted_query(start, count, cursor, self._probes(count))
         with self._connection() as conn:
             records = conn.execute(query).all()
             if self._conn is not None and records:
                 self._cursor = (start + len(records), records[-1][2], records[-1][1])
+        for record in records:
+            if record[0] is None:
+                raise AccessError(
+                    f"item {record[1]!r} of {self.where} has no position in "
+                    f"{self._pos.name!r}: call prepare() again"
+                )
         return self._rows(records, round_trips=1)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
         """Rows at the given positions: position table -> user table by id, in chunks."""
         wanted = plain_values(np.asarray(positions, dtype=np.int64))
-        p = self._pos.c
-        query = (
-            sa.select(p.position, self._id_column, self._score_column)
-            .select_from(
-                self._pos.join(self._source, self._match_key(self._id_column) == p.id)  # type: ignore[arg-type]
-            )
-            .where(p.position.in_(sa.bindparam("positions", expanding=True)))
-        )
+        distinct = sorted(set(wanted))
+        query = self._positions_query(self._probes(len(distinct)))
         records: list[Any] = []
         chunks = 0
         with self._connection() as conn:
-            for chunk in self._chunks(sorted(set(wanted))):
+            for chunk in self._chunks(distinct):
                 records.extend(conn.execute(query, {"positions": chunk}).all())
                 chunks += 1
-        by_position = {int(rec[0]): rec for rec in records}
+            by_position = {int(rec[0]): rec for rec in records}
+            for rec in records:
+                if rec[2] is None:
+                    self._raise_if_gone(conn, rec[1])
         try:
             ordered = [by_position[position] for position in wanted]
         except KeyError as missing:
@@ -619,12 +707,23 @@ $topk$"""
             ) from None
         return self._rows(ordered, round_trips=chunks)
 
+    def _raise_if_gone(self, conn: Connection, item: Any) -> None:
+        """A NULL score read by position: the item is gone from the table (the position table is
+        behind it), or its score is NULL (refused by _checked)."""
+        key = self._match_key(self._id_column)
+        there = conn.execute(sa.select(sa.func.count()).where(key == item)).scalar_one()
+        if not there:
+            raise AccessError(
+                f"the position table {self._pos.name!r} names item {item!r}, which is not in "
+                f"{self.where}: call prepare() again"
+            )
+
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         """Scores of the named items, in the order given: `id IN (...)` on the unique index."""
         wanted = plain_values(ids)
         key = self._match_key(self._id_column)
         query = sa.select(self._id_column, self._score_column).where(
-            key.in_(sa.bindparam("ids", expanding=True))
+            self._one_of(key, "ids", self._id_column.type)
         )
         found: dict[Any, Any] = {}
         with self._connection() as conn:
@@ -662,17 +761,9 @@ $topk$"""
                 .limit(1)
             ).first()
             last_id, last_score = first if first is not None else (None, 0)
-            page = self._page(1, 100, (1, last_score, last_id)).subquery("page")
-            p = self._pos.c
             probes = [
-                sa.select(p.position, page.c.id, page.c.score).select_from(
-                    page.join(self._pos, p.id == page.c.id)
-                ),
-                sa.select(p.position, self._id_column, self._score_column)
-                .select_from(
-                    self._pos.join(self._source, self._match_key(self._id_column) == p.id)  # type: ignore[arg-type]
-                )
-                .where(p.position.in_([0, 1, 2])),
+                self._sorted_query(1, 100, (1, last_score, last_id), probes=True),
+                self._positions_query(probes=True).params(positions=[0, 1, 2]),  # a batch
                 sa.select(self._id_column, self._score_column).where(
                     self._match_key(self._id_column).in_([last_id])
                 ),
