@@ -113,6 +113,8 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
                 f"dialect {self.dialect!r} cannot serve in order (PostgreSQL, MariaDB / MySQL and "
                 "SQLite can): use mode='copy'"
             )
+        if self.dialect in ("mysql", "mariadb"):
+            self._require_descending_indexes()
         assert self._source is not None and self.table_name is not None
         source = self._source
         self._id_column = source.c[id]
@@ -148,6 +150,21 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
         self._trigger_prefix = _fit("topk", f"_{digest}_pos")
         # Within a snapshot: (next depth, last score, last id) of the previous sorted read.
         self._cursor: tuple[int, Any, Any] | None = None
+
+    def _require_descending_indexes(self) -> None:
+        """MariaDB < 10.8 and MySQL < 8 parse DESC in an index and ignore it: ORDER BY score
+        DESC, id would then sort the table on every read."""
+        with self.engine.connect():
+            version = tuple(self.engine.dialect.server_version_info or ())
+        mariadb = getattr(self.engine.dialect, "is_mariadb", False)
+        needed = (10, 8) if mariadb else (8, 0)
+        if version < needed:
+            server = "MariaDB" if mariadb else "MySQL"
+            raise ValueError(
+                f"mode='live' needs descending indexes ({server} >= "
+                f"{'.'.join(map(str, needed))}); this server is "
+                f"{'.'.join(map(str, version))}: use mode='copy'"
+            )
 
     def _mysql_id_type(self, id_type: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
         """The id column of the position table on MariaDB / MySQL: the user's type, and for text
