@@ -30,9 +30,11 @@ of d items on PostgreSQL), nothing per changed score. Concurrent item inserts an
 serialized by the row lock on the count row, taken first by every trigger (`UPDATE` or `SELECT
 ... FOR UPDATE`; SQLite has one writer at a time). A PostgreSQL writer in REPEATABLE READ or
 SERIALIZABLE whose insert or delete of items races another gets a serialization error (retry it);
-positions never go wrong. Filling the position table and installing the triggers happen while
-writers wait (PostgreSQL SHARE ROW EXCLUSIVE lock; MariaDB LOCK TABLES ... WRITE, which CREATE
-TRIGGER needs, so readers wait too; SQLite one write transaction): one pass over the ids.
+positions never go wrong. The triggers run with the writer's privileges: writers of the table need
+INSERT, UPDATE and DELETE on the position and count tables too. Filling the position table and
+installing the triggers happen while writers wait (PostgreSQL SHARE ROW EXCLUSIVE lock; MariaDB LOCK
+TABLES ... WRITE, which CREATE TRIGGER needs, so readers wait too; SQLite one write transaction):
+one pass over the ids.
 
 Each run reads in one snapshot (PostgreSQL REPEATABLE READ READ ONLY; MariaDB START TRANSACTION
 WITH CONSISTENT SNAPSHOT, READ ONLY; SQLite one read transaction): m = max(position) + 1, one probe
@@ -71,7 +73,7 @@ from topk_middleware.access import AccessError, Rows
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
-# Dialects whose B-tree indexes serve ORDER BY score DESC, id in both directions at once.
+# Dialects whose B-tree indexes can be declared (score DESC, id ASC) and read in that order.
 LIVE_DIALECTS = ("postgresql", "sqlite", "mysql", "mariadb")
 # MariaDB / MySQL collations that order (and compare) UTF-8 text by its bytes, without padding.
 MYSQL_BYTE_ORDER_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb3_nopad_bin", "utf8mb4_0900_bin")

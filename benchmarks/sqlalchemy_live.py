@@ -15,7 +15,7 @@ interleaved rep by rep after one untimed warm-up of each:
   by a full sort) plus one run (timed once per rep only with --copy).
 
 It also times inserting and deleting 1% of the items (the triggers' cost, O(changed items)).
-Results: benchmarks/results/sqlalchemy_live.json (medians and every rep).
+Results: benchmarks/results/<--name, default sqlalchemy_live>.json (medians and every rep).
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--copy", action="store_true", help="also time mode='copy' refresh + run")
+    parser.add_argument("--name", default="sqlalchemy_live", help="file name stem of the results")
     args = parser.parse_args(argv)
     dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
     engine = engine_for(dsn)
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f", copy refresh+run {r['copy_refresh_and_run_s']:.1f} s" if args.copy else "")
         )
     payload = {"machine": common.machine_info(dsn), "config": vars(args), "results": results}
-    common.write_json(common.RESULTS_DIR / "sqlalchemy_live.json", payload)
+    common.write_json(common.RESULTS_DIR / f"{args.name}.json", payload)
     engine.dispose()
 
 
