@@ -103,7 +103,19 @@ class SQLAlchemyTable:
     `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
     with one row per item of the public domain (zero counts included). Call `prepare()` once (and
     again after the counts change) before running `private_top_k` on it.
+
+    `mode="copy"` (the default) serves runs from the rank table built by `prepare()`.
+    `mode="live"` reads the table itself through an index, with item positions kept by
+    triggers, so that writes need no rebuild (PostgreSQL, MariaDB / MySQL, SQLite; see
+    adapters/sqlalchemy_live.py).
     """
+
+    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> SQLAlchemyTable:
+        if mode == "live" and cls is SQLAlchemyTable:
+            from adapters.sqlalchemy_live import SQLAlchemyLiveTable
+
+            return super().__new__(SQLAlchemyLiveTable)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -115,7 +127,10 @@ class SQLAlchemyTable:
         schema: str | None = None,
         rank_table: str | None = None,
         max_params: int | None = None,
+        mode: str = "copy",
     ) -> None:
+        if mode not in ("copy", "live"):
+            raise ValueError(f"mode must be 'copy' or 'live', got {mode!r}")
         self.engine = engine
         self.dialect = engine.dialect.name
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):

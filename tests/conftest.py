@@ -19,6 +19,14 @@ pytest_plugins = [
     "tests.stores_sqlalchemy",
 ]
 
+# Live stores: positions are not ranks, and their plugins build them with positions equal to
+# the input indexes (the reference is ArraySource(scores, ids, positions="input")).
+LIVE_STORE_NAMES: list[str] = [
+    "sqlalchemy-live-sqlite",
+    "sqlalchemy-live-postgres",
+    "sqlalchemy-live-mariadb",
+]
+
 # The stores every conformance test runs against, in this order.
 STORE_NAMES: list[str] = [
     "memory",
@@ -28,6 +36,7 @@ STORE_NAMES: list[str] = [
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
     "sqlalchemy-duckdb",
+    *LIVE_STORE_NAMES,
 ]
 
 

@@ -30,6 +30,10 @@ class CountingSource:
     def rows(self) -> int:
         return self.sorted_rows + self.rank_rows + self.id_rows
 
+    @property
+    def positions_are_ranks(self) -> bool:
+        return positions_are_ranks(self.inner)
+
     def domain_size(self) -> int:
         self.calls += 1
         return self.inner.domain_size()
@@ -64,12 +68,20 @@ class _ReadAhead(CountingSource):
         self.sorted_read_rows = sorted_read_rows
 
 
+def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
+    """ArraySource(scores, ids) naming items as `store` does: by rank for a rank-ordered store,
+    by input index for one whose positions are not ranks (the conformance plugins of live stores
+    build them so, see tests/conftest.py LIVE_STORE_NAMES)."""
+    return ArraySource(scores, ids, positions="ranks" if positions_are_ranks(store) else "input")
+
+
 def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
-    """ArraySource(scores, ids) with the optional capabilities of `store`: it keeps the runs of
-    tied scores (ScoreRuns) only if the store does, and reads ahead as far (sorted_read_rows), so
-    that rows_fetched and round_trips, not only the answer and the access counts, must come out
-    equal. (CountingSource forwards only the Source protocol, so wrapping hides both.)"""
-    reference = ArraySource(scores, ids)
+    """reference_for(store, scores, ids) with the optional capabilities of `store`: it keeps the
+    runs of tied scores (ScoreRuns) only if the store does, and reads ahead as far
+    (sorted_read_rows), so that rows_fetched and round_trips, not only the answer and the access
+    counts, must come out equal. (CountingSource forwards only the Source protocol, so wrapping
+    hides both.)"""
+    reference = reference_for(store, scores, ids)
     reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
     return reference if keeps_runs else _ReadAhead(reference, reference.sorted_read_rows)
@@ -109,7 +121,8 @@ def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Call
     from tests.test_conformance import dataset
 
     scores, ids = dataset(data)
-    source, reference = make_store(scores, ids), ArraySource(scores, ids)
+    source = make_store(scores, ids)
+    reference = reference_for(source, scores, ids)
     for seed in range(3):
         want, got = run(reference, seed), run(source, seed)
         assert got.items == want.items, seed

@@ -2,10 +2,12 @@
 
 Each `make_sqlalchemy_<dialect>_source` fixture returns `(scores, ids) -> SQLAlchemyTable`: it
 creates a uniquely named table (id, score), fills it, runs prepare(), and drops the table, its
-rank table and its runs table after the test. Servers: PostgreSQL at TOPK_PG_DSN (default
-"host=127.0.0.1 port=5432 dbname=test"), MariaDB at TOPK_MARIADB_URL (default
-mysql+pymysql://root@127.0.0.1:3306/test). When one is unreachable the tests fail if CI is set,
-else they are skipped with a message saying how to provide one.
+rank table and its runs table after the test. Each `make_sqlalchemy_live_<dialect>_source`
+(SQLite, PostgreSQL, MariaDB) returns a table in mode='live' whose positions are the input
+indexes (see _live_maker), and drops it with what its prepare() installed. Servers: PostgreSQL
+at TOPK_PG_DSN (default "host=127.0.0.1 port=5432 dbname=test"), MariaDB at TOPK_MARIADB_URL
+(default mysql+pymysql://root@127.0.0.1:3306/test). When one is unreachable the tests fail if CI
+is set, else they are skipped with a message saying how to provide one.
 """
 
 from __future__ import annotations
@@ -95,6 +97,22 @@ def unique_name(prefix: str = "topk_test") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+def counts_rows(
+    scores: Any, ids: Any = None, id_column: str = "id", score_column: str = "score"
+) -> tuple[list[dict[str, Any]], bool, bool]:
+    """(rows, integral scores?, text ids?) of a histogram, as create_counts_table writes them."""
+    scores = np.asarray(scores)
+    ids = np.arange(len(scores)) if ids is None else np.asarray(ids)
+    integral = np.issubdtype(scores.dtype, np.integer) or bool(
+        np.all(np.isfinite(scores)) and np.all(scores == np.round(scores))
+    )
+    text = not np.issubdtype(ids.dtype, np.integer)
+    id_values = [str(v) for v in ids.tolist()] if text else ids.tolist()
+    score_values = [int(v) for v in scores.tolist()] if integral else scores.tolist()
+    rows = [{id_column: i, score_column: s} for i, s in zip(id_values, score_values, strict=True)]
+    return rows, integral, text
+
+
 def create_counts_table(
     engine: sa.Engine,
     name: str,
@@ -102,28 +120,24 @@ def create_counts_table(
     ids: Any = None,
     id_column: str = "id",
     score_column: str = "score",
+    *,
+    text_type: Any = None,
+    first_rows: int | None = None,
 ) -> sa.Table:
-    """A table (id_column, score_column) holding the histogram: BIGINT or text ids, BIGINT
-    scores when they are all integers, else DOUBLE."""
-    scores = np.asarray(scores)
-    ids = np.arange(len(scores)) if ids is None else np.asarray(ids)
-    integral = np.issubdtype(scores.dtype, np.integer) or bool(
-        np.all(np.isfinite(scores)) and np.all(scores == np.round(scores))
-    )
-    text = not np.issubdtype(ids.dtype, np.integer)
+    """A table (id_column, score_column) holding the histogram: BIGINT or text ids
+    (`text_type`, default VARCHAR(100)), BIGINT scores when they are all integers, else DOUBLE.
+    With `first_rows`, only that many rows are written (the others come later)."""
+    rows, integral, text = counts_rows(scores, ids, id_column, score_column)
     table = sa.Table(
         name,
         sa.MetaData(),
-        sa.Column(id_column, sa.String(100) if text else sa.BigInteger),
+        sa.Column(id_column, (text_type or sa.String(100)) if text else sa.BigInteger),
         sa.Column(score_column, sa.BigInteger if integral else sa.Double),
     )
-    id_values = [str(v) for v in ids.tolist()] if text else ids.tolist()
-    score_values = [int(v) for v in scores.tolist()] if integral else scores.tolist()
-    rows = [{id_column: i, score_column: s} for i, s in zip(id_values, score_values, strict=True)]
     with engine.begin() as conn:
         table.create(conn)
-        if rows:
-            conn.execute(table.insert(), rows)
+        if rows[:first_rows]:
+            conn.execute(table.insert(), rows[:first_rows])
     return table
 
 
@@ -146,6 +160,59 @@ def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
         return source
 
     yield make
+    drop_tables(engine, created)
+
+
+def live_text_type(engine: sa.Engine) -> Any:
+    """A text id column that mode='live' accepts: on MariaDB it must compare and sort by bytes."""
+    if engine.dialect.name in ("mysql", "mariadb"):
+        from sqlalchemy.dialects import mysql
+
+        return mysql.VARCHAR(100, charset="utf8mb4", collation="utf8mb4_nopad_bin")
+    return sa.String(100)
+
+
+def position_order(source: SQLAlchemyTable) -> list[Any]:
+    """The ids of a live table by position, read straight from its position table (which must
+    hold exactly the positions 0..m-1)."""
+    pos = sa.Table(
+        source.position_table_name,  # type: ignore[attr-defined]
+        sa.MetaData(),
+        sa.Column("position"),
+        sa.Column("id"),
+    )
+    with source.engine.connect() as conn:
+        rows = conn.execute(sa.select(pos.c.position, pos.c.id).order_by(pos.c.position)).all()
+    assert [r[0] for r in rows] == list(range(len(rows))), "positions are not 0..m-1"
+    return [r[1] for r in rows]
+
+
+def _live_maker(engine: sa.Engine) -> Iterator[MakeSource]:
+    """Live tables whose positions are the input indexes: the table starts with the first row,
+    prepare() installs the triggers, then the other rows are inserted in input order (each takes
+    the next position), which the position table read back must show."""
+    made: list[SQLAlchemyTable] = []
+    created: list[str] = []
+
+    def make(scores: Any, ids: Any = None, **options: Any) -> SQLAlchemyTable:
+        name = unique_name()
+        text_type = live_text_type(engine)
+        table = create_counts_table(engine, name, scores, ids, text_type=text_type, first_rows=1)
+        created.append(name)
+        source = SQLAlchemyTable(engine, name, id="id", score="score", mode="live", **options)
+        made.append(source)
+        source.prepare()
+        rows = counts_rows(scores, ids)[0]
+        if rows[1:]:
+            with engine.begin() as conn:
+                conn.execute(table.insert(), rows[1:])
+        want = [row["id"] for row in rows]
+        assert position_order(source) == want, "inserts did not take positions in input order"
+        return source
+
+    yield make
+    for source in made:
+        source.uninstall()  # type: ignore[attr-defined]
     drop_tables(engine, created)
 
 
@@ -212,3 +279,59 @@ def write_sqlalchemy_mariadb_source() -> Callable[[SQLAlchemyTable, Any, float],
 @pytest.fixture
 def write_sqlalchemy_duckdb_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
     return write_sqlalchemy_source
+
+
+@pytest.fixture
+def make_sqlalchemy_live_sqlite_source(
+    sqlalchemy_sqlite_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from _live_maker(sqlalchemy_sqlite_engine)
+
+
+@pytest.fixture
+def make_sqlalchemy_live_postgres_source(
+    sqlalchemy_postgres_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from _live_maker(sqlalchemy_postgres_engine)
+
+
+@pytest.fixture
+def make_sqlalchemy_live_mariadb_source(
+    sqlalchemy_mariadb_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from _live_maker(sqlalchemy_mariadb_engine)
+
+
+def write_live_source(source: SQLAlchemyTable, item: Any, score: float) -> bool:
+    """A concurrent writer on a connection of its own: commits a new score for one item; a live
+    table needs nothing more for new runs to see it."""
+    assert source.table_name is not None
+    live = sa.Table(
+        source.table_name,
+        sa.MetaData(),
+        sa.Column(source.id_column),
+        sa.Column(source.score_column),
+    )
+    item = item.item() if isinstance(item, np.generic) else item
+    with source.engine.begin() as conn:
+        conn.execute(
+            live.update()
+            .where(live.c[source.id_column] == item)
+            .values({live.c[source.score_column]: score})
+        )
+    return True
+
+
+@pytest.fixture
+def write_sqlalchemy_live_sqlite_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
+    return write_live_source
+
+
+@pytest.fixture
+def write_sqlalchemy_live_postgres_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
+    return write_live_source
+
+
+@pytest.fixture
+def write_sqlalchemy_live_mariadb_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
+    return write_live_source

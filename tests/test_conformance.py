@@ -6,8 +6,9 @@ writer that commits, from a connection of its own, a new score for one item and 
 needs for new runs to see it (e.g. a refreshed rank table); it returns whether new runs see it.
 
 Every store must serve the canonical order of ArraySource (score descending, ties by id ascending;
-text ids in byte order), the same rank -> row map (so uniform ranks are uniform items), exact m,
-and therefore, with one seed, the same private top-k as ArraySource.
+text ids in byte order), the same position -> row map (so uniform positions are uniform items),
+exact m, and therefore, with one seed, the same private top-k as ArraySource naming items alike
+(`reference_for`: by rank, or by input index for the live stores of LIVE_STORE_NAMES).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
-from tests.conftest import STORE_NAMES
+from tests.conftest import LIVE_STORE_NAMES, STORE_NAMES
 from tests.helpers import (
     RUNS_CASES,
     CountingSource,
     RunsKept,
     plateau_histogram,
+    reference_for,
     reference_like,
 )
 from topk_middleware import private_top_k
@@ -79,6 +81,14 @@ def store(request: pytest.FixtureRequest) -> tuple[str, Callable[[Any, Any], Sou
     return name, request.getfixturevalue(f"make_{name.replace('-', '_')}_source")
 
 
+@pytest.fixture(params=[name for name in STORE_NAMES if name not in LIVE_STORE_NAMES])
+def ranked_store(request: pytest.FixtureRequest) -> tuple[str, Callable[[Any, Any], Source]]:
+    """The stores whose positions are ranks (a rank-ordered copy): they keep runs of tied
+    scores. (A live store keeps none: tests/test_sqlalchemy_live.py.)"""
+    name = request.param
+    return name, request.getfixturevalue(f"make_{name.replace('-', '_')}_source")
+
+
 def _writer(request: pytest.FixtureRequest, name: str) -> Callable[[Any, Any, float], bool]:
     fixture = f"write_{name.replace('-', '_')}_source"
     try:
@@ -102,8 +112,8 @@ def test_sorted_access_serves_the_canonical_order(store, data: str) -> None:
     """Sorted access in any chunking equals ArraySource's order: ties by id, text in byte order."""
     _, make = store
     scores, ids = dataset(data)
-    reference = ArraySource(scores, ids)
     source = make(scores, ids)
+    reference = reference_for(source, scores, ids)
     m = len(scores)
     want = reference.read_sorted(0, m)
     with source.snapshot():
@@ -132,12 +142,13 @@ def test_text_ids_are_in_byte_order(store) -> None:
 
 @pytest.mark.parametrize("data", DATASETS)
 def test_rank_map_is_canonical(store, data: str) -> None:
-    """Random access by rank returns, for every rank, the canonical row: the positional index is
-    the canonical one, so a uniform rank is a uniform item (each item has exactly one rank)."""
+    """Random access by position returns, for every position, the reference's row (the canonical
+    row of that rank on a rank-ordered store, the input row on a live one), so a uniform position
+    is a uniform item (each item has exactly one position)."""
     _, make = store
     scores, ids = dataset(data)
-    reference = ArraySource(scores, ids)
     source = make(scores, ids)
+    reference = reference_for(source, scores, ids)
     m = len(scores)
     everything = np.random.default_rng(3).permutation(m)
     with source.snapshot():
@@ -147,7 +158,7 @@ def test_rank_map_is_canonical(store, data: str) -> None:
     for part in (rows, rest):
         columns = map(as_list, (part.positions, part.ids, part.scores))
         got.update({r: (i, s) for r, i, s in zip(*columns, strict=True)})
-    want = reference.read_sorted(0, m)
+    want = reference.read_positions(np.arange(m))
     assert sorted(got) == list(range(m))
     assert [got[r][0] for r in range(m)] == as_list(want.ids)
     assert [got[r][1] for r in range(m)] == as_list(want.scores)
@@ -195,8 +206,8 @@ def test_a_run_sees_one_snapshot(store, request: pytest.FixtureRequest) -> None:
     scores, ids = plateau_histogram(1500, 3), np.arange(1500) + 100
     loser = int(np.flatnonzero(scores == 0)[-1])
     loser_id = int(ids[loser])
-    reference = private_top_k(ArraySource(scores, ids), k=3, epsilon=1.0, seed=21)
     source = make(scores, ids)
+    reference = private_top_k(reference_for(source, scores, ids), k=3, epsilon=1.0, seed=21)
 
     class WriteBetweenBatches(CountingSource):
         def read_sorted(self, start: int, count: int) -> Rows:
@@ -229,7 +240,7 @@ def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
     _, make = store
     scores, ids = dataset(data)
     source = make(scores, ids)
-    reference = ArraySource(scores, ids)
+    reference = reference_for(source, scores, ids)
     combos = itertools.product(range(3), (1, 4), ("gumbel", "laplace"), ("threshold", "oneshot"))
     for seed, k, noise, method in combos:
         for oracle in ORACLES:
@@ -248,11 +259,11 @@ def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
 
 # ----- runs of tied scores (ScoreRuns) ------------------------------------------------------
 @pytest.mark.parametrize("case", RUNS_CASES)
-def test_runs_of_tied_scores_are_those_of_array_source(store, case: str) -> None:
+def test_runs_of_tied_scores_are_those_of_array_source(ranked_store, case: str) -> None:
     """A store keeps the runs of its canonical order (first rank, score of each distinct score),
     counts them with m and reads them in one query: exactly ArraySource's, on ties, zeros, text
     ids, fractional scores, all-tied and one-item data."""
-    _, make = store
+    _, make = ranked_store
     scores, ids = RUNS_CASES[case]
     source = make(scores, ids)
     first, run_scores = ArraySource(scores, ids).read_score_runs()
@@ -264,11 +275,11 @@ def test_runs_of_tied_scores_are_those_of_array_source(store, case: str) -> None
     assert got_scores.tolist() == run_scores.tolist()
 
 
-def test_plateau_random_access_is_answered_by_the_runs(store) -> None:
+def test_plateau_random_access_is_answered_by_the_runs(ranked_store) -> None:
     """On the plateau (two runs) the runs are read once and answer the random accesses: the same
     items and AccessStats as ArraySource (which keeps runs too), scores inferred, and fewer rows
     read by rank than random accesses made (counted through RunsKept, which keeps the runs)."""
-    _, make = store
+    _, make = ranked_store
     scores = plateau_histogram(4000, 5)
     source = make(scores, None)
     for seed in range(2):
