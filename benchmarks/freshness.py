@@ -1,6 +1,6 @@
 """Freshness benchmark: the first private release after writes to the counts, against the SQL query.
 
-For each store entry (`STORES`: DuckDB today; a store's live mode is another entry), each m
+For each store entry (`STORES`: DuckDB's refresh by delta, PostgreSQL's live mode), each m
 (10^6, 10^7) and each family (zipf, plateau) it loads a table (id BIGINT, score BIGINT) with
 shuffled ids and prepares it, then:
 
@@ -24,6 +24,7 @@ rank-table run (release_unchanged / release_today, interleaved).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import common
-from .wallclock import DuckDBStore, gumbel_scale, table_name
+from .wallclock import DuckDBStore, PostgresStore, gumbel_scale, table_name
 
 CHANGED_FRACTION = 0.01  # of the items, written between the preparation and the fresh release
 MAX_STEP = 3  # each written count moves by 1..MAX_STEP, up or down
@@ -122,13 +123,84 @@ class DuckDBEntry:
         self.store.close()
 
 
-STORES: dict[str, Callable[[Path], Any]] = {"duckdb": DuckDBEntry}
+class PostgresLiveEntry:
+    """PostgreSQL: `PostgresTable(mode="live")` reads the table itself, so a fresh release needs
+    no refresh at all. The reference, today's path, is `mode="copy"`: a rank table built by
+    `prepare()` on the current counts."""
+
+    name = "postgres-live"
+
+    def __init__(self, workdir: Path) -> None:
+        self.store = PostgresStore(os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN))
+        self.source: Any = None
+        self.reference: Any = None
+
+    def version(self) -> str:
+        return self.store.version()
+
+    def load(self, table: str, ids: np.ndarray, scores: np.ndarray) -> None:
+        self.store.con.execute(f"DROP TABLE IF EXISTS {table}_topk_pos")
+        self.store.load(table, ids, scores)
+        self.store.con.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (id)")
+
+    def prepare(self, table: str) -> None:
+        from adapters.postgres import PostgresTable
+
+        self.source = PostgresTable(self.store.dsn, table, mode="live")
+        self.source.prepare()
+
+    def write(self, table: str, ids: np.ndarray, steps: np.ndarray) -> int:
+        """Move the counts of `ids` by `steps` (never below 0) in one transaction; returns how
+        many rows changed."""
+        with self.store.con.transaction():
+            cur = self.store.con.execute(
+                f"UPDATE {table} AS t SET score = greatest(t.score + c.step, 0) "
+                "FROM unnest(%s::bigint[], %s::bigint[]) AS c(id, step) "
+                "WHERE t.id = c.id AND greatest(t.score + c.step, 0) <> t.score",
+                [ids.tolist(), steps.tolist()],
+            )
+            return int(cur.rowcount)
+
+    def prepare_reference(self, table: str) -> None:
+        """Today's path on the current counts: the rank table of mode="copy"."""
+        from adapters.postgres import PostgresTable
+
+        self.reference = PostgresTable(self.store.dsn, table)
+        self.reference.prepare(refresh=True)
+
+    def refresh(self) -> dict[str, Any]:
+        return {"kind": "none: a live table is read as it is"}
+
+    def oneshot_sql(self, table: str, k: int, scale: float) -> Callable[[], list[Any]]:
+        return self.store.oneshot_sql(table, k, scale)
+
+    def drop(self, table: str) -> None:
+        con = self.store.con
+        con.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+        con.execute(f"DROP TABLE IF EXISTS {table}_topk_pos")
+        if self.source is not None:
+            con.execute(f'DROP FUNCTION IF EXISTS "{self.source.trigger_function}"()')
+            self.source.close()
+        if self.reference is not None:
+            for name in (self.reference.rank_table, self.reference.runs_table):
+                con.execute(f'DROP TABLE IF EXISTS "{name}"')
+            self.reference.close()
+        self.source = self.reference = None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+STORES: dict[str, Callable[[Path], Any]] = {
+    "duckdb": DuckDBEntry,
+    "postgres-live": PostgresLiveEntry,
+}
 
 
 # ----- the benchmark -------------------------------------------------------------------------
 @dataclass
 class FreshnessConfig:
-    stores: tuple[str, ...] = ("duckdb",)
+    stores: tuple[str, ...] = ("duckdb", "postgres-live")
     ms: tuple[int, ...] = (10**6, 10**7)
     families: tuple[str, ...] = ("zipf", "plateau")
     k: int = 10

@@ -22,6 +22,7 @@ pytest_plugins = [
 # Live stores: positions are not ranks, and their plugins build them with positions equal to
 # the input indexes (the reference is ArraySource(scores, ids, positions="input")).
 LIVE_STORE_NAMES: list[str] = [
+    "postgres-live",
     "sqlalchemy-live-sqlite",
     "sqlalchemy-live-postgres",
     "sqlalchemy-live-mariadb",

@@ -20,7 +20,6 @@ class CountingSource:
 
     def __init__(self, inner: Source) -> None:
         self.inner = inner
-        self.positions_are_ranks = positions_are_ranks(inner)
         self.sorted_rows = 0
         self.rank_rows = 0
         self.id_rows = 0

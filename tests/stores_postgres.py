@@ -139,3 +139,88 @@ def write_postgres_source(pg_conninfo: str) -> Callable[[PostgresTable, Any, flo
         return True
 
     return write
+
+
+@pytest.fixture
+def make_postgres_live_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    """PostgresTable(mode='live') whose positions are the input indexes: the table is created
+    with every row (so the column types fit them all), cut to its first row, prepared (which
+    installs the position triggers), and the other rows are copied in input order, each taking
+    the next position; the position table read back must show it."""
+    made: list[PostgresTable] = []
+    conn = _connect(pg_conninfo)
+
+    def make(scores: Any, ids: Any = None) -> PostgresTable:
+        name = TABLE.format(uuid.uuid4().hex[:8])
+        scores = np.asarray(scores)
+        ids = np.arange(len(scores)) if ids is None else np.asarray(ids)
+        create_table(conn, pg_schema, name, scores, ids)
+        table = sql.Identifier(pg_schema, name)
+        conn.execute(sql.SQL("TRUNCATE {}").format(table))
+        integral = bool(np.all(np.isfinite(scores)) and np.all(scores == np.round(scores)))
+        text = not np.issubdtype(ids.dtype, np.integer)
+        rows = [
+            (str(item) if text else item, int(score) if integral else score)
+            for item, score in zip(ids.tolist(), scores.tolist(), strict=True)
+        ]
+        copy_in = sql.SQL("COPY {} FROM STDIN").format(table)
+        with conn.cursor() as cur, cur.copy(copy_in) as copy:
+            copy.write_row(rows[0])
+        source = PostgresTable(
+            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+        )
+        made.append(source)
+        source.prepare()
+        with conn.cursor() as cur, cur.copy(copy_in) as copy:
+            for row in rows[1:]:
+                copy.write_row(row)
+        order = conn.execute(
+            sql.SQL("SELECT id FROM {} ORDER BY position").format(
+                sql.Identifier(pg_schema, source.position_table)
+            )
+        ).fetchall()
+        assert [r[0] for r in order] == [row[0] for row in rows], (
+            "copied rows did not take positions in input order"
+        )
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
+                sql.Identifier(pg_schema, source.table)
+            )
+        )
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {}").format(
+                sql.Identifier(pg_schema, source.position_table)
+            )
+        )
+        conn.execute(
+            sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                sql.Identifier(pg_schema, source.trigger_function)
+            )
+        )
+    conn.close()
+
+
+@pytest.fixture
+def write_postgres_live_source(pg_conninfo: str) -> Callable[[PostgresTable, Any, float], bool]:
+    """A concurrent writer: commits a new score for one item; a live table needs nothing more."""
+
+    def write(source: PostgresTable, item: Any, score: float) -> bool:
+        with _connect(pg_conninfo) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} = %s WHERE {} = %s").format(
+                    sql.Identifier(source.schema, source.table),
+                    sql.Identifier(SCORE_COLUMN),
+                    sql.Identifier(ID_COLUMN),
+                ),
+                [score, item],
+            )
+        return True
+
+    return write
