@@ -239,7 +239,6 @@ def test_scores_without_rows_change_no_answer_and_ids_are_read_at_release() -> N
     ids = np.array([f"id{i}" for i in range(m)], dtype=object)
     for seed in range(8):
         plain = CountingSource(ArraySource(scores, ids, positions="input"))
-        plain.positions_are_ranks = False
         told = ScoresWithoutRows(ArraySource(scores, ids, positions="input"))
         want = private_top_k(plain, k=5, epsilon=0.5, seed=seed)
         got = private_top_k(told, k=5, epsilon=0.5, seed=seed)
