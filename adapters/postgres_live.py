@@ -16,7 +16,10 @@ What `prepare()` installs, once (adapters/postgres.py builds nothing else in thi
   takes position m; a deleted item's position is given to the item at position m - 1 (swap-
   remove); a changed id is a delete and an insert; a TRUNCATE empties the position table. Item
   inserts and deletes are serialised by a transaction-level advisory lock (updates of counts take
-  no lock and fire no trigger). The position table is filled and the triggers created in one
+  no lock and fire no trigger). The trigger reads the last position after taking the lock, which
+  only a READ COMMITTED statement sees as it is: an item insert or delete in a REPEATABLE READ or
+  SERIALIZABLE transaction is refused with a clear error rather than allowed to misplace one.
+  The position table is filled and the triggers created in one
   transaction that holds a SHARE ROW EXCLUSIVE lock on the table for its duration (writers wait
   those seconds once; readers never).
 
@@ -200,6 +203,11 @@ DECLARE
   freed bigint;
   last bigint;
 BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'topk_middleware: items of {where} are inserted and deleted under '
+      'READ COMMITTED only (a snapshot older than the lock would misplace positions); '
+      'count updates may use any level';
+  END IF;
   PERFORM pg_advisory_xact_lock({lock});
   IF TG_OP = 'TRUNCATE' THEN
     DELETE FROM {pos};

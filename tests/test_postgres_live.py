@@ -209,6 +209,20 @@ def test_live_runs_refuse_bad_scores_written_after_prepare(
     assert len(private_top_k(source, 2, 1.0).items) == 2
     with pytest.raises(psycopg.errors.RaiseException, match="no NULL id"):
         execute(pg_conninfo, source, "INSERT INTO {t} VALUES (NULL, 1)")
+    # Item inserts and deletes under a snapshot isolation level are refused (a snapshot older
+    # than the trigger's lock would misplace a position); count updates are not.
+    table = sql.Identifier(source.schema, source.table)
+    with _connect(pg_conninfo) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED only"):
+            with conn.transaction():
+                conn.execute(sql.SQL("INSERT INTO {} VALUES (999, 1)").format(table))
+        with conn.transaction():
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} = 2 WHERE {} = 4").format(
+                    table, sql.Identifier(SCORE_COLUMN), sql.Identifier(ID_COLUMN)
+                )
+            )
 
 
 def test_prepare_is_idempotent_and_needed(pg_conninfo: str, pg_schema: str) -> None:
