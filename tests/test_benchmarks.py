@@ -161,9 +161,10 @@ def test_wallclock_harness_on_duckdb_and_postgres(tmp_path: Path) -> None:
     assert left is None
 
 
-def test_freshness_harness_on_duckdb(tmp_path: Path) -> None:
-    """The freshness benchmark: after 1% writes, a delta refresh (one read of the table) and a
-    release, the SQL one-shot, and today's run; ratios are those of the medians."""
+def test_freshness_harness(tmp_path: Path) -> None:
+    """The freshness benchmark: after 1% writes, a refresh (DuckDB: by delta, one read of the
+    table; PostgreSQL live: none) and a release, the SQL one-shot, and today's run; ratios are
+    those of the medians; the PostgreSQL tables, position table and rank tables are dropped."""
     out = tmp_path / "fresh"
     main(
         ["freshness", "--out", str(out), "--name", "tiny", "--quiet", "--m", "2000", "--reps", "2"]
@@ -173,9 +174,15 @@ def test_freshness_harness_on_duckdb(tmp_path: Path) -> None:
     assert {(e["store"], e["family"]) for e in entries} == {
         ("duckdb", "zipf"),
         ("duckdb", "plateau"),
+        ("postgres-live", "zipf"),
+        ("postgres-live", "plateau"),
     }
     for e in entries:
         assert e["items_written"] == 20 and 0 < e["rows_changed"] <= 20
+        if e["store"] == "postgres-live":
+            assert e["refresh"]["kind"].startswith("none")
+            assert e["release_unchanged_accesses"]["rows_fetched"] > 0
+            continue
         assert e["refresh"]["kind"] == "delta" and e["refresh"]["table_reads"] == 1
         assert e["refresh"]["changed"] == e["rows_changed"]
         med = {name: v["median"] for name, v in e["methods"].items()}
@@ -183,3 +190,8 @@ def test_freshness_harness_on_duckdb(tmp_path: Path) -> None:
         ratio = e["ratios"]["fresh_vs_oneshot_sql"]
         assert ratio == pytest.approx(med["fresh_release"] / med["oneshot_sql"])
     assert (out / "tiny.png").read_bytes()[:4] == b"\x89PNG"
+    with psycopg.connect(PG_DSN) as con:
+        left = con.execute(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_bench_%_2000%'"
+        ).fetchone()[0]
+    assert left == 0
