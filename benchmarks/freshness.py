@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import common
-from .wallclock import DuckDBStore, PostgresStore, gumbel_scale, table_name
+from .wallclock import DuckDBStore, PostgresStore, _time, gumbel_scale, table_name
 
 CHANGED_FRACTION = 0.01  # of the items, written between the preparation and the fresh release
 MAX_STEP = 3  # each written count moves by 1..MAX_STEP, up or down
@@ -223,12 +223,6 @@ class FreshnessConfig:
     name: str = "freshness"
     plots: bool = True
     quiet: bool = False
-
-
-def _time(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - start, value
 
 
 def _summary(values: list[float]) -> dict[str, Any]:

@@ -120,18 +120,25 @@ def make_postgres_source(
     conn.close()
 
 
+def set_score(
+    conn: psycopg.Connection[Any], source: PostgresTable, item: Any, score: float
+) -> None:
+    """Commit a new score for one item of the source's table (conn is in autocommit)."""
+    conn.execute(
+        sql.SQL("UPDATE {} SET {} = %s WHERE {} = %s").format(
+            sql.Identifier(source.schema, source.table),
+            sql.Identifier(SCORE_COLUMN),
+            sql.Identifier(ID_COLUMN),
+        ),
+        [score, item],
+    )
+
+
 @pytest.fixture
 def write_postgres_source(pg_conninfo: str) -> Callable[[PostgresTable, Any, float], bool]:
     def write(source: PostgresTable, item: Any, score: float) -> bool:
         with _connect(pg_conninfo) as conn:
-            conn.execute(
-                sql.SQL("UPDATE {} SET {} = %s WHERE {} = %s").format(
-                    sql.Identifier(source.schema, source.table),
-                    sql.Identifier(SCORE_COLUMN),
-                    sql.Identifier(ID_COLUMN),
-                ),
-                [score, item],
-            )
+            set_score(conn, source, item, score)
             writer = PostgresTable(
                 conn, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
             )
@@ -213,14 +220,7 @@ def write_postgres_live_source(pg_conninfo: str) -> Callable[[PostgresTable, Any
 
     def write(source: PostgresTable, item: Any, score: float) -> bool:
         with _connect(pg_conninfo) as conn:
-            conn.execute(
-                sql.SQL("UPDATE {} SET {} = %s WHERE {} = %s").format(
-                    sql.Identifier(source.schema, source.table),
-                    sql.Identifier(SCORE_COLUMN),
-                    sql.Identifier(ID_COLUMN),
-                ),
-                [score, item],
-            )
+            set_score(conn, source, item, score)
         return True
 
     return write
