@@ -241,20 +241,7 @@ def make_sqlalchemy_duckdb_source(sqlalchemy_duckdb_engine: sa.Engine) -> Iterat
 def write_sqlalchemy_source(source: SQLAlchemyTable, item: Any, score: float) -> bool:
     """A concurrent writer on connections of its own: commits a new score for one item, then
     rebuilds the rank table (prepare() of a second wrapper) so that new runs see it."""
-    assert source.table_name is not None
-    live = sa.Table(
-        source.table_name,
-        sa.MetaData(),
-        sa.Column(source.id_column),
-        sa.Column(source.score_column),
-    )
-    item = item.item() if isinstance(item, np.generic) else item
-    with source.engine.begin() as conn:
-        conn.execute(
-            live.update()
-            .where(live.c[source.id_column] == item)
-            .values({live.c[source.score_column]: score})
-        )
+    write_live_source(source, item, score)
     SQLAlchemyTable(
         source.engine, source.table_name, id=source.id_column, score=source.score_column
     ).prepare(refresh=True)
