@@ -44,12 +44,15 @@ from ._sql import (
     scores_in_order,
 )
 from .duckdb_delta import (
+    CACHE_MAX_ROWS,
     FOLD_FRACTION,
+    DeltaCache,
     DeltaNames,
     DeltaRefresh,
     DeltaView,
     RefreshReport,
     empty_delta_sql,
+    load_cache,
     shadow_sql,
 )
 
@@ -145,7 +148,8 @@ class DuckDBTable:
         self.fold_fraction = FOLD_FRACTION
         self.last_refresh: RefreshReport | None = None
         self._delta_tables_seen = False  # the delta and skip tables were found (never dropped)
-        self._delta_sizes: tuple[int, int] | None = None  # (delta, skip) rows, from _counts()
+        self._delta_sizes: tuple[Any, ...] | None = None  # (delta, skip, gen), from _counts()
+        self._delta_cache: DeltaCache | None = None  # the last delta generation read
         self._run: _Run | None = None
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         self._text_ids = self._check_columns()
@@ -463,7 +467,7 @@ class DuckDBTable:
             try:
                 sizes = run.cursor.execute(
                     f"SELECT (SELECT count(*) FROM {names.delta}), "
-                    f"(SELECT count(*) FROM {names.skip})"
+                    f"(SELECT count(*) FROM {names.skip}), (SELECT gen FROM {names.delta} LIMIT 1)"
                 ).fetchone()
             except duckdb.CatalogException:
                 self._delta_tables_seen = False
@@ -471,9 +475,16 @@ class DuckDBTable:
                     f"the delta tables of {self.where} are gone: run "
                     "prepare(refresh=True, full=True)"
                 ) from None
-        delta, skip = sizes
+        delta, skip, gen = sizes
         if delta or skip:
-            run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip), run.runs)
+            cache = self._delta_cache
+            if not self._text_ids and delta <= CACHE_MAX_ROWS and gen is not None:
+                if cache is None or cache.gen != gen:  # once per delta generation
+                    cache = load_cache(run.cursor, names, int(gen), run.runs is not None)
+                    self._delta_cache = cache
+            else:
+                cache = None
+            run.delta = DeltaView(run.cursor, names, run.m, int(delta), int(skip), run.runs, cache)
             run.m, run.runs = run.delta.m, None
 
     @property
@@ -596,11 +607,14 @@ class DuckDBTable:
         pending = ""  # the delta's sizes in the same round trip, once its tables were seen
         if self._delta_tables_seen:
             names = self._names()
-            pending = f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip})"
+            pending = (
+                f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
+                f"(SELECT gen FROM {names.delta} LIMIT 1)"
+            )
         m, count, *sizes = con.execute(
             f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
         ).fetchone()
-        self._delta_sizes = (int(sizes[0]), int(sizes[1])) if sizes else None
+        self._delta_sizes = tuple(sizes) if sizes else None
         return int(m), None if count is None else int(count)
 
     def _ranked_source(self, ranked: bool) -> str:

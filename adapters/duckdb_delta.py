@@ -42,11 +42,13 @@ about 0.24 s at a delta of 0.5% of m, 0.46 s at 2.7%, 0.9-1.1 s at 5.5%, 1.3-2.5
 plateau release reading the delta 43 ms at 0.5%, 103-126 ms at 2.7-5.5%, 181 ms at 11% (zipf:
 7-30 ms). Writes arriving as batches that each add 0.5% of m to the delta make the cost per
 refresh, the fold's share included, flat between 5% and 10% (within 10% of its minimum, near
-7%); 5% keeps the slowest refresh near 1 s and the releases on a pending delta near today's.
+7%); 5% keeps the slowest refresh near 1 s. (The sweep's release times predate DeltaCache,
+which has since brought releases on a pending delta of 0.5% of m to today's run.)
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +114,7 @@ def empty_delta_sql(names: DeltaNames) -> list[str]:
     """Empty delta and skip tables (with the types of the base)."""
     return [
         f"CREATE OR REPLACE TABLE {names.delta} AS SELECT 0::BIGINT AS seq, rank AS position, "
-        f"id, score FROM {names.base} LIMIT 0",
+        f"id, score, 0::BIGINT AS gen FROM {names.base} LIMIT 0",
         f"CREATE OR REPLACE TABLE {names.skip} AS SELECT rank AS base_rank FROM {names.base} "
         "LIMIT 0",
     ]
@@ -237,7 +239,8 @@ class DeltaRefresh:
             f"FROM __topk_changes WHERE NOT present AND base_rank < {m}), "
             "moved AS (SELECT movers.prov, holes.hole FROM movers JOIN holes USING (k)) "
             f"SELECT (row_number() OVER (ORDER BY p.score DESC, p.id{c} ASC) - 1)::BIGINT AS seq, "
-            "coalesce(moved.hole, p.prov)::BIGINT AS position, p.id, p.score "
+            "coalesce(moved.hole, p.prov)::BIGINT AS position, p.id, p.score, "
+            f"{secrets.randbits(62)}::BIGINT AS gen "  # names this delta for caches (DeltaCache)
             "FROM placed AS p LEFT JOIN moved USING (prov) ORDER BY seq"
         )
         self._run(
@@ -246,6 +249,47 @@ class DeltaRefresh:
             f"UNION ALL SELECT range AS base_rank FROM range({m}, greatest({m_base}, {m}))) "
             "ORDER BY base_rank"
         )
+
+
+# A delta of at most this many rows is kept in memory between runs (DeltaCache).
+CACHE_MAX_ROWS = 1_000_000
+
+
+@dataclass(frozen=True)
+class DeltaCache:
+    """One delta generation in memory: a refresh writes new delta and skip tables under a new
+    generation number and never changes them in place, so runs whose snapshot reads the same
+    generation can share what it holds (numeric ids only: merged by numpy)."""
+
+    gen: int
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]  # the delta's (position, id, score) by seq
+    by_position: tuple[np.ndarray, np.ndarray]  # the delta's (position, score) by position
+    skip: np.ndarray  # the skipped base ranks, ascending
+    runs: tuple[np.ndarray, np.ndarray] | None  # the base's runs (first rank, score)
+
+
+def load_cache(
+    cur: duckdb.DuckDBPyConnection, names: DeltaNames, gen: int, with_runs: bool
+) -> DeltaCache:
+    """Read one delta generation (in the caller's snapshot): three queries."""
+    got = cur.execute(f"SELECT seq, position, id, score FROM {names.delta}").fetchnumpy()
+    order = np.argsort(np.asarray(got["seq"], dtype=np.int64), kind="stable")
+    positions = np.asarray(got["position"], dtype=np.int64)[order]
+    ids = np.asarray(got["id"])[order]
+    scores = np.asarray(got["score"], dtype=np.float64)[order]
+    by_position = np.argsort(positions)
+    skip = np.sort(
+        np.asarray(cur.execute(f"SELECT base_rank FROM {names.skip}").fetchnumpy()["base_rank"])
+    ).astype(np.int64)
+    runs = None
+    if with_runs and names.runs:
+        r = cur.execute(f"SELECT first_rank, score FROM {names.runs}").fetchnumpy()
+        first = np.asarray(r["first_rank"], dtype=np.int64)
+        run_order = np.argsort(first)
+        runs = (first[run_order], np.asarray(r["score"], dtype=np.float64)[run_order])
+    return DeltaCache(
+        gen, (positions, ids, scores), (positions[by_position], scores[by_position]), skip, runs
+    )
 
 
 class DeltaView:
@@ -264,13 +308,15 @@ class DeltaView:
         delta_rows: int,
         skip_rows: int,
         base_runs: int | None = None,
+        cache: DeltaCache | None = None,
     ) -> None:
         self.cur, self.n = cursor, names
+        self.cache = cache
         self.m_base, self.delta_rows, self.skip_rows = m_base, delta_rows, skip_rows
         self.base_runs = base_runs  # runs of tied scores of the base (None: no runs table)
         self.numeric_ids = not names.collate  # text ids compare in byte order: sorted by DuckDB
-        self._runs: tuple[np.ndarray, np.ndarray] | None = None
-        self._delta_scores: tuple[np.ndarray, np.ndarray] | None = None  # by position
+        self._runs = cache.runs if cache else None
+        self._delta_scores = cache.by_position if cache else None  # (position, score) by position
         self.m = m_base - skip_rows + delta_rows
         self._depth = 0  # the merge cursor: next depth, next base rank, next delta seq
         self._base_next = 0
@@ -312,13 +358,48 @@ class DeltaView:
         base (skipped ranks flagged), of the delta, merged by DuckDB in canonical order; the rows
         up to the earlier of the two windows' last rows are final (neither stream can put an
         unread row before them)."""
-        n, c = self.n, self.n.collate
         first = self._base_next == 0 and self._delta_next == 0  # the first read: often short
         width = 2 * need + 16 if first else max(need, MERGE_WINDOW)
         # a margin on the base side: its window also holds skipped ranks
         b0, b1 = self._base_next, min(self._base_next + width + width // 8 + 16, self.m_base)
         d0, d1 = self._delta_next, min(self._delta_next + width, self.delta_rows)
-        got = self.cur.execute(
+        if self.cache is not None:
+            got = self._cached_window(b0, b1, d0, d1)
+        else:
+            got = self._window_query(b0, b1, d0, d1)
+        if self.numeric_ids:  # canonical order, the base's row before the delta's on a tie
+            order = np.lexsort((got["src"], got["id"], -np.asarray(got["score"], np.float64)))
+            got = {name: np.asarray(column)[order] for name, column in got.items()}
+        return self._final_rows(got, need, b1, d1)
+
+    def _cached_window(self, b0: int, b1: int, d0: int, d1: int) -> dict[str, np.ndarray]:
+        """The base window from the store (a row id range), the delta's and the skipped ranks
+        from the cache."""
+        base = self.cur.execute(
+            f"SELECT rank, id, score FROM {self.n.base} WHERE rowid >= ? AND rowid < ?", [b0, b1]
+        ).fetchnumpy()
+        ranks = np.asarray(base["rank"], dtype=np.int64)
+        if len(ranks) != b1 - b0 or (len(ranks) and (ranks.min() != b0 or ranks.max() != b1 - 1)):
+            base = self.cur.execute(
+                f"SELECT rank, id, score FROM {self.n.base} WHERE rank >= ? AND rank < ?",
+                [b0, b1],
+            ).fetchnumpy()
+            ranks = np.asarray(base["rank"], dtype=np.int64)
+        skip = self.cache.skip  # type: ignore[union-attr]
+        lo, hi = np.searchsorted(skip, [b0, b1])
+        positions, ids, scores = self.cache.rows  # type: ignore[union-attr]
+        return {
+            "src": np.concatenate([np.zeros(len(ranks), np.int64), np.ones(d1 - d0, np.int64)]),
+            "position": np.concatenate([ranks, positions[d0:d1]]),
+            "id": np.concatenate([np.asarray(base["id"]), ids[d0:d1]]),
+            "score": np.concatenate([np.asarray(base["score"], np.float64), scores[d0:d1]]),
+            "skipped": np.concatenate([np.isin(ranks, skip[lo:hi]), np.zeros(d1 - d0, bool)]),
+        }
+
+    def _window_query(self, b0: int, b1: int, d0: int, d1: int) -> dict[str, np.ndarray]:
+        """The base window (skipped ranks flagged) and the delta's, in one query."""
+        n, c = self.n, self.n.collate
+        return self.cur.execute(
             "SELECT src, position, id, score, skipped FROM ("
             f"SELECT 0 AS src, b.rank AS position, b.id, b.score, "
             f"b.rank IN (SELECT base_rank FROM {n.skip} WHERE base_rank >= $b0 "
@@ -330,9 +411,12 @@ class DeltaView:
             + ("" if self.numeric_ids else f"ORDER BY score DESC, id{c} ASC, src"),
             {"b0": b0, "b1": b1, "d0": d0, "d1": d1},
         ).fetchnumpy()
-        if self.numeric_ids:  # canonical order, the base's row before the delta's on a tie
-            order = np.lexsort((got["src"], got["id"], -np.asarray(got["score"], np.float64)))
-            got = {name: np.asarray(column)[order] for name, column in got.items()}
+
+    def _final_rows(
+        self, got: dict[str, np.ndarray], need: int, b1: int, d1: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The merged window's rows that are final (see _merge_window), up to `need`, and the
+        cursor moved past what they consumed."""
         src = np.asarray(got["src"], dtype=np.int64)
         skipped = np.asarray(got["skipped"], dtype=bool)
         final = len(src)
