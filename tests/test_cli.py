@@ -230,6 +230,11 @@ def test_prepare_check_release_and_budget_on_every_store(
     assert "prepare" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert json.loads(run(["budget", *charged, "--json"], capsys)[1])["releases"] == 0
 
+    code, out, _ = run(["check", *store.args("--json", "--stale")], capsys)
+    assert code == EXIT_OK and json.loads(out)["full_scan"] is True
+    if store.mode == "copy":
+        assert (json.loads(out)["prepared"], json.loads(out)["stale"]) == (False, True)
+
     code, out, err = run(["prepare", *store.args("--json")], capsys)
     assert (code, err) == (EXIT_OK, "")
     prepared = json.loads(out)
@@ -238,7 +243,9 @@ def test_prepare_check_release_and_budget_on_every_store(
 
     code, out, err = run(["check", *store.args("--json", "--stale")], capsys)
     assert (code, err) == (EXIT_OK, "")
-    assert json.loads(out)["full_scan"] is False and json.loads(out)["stale"] is False
+    checked = json.loads(out)
+    assert checked["full_scan"] is False and checked["stale"] is False
+    assert checked["prepared"] is (True if store.mode == "copy" else None)
 
     # The release, charged to ana: only items and guarantee on stdout, nothing on stderr.
     code, out, err = run(

@@ -229,7 +229,8 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
     except Exception as error:  # every other failure: the message, never a traceback
         message = _first_line(error)
         if "prepare()" in message:
-            message += f" (on the command line: {PROG} prepare URL --table TABLE)"
+            live = " --mode live" if getattr(args, "mode", None) == "live" else ""
+            message += f" (on the command line: {PROG} prepare URL --table TABLE{live})"
         problem = (EXIT_FAILED, message)
     for warning in caught:
         print(f"{name}: warning: {_first_line(warning.message)}", file=sys.stderr)  # type: ignore[arg-type]
@@ -293,6 +294,25 @@ def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
     )
 
 
+def has_copy(source: Any, args: argparse.Namespace) -> bool:
+    """Whether a copy-mode table has the rank-ordered copy prepare() writes (one catalog
+    lookup; SQLAlchemyTable has no such method: its rank table is looked up by name)."""
+    has_rank_table = getattr(source, "has_rank_table", None)
+    if has_rank_table is not None:
+        return bool(has_rank_table())
+    import sqlalchemy as sa
+
+    _, schema = split_table(args.table, args.schema)
+    with source.engine.connect() as conn:
+        return sa.inspect(conn).has_table(source.rank_table_name, schema=schema)
+
+
+def _not_prepared(source: Any) -> RuntimeError:
+    return RuntimeError(
+        f"{source.where} is not prepared (no rank-ordered copy): run {PROG} prepare on it first"
+    )
+
+
 # ----- release -----------------------------------------------------------------------------------
 def add_release_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -339,13 +359,8 @@ def release_command(args: argparse.Namespace) -> int:
     budget = None if ledger is None else principal_budget(ledger, args.principal)
     options = {} if args.method is None else {"method": args.method}
     with _open(args, read_only=True) as source:
-        if args.mode == "copy" and args.method != "oneshot":
-            has_rank_table = getattr(source, "has_rank_table", None)
-            if has_rank_table is not None and not has_rank_table():
-                raise RuntimeError(
-                    f"{source.where} is not prepared for sublinear access (no rank table): run "
-                    f"{PROG} prepare on it first, or pass --method oneshot for a full read"
-                )
+        if args.mode == "copy" and args.method != "oneshot" and not has_copy(source, args):
+            raise _not_prepared(source)  # else every read would be a full scan
         result = private_top_k(
             source,
             k=args.k,
@@ -502,16 +517,23 @@ def check_command(args: argparse.Namespace) -> int:
     """The adapter's check() (and is_stale() with --stale); exit 0 whatever the plan."""
     with _open(args, read_only=True) as source:
         plan = source.check()
-        stale = source.is_stale() if args.stale else None
+        prepared = None if args.mode == "live" else has_copy(source, args)
+        stale = None
+        if args.stale:  # a live table is never stale; a table without a copy always is
+            stale = source.is_stale() if prepared else prepared is False
     if args.json:
-        print(_json({**_plan_dict(plan), "stale": stale}))
+        print(_json({**_plan_dict(plan), "prepared": prepared, "stale": stale}))
     else:
         print(plan)
-        if stale is not None:
+        if prepared is False:
+            print(f"  no rank-ordered copy: run {PROG} prepare")
+        elif stale is not None:
             print(
-                "  the table changed since the last prepare: run prepare --refresh"
+                f"  the table changed since the last prepare: run {PROG} prepare --refresh"
                 if stale
                 else "  the table is as it was at the last prepare"
+                if prepared
+                else "  live mode: runs read the table as it is now"
             )
     return EXIT_OK
 
