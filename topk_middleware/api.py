@@ -39,6 +39,13 @@ class Release:
     ranked: bool
     bottom: bool = False
 
+    def to_arrow(self) -> Any:
+        """The release as a pyarrow Table (position, item; the guarantee in the schema
+        metadata): export.release_to_arrow. Needs the `arrow` extra."""
+        from .export import release_to_arrow
+
+        return release_to_arrow(self)
+
 
 @dataclass(frozen=True)
 class Diagnostics:
@@ -75,6 +82,10 @@ class TopKResult:
         return Release(
             tuple(self.items), self.privacy, self.ranked, bool(getattr(self, "bottom", False))
         )
+
+    def to_arrow(self) -> Any:
+        """The release only (never the diagnostics) as a pyarrow Table: `release().to_arrow()`."""
+        return self.release().to_arrow()
 
 
 def unranked_order(items: list[Any]) -> list[Any]:

@@ -1,4 +1,10 @@
-"""Command line: `python -m topk_middleware demo`.
+"""Command line: `topk-middleware` (or `python -m topk_middleware`) COMMAND.
+
+`release`, `prepare`, `check` and `budget` work on a table of counts in any store named by a URL
+(adapters/url.py: a DuckDB file, postgresql://, any SQLAlchemy URL) and, for budgets, a
+PrivacyLedger (ledger.py). `release` prints the release only (items and guarantee, api.Release);
+operator diagnostics, which depend on the data, only with --diagnostics and on stderr. Every
+failure a user can cause is one line on stderr and an exit code (EXIT_* below), never a traceback.
 
 The demo works on an embedded DuckDB file (demo-data/votes-<m>.duckdb): the first time it creates a
 synthetic Zipf table of per-item vote counts inside DuckDB and prepares it (adapters/duckdb.py);
@@ -10,14 +16,41 @@ prints the items, the privacy guarantee, and the wall time and rows read of both
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import sys
+import threading
 import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .api import TopKResult, private_top_k
+from adapters.url import (
+    DUCKDB_SUFFIXES,
+    POSTGRES_SCHEMES,
+    StoreArgumentError,
+    StoreConnectionError,
+    open_table,
+    parse_store_url,
+    split_table,
+)
+from adapters.url import (
+    MODES as STORE_MODES,
+)
+
+from .accounting import BudgetExceeded, check_budget_total
+from .api import METHODS, NOISES, Diagnostics, Release, TopKResult, check_common, private_top_k
+from .export import plain, release_dict
+from .ledger import PRINCIPALS as LEDGER_PRINCIPALS
+from .ledger import LedgerBudget, PrivacyLedger
+
+if TYPE_CHECKING:
+    from adapters._sql import AccessCheck
 
 DEMO_TABLE = "item_votes"
 
@@ -129,9 +162,86 @@ def demo(
     )
 
 
+# ----- the command line ------------------------------------------------------------------------
+# `demo` above; `release`, `prepare`, `check` and `budget` below, one function each
+# (`<name>_command`), over any store URL (adapters/url.py). Exit codes (README "Command line"):
+PROG = "topk-middleware"
+EXIT_OK = 0
+EXIT_FAILED = 1  # the store, the ledger or the mechanism refused or failed
+EXIT_USAGE = 2  # the command line is wrong (argparse's code too): nothing was opened or created
+EXIT_BUDGET = 3  # the principal's budget would be exceeded: nothing was read, charged or released
+EXIT_INTERRUPTED = 130
+STORE_URL_HELP = (
+    "the store: a DuckDB file (path.duckdb, path.db, duckdb:///path), postgresql://user@host/db "
+    "(psycopg), or any SQLAlchemy URL (sqlite:///path, mysql+pymysql://user@host/db, "
+    "postgresql+psycopg://user@host/db)"
+)
+LEDGER_URL_HELP = (
+    "the privacy ledger (topk_middleware/ledger.py): an SQLAlchemy URL, a DuckDB file or "
+    "postgresql://user@host/db"
+)
+NOT_FOR_ANALYSTS = "data-dependent, outside the guarantee: not for analysts"
+
+
+class UsageError(ValueError):
+    """What is wrong with the command line, found before anything is opened or created."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="topk_middleware")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The console script `topk-middleware` and `python -m topk_middleware`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo_command(args, parser)
+    return run_reporting_errors(args.handler, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Differentially private top-k straight from the table that holds the counts.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo_parser(sub)
+    add_release_parser(sub)
+    add_prepare_parser(sub)
+    add_check_parser(sub)
+    add_budget_parser(sub)
+    return parser
+
+
+def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any) -> int:
+    """Run one subcommand: warnings and errors as one line each on stderr, no traceback, and
+    the exit code of the failure (module constants)."""
+    name = f"{PROG} {args.command}"
+    caught: list[warnings.WarningMessage] = []
+    problem: tuple[int, str] | None = None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            code = handler(args)
+    except (UsageError, StoreArgumentError) as error:
+        problem = (EXIT_USAGE, _first_line(error))
+    except BudgetExceeded as error:
+        problem = (EXIT_BUDGET, f"budget exceeded: {_first_line(error)}")
+    except KeyboardInterrupt:
+        problem = (EXIT_INTERRUPTED, "interrupted")
+    except Exception as error:  # every other failure: the message, never a traceback
+        message = _first_line(error)
+        if "prepare()" in message:
+            live = " --mode live" if getattr(args, "mode", None) == "live" else ""
+            message += f" (on the command line: {PROG} prepare URL --table TABLE{live})"
+        problem = (EXIT_FAILED, message)
+    for warning in caught:
+        print(f"{name}: warning: {_first_line(warning.message)}", file=sys.stderr)  # type: ignore[arg-type]
+    if problem is not None:
+        print(f"{name}: error: {problem[1]}", file=sys.stderr)
+        return problem[0]
+    return code
+
+
+# ----- demo --------------------------------------------------------------------------------------
+def add_demo_parser(sub: Any) -> None:
     d = sub.add_parser(
         "demo", help="release a private top-k from a synthetic vote table in an embedded DuckDB"
     )
@@ -142,17 +252,431 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument(
         "--data-dir", type=Path, default=Path("demo-data"), help="where the DuckDB file lives"
     )
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        problem = demo_argument_error(args.m, args.k, args.epsilon, args.seed)
-        if problem:
-            parser.error(problem)  # exit code 2, before any file or directory is created
-        try:
-            demo(args.m, args.k, args.epsilon, args.seed, args.data_dir)
-        except Exception as error:  # no traceback: the message, and a non-zero exit code
-            print(f"topk_middleware demo: error: {_first_line(error)}", file=sys.stderr)
-            return 1
+
+
+def demo_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    problem = demo_argument_error(args.m, args.k, args.epsilon, args.seed)
+    if problem:
+        parser.error(problem)  # exit code 2, before any file or directory is created
+    try:
+        demo(args.m, args.k, args.epsilon, args.seed, args.data_dir)
+    except Exception as error:  # no traceback: the message, and a non-zero exit code
+        print(f"topk_middleware demo: error: {_first_line(error)}", file=sys.stderr)
+        return 1
     return 0
+
+
+# ----- options shared by the store commands ------------------------------------------------------
+def _add_table_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help=STORE_URL_HELP)
+    p.add_argument("--table", required=True, help="the table of counts: NAME or SCHEMA.NAME")
+    p.add_argument(
+        "--schema", default=None, help="the table's schema (then --table is taken whole, dots too)"
+    )
+    p.add_argument("--id", default="id", help="the item id column (default: id)")
+    p.add_argument("--score", default="score", help="the count column (default: score)")
+    p.add_argument(
+        "--mode",
+        choices=STORE_MODES,
+        default="copy",
+        help="copy: runs read the rank-ordered copy prepare writes (every store); live: runs "
+        "read the table itself, no rebuild after writes (PostgreSQL and SQLAlchemy stores)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
+    """The table named by the command line, as a context manager (adapters/url.py)."""
+    store = parse_store_url(args.url)
+    table, schema = split_table(args.table, args.schema)
+    return open_table(
+        store, table, args.id, args.score, schema=schema, mode=args.mode, read_only=read_only
+    )
+
+
+def has_copy(source: Any, args: argparse.Namespace) -> bool:
+    """Whether a copy-mode table has the rank-ordered copy prepare() writes (one catalog
+    lookup; SQLAlchemyTable has no such method: its rank table is looked up by name)."""
+    has_rank_table = getattr(source, "has_rank_table", None)
+    if has_rank_table is not None:
+        return bool(has_rank_table())
+    import sqlalchemy as sa
+
+    _, schema = split_table(args.table, args.schema)
+    with source.engine.connect() as conn:
+        return sa.inspect(conn).has_table(source.rank_table_name, schema=schema)
+
+
+def _not_prepared(source: Any) -> RuntimeError:
+    return RuntimeError(
+        f"{source.where} is not prepared (no rank-ordered copy): run {PROG} prepare on it first"
+    )
+
+
+# ----- release -----------------------------------------------------------------------------------
+def add_release_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "release",
+        help="release a private top-k from a table of counts",
+        description="Release the k most voted items under (epsilon, delta)-DP (add/remove-one-"
+        "client neighbours). Prints only the release, the items and the guarantee; operator "
+        "diagnostics only with --diagnostics, on stderr.",
+    )
+    _add_table_options(p)
+    p.add_argument("--k", type=int, required=True, help="how many items to release")
+    p.add_argument("--epsilon", type=float, required=True, help="the release's total epsilon")
+    p.add_argument("--delta", type=float, default=0.0, help="the release's total delta (0)")
+    p.add_argument("--noise", choices=NOISES, default="gumbel", help="gumbel (ranked) or laplace")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="threshold (sublinear accesses) or oneshot (a full read); default: private_top_k's",
+    )
+    p.add_argument("--ledger", metavar="URL", default=None, help=LEDGER_URL_HELP)
+    p.add_argument(
+        "--principal", default=None, help="whose budget in --ledger pays for the release"
+    )
+    p.add_argument(
+        "--diagnostics",
+        action="store_true",
+        help=f"also print the operator diagnostics, on stderr ({NOT_FOR_ANALYSTS})",
+    )
+    p.set_defaults(handler=release_command)
+
+
+def release_command(args: argparse.Namespace) -> int:
+    """private_top_k over the table, charged to --principal's budget in --ledger if given."""
+    parse_store_url(args.url)
+    split_table(args.table, args.schema)
+    try:
+        check_common(args.k, args.epsilon, args.delta)
+    except (TypeError, ValueError) as error:
+        raise UsageError(_first_line(error)) from None
+    if (args.ledger is None) != (args.principal is None):
+        raise UsageError("--ledger and --principal go together: whose budget, in which ledger")
+    ledger = None if args.ledger is None else open_ledger(args.ledger, create=False)
+    budget = None if ledger is None else principal_budget(ledger, args.principal)
+    options = {} if args.method is None else {"method": args.method}
+    with _open(args, read_only=True) as source:
+        if args.mode == "copy" and args.method != "oneshot" and not has_copy(source, args):
+            raise _not_prepared(source)  # else every read would be a full scan
+        result = private_top_k(
+            source,
+            k=args.k,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            noise=args.noise,
+            budget=budget,
+            **options,
+        )
+        where = source.where
+    release = result.release()
+    if args.json:
+        print(_json(release_dict(release)))
+    else:
+        print(_release_text(release, where))
+    if args.diagnostics:
+        _print_diagnostics(result.diagnostics, args.json)
+    return EXIT_OK
+
+
+def _release_text(release: Release, where: str) -> str:
+    order = "best first" if release.ranked else "a set: the order is not a ranking"
+    lines = [f"Private top-{len(release.items)} of {where} ({order}):", "", _items_table(release)]
+    p = release.privacy
+    lines += [
+        "",
+        f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
+        f"{p.noise} noise of per-item scale {p.scale:.6g}",
+        f"  derived from {p.derivation}",
+    ]
+    return "\n".join(lines)
+
+
+def _items_table(release: Release) -> str:
+    header = ("position" if release.ranked else "#", "item")
+    rows = [(str(i), str(plain(item))) for i, item in enumerate(release.items, 1)]
+    width = max(len(header[0]), *(len(r[0]) for r in rows))
+    return "\n".join(f"  {a:>{width}}  {b}" for a, b in [header, *rows])
+
+
+def _print_diagnostics(diagnostics: Diagnostics, as_json: bool) -> None:
+    """Operator diagnostics on stderr, apart from the release on stdout."""
+    fields = dataclasses.asdict(diagnostics)
+    if as_json:
+        print(_json({"diagnostics": fields}), file=sys.stderr)
+        return
+    a = diagnostics.accesses
+    seconds = diagnostics.timings.get("total")
+    print(
+        f"\n== Operator diagnostics ({NOT_FOR_ANALYSTS}) ==\n"
+        f"method {diagnostics.method}, m = {diagnostics.m:,}; accesses {a.total:,} ({a.sorted:,} "
+        f"sorted + {a.random:,} random); rows fetched {a.rows_fetched:,} in {a.round_trips:,} "
+        "round trips"
+        + ("" if seconds is None else f"; {seconds * 1000:.1f} ms")
+        + f"; plan {diagnostics.plan}",
+        file=sys.stderr,
+    )
+
+
+# ----- prepare -----------------------------------------------------------------------------------
+def add_prepare_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="build what sublinear access needs (a rank-ordered copy, or a live table's index "
+        "and positions)",
+    )
+    _add_table_options(p)
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="bring an existing copy up to date after writes (copy mode)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress indicator on stderr")
+    p.set_defaults(handler=prepare_command)
+
+
+def prepare_command(args: argparse.Namespace) -> int:
+    """The adapter's prepare() (prepare(refresh=True) with --refresh), then its access plan."""
+    if args.refresh and args.mode == "live":
+        raise UsageError("--refresh is for copy mode: a live table needs no refresh after writes")
+    with _open(args, read_only=False) as source:
+        started = time.perf_counter()
+        with elapsed_progress(f"preparing {source.where}", enabled=not args.no_progress):
+            if args.refresh:
+                source.prepare(refresh=True)
+            else:
+                source.prepare()
+        seconds = time.perf_counter() - started
+        plan = source.check()
+    if args.json:
+        print(
+            _json(
+                {
+                    "prepared": plan.store,
+                    "mode": args.mode,
+                    "refresh": args.refresh,
+                    "seconds": seconds,
+                    **_plan_dict(plan),
+                }
+            )
+        )
+    else:
+        what = "refreshed" if args.refresh else "prepared"
+        print(f"{what} {plan.store} in {seconds:.1f} s ({args.mode} mode)\n{plan}")
+    return EXIT_OK
+
+
+@contextmanager
+def elapsed_progress(description: str, enabled: bool = True) -> Iterator[None]:
+    """A progress indicator on stderr (tqdm) while a long step runs: the step is one statement
+    in the store with no fraction done to report, so it shows the time elapsed. Shown only when
+    stderr is a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=None,
+        desc=description,
+        bar_format="{desc}: {elapsed}",
+        file=sys.stderr,
+        disable=None if enabled else True,  # None: only on a terminal
+        leave=False,
+    )
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
+# ----- check -------------------------------------------------------------------------------------
+def add_check_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "check", help="say how each access kind will be served (index or full scan), before a run"
+    )
+    _add_table_options(p)
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="also say whether the table changed since the last prepare (one full scan)",
+    )
+    p.set_defaults(handler=check_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """The adapter's check() (and is_stale() with --stale); exit 0 whatever the plan."""
+    with _open(args, read_only=True) as source:
+        plan = source.check()
+        prepared = None if args.mode == "live" else has_copy(source, args)
+        stale = None
+        if args.stale:  # a live table is never stale; a table without a copy always is
+            stale = source.is_stale() if prepared else prepared is False
+    if args.json:
+        print(_json({**_plan_dict(plan), "prepared": prepared, "stale": stale}))
+    else:
+        print(plan)
+        if prepared is False:
+            print(f"  no rank-ordered copy: run {PROG} prepare")
+        elif stale is not None:
+            print(
+                f"  the table changed since the last prepare: run {PROG} prepare --refresh"
+                if stale
+                else "  the table is as it was at the last prepare"
+                if prepared
+                else "  live mode: runs read the table as it is now"
+            )
+    return EXIT_OK
+
+
+def _plan_dict(plan: AccessCheck) -> dict[str, Any]:
+    return {
+        "store": plan.store,
+        "full_scan": plan.full_scan,
+        "paths": [dataclasses.asdict(path) for path in plan.paths],
+    }
+
+
+# ----- budget ------------------------------------------------------------------------------------
+def add_budget_parser(sub: Any) -> None:
+    p = sub.add_parser("budget", help="show a principal's privacy budget in a ledger, or grant one")
+    p.add_argument("--ledger", metavar="URL", required=True, help=LEDGER_URL_HELP)
+    p.add_argument("--principal", required=True, help="the analyst whose budget it is")
+    p.add_argument(
+        "--grant",
+        type=float,
+        metavar="EPSILON",
+        default=None,
+        help="give the principal this total epsilon (a new principal; the same total again is "
+        "a no-op, another total is refused)",
+    )
+    p.add_argument("--grant-delta", type=float, metavar="DELTA", default=0.0, help="total delta")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(handler=budget_command)
+
+
+def budget_command(args: argparse.Namespace) -> int:
+    """The principal's total and what the releases charged to it compose to (accounting.py)."""
+    if args.grant is not None:
+        try:
+            check_budget_total(args.grant, args.grant_delta)
+        except (TypeError, ValueError) as error:
+            raise UsageError(_first_line(error)) from None
+    if not args.principal:
+        raise UsageError("--principal must not be empty")
+    ledger = open_ledger(args.ledger, create=args.grant is not None)
+    if args.grant is not None:
+        budget = ledger.budget(args.principal, args.grant, args.grant_delta)
+    else:
+        budget = principal_budget(ledger, args.principal)
+    spent = budget.spent()
+    releases = len(budget.releases)
+    if args.json:
+        print(
+            _json(
+                {
+                    "principal": args.principal,
+                    "total": {"epsilon": budget.epsilon, "delta": budget.delta},
+                    "spent": dataclasses.asdict(spent),
+                    "releases": releases,
+                }
+            )
+        )
+    else:
+        print(
+            f"principal {args.principal!r}: total ({budget.epsilon:.6g}, {budget.delta:.3g})-DP; "
+            f"spent ({spent.epsilon:.6g}, {spent.delta:.3g})-DP over {releases} release(s)"
+            + ("" if not releases else f" ({spent.rule})")
+        )
+    return EXIT_OK
+
+
+def ledger_url(text: str) -> str:
+    """The SQLAlchemy URL of a ledger given as a DuckDB file, a postgresql:// URI or a URL."""
+    if "://" not in text and text.lower().endswith(DUCKDB_SUFFIXES):
+        return "duckdb:///" + text
+    for scheme in POSTGRES_SCHEMES:
+        if text.startswith(scheme):
+            return "postgresql+psycopg://" + text[len(scheme) :]
+    return text
+
+
+def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
+    """The PrivacyLedger at `text`. Unless `create`, it must already be one: no file and no
+    table is created by a command that only reads or charges it."""
+    import sqlalchemy as sa
+
+    try:
+        url = sa.make_url(ledger_url(text))
+    except sa.exc.ArgumentError:
+        raise UsageError(f"--ledger {text!r} is not a URL: expected {LEDGER_URL_HELP}") from None
+    shown = url.render_as_string(hide_password=True)
+    if url.get_backend_name() in ("sqlite", "duckdb"):
+        database = url.database or ""
+        if database in ("", ":memory:"):
+            raise UsageError(f"--ledger {shown!r}: an in-memory ledger keeps nothing; name a file")
+        if not create and not Path(database).is_file():
+            raise UsageError(f"no ledger file at {database!r} (grant a budget first)")
+    try:
+        engine = sa.create_engine(url)
+    except (ImportError, sa.exc.ArgumentError) as error:
+        raise UsageError(
+            f"--ledger {shown}: SQLAlchemy cannot load its driver ({_first_line(error)})"
+        ) from None
+    try:
+        with engine.connect() as conn:
+            exists = sa.inspect(conn).has_table(LEDGER_PRINCIPALS)
+    except sa.exc.DBAPIError as error:
+        raise StoreConnectionError(
+            f"cannot connect to the ledger at {shown}: {_first_line(error.orig)}"
+        ) from None
+    finally:
+        engine.dispose()
+    if not exists and not create:
+        raise LookupError(
+            f"no privacy ledger at {shown}: grant a budget first ({PROG} budget --ledger URL "
+            "--principal NAME --grant EPSILON)"
+        )
+    return PrivacyLedger(url)
+
+
+def principal_budget(ledger: PrivacyLedger, principal: str) -> LedgerBudget:
+    """The budget of a principal already in the ledger, with the total stored there."""
+    import sqlalchemy as sa
+
+    p = ledger.principals.c
+    with ledger.engine.connect() as conn:
+        row = conn.execute(sa.select(p.epsilon, p.delta).where(p.principal == principal)).first()
+    if row is None:
+        raise LookupError(
+            f"principal {principal!r} has no budget in this ledger: grant one with {PROG} "
+            f"budget --ledger URL --principal {principal} --grant EPSILON"
+        )
+    return ledger.budget(principal, float(row.epsilon), float(row.delta))
+
+
+def _json(value: Any) -> str:
+    """JSON text; non-finite numbers as the strings "inf", "-inf", "nan" (JSON has none)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return plain(x)
+
+    return json.dumps(clean(value), default=str)
 
 
 def demo_argument_error(m: int, k: int, epsilon: float, seed: int | None) -> str | None:
