@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import sql_function
 from .api import TopKResult, private_top_k
 
 DEMO_TABLE = "item_votes"
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument(
         "--data-dir", type=Path, default=Path("demo-data"), help="where the DuckDB file lives"
     )
+    sql_function.add_install_sql_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "install-sql":
+        return sql_function.run_install_sql(args)
     if args.command == "demo":
         problem = demo_argument_error(args.m, args.k, args.epsilon, args.seed)
         if problem:
