@@ -219,7 +219,8 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
     plan = GD.get("topk_registration")
     if plan is None:
         plan = GD["topk_registration"] = plpy.prepare(
-            "SELECT s.source::text AS relation, s.id_column, s.score_column, "
+            "SELECT session_user::text AS role, s.source::text AS relation, s.id_column, "
+            "s.score_column, "
             "s.position_table::text AS position_table, s.trigger_prefix, "
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
             "format_type(c.atttypid, c.atttypmod) AS score_type "
@@ -241,12 +242,33 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
     return rows[0]
 
 
+def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
+    """The SPI source of a registration, kept for the session with its prepared plans (a new
+    registration, or a changed column type, makes a new one)."""
+    from adapters.plpython import SPITable
+
+    tables = GD.setdefault("topk_tables", {})
+    key = tuple(found[c] for c in sorted(found) if c != "role")
+    table = tables.get(key)
+    if table is None:
+        table = tables[key] = SPITable(
+            plpy,
+            found["relation"],
+            found["id_column"],
+            found["score_column"],
+            found["id_type"],
+            found["score_type"],
+            found["position_table"],
+            found["trigger_prefix"],
+            bool(found["text_ids"]),
+        )
+    return table
+
+
 def server_release(
     plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
 ) -> list[tuple[int, str]]:
     """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
-    from adapters.plpython import SPITable
-
     from .accounting import BudgetExceeded
     from .api import NOISES, check_common, private_top_k
     from .ledger import LedgerBudget
@@ -263,18 +285,8 @@ def server_release(
         _refuse(plpy, str(error), INVALID)
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
-    role = plpy.execute("SELECT session_user AS role")[0]["role"]
-    table = SPITable(
-        plpy,
-        found["relation"],
-        found["id_column"],
-        found["score_column"],
-        found["id_type"],
-        found["score_type"],
-        found["position_table"],
-        found["trigger_prefix"],
-        bool(found["text_ids"]),
-    )
+    role = found["role"]
+    table = _spi_table(plpy, GD, found)
     budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
     try:
         result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
