@@ -27,15 +27,43 @@ REVOKE ALL ON topk.settings, topk.sources FROM PUBLIC;
 
 -- The release: STABLE, so every SPI query of the call runs in the calling statement's snapshot;
 -- its writes (the charge, the log) go through the ledger's own connection, committed at once.
-CREATE OR REPLACE FUNCTION topk.private_top_k(
-    source regclass, k integer, epsilon double precision,
-    delta double precision DEFAULT 0, noise text DEFAULT 'gumbel')
+CREATE OR REPLACE FUNCTION topk._release(
+    source regclass, k integer, epsilon double precision, delta double precision, noise text)
 RETURNS TABLE("position" integer, item text)
 LANGUAGE plpython3u STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp SET jit = off
 AS $$
 {BOOT}
 return GD["topk"].server_release(plpy, GD, source, k, epsilon, delta, noise)
+$$;
+
+-- What analysts call: the release, with its refusals as plain SQL errors (the SQLSTATE, message
+-- and hint of topk._release, without PL/Python's exception name and traceback).
+CREATE OR REPLACE FUNCTION topk.private_top_k(
+    source regclass, k integer, epsilon double precision,
+    delta double precision DEFAULT 0, noise text DEFAULT 'gumbel')
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY
+        SELECT r."position", r.item FROM topk._release(source, k, epsilon, delta, noise) AS r;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    IF message NOT LIKE 'plpy.Error: topk: %' THEN
+        RAISE;  -- not one of ours: as it came
+    END IF;
+    IF coalesce(hint, '') = '' THEN
+        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13), HINT = hint;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION topk.grant_budget(
@@ -76,6 +104,8 @@ return GD["topk"].server_check(plpy, GD)
 $$;
 
 REVOKE EXECUTE ON FUNCTION topk.private_top_k(regclass, integer, double precision,
+    double precision, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._release(regclass, integer, double precision,
     double precision, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.grant_budget(regrole, double precision, double precision)
     FROM PUBLIC;
