@@ -5,8 +5,9 @@
 It loads a table (id BIGINT, score BIGINT; ids a seeded permutation, counts of
 benchmarks/common.py) into the server of TOPK_PG_DSN, installs the schema topk
 (topk_middleware/sql_function.py; from this checkout and virtual environment) and registers the
-table (live-mode preparation, timed). Then, interleaved rep by rep after one untimed warm-up of
-each, all with k, epsilon, no seed (the secure generator, as in production):
+table (live-mode preparation, timed; --keep, then --reuse, skip loading it again). Then,
+interleaved rep by rep after one untimed warm-up of each, all with k, epsilon, no seed (the secure
+generator, as in production):
 
 * ``in_server``: ``SELECT * FROM topk.private_top_k(table, k, epsilon)`` from an analyst role's
   open session (EXECUTE only), charged to the ledger: SPI reads, the charge and the log;
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = f"topk_sqlfn_bench_{args.family}_{m}"
     admin = psycopg.connect(dsn, autocommit=True)
     ids, scores = common.shuffled_ids(m, args.seed), common.family_scores(args.family, m, k)
-    load_s = _time(lambda: load(admin, table, ids, scores))
+    exists = admin.execute("SELECT to_regclass(%s) IS NOT NULL", [table]).fetchone()[0]
+    load_s = None if args.reuse and exists else _time(lambda: load(admin, table, ids, scores))
     install_s = _time(lambda: sql_function.install(dsn))
     register_s = _time(lambda: sql_function.register_source(dsn, table, "id", "score"))
     setup_roles(admin, table)
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-sessions", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the table afterwards")
+    parser.add_argument("--reuse", action="store_true", help="use the table of a --keep run")
     parser.add_argument("--name", default="sql_function")
     args = parser.parse_args(argv)
     payload = run(args)
