@@ -203,9 +203,9 @@ def _ledger(plpy: Any, GD: dict[str, Any]) -> Any:
         def connect() -> Any:
             return psycopg.connect(dsn, options=options, application_name=APPLICATION_NAME)
 
-        engine = sa.create_engine(
-            "postgresql+psycopg://", creator=connect, pool_size=1, pool_pre_ping=True
-        )
+        # No pre-ping (two round trips per call): a connection found dead fails its first
+        # statement, SQLAlchemy drops it, and server_release runs the release once more.
+        engine = sa.create_engine("postgresql+psycopg://", creator=connect, pool_size=1)
         ledger = GD["topk_ledger"] = PrivacyLedger(engine)
     return ledger
 
@@ -269,6 +269,8 @@ def server_release(
     plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
 ) -> list[tuple[int, str]]:
     """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
+    import sqlalchemy as sa
+
     from .accounting import BudgetExceeded
     from .api import NOISES, check_common, private_top_k
     from .ledger import LedgerBudget
@@ -289,7 +291,14 @@ def server_release(
     table = _spi_table(plpy, GD, found)
     budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
     try:
-        result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
+        try:
+            result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
+        except sa.exc.DBAPIError as error:
+            if not error.connection_invalidated:
+                raise
+            # The ledger's connection had died (idle too long, server restart): once more on a
+            # new one. Had the lost charge committed, it stays charged (never undercounted).
+            result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
     except KeyError as error:
         if "has no budget" not in str(error):
             raise
