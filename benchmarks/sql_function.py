@@ -15,6 +15,8 @@ secure generator, as in production):
 * ``client_ledger``: private_top_k(PostgresTable(mode="live"), budget=) from this process over
   the local socket, charged to the same ledger (the same work, with round trips);
 * ``client``: the same client-side run without a ledger;
+* ``ledger_only``: the ledger's share of a charged release, alone: one charge and its log entry
+  (two transactions), from this process to the same ledger;
 * ``oneshot_sql``: ``SELECT id FROM t ORDER BY score - b * ln(-ln(random())) DESC LIMIT k``, the
   one-shot mechanism pushed into SQL with the same Gumbel scale b (Fact 3.3), no charge.
 
@@ -38,12 +40,14 @@ import sqlalchemy as sa
 
 from adapters.postgres import PostgresTable
 from topk_middleware import PrivacyLedger, private_top_k, sql_function
+from topk_middleware.accounting import oneshot_cost
 
 from . import common
 from .wallclock import gumbel_scale, pg_copy_payload
 
 ANALYST = "topk_bench_analyst"
 CLIENT_PRINCIPAL = "topk_bench_client"
+LEDGER_PRINCIPAL = "topk_bench_ledger"
 BUDGET = 1e12  # large enough for every rep (delta = 0: basic composition)
 
 
@@ -70,7 +74,7 @@ def setup_roles(conn: psycopg.Connection[Any], table: str) -> None:
         "GRANT EXECUTE ON FUNCTION topk.private_top_k(regclass, integer, double precision, "
         f"double precision, text) TO {ANALYST}"
     )
-    for principal in (ANALYST, CLIENT_PRINCIPAL):
+    for principal in (ANALYST, CLIENT_PRINCIPAL, LEDGER_PRINCIPAL):
         conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [principal])
         conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [principal])
     conn.execute("SELECT topk.grant_budget(%s, %s, 0)", [ANALYST, BUDGET])
@@ -112,6 +116,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def client() -> None:
         assert len(private_top_k(source, k, epsilon).items) == k
 
+    last = private_top_k(source, k, epsilon)
+    charge_only = ledger.budget(LEDGER_PRINCIPAL, BUDGET, 0.0)
+    cost = oneshot_cost("gumbel", k, m, epsilon)
+
+    def ledger_only() -> None:
+        charge_only.charge(cost)
+        charge_only.log_release(last)
+
     def oneshot_sql() -> None:
         assert len(admin.execute(oneshot).fetchall()) == k
 
@@ -123,6 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "in_server": in_server,
         "client_ledger": client_ledger,
         "client": client,
+        "ledger_only": ledger_only,
         "oneshot_sql": oneshot_sql,
     }
     for fn in methods.values():

@@ -132,11 +132,16 @@ def test_analyst_releases_and_cannot_read_the_counts(
     with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(zipf_table)))
     assert spent(pg_conninfo, analyst) == (pytest.approx(1.0), 1)
+    # Laplace releases a set: its items come in id order, whatever their noisy scores.
+    laplace = [int(item) for _, item in release(analyst, zipf_table, 5, 1.0, 0.0, "laplace")]
+    assert laplace == [0, 1, 2, 3, 4]
+    assert spent(pg_conninfo, analyst) == (pytest.approx(2.0), 2)
     # The operator's log has the diagnostics, read through SPI: far fewer rows than m.
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with _connect(pg_conninfo) as conn:
         released_at, diagnostics = conn.execute(
-            "SELECT released_at, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s",
+            "SELECT released_at, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s "
+            "AND seq = 1",
             [role],
         ).fetchone()
     facts = json.loads(diagnostics)
