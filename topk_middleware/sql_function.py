@@ -102,19 +102,13 @@ def install(
     project_path: str | None = None,
     site_packages: str | None = None,
 ) -> Installed:
-    """Install the schema `topk` into the database of `dsn` (a superuser), idempotently."""
+    """Install the schema `topk` into the database of `dsn` (a superuser), idempotently. Run it
+    on the database server's machine: the paths it records are read by the server's Python."""
     import psycopg
 
     default_project, default_site = default_paths()
     project_path = project_path or default_project
     site_packages = site_packages or default_site
-    for path in (project_path, site_packages):
-        blocked = _unreadable(path)
-        if blocked:
-            raise InstallError(
-                f"the PostgreSQL server (OS user postgres) cannot read {path}: {blocked} is not "
-                f"readable by other users (chmod o+rx on it, or install the project elsewhere)"
-            )
     try:
         conn = psycopg.connect(dsn, autocommit=True)
     except psycopg.Error as error:
@@ -153,9 +147,16 @@ def install(
         try:
             server = conn.execute("SELECT topk._check()").fetchone()[0]
         except psycopg.Error as error:
+            blocked = [b for b in map(_unreadable, (project_path, site_packages)) if b]
+            why = (
+                f"; {blocked[0]} is not readable by other users such as the server's OS user "
+                "(chmod o+rx it, or install the project elsewhere)"
+                if blocked
+                else ""
+            )
             raise InstallError(
                 f"the server's Python cannot run the project: {_first_line(error)} (project "
-                f"{project_path}, site-packages {site_packages}, ledger {ledger_dsn!r})"
+                f"{project_path}, site-packages {site_packages}, ledger {ledger_dsn!r}){why}"
             ) from None
     return Installed(project_path, site_packages, ledger_dsn, server)
 
