@@ -272,6 +272,19 @@ def test_unregistered_and_null_sources_are_refused(
     assert spent(pg_conninfo, analyst) == (0.0, 0)
 
 
+def test_a_dropped_table_leaves_the_registry(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    table = register([5, 4, 3])
+    analyst = make_role(epsilon=10.0)
+    assert len(release(analyst, table, 1, 1.0)) == 1
+    with _connect(pg_conninfo) as conn:
+        oid = conn.execute("SELECT %s::regclass::oid", [table]).fetchone()[0]
+        conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.SQL(table)))
+        left = conn.execute("SELECT count(*) FROM topk.sources WHERE source = %s", [oid])
+        assert left.fetchone()[0] == 0
+
+
 def plackett_luce(scores: np.ndarray, scale: float, k: int) -> dict[tuple[int, ...], float]:
     """Exact law of the ranked top-k of scores + Gumbel(scale) noise: Plackett-Luce with weights
     exp(score / scale) (the Gumbel-max trick, applied k times)."""

@@ -25,6 +25,25 @@ CREATE TABLE IF NOT EXISTS topk.sources (
 );
 REVOKE ALL ON topk.settings, topk.sources FROM PUBLIC;
 
+-- A dropped table (or its position table) leaves the registry at once: an OID reused by a later
+-- table must never find a registration.
+CREATE OR REPLACE FUNCTION topk._forget_dropped()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM topk.sources AS s USING pg_event_trigger_dropped_objects() AS d
+    WHERE d.classid = 'pg_class'::regclass AND d.objid IN (s.source, s.position_table);
+END
+$$;
+DROP EVENT TRIGGER IF EXISTS topk_forget_dropped_sources;
+CREATE EVENT TRIGGER topk_forget_dropped_sources ON sql_drop
+    EXECUTE FUNCTION topk._forget_dropped();
+DELETE FROM topk.sources AS s  -- registrations of tables dropped before the trigger existed
+WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.source)
+   OR NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.position_table);
+
 -- The release: STABLE, so every SPI query of the call runs in the calling statement's snapshot;
 -- its writes (the charge, the log) go through the ledger's own connection, committed at once.
 CREATE OR REPLACE FUNCTION topk._release(
@@ -112,3 +131,4 @@ REVOKE EXECUTE ON FUNCTION topk.grant_budget(regrole, double precision, double p
 REVOKE EXECUTE ON FUNCTION topk.spent(regrole) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
