@@ -272,6 +272,32 @@ def test_unregistered_and_null_sources_are_refused(
     assert spent(pg_conninfo, analyst) == (0.0, 0)
 
 
+def test_budget_administration(pg_conninfo: str, make_role: Callable[..., str]) -> None:
+    analyst = make_role()
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    with _connect(pg_conninfo) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="has no privacy budget"):
+            conn.execute("SELECT * FROM topk.spent(%s)", [role])
+        for epsilon, delta, words in [
+            (0.0, 0.0, "epsilon must be finite and > 0"),
+            (math.nan, 0.0, "epsilon must be finite and > 0"),
+            (1.0, 1.0, "delta must be in [0, 1)"),
+        ]:
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=re.escape(words)):
+                conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
+        with pytest.raises(psycopg.errors.NullValueNotAllowed, match="epsilon must not be NULL"):
+            conn.execute("SELECT topk.grant_budget(%s, NULL)", [role])
+        with pytest.raises(psycopg.errors.UndefinedObject, match="does not exist"):
+            conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
+        conn.execute("SELECT topk.grant_budget(%s, 1.0, 1e-6)", [role])
+        conn.execute("SELECT topk.grant_budget(%s, 3.0)", [role])  # changed, not added
+        row = conn.execute("SELECT * FROM topk.spent(%s)", [role]).fetchone()
+    assert row == (0.0, 0.0, row[2], 0, 3.0, 0.0)
+    # An analyst cannot administer budgets: EXECUTE is the owner's to grant.
+    with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT topk.grant_budget(%s, 100.0)", [role])
+
+
 def test_a_dropped_table_leaves_the_registry(
     pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
 ) -> None:
