@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-access bench-wallclock clean
+.PHONY: demo test plpython lint bench-access bench-wallclock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/python -m topk_middleware demo
 
-test: $(STAMP)
+test: $(STAMP) plpython
 	$(BIN)/python -m pytest -q
+
+# PL/Python for the SQL function's tests (tests/test_sql_function.py); idempotent, quiet.
+plpython:
+	./scripts/ensure-plpython.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -43,6 +43,7 @@ from adapters.url import (
     MODES as STORE_MODES,
 )
 
+from . import sql_function
 from .accounting import BudgetExceeded, check_budget_total
 from .api import METHODS, NOISES, Diagnostics, Release, TopKResult, check_common, private_top_k
 from .export import plain, release_dict
@@ -207,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub)
     add_check_parser(sub)
     add_budget_parser(sub)
+    sql_function.add_install_sql_parser(sub)
     return parser
 
 

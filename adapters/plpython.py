@@ -1,0 +1,174 @@
+"""SPITable: a live PostgreSQL table read from inside the server, through PL/Python's SPI.
+
+What `topk.private_top_k(...)` (topk_middleware/sql_function.py) reads. The table was prepared in
+live mode (adapters/postgres_live.py: a B-tree on (score DESC, id), the position table
+`<table>_topk_pos` kept dense by triggers) and registered; this adapter reads those same
+structures with SQL run by the server process itself (`plpy.execute`, no network round trip).
+Every read is counted by CountedAccess like any store's (`round_trips` counts SPI queries).
+
+Snapshot: the SQL function is STABLE, so PostgreSQL runs every SPI query of the call in the
+snapshot of the calling statement (no new snapshot per query, as a VOLATILE function would take):
+one snapshot for the whole run (DESIGN invariant 4), whatever the caller's isolation level.
+
+Sorted access is keyset pagination on the (score DESC, id) B-tree: the first batch is
+`ORDER BY score DESC, id LIMIT n`; each next one starts after the last row served, as the union
+of the rest of its tie (`score = s AND id > i`) and the lower scores (`score < s`), both index
+ranges, compared in the columns' own types (a float8 parameter would hide the index). A request
+at any other depth falls back to OFFSET. Random access by position goes through the position
+table's primary key, by id through the id B-tree (`= ANY($1)`), one query per batch. Positions
+are not ranks (a live table), so nothing is inferred from tied neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from topk_middleware.access import AccessError, Rows
+
+from ._sql import plain_values, rows_from_records, scores_in_order
+
+
+class SPITable:
+    """A registered live table, read through SPI inside the server (module docstring).
+
+    `relation` is the table's qualified name as regclass prints it; `id_type` / `score_type` the
+    columns' types (format_type); `position_table` the qualified position table; `trigger_prefix`
+    the name its three triggers start with (checked on every run, as a live run does).
+    """
+
+    positions_are_ranks = False
+
+    def __init__(
+        self,
+        plpy: Any,
+        relation: str,
+        id_column: str,
+        score_column: str,
+        id_type: str,
+        score_type: str,
+        position_table: str,
+        trigger_prefix: str,
+        text_ids: bool,
+    ) -> None:
+        self.plpy = plpy
+        self.where = f"table {relation}"
+        self.id_column, self.score_column = id_column, score_column
+        self.trigger_prefix = trigger_prefix
+        self._relation = relation
+        i, s = plpy.quote_ident(id_column), plpy.quote_ident(score_column)
+        collate = ' COLLATE "C"' if text_ids else ""
+        key = f"b.{i}{collate}"
+        select = f"SELECT p.position, b.{i} AS id, b.{s} AS raw, b.{s}::float8 AS score"
+        base = f"{relation} AS b JOIN {position_table} AS p ON p.id = b.{i}"
+        order = f"ORDER BY b.{s} DESC, {key}"
+        self._first = select + f" FROM {base} {order} LIMIT $1"
+        self._offset = select + f" FROM {base} {order} LIMIT $1 OFFSET $2"
+        self._after = (
+            f"SELECT * FROM (({select} FROM {base} WHERE b.{s} = $1 AND {key} > $2 "
+            f"{order} LIMIT $3) UNION ALL ({select} FROM {base} WHERE b.{s} < $1 {order} "
+            f"LIMIT $3)) AS page ORDER BY raw DESC, id{collate} LIMIT $3"
+        )
+        self._positions = (
+            f"SELECT p.position, b.{i} AS id, b.{s}::float8 AS score FROM {position_table} AS p "
+            f"JOIN {relation} AS b ON b.{i} = p.id WHERE p.position = ANY($1)"
+        )
+        self._ids = (
+            f"SELECT b.{i} AS id, b.{s}::float8 AS score FROM {relation} AS b WHERE b.{i} = ANY($1)"
+        )
+        self._m = (
+            "SELECT (SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass "
+            "AND tgname LIKE $2 AND NOT tgisinternal) AS triggers, "
+            f"(SELECT position + 1 FROM {position_table} ORDER BY position DESC LIMIT 1) AS m, "
+            f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} DESC LIMIT 1) AS top, "
+            f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} ASC NULLS LAST LIMIT 1) "
+            "AS bottom"
+        )
+        self._types = {"id": id_type, "score": score_type}
+        self._plans: dict[str, Any] = {}
+        self._m_value: int | None = None
+        self._depth = 0  # the next depth keyset pagination serves
+        self._last: tuple[Any, Any] | None = None  # (raw score, id) of the last row served
+
+    def _plan(self, name: str, query: str, types: list[str]) -> Any:
+        plan = self._plans.get(name)
+        if plan is None:
+            plan = self._plans[name] = self.plpy.prepare(query, types)
+        return plan
+
+    # ----- the Source protocol ------------------------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """The calling statement's snapshot (a STABLE function takes no other): nothing to open."""
+        self._m_value, self._depth, self._last = None, 0, None
+        try:
+            yield None
+        finally:
+            self._m_value, self._depth, self._last = None, 0, None
+
+    def domain_size(self) -> int:
+        """m, after checking the triggers and the scores' extremes: four index probes."""
+        if self._m_value is not None:
+            return self._m_value
+        plan = self._plan("m", self._m, ["text", "text"])
+        row = self.plpy.execute(plan, [self._relation, self.trigger_prefix + "%"])[0]
+        if row["triggers"] != 3:
+            raise ValueError(
+                f"{self.where} has lost the triggers of its position table: prepare it again in "
+                "live mode and register it again (topk-middleware install-sql --source)"
+            )
+        if row["m"] is None:
+            raise ValueError(f"{self.where} is empty: there is no item to select")
+        column = f"{self.where} column {self.score_column!r}"
+        if row["top"] is None:
+            raise ValueError(f"{column} has NULL score(s)")
+        if not np.isfinite(row["top"]):
+            raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
+        if row["bottom"] < 0:
+            raise ValueError(f"{column} has negative score(s), e.g. {row['bottom']!r}")
+        self._m_value = int(row["m"])
+        return self._m_value
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        m = self.domain_size()
+        start, stop = int(start), min(int(start) + int(count), m)
+        if stop <= start:
+            return rows_from_records([])
+        n = stop - start
+        if start == 0:
+            result = self.plpy.execute(self._plan("first", self._first, ["bigint"]), [n])
+        elif start == self._depth and self._last is not None:
+            types = [self._types["score"], self._types["id"], "bigint"]
+            result = self.plpy.execute(self._plan("after", self._after, types), [*self._last, n])
+        else:
+            plan = self._plan("offset", self._offset, ["bigint", "bigint"])
+            result = self.plpy.execute(plan, [n, start])
+        if len(result):
+            last = result[len(result) - 1]
+            self._last, self._depth = (last["raw"], last["id"]), start + len(result)
+        return rows_from_records([(r["position"], r["id"], r["score"]) for r in result])
+
+    def read_positions(self, positions: np.ndarray) -> Rows:
+        wanted = plain_values(np.asarray(positions, dtype=np.int64))
+        if not wanted:
+            return rows_from_records([])
+        plan = self._plan("positions", self._positions, ["bigint[]"])
+        result = self.plpy.execute(plan, [wanted])
+        return rows_from_records([(r["position"], r["id"], r["score"]) for r in result])
+
+    def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        wanted = plain_values(ids)
+        if not wanted:
+            return np.empty(0, dtype=np.float64)
+        plan = self._plan("ids", self._ids, [self._types["id"] + "[]"])
+        found = {r["id"]: r["score"] for r in self.plpy.execute(plan, [wanted])}
+        return scores_in_order(found, wanted, self.where)
+
+    def score_run_count(self) -> int | None:
+        return None
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        raise AccessError("a live table keeps no runs of tied scores")

@@ -1,0 +1,413 @@
+"""topk.private_top_k inside the real PostgreSQL (topk_middleware/sql_function.py).
+
+`make test` installs PL/Python first (scripts/ensure-plpython.sh); these tests install the schema
+topk into the test database (install-sql, idempotent), register tables of the session's schema
+(live mode) and call the function as analyst roles made for the test (LOGIN, EXECUTE on the
+function, USAGE on the schema to name the table, no SELECT on it), dropped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from itertools import permutations
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+from scipy import stats
+
+from topk_middleware import cli, sql_function
+from topk_middleware.privacy import calibrate
+
+from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
+
+FUNCTION = "topk.private_top_k(regclass, integer, double precision, double precision, text)"
+
+
+@pytest.fixture(scope="module")
+def installed(pg_conninfo: str) -> sql_function.Installed:
+    sql_function.install(pg_conninfo)
+    return sql_function.install(pg_conninfo)  # idempotent: a second install changes nothing
+
+
+@pytest.fixture(scope="module")
+def register(
+    pg_conninfo: str, pg_schema: str, installed: sql_function.Installed
+) -> Callable[..., str]:
+    """(scores, ids=None) -> the registered table's name as regclass prints it."""
+
+    def make(scores: Any, ids: Any = None) -> str:
+        name = TABLE.format(uuid.uuid4().hex[:8])
+        with _connect(pg_conninfo) as conn:
+            create_table(conn, pg_schema, name, scores, ids)
+        return sql_function.register_source(
+            pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+        )
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def zipf_table(register: Callable[..., str]) -> str:
+    return register(np.floor(1e5 / np.arange(1, 5001)))
+
+
+@pytest.fixture(scope="module")
+def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Callable[..., str]]:
+    """(epsilon=None, delta=0) -> the DSN of a new analyst role, with that budget if given."""
+    made: list[str] = []
+
+    def make(epsilon: float | None = None, delta: float = 0.0) -> str:
+        role = f"topk_analyst_{uuid.uuid4().hex[:8]}"
+        with _connect(pg_conninfo) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                    sql.Identifier(pg_schema), sql.Identifier(role)
+                )
+            )
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION " + FUNCTION + " TO {}").format(
+                    sql.Identifier(role)
+                )
+            )
+            if epsilon is not None:
+                conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
+        made.append(role)
+        return psycopg.conninfo.make_conninfo(pg_conninfo, user=role)
+
+    yield make
+    with _connect(pg_conninfo) as conn:
+        for role in made:
+            conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [role])
+            conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [role])
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def release(dsn: str, table: str, k: int, epsilon: float, *extra: Any) -> list[tuple[int, str]]:
+    args = ", ".join(["%s"] * len(extra))
+    query = f"SELECT * FROM topk.private_top_k(%s::regclass, %s, %s{', ' if extra else ''}{args})"
+    with _connect(dsn) as conn:
+        return conn.execute(query, [table, k, epsilon, *extra]).fetchall()
+
+
+def spent(admin: str, dsn: str) -> tuple[float, int]:
+    role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
+    with _connect(admin) as conn:
+        row = conn.execute("SELECT epsilon, releases FROM topk.spent(%s)", [role]).fetchone()
+    return float(row[0]), int(row[1])
+
+
+def test_install_reports_the_server_python(installed: sql_function.Installed) -> None:
+    assert installed.server.startswith("Python 3.")
+    assert "numpy" in installed.server and "topk_middleware from" in installed.server
+
+
+def test_install_sql_command(pg_conninfo: str, installed: Any, capsys: Any) -> None:
+    assert cli.main(["install-sql", "--dsn", pg_conninfo]) == 0
+    assert "installed schema topk" in capsys.readouterr().out
+    assert cli.main(["install-sql", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2"]) == 1
+    assert "install-sql: error: cannot connect" in capsys.readouterr().err
+
+
+def test_analyst_releases_and_cannot_read_the_counts(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    analyst = make_role(epsilon=5.0)
+    rows = release(analyst, zipf_table, 5, 1.0)
+    assert [position for position, _ in rows] == [1, 2, 3, 4, 5]
+    items = [int(item) for _, item in rows]
+    assert len(set(items)) == 5 and all(0 <= i < 5000 for i in items)
+    # Zipf counts 1e5/r against Gumbel noise of scale 5: the top items are the top items.
+    assert set(items) == {0, 1, 2, 3, 4}
+    with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(zipf_table)))
+    assert spent(pg_conninfo, analyst) == (pytest.approx(1.0), 1)
+    # Laplace releases a set: its items come in id order, whatever their noisy scores.
+    laplace = [int(item) for _, item in release(analyst, zipf_table, 5, 1.0, 0.0, "laplace")]
+    assert laplace == [0, 1, 2, 3, 4]
+    assert spent(pg_conninfo, analyst) == (pytest.approx(2.0), 2)
+    # The operator's log has the diagnostics, read through SPI: far fewer rows than m.
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    with _connect(pg_conninfo) as conn:
+        released_at, diagnostics = conn.execute(
+            "SELECT released_at, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s "
+            "AND seq = 1",
+            [role],
+        ).fetchone()
+    facts = json.loads(diagnostics)
+    assert released_at is not None and facts["m"] == 5000 and facts["method"] == "threshold"
+    assert 0 < facts["accesses"]["rows_fetched"] < 500
+
+
+def test_a_role_without_budget_is_refused(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    analyst = make_role()
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="has no privacy budget"):
+        release(analyst, zipf_table, 3, 0.5)
+
+
+def test_over_budget_is_refused_and_rollback_does_not_refund(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    analyst = make_role(epsilon=1.0)
+    with _connect(analyst) as conn:
+        conn.autocommit = False
+        assert (
+            len(
+                conn.execute(
+                    "SELECT * FROM topk.private_top_k(%s::regclass, 3, 0.4)", [zipf_table]
+                ).fetchall()
+            )
+            == 3
+        )
+        conn.rollback()  # the analyst has seen the release: the charge stays
+    assert spent(pg_conninfo, analyst) == (pytest.approx(0.4), 1)
+    release(analyst, zipf_table, 3, 0.4)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="over the total epsilon = 1"):
+        release(analyst, zipf_table, 3, 0.4)
+    assert spent(pg_conninfo, analyst) == (pytest.approx(0.8), 2)
+    release(analyst, zipf_table, 3, 0.2)  # what is left is still usable
+    assert spent(pg_conninfo, analyst) == (pytest.approx(1.0), 3)
+
+
+def test_the_login_role_pays_not_the_role_it_sets(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    analyst, other = make_role(epsilon=1.0), make_role(epsilon=1.0)
+    names = [psycopg.conninfo.conninfo_to_dict(d)["user"] for d in (analyst, other)]
+    with _connect(pg_conninfo) as conn:
+        conn.execute(sql.SQL("GRANT {} TO {}").format(*map(sql.Identifier, reversed(names))))
+    with _connect(analyst) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(names[1])))
+        conn.execute("SELECT * FROM topk.private_top_k(%s::regclass, 3, 0.5)", [zipf_table])
+    assert spent(pg_conninfo, analyst) == (pytest.approx(0.5), 1)
+    assert spent(pg_conninfo, other) == (0.0, 0)
+
+
+def test_concurrent_sessions_never_overspend(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    analyst = make_role(epsilon=1.0)
+    outcomes: list[str] = []
+    start = threading.Barrier(8)
+
+    def session() -> None:
+        with _connect(analyst) as conn:
+            start.wait()
+            for _ in range(2):
+                try:
+                    conn.execute(
+                        "SELECT * FROM topk.private_top_k(%s::regclass, 2, 0.25)", [zipf_table]
+                    ).fetchall()
+                    outcomes.append("released")
+                except psycopg.errors.InsufficientPrivilege:
+                    outcomes.append("refused")
+
+    threads = [threading.Thread(target=session) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Counter(outcomes) == {"released": 4, "refused": 12}
+    assert spent(pg_conninfo, analyst) == (pytest.approx(1.0), 4)
+
+
+@pytest.mark.parametrize(
+    ("k", "epsilon", "extra", "error", "words"),
+    [
+        (0, 1.0, (), psycopg.errors.InvalidParameterValue, "k must be >= 1, got 0"),
+        (-2, 1.0, (), psycopg.errors.InvalidParameterValue, "k must be >= 1"),
+        (5001, 1.0, (), psycopg.errors.InvalidParameterValue, "exceeds the number of items"),
+        (3, 0.0, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite and > 0"),
+        (3, -1.0, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite and > 0"),
+        (3, math.nan, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite"),
+        (3, math.inf, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite"),
+        (3, 1.0, (1.5,), psycopg.errors.InvalidParameterValue, "delta must be in [0, 1)"),
+        (3, 1.0, (0.0, "cauchy"), psycopg.errors.InvalidParameterValue, "noise must be one of"),
+        (None, 1.0, (), psycopg.errors.NullValueNotAllowed, "k must not be NULL"),
+        (3, None, (), psycopg.errors.NullValueNotAllowed, "epsilon must not be NULL"),
+        (3, 1.0, (None,), psycopg.errors.NullValueNotAllowed, "delta must not be NULL"),
+        (3, 1.0, (0.0, None), psycopg.errors.NullValueNotAllowed, "noise must not be NULL"),
+    ],
+)
+def test_bad_arguments_get_clear_errors_and_charge_nothing(
+    pg_conninfo: str,
+    zipf_table: str,
+    make_role: Callable[..., str],
+    k: Any,
+    epsilon: Any,
+    extra: tuple[Any, ...],
+    error: type[Exception],
+    words: str,
+) -> None:
+    analyst = make_role(epsilon=100.0)
+    with pytest.raises(error, match=re.escape(words)):
+        release(analyst, zipf_table, k, epsilon, *extra)
+    assert spent(pg_conninfo, analyst) == (0.0, 0)
+
+
+def test_unregistered_and_null_sources_are_refused(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str]
+) -> None:
+    analyst = make_role(epsilon=100.0)
+    name = TABLE.format("unregistered")
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, [3, 2, 1], None)
+        table = sql.Identifier(pg_schema, name).as_string(conn)
+    with pytest.raises(psycopg.errors.UndefinedObject, match="is not registered"):
+        release(analyst, table, 1, 1.0)
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="source must not be NULL"):
+        release(analyst, None, 1, 1.0)
+    assert spent(pg_conninfo, analyst) == (0.0, 0)
+
+
+def test_budget_administration(pg_conninfo: str, make_role: Callable[..., str]) -> None:
+    analyst = make_role()
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    with _connect(pg_conninfo) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="has no privacy budget"):
+            conn.execute("SELECT * FROM topk.spent(%s)", [role])
+        for epsilon, delta, words in [
+            (0.0, 0.0, "epsilon must be finite and > 0"),
+            (math.nan, 0.0, "epsilon must be finite and > 0"),
+            (1.0, 1.0, "delta must be in [0, 1)"),
+        ]:
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=re.escape(words)):
+                conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
+        with pytest.raises(psycopg.errors.NullValueNotAllowed, match="epsilon must not be NULL"):
+            conn.execute("SELECT topk.grant_budget(%s, NULL)", [role])
+        with pytest.raises(psycopg.errors.UndefinedObject, match="does not exist"):
+            conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
+        conn.execute("SELECT topk.grant_budget(%s, 1.0, 1e-6)", [role])
+        conn.execute("SELECT topk.grant_budget(%s, 3.0)", [role])  # changed, not added
+        row = conn.execute("SELECT * FROM topk.spent(%s)", [role]).fetchone()
+    assert row == (0.0, 0.0, row[2], 0, 3.0, 0.0)
+    # An analyst cannot administer budgets: EXECUTE is the owner's to grant.
+    with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT topk.grant_budget(%s, 100.0)", [role])
+
+
+def test_a_dropped_table_leaves_the_registry(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    table = register([5, 4, 3])
+    analyst = make_role(epsilon=10.0)
+    assert len(release(analyst, table, 1, 1.0)) == 1
+    with _connect(pg_conninfo) as conn:
+        oid = conn.execute("SELECT %s::regclass::oid", [table]).fetchone()[0]
+        conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.SQL(table)))
+        left = conn.execute("SELECT count(*) FROM topk.sources WHERE source = %s", [oid])
+        assert left.fetchone()[0] == 0
+
+
+def plackett_luce(scores: np.ndarray, scale: float, k: int) -> dict[tuple[int, ...], float]:
+    """Exact law of the ranked top-k of scores + Gumbel(scale) noise: Plackett-Luce with weights
+    exp(score / scale) (the Gumbel-max trick, applied k times)."""
+    weights = np.exp(scores / scale)
+    law = {}
+    for ranking in permutations(range(len(scores)), k):
+        p, left = 1.0, weights.sum()
+        for item in ranking:
+            p *= weights[item] / left
+            left -= weights[item]
+        law[ranking] = p
+    return law
+
+
+def test_output_law_is_plackett_luce(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    """600 unseeded releases (the SQL function has no seed) of the ranked top-2 of 4 items,
+    chi-square against the exact Plackett-Luce law (12 rankings, the least likely expected
+    ~11 times). Fails if the noise scale, the ranking or the snapshot reads are wrong (e.g. a
+    scale off by 2 moves the statistic past 100); false-failure rate 0.1% (p < 0.001)."""
+    scores = np.array([3.0, 2.0, 1.0, 0.0])
+    k, epsilon, calls = 2, 1.0, 600
+    table = register(scores)
+    analyst = make_role(epsilon=1e6)
+    scale = calibrate("gumbel", k, len(scores), epsilon, 0.0).scale
+    law = plackett_luce(scores, scale, k)
+    seen: Counter[tuple[int, ...]] = Counter()
+    with _connect(analyst) as conn:
+        for _ in range(calls):
+            rows = conn.execute(
+                "SELECT item FROM topk.private_top_k(%s::regclass, %s, %s) ORDER BY position",
+                [table, k, epsilon],
+            ).fetchall()
+            seen[tuple(int(item) for (item,) in rows)] += 1
+    rankings = sorted(law)
+    observed = np.array([seen[r] for r in rankings])
+    expected = np.array([law[r] for r in rankings]) * calls
+    assert observed.sum() == calls and expected.min() > 10
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
+    pg_conninfo: str, pg_schema: str, register: Callable[..., str]
+) -> None:
+    """The SPI source inside the server (a test-only, seeded function, never installed). Its
+    keyset pages of 7 rows on the (score DESC, id) B-tree, boundaries inside ties of text ids,
+    give the canonical order (score descending, ids in byte order) with each row's position; and
+    the threshold run (sorted pages, random access by position) equals the one-shot run on the
+    same noise (invariant 2)."""
+    rng = np.random.default_rng(5)
+    scores = np.concatenate([np.full(40, 50.0), rng.integers(0, 6, 160).astype(float)])
+    ids = np.array([f"item-{i:05d}" if i % 3 else f"Item {i}" for i in range(200)])
+    table = register(scores, ids)
+    probe = sql.Identifier(pg_schema, "spi_probe")
+    body = (
+        "import json\n"
+        "from adapters.plpython import SPITable\n"
+        "from topk_middleware import private_top_k\n"
+        "f = GD['topk']._registration(plpy, GD, source)\n"
+        "t = SPITable(plpy, f['relation'], f['id_column'], f['score_column'], f['id_type'], "
+        "f['score_type'], f['position_table'], f['trigger_prefix'], bool(f['text_ids']))\n"
+        "with t.snapshot():\n"
+        "    pages = [t.read_sorted(d, 7) for d in range(0, t.domain_size(), 7)]\n"
+        "order = [(int(p), i) for r in pages for p, i in zip(r.positions, r.ids)]\n"
+        "a = private_top_k(t, 10, 2.0, seed=seed, oracle='eager')\n"
+        "b = private_top_k(t, 10, 2.0, seed=seed, method='oneshot')\n"
+        "return json.dumps([order, a.items, b.items])\n"
+    )
+    with _connect(pg_conninfo) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {}(source text, seed integer) RETURNS text LANGUAGE plpython3u "
+                "AS {}"
+            ).format(probe, sql.Literal(sql_function.BOOT + "\n" + body))
+        )
+        canonical = conn.execute(
+            sql.SQL(
+                "SELECT p.position, b.{id} FROM {t} AS b JOIN {pos} AS p ON p.id = b.{id} "
+                'ORDER BY b.{score} DESC, b.{id} COLLATE "C"'
+            ).format(
+                id=sql.Identifier(ID_COLUMN),
+                score=sql.Identifier(SCORE_COLUMN),
+                t=sql.SQL(table),
+                pos=sql.SQL(
+                    conn.execute(
+                        "SELECT position_table::text FROM topk.sources WHERE source = %s::regclass",
+                        [table],
+                    ).fetchone()[0]
+                ),
+            )
+        ).fetchall()
+        assert sorted(canonical, key=lambda r: r[1].encode())[0][1] == "Item 0"
+        for seed in range(4):
+            (text,) = conn.execute(
+                sql.SQL("SELECT {}(%s, %s)").format(probe), [table, seed]
+            ).fetchone()
+            order, threshold, oneshot = json.loads(text)
+            assert [tuple(r) for r in order] == canonical
+            assert threshold == oneshot and len(set(threshold)) == 10
