@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import threading
 import uuid
 from collections import Counter
@@ -117,6 +118,31 @@ def test_install_sql_command(pg_conninfo: str, installed: Any, capsys: Any) -> N
     assert "installed schema topk" in capsys.readouterr().out
     assert cli.main(["install-sql", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2"]) == 1
     assert "install-sql: error: cannot connect" in capsys.readouterr().err
+
+
+def test_a_checkout_the_server_cannot_read_is_staged(
+    pg_conninfo: str, installed: Any, tmp_path: Any, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    """A checkout in a directory other users cannot enter (a clone in /root, mode 0700) is
+    copied where the server's OS user can read it, and the release runs from the copy. Fails
+    without sql_function.stage: the server's import of the project is refused."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    project, site_packages = sql_function.default_paths()
+    for package in sql_function.PROJECT_PACKAGES:
+        shutil.copytree(
+            f"{project}/{package}", private / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    private.chmod(0o700)
+    try:
+        done = sql_function.install(pg_conninfo, project_path=str(private))
+        assert done.project_path.startswith(sql_function.SERVER_DIR)
+        assert f"topk_middleware from {done.project_path}" in done.server
+        analyst = make_role(epsilon=5.0)
+        assert len(release(analyst, zipf_table, 3, 1.0)) == 3
+    finally:
+        sql_function.install(pg_conninfo)  # back to the checkout the other tests use
+    assert sql_function.install(pg_conninfo).project_path == project
 
 
 def test_analyst_releases_and_cannot_read_the_counts(

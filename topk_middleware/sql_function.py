@@ -25,7 +25,10 @@ could not name the caller anyway. A role without a budget row is refused.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import shutil
 import sysconfig
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "topk"
+SERVER_DIR = "/var/lib/topk_middleware"  # where a copy readable by the server goes (`stage`)
+PROJECT_PACKAGES = ("topk_middleware", "adapters")  # what the server's Python imports of ours
 LOCK_TIMEOUT = "10s"  # the ledger connection's wait for a principal's row (an open grant_budget)
 APPLICATION_NAME = "topk_middleware ledger"
 
@@ -96,6 +101,56 @@ def _unreadable(path: str) -> str | None:
     return None
 
 
+def _link_tree(source: Path, target: Path) -> None:
+    """Copy a directory tree as hard links where the filesystem allows (instant, no space),
+    else as a copy; directories are made readable by every user."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=link_or_copy)
+    for root, dirs, _files in os.walk(target):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+    os.chmod(target, 0o755)
+
+
+def stage(project_path: str, site_packages: str, server_dir: str = SERVER_DIR) -> tuple[str, str]:
+    """A copy of the project's packages and of the site-packages that the server's OS user can
+    read, under `server_dir`, for a checkout it cannot enter (a clone in a private home
+    directory). Made afresh at each install; returns (project path, site-packages) to record."""
+    key = hashlib.sha256(f"{project_path}\0{site_packages}".encode()).hexdigest()[:16]
+    root = Path(server_dir) / key
+    try:
+        if root.exists():
+            shutil.rmtree(root)
+        (root / "project").mkdir(parents=True)
+        for package in PROJECT_PACKAGES:
+            shutil.copytree(
+                Path(project_path) / package,
+                root / "project" / package,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        _link_tree(Path(site_packages), root / "site-packages")
+        for path in (Path(server_dir), root, root / "project"):
+            os.chmod(path, 0o755)
+        for dirpath, dirs, files in os.walk(root / "project"):
+            for name in dirs:
+                os.chmod(os.path.join(dirpath, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(dirpath, name), 0o644)
+    except OSError as error:
+        raise InstallError(
+            f"the server's OS user cannot read {project_path} or {site_packages}, and a readable "
+            f"copy could not be made under {server_dir}: {error} (run install-sql as root, or "
+            "chmod o+rx the checkout's directories)"
+        ) from None
+    return str(root / "project"), str(root / "site-packages")
+
+
 def install(
     dsn: str,
     ledger_dsn: str | None = None,
@@ -103,12 +158,16 @@ def install(
     site_packages: str | None = None,
 ) -> Installed:
     """Install the schema `topk` into the database of `dsn` (a superuser), idempotently. Run it
-    on the database server's machine: the paths it records are read by the server's Python."""
+    on the database server's machine: the paths it records are read by the server's Python.
+    A checkout or virtual environment that other users cannot read (a private home directory)
+    is staged first: a readable copy under SERVER_DIR is recorded instead (`stage`)."""
     import psycopg
 
     default_project, default_site = default_paths()
     project_path = project_path or default_project
     site_packages = site_packages or default_site
+    if _unreadable(project_path) or _unreadable(site_packages):
+        project_path, site_packages = stage(project_path, site_packages)
     try:
         conn = psycopg.connect(dsn, autocommit=True)
     except psycopg.Error as error:
