@@ -212,6 +212,43 @@ def test_pg_refresh_swaps_tables_without_dead_rows(pg_conninfo, pg_table) -> Non
     source.close()
 
 
+def test_pg_refresh_waits_for_a_held_run_then_gives_up_without_dead_rows(
+    pg_conninfo, pg_table
+) -> None:
+    """A run holds its snapshot across a refresh: the swap waits swap_timeout, then refuses
+    clearly and changes nothing. Before, it fell back to DELETE + INSERT (a table of dead
+    rows: the rank table's size doubled)."""
+    from psycopg import sql
+
+    conn, schema, name, _ = pg_table
+    reader, writer = _pg_source(pg_conninfo, schema, name), _pg_source(pg_conninfo, schema, name)
+    writer.prepare()
+    qualified = f'"{schema}"."{writer.rank_table}"'
+    size, oid = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    conn.execute(
+        sql.SQL("UPDATE {} SET score = 5000 WHERE id = 7").format(sql.Identifier(schema, name))
+    )
+    with reader.snapshot():
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+        with pytest.raises(TimeoutError, match=r"waited 0\.2 s \(swap_timeout\) for runs"):
+            writer.prepare(refresh=True, swap_timeout=0.2)
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]  # its snapshot, undisturbed
+    after = conn.execute("SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2)
+    assert after.fetchone() == (size, oid)  # nothing changed, no dead rows
+    beside = [n.as_string(conn) for n in writer._build_names()[:2]]
+    assert not any(
+        conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
+    )
+    writer.prepare(refresh=True)  # the run has ended: swapped
+    assert private_top_k(reader, k=1, epsilon=1e6, seed=1).items == [7]
+    with pytest.raises(ValueError, match="swap_timeout must be > 0"):
+        writer.prepare(refresh=True, swap_timeout=0)
+    reader.close()
+    writer.close()
+
+
 def test_pg_concurrent_prepares_wait_for_each_other(pg_conninfo, pg_table) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
