@@ -58,9 +58,11 @@ from psycopg.pq import TransactionStatus
 from topk_middleware.access import Rows
 
 from ._sql import (
+    FINGERPRINT_TAG,
     MAX_IDENTIFIER_BYTES,
     AccessCheck,
     AccessPath,
+    RankTableMismatchError,
     TableFacts,
     plain_values,
     raise_if_invalid,
@@ -85,14 +87,6 @@ CLIENT_CHECK_INTERVAL_MS = 1000
 # How long (seconds) a refresh waits for runs still reading the old rank table before it gives up
 # (nothing changed). New runs queue behind the waiting swap, so the wait is kept short.
 SWAP_TIMEOUT = 2.0
-
-
-# The fingerprint's first word: the format, and proof that prepare() wrote it.
-FINGERPRINT_TAG = "topk-rank-v1"
-
-
-class RankTableMismatchError(RuntimeError):
-    """The rank table does not provably belong to the current table (see prepare())."""
 
 
 @dataclass

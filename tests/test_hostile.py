@@ -501,3 +501,91 @@ def test_pg_from_votes_refuses_mismatched_types_and_existing_output(pg_conninfo,
     with pytest.raises(ValueError, match="already exists: pass replace=True"):
         PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
     PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, replace=True).close()
+
+
+# ----- DuckDB: rank tables that do not belong ----------------------------------------------------
+
+
+def _duck_counts(con, scores: list[int], table: str = "c") -> None:
+    """(Re)create the counts table `table` (id BIGINT, score BIGINT) with the given scores."""
+    con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute(f"CREATE TABLE {table} (id BIGINT, score BIGINT)")
+    con.executemany(f"INSERT INTO {table} VALUES (?, ?)", list(enumerate(scores)))
+
+
+def test_duckdb_rank_table_of_a_recreated_table_is_not_trusted(tmp_path: Path) -> None:
+    """Before: every run below released item 16 from the dropped table's copy."""
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable, RankTableMismatchError
+
+    con = duckdb.connect()
+    _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(con, "c")
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    _duck_counts(con, [1000 if i == 3 else 0 for i in range(200)])  # same definition, same m
+    with pytest.raises(RankTableMismatchError, match="dropped and re-created since"):
+        private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: not the same table, so rebuilt
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    # Another object (no proof of identity yet) sees a row count other than the copy's.
+    _duck_counts(con, [1000 if i == 5 else 0 for i in range(150)])
+    fresh = DuckDBTable(con, "c")
+    with pytest.raises(RankTableMismatchError, match="built from 200 rows and the table has 150"):
+        private_top_k(fresh, k=1, epsilon=1e6, seed=1)
+    assert fresh.is_stale()
+    fresh.prepare()
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+    con.execute("ALTER TABLE c ALTER score TYPE DOUBLE")  # another definition
+    with pytest.raises(RankTableMismatchError, match="definition changed"):
+        private_top_k(DuckDBTable(con, "c"), k=1, epsilon=1e6, seed=1)
+
+
+def test_duckdb_prepare_after_reopen_verifies_the_copy(tmp_path: Path) -> None:
+    """A file reopened: catalog oids are handed out again (the re-created table gets the old
+    one), so prepare() compares the copy with the table. Before: the copy was kept and item 16
+    of the dropped table was released."""
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable
+
+    path = str(tmp_path / "counts.duckdb")
+    with duckdb.connect(path) as con:
+        _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(path, "c")
+    source.prepare()
+    source.close()
+    reopened = DuckDBTable(path, "c")  # unchanged: trusted, no prepare() needed
+    assert private_top_k(reopened, k=1, epsilon=1e6, seed=1).items == [16]
+    reopened.prepare()  # compares, keeps
+    reopened.close()
+    with duckdb.connect(path) as con:
+        _duck_counts(con, [1000 if i == 3 else 0 for i in range(200)])
+    again = DuckDBTable(path, "c")
+    again.prepare()  # no refresh: the copy differs from the table, so rebuilt
+    assert private_top_k(again, k=1, epsilon=1e6, seed=1).items == [3]
+    again.close()
+
+
+def test_duckdb_planted_rank_table_is_refused() -> None:
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable, RankTableMismatchError, quote_identifier
+
+    con = duckdb.connect()
+    _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(con, "c")
+    ranks = quote_identifier(source.rank_table)
+    con.execute(
+        f"CREATE TABLE {ranks} AS SELECT 0::BIGINT AS rank, 199::BIGINT AS id, 1e9 AS score"
+    )
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    source.prepare(refresh=True)  # asked for: replaced
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    con.execute(f"COMMENT ON TABLE {ranks} IS 'topk-rank-v1 forged'")
+    with pytest.raises(RankTableMismatchError, match="did not build it"):
+        private_top_k(DuckDBTable(con, "c"), k=1, epsilon=1.0, seed=1)
