@@ -60,6 +60,11 @@ MAX_NAME_BYTES = 63
 MYSQL_TEXT_ID_LENGTH = 768
 # Longest text id (bytes) a PostgreSQL B-tree entry takes with room to spare (limit ~2,700).
 PG_MAX_ID_BYTES = 2000
+# PostgreSQL prepare(): statement_timeout (seconds), how often the server checks that the client
+# is still there (ms), and how long a refresh waits for runs reading the old tables (seconds).
+PREPARE_STATEMENT_TIMEOUT = 3600.0
+CLIENT_CHECK_INTERVAL_MS = 1000
+SWAP_TIMEOUT = 2.0
 
 
 class StaleRankTableError(RuntimeError):
@@ -362,7 +367,14 @@ class SQLAlchemyTable:
         ]
 
     # ----- prepare ------------------------------------------------------------------------
-    def prepare(self, refresh: bool = False, *, index_source: bool = True) -> None:
+    def prepare(
+        self,
+        refresh: bool = False,
+        *,
+        index_source: bool = True,
+        statement_timeout: float | None = PREPARE_STATEMENT_TIMEOUT,
+        swap_timeout: float = SWAP_TIMEOUT,
+    ) -> None:
         """Validate the counts and build what sublinear access needs; idempotent.
 
         Creates, if missing, the rank table (rank primary key, index on id), its runs table
@@ -378,34 +390,195 @@ class SQLAlchemyTable:
         REPEATABLE READ snapshot, and on every dialect the copy itself is checked again before
         the transaction commits (MariaDB's INSERT ... SELECT reads the latest rows, not the
         snapshot), so a row a writer committed in between cannot slip in unvalidated.
+
+        PostgreSQL, as PostgresTable: concurrent prepare() calls on one rank table wait for
+        each other (a session advisory lock); each statement has `statement_timeout` seconds
+        (None: the server's setting) and the server stops the work of a client that went away;
+        a refresh of a filled rank table builds the new tables beside the old ones and swaps
+        them in at the end of its transaction (no dead rows; runs in progress keep reading the
+        old ones), waiting at most `swap_timeout` seconds for runs still reading them, after
+        which it raises TimeoutError and changes nothing.
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
-        with self.engine.begin() as conn:
-            self._create_rank_table(conn)
-            if index_source:
-                for index in self._source_indexes:
-                    index.create(conn, checkfirst=True)
-            filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
-            runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
-        if filled and runs_filled and not refresh:
-            self._with_runs = True
-            return
-        with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                self._fill(conn)
+        if statement_timeout is not None and not statement_timeout > 0:
+            raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout}")
+        if not swap_timeout > 0:
+            raise ValueError(f"swap_timeout must be > 0 seconds, got {swap_timeout}")
+        with self._prepare_lock() as locked:
+            with self._writing(locked) as conn:
+                self._create_rank_table(conn)
+                if index_source:
+                    for index in self._source_indexes:
+                        index.create(conn, checkfirst=True)
+                filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
+                runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
+            if filled and runs_filled and not refresh:
+                self._with_runs = True
+                return
+            try:
+                if locked is not None:
+                    conn = locked.execution_options(isolation_level="REPEATABLE READ")
+                    with conn.begin():
+                        self._limit_statements(conn, statement_timeout)
+                        if filled:
+                            self._fill_beside(conn, swap_timeout)
+                        else:
+                            self._fill(conn)
+                else:
+                    with self.engine.connect() as conn, conn.begin():
+                        self._fill(conn)
+            except sa.exc.OperationalError as error:
+                if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
+                    raise
+                raise TimeoutError(
+                    f"{self.where}: prepare() was stopped by its statement_timeout of "
+                    f"{statement_timeout} s; nothing was changed"
+                ) from None
         self._analyze()
 
-    def _fill(self, conn: Connection) -> None:
-        """Validate, copy, check the copy: inside the caller's transaction."""
+    @contextmanager
+    def _writing(self, locked: Connection | None) -> Iterator[Connection]:
+        """A connection in a transaction: the locked one, or a short-lived one."""
+        if locked is not None:
+            with locked.begin():
+                yield locked
+        else:
+            with self.engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def _prepare_lock(self) -> Iterator[Connection | None]:
+        """PostgreSQL: a connection holding a session advisory lock on the rank table's name
+        for the whole of prepare() (concurrent prepare() calls wait for each other, instead of
+        colliding on CREATE TABLE or on the rows); released at the end, or by the server if
+        the client dies. Other dialects: None (no lock)."""
+        if self.dialect != "postgresql":
+            yield None
+            return
+        name = self.engine.dialect.identifier_preparer.format_table(self._ranks)
+        key = int.from_bytes(hashlib.sha1(name.encode("utf-8")).digest()[:8], "big", signed=True)
+        with self.engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_advisory_lock(key)))
+            conn.commit()
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction():
+                    conn.rollback()
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                conn.commit()
+
+    def _limit_statements(self, conn: Connection, timeout: float | None) -> None:
+        """PostgreSQL, for the transaction: statement_timeout, and the server's check that the
+        client is still there (PostgreSQL >= 14)."""
+        settings = {}
+        if timeout is not None:
+            settings["statement_timeout"] = str(max(1, round(timeout * 1000)))
+        if (self.engine.dialect.server_version_info or (0,)) >= (14,):
+            settings["client_connection_check_interval"] = str(CLIENT_CHECK_INTERVAL_MS)
+        for name, value in settings.items():
+            conn.execute(sa.select(sa.func.set_config(name, value, True)))
+
+    def _beside(self) -> tuple[sa.Table, sa.Table]:
+        """The rank and runs tables a PostgreSQL refresh builds beside the old ones, with
+        index names of their own (renamed to the old ones' at the swap)."""
+        digest = _digest(self._ranks.schema, self._ranks.name)
+        meta = sa.MetaData()
+        r, u = self._ranks.c, self._runs.c
+        ranks = sa.Table(
+            f"topk_{digest}_new",
+            meta,
+            sa.Column("rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("id", r.id.type, nullable=False),
+            sa.Column("score", r.score.type, nullable=False),
+            sa.Index(f"topk_{digest}_new_id", "id"),
+            schema=self._ranks.schema,
+        )
+        ranks.primary_key.name = f"topk_{digest}_new_pk"
+        runs = sa.Table(
+            f"topk_{digest}_new_runs",
+            meta,
+            sa.Column("run", sa.BigInteger, nullable=False, autoincrement=False),
+            sa.Column("first_rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("score", u.score.type, nullable=False),
+            schema=self._runs.schema,
+        )
+        runs.primary_key.name = f"topk_{digest}_new_runs_pk"
+        return ranks, runs
+
+    def _fill_beside(self, conn: Connection, swap_timeout: float) -> None:
+        """PostgreSQL refresh: new tables beside the old ones, filled and checked, then swapped
+        in (drop the old ones, rename the new ones and their indexes), all in `conn`'s
+        transaction: nothing changes unless it commits, and no dead rows are left."""
+        ranks, runs = self._beside()
+        for table in (runs, ranks):
+            table.drop(conn, checkfirst=True)  # left by a prepare() that was killed
+        ranks.create(conn)
+        runs.create(conn)
+        self._fill(conn, ranks, runs)
+        inspector = sa.inspect(conn)
+        renames: list[tuple[str | None, str]] = []
+        for old, new in ((self._ranks, ranks), (self._runs, runs)):
+            renames.append(
+                (new.primary_key.name, inspector.get_pk_constraint(old.name, old.schema)["name"])
+            )
+            by_columns = {
+                tuple(ix["column_names"]): ix["name"]
+                for ix in inspector.get_indexes(old.name, schema=old.schema)
+            }
+            designed = {tuple(c.name for c in ix.columns): ix.name for ix in old.indexes}
+            for index in new.indexes:
+                key = tuple(c.name for c in index.columns)
+                renames.append((index.name, by_columns.get(key) or designed[key]))
+        preparer = self.engine.dialect.identifier_preparer
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    sa.select(
+                        sa.func.set_config(
+                            "lock_timeout", str(max(1, round(swap_timeout * 1000))), True
+                        )
+                    )
+                )
+                conn.exec_driver_sql(
+                    f"DROP TABLE {preparer.format_table(self._runs)}, "
+                    f"{preparer.format_table(self._ranks)}"
+                )
+        except sa.exc.OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            raise TimeoutError(
+                f"{self.where}: prepare(refresh=True) waited {swap_timeout} s (swap_timeout) for "
+                f"runs still reading the rank table {self._ranks.name!r}; nothing was changed: "
+                "try again when they have ended, or pass a longer swap_timeout"
+            ) from None
+        conn.execute(sa.select(sa.func.set_config("lock_timeout", "0", True)))
+        for old, new in ((self._ranks, ranks), (self._runs, runs)):
+            conn.exec_driver_sql(
+                f"ALTER TABLE {preparer.format_table(new)} RENAME TO {preparer.quote(old.name)}"
+            )
+        schema = (
+            "" if self._ranks.schema is None else preparer.quote_schema(self._ranks.schema) + "."
+        )
+        for current, final in renames:
+            if current and final and current != final:
+                name = schema + preparer.quote(current)
+                conn.exec_driver_sql(f"ALTER INDEX {name} RENAME TO {preparer.quote(final)}")
+
+    def _fill(
+        self, conn: Connection, ranks: sa.Table | None = None, runs: sa.Table | None = None
+    ) -> None:
+        """Validate, copy, check the copy: inside the caller's transaction (into the rank and
+        runs tables, or the given ones)."""
+        ranks = self._ranks if ranks is None else ranks
+        runs = self._runs if runs is None else runs
         self._validate(conn)
-        conn.execute(sa.delete(self._ranks))
+        conn.execute(sa.delete(ranks))
         position = sa.func.row_number().over(order_by=(self._score.desc(), self._id_key(self._id)))
         try:
             conn.execute(
-                sa.insert(self._ranks).from_select(
+                sa.insert(ranks).from_select(
                     ["rank", "id", "score"],
                     sa.select(position - 1, self._id, self._score).select_from(self._from),
                 )
@@ -416,24 +589,24 @@ class SQLAlchemyTable:
                 "NULL score, appeared after validation): nothing was replaced, call "
                 "prepare(refresh=True) again"
             ) from None
-        r = self._ranks.c
+        r = ranks.c
         first = sa.func.min(r.rank)
-        conn.execute(sa.delete(self._runs))
+        conn.execute(sa.delete(runs))
         conn.execute(
-            sa.insert(self._runs).from_select(
+            sa.insert(runs).from_select(
                 ["run", "first_rank", "score"],
                 sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
                 .group_by(r.score)
                 .order_by(first),
             )
         )
-        self._check_copy(conn)
+        self._check_copy(conn, ranks)
         self._with_runs = True
 
-    def _check_copy(self, conn: Connection) -> None:
+    def _check_copy(self, conn: Connection, ranks: sa.Table) -> None:
         """The rank table just written is a valid histogram (one pass over it, in the writing
         transaction): distinct ids, dense ranks, finite non-negative scores."""
-        r = self._ranks.c
+        r = ranks.c
         rows, ids, high = conn.execute(
             sa.select(sa.func.count(), sa.func.count(sa.distinct(r.id)), sa.func.max(r.rank))
         ).one()

@@ -589,3 +589,125 @@ def test_duckdb_planted_rank_table_is_refused() -> None:
     con.execute(f"COMMENT ON TABLE {ranks} IS 'topk-rank-v1 forged'")
     with pytest.raises(RankTableMismatchError, match="did not build it"):
         private_top_k(DuckDBTable(con, "c"), k=1, epsilon=1.0, seed=1)
+
+
+# ----- SQLAlchemy on PostgreSQL: refresh beside and swap, under a lock and a timeout -------------
+
+
+@pytest.fixture
+def sa_pg_table(sqlalchemy_postgres_engine):
+    """A table (id bigint, score bigint) of PG_ITEMS items through SQLAlchemy, item 16 on top;
+    dropped afterwards with every table whose name starts with its own or topk_."""
+    import sqlalchemy as sa
+
+    engine = sqlalchemy_postgres_engine
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            table.insert(),
+            [{"id": i, "score": 1000 if i == 16 else i % 17} for i in range(PG_ITEMS)],
+        )
+    made: list = []
+    yield engine, name, table, made
+    with engine.begin() as conn:
+        for source in made:
+            for t in (source.runs_table_name, source.rank_table_name):
+                conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{t}"')
+        conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
+
+
+def _sa_source(engine, name, made):
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    return source
+
+
+def _relation(engine, name: str) -> tuple[int, int]:
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        return tuple(
+            conn.execute(
+                sa.text("SELECT pg_relation_size(to_regclass(:n)), to_regclass(:n)::oid"),
+                {"n": f'"{name}"'},
+            ).one()
+        )
+
+
+def test_sqlalchemy_pg_refresh_swaps_tables_without_dead_rows(sa_pg_table) -> None:
+    """Before: DELETE + INSERT, the rank table doubled on disk at each refresh until VACUUM."""
+    engine, name, table, made = sa_pg_table
+    source = _sa_source(engine, name, made)
+    source.prepare()
+    size, oid = _relation(engine, source.rank_table_name)
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id == 7).values(score=5000))
+    for _ in range(3):
+        source.prepare(refresh=True)
+    size_after, oid_after = _relation(engine, source.rank_table_name)
+    assert oid_after != oid and size_after == size
+    beside = [t.name for t in source._beside()]
+    assert all(_relation(engine, t) == (None, None) for t in beside)  # nothing left beside
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [7]
+    assert not source.is_stale()
+
+
+def test_sqlalchemy_pg_refresh_waits_for_a_held_run_then_gives_up(sa_pg_table) -> None:
+    engine, name, table, made = sa_pg_table
+    reader, writer = _sa_source(engine, name, made), _sa_source(engine, name, made)
+    writer.prepare()
+    before = _relation(engine, writer.rank_table_name)
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id == 7).values(score=5000))
+    with reader.snapshot():
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+        with pytest.raises(TimeoutError, match=r"waited 0\.2 s \(swap_timeout\) for runs"):
+            writer.prepare(refresh=True, swap_timeout=0.2)
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+    assert _relation(engine, writer.rank_table_name) == before  # nothing changed, no dead rows
+    writer.prepare(refresh=True)
+    assert private_top_k(reader, k=1, epsilon=1e6, seed=1).items == [7]
+
+
+def test_sqlalchemy_pg_concurrent_prepares_wait_for_each_other(sa_pg_table) -> None:
+    """Four threads prepare one table at once (two with refresh): they queue on the advisory
+    lock. Each thread records its error, if any: none is expected."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, name, _, made = sa_pg_table
+    sources = [_sa_source(engine, name, made) for _ in range(4)]
+
+    def prepare(i: int) -> str | None:
+        try:
+            sources[i].prepare(refresh=bool(i % 2))
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    with ThreadPoolExecutor(4) as pool:
+        errors = [e for e in pool.map(prepare, range(4)) if e]
+    assert errors == []
+    assert private_top_k(sources[0], k=1, epsilon=1e6, seed=1).items == [16]
+
+
+def test_sqlalchemy_pg_statement_timeout_stops_prepare_clearly(sa_pg_table) -> None:
+    import sqlalchemy as sa
+
+    engine, name, _, made = sa_pg_table
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f'INSERT INTO "{name}" SELECT g, g % 7 FROM generate_series(1000, 300000) g')
+        )
+    source = _sa_source(engine, name, made)
+    with pytest.raises(TimeoutError, match=r"statement_timeout of 0\.001 s"):
+        source.prepare(statement_timeout=0.001)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(source._ranks)).scalar() == 0
+    source.prepare()
+    assert source.domain_size() == PG_ITEMS + 299_001
