@@ -44,10 +44,17 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from adapters._sql import AccessCheck, AccessPath, id_array, plain_values
+from adapters._sql import (
+    FINGERPRINT_TAG,
+    AccessCheck,
+    AccessPath,
+    RankTableMismatchError,
+    id_array,
+    plain_values,
+)
 from topk_middleware.access import AccessError, Rows
 
-__all__ = ["SQLAlchemyTable", "StaleRankTableError"]
+__all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
 # Rows per IN list: below every driver's parameter limit (psycopg 65535; SQLite 32766 since
 # 3.32, 999 before).
@@ -65,6 +72,11 @@ PG_MAX_ID_BYTES = 2000
 PREPARE_STATEMENT_TIMEOUT = 3600.0
 CLIENT_CHECK_INTERVAL_MS = 1000
 SWAP_TIMEOUT = 2.0
+# The table of rank-table fingerprints, one row per rank table, in the rank table's schema.
+FINGERPRINTS_TABLE = "topk_rank_fingerprints"
+# Dialects whose catalog gives a table a lasting identity (PostgreSQL oid; MariaDB / MySQL
+# InnoDB table id and creation time): elsewhere prepare() compares the copy with the table.
+LASTING_IDENTITY = ("postgresql", "mysql", "mariadb")
 
 
 class StaleRankTableError(RuntimeError):
@@ -145,6 +157,7 @@ class SQLAlchemyTable:
             table = table.name
         self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
         self.table_name: str | None = table
+        self._identity_tables = [(schema, table)]  # what the fingerprint names (see _facts)
         self.id_column, self.score_column = id, score
         self._source = _reflect(engine, table, schema, self.where)
         for name in (id, score):
@@ -245,6 +258,7 @@ class SQLAlchemyTable:
         )
         self.where = f"votes {votes_table!r} over items {items_table!r}"
         self.table_name = None
+        self._identity_tables = [(schema, votes_table), (schema, items_table)]
         self.id_column, self.score_column = item_id, "score"
         self._source = None
         self._from = counts
@@ -285,6 +299,14 @@ class SQLAlchemyTable:
             sa.Column("score", score_type.copy(), nullable=False),
             schema=schema,
         )
+        self._fingerprints = sa.Table(
+            FINGERPRINTS_TABLE,
+            sa.MetaData(),
+            sa.Column("rank_table", sa.String(255), primary_key=True),
+            sa.Column("mark", sa.BigInteger, nullable=False),
+            schema=schema,
+        )
+        self._proof: Any = None  # see _trusted(): this object's proof that the copy is current
         self._text_ids = isinstance(id_type, sa.String)
         if max_params is None:
             old = self.dialect == "sqlite" and _sqlite_version(self.engine) < (3, 32)
@@ -366,6 +388,139 @@ class SQLAlchemyTable:
             sa.Index(_fit("ix", f"_topk_{digest}_id"), self._id),
         ]
 
+    # ----- the fingerprint: does the rank table belong to this table? ---------------------------
+    # prepare() records, in the table topk_rank_fingerprints (one row per rank table, written in
+    # the transaction that fills it), a mark: a hash of the catalog facts of the counts table
+    # (or of the votes and items tables) and of the rank table. Each run reads the mark and the
+    # facts in its first query and refuses a rank table whose mark is missing (prepare() did not
+    # build it) or differs (built from an earlier table of that name). The facts: PostgreSQL,
+    # the tables' oids (a lasting identity); MariaDB, the InnoDB table ids and creation times
+    # (MySQL: creation times, to the second); SQLite, each table's root page and CREATE
+    # statement; DuckDB, each table's CREATE statement. SQLite and DuckDB have no lasting table
+    # identity: a table dropped and re-created with the same definition (and, on SQLite, the
+    # same root page, which is often reused) is not seen by a run; prepare() then compares the
+    # copy with the table (one scan) unless this object built or verified it and no schema
+    # change happened since (SQLite's schema_version, DuckDB's table oids), and rebuilds it if
+    # they differ. Writes since the last prepare() are, by the copy's contract, not seen.
+    def _facts(self) -> list[ColumnElement[Any]]:
+        """The catalog facts of the tables the fingerprint names, as scalar subqueries."""
+        tables = [*self._identity_tables, (self._ranks.schema, self._ranks.name)]
+        preparer = self.engine.dialect.identifier_preparer
+        facts: list[ColumnElement[Any]] = []
+        for i, (schema, name) in enumerate(tables):
+            s_, t_ = f"topk_s{i}", f"topk_t{i}"
+            if self.dialect == "postgresql":
+                qualified = (
+                    preparer.quote(name)
+                    if schema is None
+                    else (preparer.quote_schema(schema) + "." + preparer.quote(name))
+                )
+                query = sa.text(f"SELECT to_regclass(:{t_})::oid::text").bindparams(
+                    **{t_: qualified}
+                )
+            elif self.dialect in ("mysql", "mariadb"):
+                where = f"coalesce(:{s_}, database())"
+                table_id = (
+                    "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+                    f"WHERE NAME = concat({where}, '/', :{t_}))"
+                    if getattr(self.engine.dialect, "is_mariadb", False)
+                    else "NULL"
+                )
+                query = sa.text(
+                    f"SELECT concat_ws(' ', {table_id}, (SELECT CREATE_TIME FROM "
+                    f"information_schema.TABLES WHERE TABLE_SCHEMA = {where} "
+                    f"AND TABLE_NAME = :{t_}))"
+                ).bindparams(**{s_: schema, t_: name})
+            elif self.dialect == "sqlite":
+                master = ("" if schema is None else preparer.quote_schema(schema) + ".") + (
+                    "sqlite_master"
+                )
+                query = sa.text(
+                    f"SELECT rootpage || ' ' || sql FROM {master} "
+                    f"WHERE type = 'table' AND name = :{t_}"
+                ).bindparams(**{t_: name})
+            elif self.dialect == "duckdb":
+                query = sa.text(
+                    "SELECT sql FROM duckdb_tables() WHERE database_name = current_database() "
+                    f"AND schema_name = coalesce(:{s_}, current_schema()) AND table_name = :{t_}"
+                ).bindparams(**{s_: schema, t_: name})
+            else:
+                continue  # other dialects: the mark of prepare() only
+            facts.append(query.columns(sa.column("fact", sa.String)).scalar_subquery())
+        return facts
+
+    def _stored_mark(self) -> ColumnElement[Any]:
+        f = self._fingerprints.c
+        return sa.select(f.mark).where(f.rank_table == self._ranks.name).scalar_subquery()
+
+    @staticmethod
+    def _mark_of(facts: Sequence[Any]) -> int:
+        text = "\x00".join([FINGERPRINT_TAG, *("" if f is None else str(f) for f in facts)])
+        digest = hashlib.sha1(text.encode("utf-8")).digest()[:8]
+        return int.from_bytes(digest, "big", signed=True)
+
+    def _check_mark(self, stored: Any, facts: Sequence[Any]) -> None:
+        """Raise RankTableMismatchError unless the stored mark is the current one."""
+        if stored is None:
+            why = "prepare() did not build it (no fingerprint)"
+        elif int(stored) != self._mark_of(facts):
+            why = "it was built from an earlier table of this name, or the table was re-created"
+        else:
+            return
+        raise RankTableMismatchError(
+            f"{self.where}: the rank table {self._ranks.name!r} does not belong to this table "
+            f"({why}): call prepare(refresh=True)"
+        )
+
+    def _stamp(self, conn: Connection) -> None:
+        """Record the current mark (in the caller's transaction, after the fill)."""
+        columns = self._facts()
+        facts = conn.execute(sa.select(*columns)).one() if columns else ()
+        f = self._fingerprints
+        conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
+        conn.execute(sa.insert(f).values(rank_table=self._ranks.name, mark=self._mark_of(facts)))
+
+    def _proof_now(self, conn: Connection) -> Any:
+        """What proves, to this object, that no table was re-created since it last looked:
+        SQLite's schema_version (any schema change moves it), DuckDB's table oids (handed out
+        anew within an open database); None elsewhere (the facts are lasting there)."""
+        if self.dialect == "sqlite":
+            return conn.exec_driver_sql("PRAGMA schema_version").scalar()
+        if self.dialect == "duckdb":
+            names = [n for _, n in self._identity_tables] + [self._ranks.name]
+            return tuple(
+                conn.execute(
+                    sa.text(
+                        "SELECT table_oid FROM duckdb_tables() WHERE database_name = "
+                        "current_database() AND table_name IN :names ORDER BY table_name"
+                    ).bindparams(sa.bindparam("names", names, expanding=True))
+                ).scalars()
+            )
+        return None
+
+    def _trusted(self, conn: Connection) -> bool:
+        """prepare() without refresh, with a filled rank table, in its transaction: keep it
+        (True) or rebuild it (False). A rank table prepare() did not build is refused."""
+        facts = self._facts()
+        stored, *current = conn.execute(sa.select(self._stored_mark(), *facts)).one()
+        if stored is None:
+            raise RankTableMismatchError(
+                f"{self.where}: a table named {self._ranks.name!r} exists but prepare() did not "
+                "build it (no fingerprint): drop it, pass another rank_table name, or call "
+                "prepare(refresh=True) to replace it"
+            )
+        if int(stored) != self._mark_of(current):
+            return False
+        if self.dialect in LASTING_IDENTITY:
+            return True
+        proof = self._proof_now(conn)
+        if proof is not None and proof == self._proof:
+            return True
+        if self._copy_differs(conn):
+            return False
+        self._proof = proof
+        return True
+
     # ----- prepare ------------------------------------------------------------------------
     def prepare(
         self,
@@ -413,6 +568,8 @@ class SQLAlchemyTable:
                         index.create(conn, checkfirst=True)
                 filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
                 runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
+                if filled and runs_filled and not refresh:
+                    refresh = not self._trusted(conn)
             if filled and runs_filled and not refresh:
                 self._with_runs = True
                 return
@@ -425,9 +582,11 @@ class SQLAlchemyTable:
                             self._fill_beside(conn, swap_timeout)
                         else:
                             self._fill(conn)
+                        self._stamp(conn)
                 else:
                     with self.engine.connect() as conn, conn.begin():
                         self._fill(conn)
+                        self._stamp(conn)
             except sa.exc.OperationalError as error:
                 if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
                     raise
@@ -436,6 +595,8 @@ class SQLAlchemyTable:
                     f"{statement_timeout} s; nothing was changed"
                 ) from None
         self._analyze()
+        with self.engine.connect() as conn:
+            self._proof = self._proof_now(conn)
 
     @contextmanager
     def _writing(self, locked: Connection | None) -> Iterator[Connection]:
@@ -631,6 +792,7 @@ class SQLAlchemyTable:
     def _create_rank_table(self, conn: Connection) -> None:
         """Create the rank table and the runs table where missing (an existing table of the same
         name must have their columns)."""
+        self._fingerprints.create(conn, checkfirst=True)
         inspector = sa.inspect(conn)
         for table, kind in ((self._ranks, "rank"), (self._runs, "runs")):
             schema, name = table.schema, table.name
@@ -810,6 +972,11 @@ class SQLAlchemyTable:
 
         One full scan of the counts (a join on id): the price of knowing for sure.
         """
+        with self._connection() as conn:
+            return self._copy_differs(conn)
+
+    def _copy_differs(self, conn: Connection) -> bool:
+        """Whether the counts and the rank table differ (one scan of each, joined on id)."""
         live = (
             sa.select(self._id.label("id"), self._score.label("score"))
             .select_from(self._from)
@@ -817,14 +984,13 @@ class SQLAlchemyTable:
         )
         ranks = self._ranks
         match = sa.and_(ranks.c.id == self._id_key(live.c.id), ranks.c.score == live.c.score)
-        with self._connection() as conn:
-            unmatched = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(live.outerjoin(ranks, match))
-                .where(ranks.c.rank.is_(None))
-            ).scalar_one()
-            live_rows = conn.execute(sa.select(sa.func.count()).select_from(live)).scalar_one()
-            rank_rows = conn.execute(sa.select(sa.func.count()).select_from(ranks)).scalar_one()
+        unmatched = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(live.outerjoin(ranks, match))
+            .where(ranks.c.rank.is_(None))
+        ).scalar_one()
+        live_rows = conn.execute(sa.select(sa.func.count()).select_from(live)).scalar_one()
+        rank_rows = conn.execute(sa.select(sa.func.count()).select_from(ranks)).scalar_one()
         return bool(unmatched or live_rows != rank_rows)
 
     # ----- the Source protocol ---------------------------------------------------------------
@@ -907,12 +1073,18 @@ class SQLAlchemyTable:
         the same query, the number of runs of tied scores (the last run's number plus one, by
         the runs primary key; None without a runs table, or an empty one)."""
         r, u = self._ranks.c, self._runs.c
-        columns: list[Any] = [sa.func.min(r.rank), sa.func.max(r.rank)]
+        facts = self._facts()
+        columns: list[Any] = [
+            sa.func.min(r.rank),
+            sa.func.max(r.rank),
+            self._stored_mark(),
+            *facts,
+        ]
         if with_runs:
             last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
             columns.append(last.scalar_subquery())
         try:
-            low, high, *runs = conn.execute(sa.select(*columns)).one()
+            low, high, stored, *rest = conn.execute(sa.select(*columns)).one()
         except sa.exc.DBAPIError as error:
             # Asked on a fresh connection: this one may be in an aborted transaction.
             inspector = sa.inspect(self.engine)
@@ -923,11 +1095,16 @@ class SQLAlchemyTable:
                 ) from error
             if with_runs and not inspector.has_table(self._runs.name, schema=self._runs.schema):
                 raise _RunsTableMissing from error
+            fingerprints = self._fingerprints
+            if not inspector.has_table(fingerprints.name, schema=fingerprints.schema):
+                self._check_mark(None, ())
             raise
         if high is None:
             raise RuntimeError(
                 f"rank table {self._ranks.name!r} of {self.where} is empty: call prepare() first"
             )
+        self._check_mark(stored, rest[: len(facts)])
+        runs = rest[len(facts) :]
         if low != 0:
             raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
         count = runs[0] if runs else None

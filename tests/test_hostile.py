@@ -711,3 +711,109 @@ def test_sqlalchemy_pg_statement_timeout_stops_prepare_clearly(sa_pg_table) -> N
         assert conn.execute(sa.select(sa.func.count()).select_from(source._ranks)).scalar() == 0
     source.prepare()
     assert source.domain_size() == PG_ITEMS + 299_001
+
+
+# ----- SQLAlchemy: rank tables that do not belong (every dialect) --------------------------------
+
+SA_DIALECTS = ["sqlite", "postgres", "mariadb", "duckdb"]
+
+
+@pytest.fixture(params=SA_DIALECTS)
+def sa_counts(request: pytest.FixtureRequest):
+    """An engine of each dialect and a function to (re)create a counts table (id BIGINT, score
+    BIGINT) under a fresh name; afterwards every table made is dropped, with its rank and runs
+    tables and its fingerprint row."""
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import FINGERPRINTS_TABLE
+
+    engine = request.getfixturevalue(f"sqlalchemy_{request.param}_engine")
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+
+    def create(scores: list[int]) -> None:
+        table.drop(engine, checkfirst=True)
+        table.create(engine)
+        with engine.begin() as conn:
+            conn.execute(table.insert(), [{"id": i, "score": s} for i, s in enumerate(scores)])
+
+    made: list = []
+    create([1000 if i == 16 else i % 17 for i in range(PG_ITEMS)])
+    yield engine, name, create, made
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.begin() as conn:
+        for source in made:
+            for t in (source.runs_table_name, source.rank_table_name):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {quote(t)}")
+            if sa.inspect(conn).has_table(FINGERPRINTS_TABLE):
+                conn.exec_driver_sql(
+                    f"DELETE FROM {quote(FINGERPRINTS_TABLE)} WHERE rank_table = "
+                    f"'{source.rank_table_name}'"
+                )
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {quote(name)}")
+
+
+def test_sqlalchemy_rank_table_of_a_recreated_table_is_not_trusted(sa_counts) -> None:
+    """Before: the copy of the dropped table was kept by prepare() and released item 16."""
+    from adapters.sqlalchemy import RankTableMismatchError, SQLAlchemyTable
+
+    engine, name, create, made = sa_counts
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # same definition, same m
+    if source.dialect in ("postgresql", "mysql", "mariadb"):  # a lasting table identity
+        with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
+            private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: rebuilt (identity, or the copy compared with the table)
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    create([1000 if i == 5 else 0 for i in range(PG_ITEMS)])
+    fresh = SQLAlchemyTable(engine, name)  # another object: nothing proven to it yet
+    fresh.prepare()
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+    fresh.prepare()  # unchanged since: kept (and compared only where identity is not lasting)
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+
+
+def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import RankTableMismatchError, SQLAlchemyTable
+
+    engine, name, _, made = sa_counts
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    for table in (source._ranks, source._runs):  # by hand, with the right columns
+        table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(source._ranks),
+            [
+                {"rank": 0, "id": 199, "score": 10**9},
+                *({"rank": r, "id": r - 1, "score": 0} for r in range(1, PG_ITEMS)),
+            ],
+        )
+        conn.execute(
+            sa.insert(source._runs),
+            [{"run": 0, "first_rank": 0, "score": 10**9}, {"run": 1, "first_rank": 1, "score": 0}],
+        )
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)  # before: released item 199
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    source.prepare(refresh=True)  # asked for: replaced
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    if source.dialect in ("postgresql", "mysql", "mariadb"):
+        # A hand-made copy of the rank table under its name keeps the fingerprint row, not
+        # the rank table's identity.
+        quote = engine.dialect.identifier_preparer.quote
+        ranks = quote(source.rank_table_name)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {quote('copy_' + name)} AS SELECT * FROM {ranks}")
+            conn.exec_driver_sql(f"DROP TABLE {ranks}")
+            conn.exec_driver_sql(f"ALTER TABLE {quote('copy_' + name)} RENAME TO {ranks}")
+        with pytest.raises(RankTableMismatchError, match="does not belong"):
+            private_top_k(source, k=1, epsilon=1.0, seed=1)
