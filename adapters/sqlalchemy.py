@@ -1241,6 +1241,11 @@ def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: s
         # writes it: undo that, so the name is quoted once, correctly.
         columns = [sa.Column(c.name.replace("``", "`"), c.type) for c in reflected.c]
         reflected = sa.Table(table, sa.MetaData(), *columns, schema=schema)
+    for column in reflected.c:
+        if isinstance(column.type, sa.Float):
+            # MySQL / MariaDB DOUBLE reflects as asdecimal=True: values would come back as
+            # Decimals rounded to 10 places (1e-300 read as 0). Floats are read as floats.
+            column.type.asdecimal = False
     return reflected
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
+from tests.conftest import STORE_NAMES
+from tests.helpers import reference_for
 from topk_middleware import private_top_k
 
 # ----- ids come back exactly as given ---------------------------------------------------------
@@ -817,3 +819,46 @@ def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
             conn.exec_driver_sql(f"ALTER TABLE {quote('copy_' + name)} RENAME TO {ranks}")
         with pytest.raises(RankTableMismatchError, match="does not belong"):
             private_top_k(source, k=1, epsilon=1.0, seed=1)
+
+
+# ----- valid edge inputs, released correctly on every store -------------------------------------
+
+EDGE_IDS = ["", " ", "a", "A", "日本", "e\u0301", "'; DROP TABLE x; --", "tab\there", "x" * 100]
+EDGE_SCORES = [1e300, 1e299, 7.0, 7.0, 3.0, 1e-300, 5e-324, 0.0, 1e-300]
+
+
+@pytest.mark.parametrize("store", STORE_NAMES)
+def test_valid_edge_inputs_are_served_and_released_exactly(
+    request: pytest.FixtureRequest, store: str
+) -> None:
+    """Huge and tiny (subnormal) scores, empty, blank, unicode, quoted and 100-character ids (the
+    longest the SQLAlchemy plugins' VARCHAR(100) holds; longer ones: the store tests above):
+    every row comes back exactly (id and score), in the canonical order, and a release is the
+    ArraySource one for the same seed. Fails if a store rounds a score, trims or rewrites an
+    id, or refuses a valid input."""
+    make = request.getfixturevalue(f"make_{store.replace('-', '_')}_source")
+    ids = np.asarray(EDGE_IDS, dtype=object)
+    scores = np.asarray(EDGE_SCORES)
+    source = make(scores, ids)
+    reference = reference_for(source, scores, ids)  # positions as the store's
+    m = len(EDGE_IDS)
+    with source.snapshot():
+        got, want = source.read_sorted(0, m), reference.read_sorted(0, m)
+        assert got.ids.tolist() == want.ids.tolist()
+        assert got.scores.tolist() == want.scores.tolist()
+        assert source.read_ids(EDGE_IDS).tolist() == scores.tolist()
+    for seed in range(3):
+        assert (
+            private_top_k(source, k=4, epsilon=2.0, seed=seed).items
+            == private_top_k(reference, k=4, epsilon=2.0, seed=seed).items
+        )
+
+
+@pytest.mark.parametrize("epsilon", [True, "1", None, float("nan"), -1.0])
+def test_privacy_budget_refuses_non_numbers_and_bad_values(epsilon) -> None:
+    """PrivacyBudget(epsilon=True) was accepted (True counted as 1) and PrivacyBudget('1') gave
+    a raw TypeError from a comparison."""
+    from topk_middleware import PrivacyBudget
+
+    with pytest.raises((TypeError, ValueError), match="budget epsilon must be"):
+        PrivacyBudget(epsilon=epsilon)
