@@ -678,8 +678,8 @@ class DuckDBTable:
             f"{pending}",
             self._fingerprint_params(),
         ).fetchone()
-        stored, oid, ddl, rows, sizes = rest[0], rest[1], rest[2], rest[3], rest[4:]
-        self._check_fingerprint(stored, oid, ddl, rows)
+        self._check_fingerprint(*self._unpack_facts(*rest[:3]))
+        sizes = rest[3:]
         self._delta_sizes = tuple(sizes) if sizes else None
         return int(m), None if count is None else int(count)
 
@@ -704,21 +704,37 @@ class DuckDBTable:
     )
 
     def _fingerprint_sql(self) -> str:
-        """(stored fingerprint, table's oid, table's definition, table's row count) as SQL."""
+        """(stored fingerprint, table's oid, table's definition, table's row count) as SQL: one
+        scan of the catalog's tables. Once the copy is proven to this object, the table's oid
+        settles its identity (an ALTER keeps it; the copy stays the snapshot it was): then the
+        mark and the oid only. Before that, also the definition (a view's from the catalog's
+        views) and, for a table, the row count (from metadata)."""
         where = self._WHERE_SCHEMA
-        counted = not self._is_view()  # a view's row count is its query: not kept
-        rows = f"(SELECT count(*) FROM {self._base})" if counted else "NULL"
-        return (
-            f"(SELECT comment FROM duckdb_tables() WHERE {where} "
-            "AND lower(table_name) = lower($ranks)), "
-            f"(SELECT table_oid FROM duckdb_tables() WHERE {where} "
-            "AND lower(table_name) = lower($table)), "
-            f"coalesce((SELECT sql FROM duckdb_tables() WHERE {where} "
-            "AND lower(table_name) = lower($table)), "
-            f"(SELECT sql FROM duckdb_views() WHERE {where} "
-            "AND lower(view_name) = lower($table))), "
-            f"{rows}"
+        proven = self._proven_oid is not None
+        definition = (
+            "" if proven else ", s := max(sql) FILTER (WHERE lower(table_name) = lower($table))"
         )
+        catalog = (
+            "(SELECT struct_pack(c := max(comment) FILTER (WHERE lower(table_name) = "
+            f"lower($ranks)), o := max(table_oid) FILTER (WHERE lower(table_name) = "
+            f"lower($table)){definition}) FROM duckdb_tables() WHERE {where} "
+            "AND lower(table_name) IN (lower($ranks), lower($table)))"
+        )
+        if proven:
+            return f"{catalog}, NULL, NULL"
+        if self._is_view():  # a view's row count is its query: not kept
+            view = (
+                f"(SELECT sql FROM duckdb_views() WHERE {where} "
+                "AND lower(view_name) = lower($table))"
+            )
+            return f"{catalog}, {view}, NULL"
+        return f"{catalog}, NULL, (SELECT count(*) FROM {self._base})"
+
+    @staticmethod
+    def _unpack_facts(catalog: Any, view_sql: Any, rows: Any) -> tuple[Any, Any, Any, Any]:
+        """(stored, oid, definition, rows) from what `_fingerprint_sql` selects."""
+        catalog = catalog or {}
+        return catalog.get("c"), catalog.get("o"), view_sql or catalog.get("s"), rows
 
     def _fingerprint_params(self) -> dict[str, Any]:
         return {"schema": self.schema, "ranks": self.rank_table, "table": self.table}
@@ -766,14 +782,16 @@ class DuckDBTable:
         this object built or verified the copy, the table's oid proves it is the same table, and
         rows written since are the copy's contract (not seen until a refresh); before that, a
         row count other than the one recorded cannot be told from another table's."""
-        why = self._mismatch(stored, ddl, rows)
-        if self._proven_oid is not None:
-            if why is not None and why.startswith(ROWS_DIFFER):
+        if self._proven_oid is not None:  # the mark, then the oid (see _fingerprint_sql)
+            why = self._mismatch(stored, None, None)
+            if why is not None and why != NOT_BUILT:
                 why = None
             if why is None and oid != self._proven_oid:
                 why = "the table was dropped and re-created since this object's prepare()"
-        elif why is not None and why.startswith(ROWS_DIFFER):
-            why += "; call prepare() to compare the copy with the table"
+        else:
+            why = self._mismatch(stored, ddl, rows)
+            if why is not None and why.startswith(ROWS_DIFFER):
+                why += "; call prepare() to compare the copy with the table"
         if why is not None:
             raise RankTableMismatchError(
                 f"{self.where}: the rank table {self.rank_table!r} does not belong to this table "
@@ -782,9 +800,14 @@ class DuckDBTable:
 
     def _facts(self, con: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
         """(stored fingerprint, oid, definition, row count) in `con`'s transaction."""
-        return con.execute(
-            f"SELECT {self._fingerprint_sql()}", self._fingerprint_params()
-        ).fetchone()
+        proven, self._proven_oid = self._proven_oid, None  # the row count too
+        try:
+            found = con.execute(
+                f"SELECT {self._fingerprint_sql()}", self._fingerprint_params()
+            ).fetchone()
+        finally:
+            self._proven_oid = proven
+        return self._unpack_facts(*found)
 
     def _stamp(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the fingerprint of the table, as `con`'s transaction sees it, on the rank
