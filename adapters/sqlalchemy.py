@@ -1016,21 +1016,31 @@ class SQLAlchemyTable:
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
             transaction = self._begin(conn)
             try:
-                try:
-                    counts = self._counts(conn, self._runs_exist(conn))
-                except _RunsTableMissing:
-                    # Dropped since it was last seen: start again without it (nothing was read).
-                    self._end(conn, transaction)
-                    self._with_runs = False
-                    transaction = self._begin(conn)
-                    counts = self._counts(conn, self._runs_exist(conn))
-                self._m, self._run_count = counts  # the first read fixed the snapshot
+                transaction = self._open_run(conn, transaction)  # the first read: the snapshot
                 self._conn = conn
                 yield
             finally:
                 self._conn = None
-                self._m = self._run_count = None
+                self._close_run()
                 self._end(conn, transaction)
+
+    def _open_run(self, conn: Connection, transaction: sa.RootTransaction) -> sa.RootTransaction:
+        """What a run needs to know, read in its transaction's first query (copy mode: m, the
+        number of runs of tied scores, the fingerprint check); returns the transaction (a new
+        one if the run had to start again)."""
+        try:
+            counts = self._counts(conn, self._runs_exist(conn))
+        except _RunsTableMissing:
+            # Dropped since it was last seen: start again without it (nothing was read).
+            self._end(conn, transaction)
+            self._with_runs = False
+            transaction = self._begin(conn)
+            counts = self._counts(conn, self._runs_exist(conn))
+        self._m, self._run_count = counts
+        return transaction
+
+    def _close_run(self) -> None:
+        self._m = self._run_count = None
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn`."""
