@@ -862,3 +862,79 @@ def test_privacy_budget_refuses_non_numbers_and_bad_values(epsilon) -> None:
 
     with pytest.raises((TypeError, ValueError), match="budget epsilon must be"):
         PrivacyBudget(epsilon=epsilon)
+
+
+# ----- a client killed during prepare(): the server stops its work ------------------------------
+
+KILL_SCRIPT = """
+import sys
+conninfo, schema, name, kind = sys.argv[1:]
+if kind == "postgres":
+    from adapters.postgres import PostgresTable
+    PostgresTable(conninfo, name, schema=schema).prepare()
+else:
+    import psycopg, sqlalchemy as sa
+    from adapters.sqlalchemy import SQLAlchemyTable
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(conninfo))
+    SQLAlchemyTable(engine, name, schema=schema).prepare(index_source=False)
+"""
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlalchemy"])
+def test_pg_prepare_of_a_killed_client_stops_on_the_server(pg_conninfo, pg_table, kind) -> None:
+    """kill -9 of a process in the middle of prepare(): its server process stops within a few
+    seconds (client_connection_check_interval) and nothing is left half-built. Before, it went
+    on to the end of its statement (here a 20 s pass over a slow view; 37 s measured on a big
+    table) and the next refresh competed with it."""
+    import os
+    import signal
+    import time
+
+    from psycopg import sql
+
+    conn, schema, name, create = pg_table
+    create([i % 7 for i in range(20_000)])
+    view = f"{name}_slow"
+    conn.execute(  # 1 ms a row: every pass over it takes 20 s
+        sql.SQL(
+            "CREATE VIEW {} AS SELECT id, score FROM {} WHERE length(pg_sleep(0.001)::text) = 0"
+        ).format(sql.Identifier(schema, view), sql.Identifier(schema, name))
+    )
+    app = f"topk_kill_{uuid.uuid4().hex[:8]}"
+    conninfo = f"{pg_conninfo} application_name={app}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, conninfo, schema, view, kind],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active' "
+        "AND query NOT LIKE '%%advisory%%'"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while conn.execute(query, [app]).fetchone()[0] == 0:
+            assert process.poll() is None and time.monotonic() < deadline, "prepare() not seen"
+            time.sleep(0.1)
+        time.sleep(1.0)  # well inside the pass over the view
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        killed = time.monotonic()
+        gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        while conn.execute(gone, [app]).fetchone()[0] and time.monotonic() - killed < 30:
+            time.sleep(0.2)
+        assert time.monotonic() - killed < 10  # the check interval is 1 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+    left = [
+        conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, t))
+        ).fetchone()[0]
+        for (t,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s",
+            [schema, f"{view}%"],
+        ).fetchall()
+    ]
+    # Nothing half-built: PostgresTable leaves no table; SQLAlchemyTable its empty rank and
+    # runs tables (created, then filled in a transaction of their own).
+    assert left == ([] if kind == "postgres" else [0, 0])
