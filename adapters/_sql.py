@@ -18,6 +18,10 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows
 
+# The first word of a rank table's fingerprint: its format, and the mark of prepare() (a table of
+# that name that lacks it was not built by prepare()).
+FINGERPRINT_TAG = "topk-rank-v1"
+
 # PostgreSQL truncates identifiers to 63 bytes; DuckDB has no limit, but one rule keeps both alike.
 MAX_IDENTIFIER_BYTES = 63
 
@@ -34,6 +38,11 @@ def rank_table_name(table: str, id_column: str, score_column: str) -> str:
     suffix = f"__topk_rank_{digest}"
     head = table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix)].decode("utf-8", "ignore")
     return head + suffix
+
+
+class RankTableMismatchError(RuntimeError):
+    """The rank table does not provably belong to the current table: prepare() did not build
+    it, or it was built from an earlier table of that name (see each adapter's prepare())."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ the rank table keeps them consistent by construction. The consequence for concur
 are never blocked and never change a run, and a run sees the table as of the last
 `prepare(refresh=True)`, not as of its start. Refreshing builds new tables beside the old ones
 and swaps them in at the end of its transaction (see `prepare()`), so runs in progress keep their
-snapshot; the swap waits for them (briefly), else falls back to copying the rows in.
+snapshot; the swap waits for them a bounded time (`swap_timeout`), then gives up with a clear error
+and changes nothing (copying the rows in instead would leave a table's worth of dead rows).
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
 Without a rank table the adapter still works, reading the live table in that snapshot: sorted
@@ -57,9 +58,11 @@ from psycopg.pq import TransactionStatus
 from topk_middleware.access import Rows
 
 from ._sql import (
+    FINGERPRINT_TAG,
     MAX_IDENTIFIER_BYTES,
     AccessCheck,
     AccessPath,
+    RankTableMismatchError,
     TableFacts,
     plain_values,
     raise_if_invalid,
@@ -81,17 +84,9 @@ MAX_ID_BYTES = 2000
 # the client is still there during one (PostgreSQL >= 14): a dead client's work stops.
 PREPARE_STATEMENT_TIMEOUT = 3600.0
 CLIENT_CHECK_INTERVAL_MS = 1000
-# How long a refresh waits for runs still reading the old rank table before it copies the rows
-# instead of swapping the tables.
-SWAP_LOCK_TIMEOUT_MS = 500
-
-
-# The fingerprint's first word: the format, and proof that prepare() wrote it.
-FINGERPRINT_TAG = "topk-rank-v1"
-
-
-class RankTableMismatchError(RuntimeError):
-    """The rank table does not provably belong to the current table (see prepare())."""
+# How long (seconds) a refresh waits for runs still reading the old rank table before it gives up
+# (nothing changed). New runs queue behind the waiting swap, so the wait is kept short.
+SWAP_TIMEOUT = 2.0
 
 
 @dataclass
@@ -420,7 +415,11 @@ class PostgresTable:
 
     # ----- preparation --------------------------------------------------------------------------
     def prepare(
-        self, refresh: bool = False, *, statement_timeout: float | None = PREPARE_STATEMENT_TIMEOUT
+        self,
+        refresh: bool = False,
+        *,
+        statement_timeout: float | None = PREPARE_STATEMENT_TIMEOUT,
+        swap_timeout: float = SWAP_TIMEOUT,
     ) -> None:
         """Create the rank table (rank, id, score) if it is missing, or with `refresh=True`
         rebuild it from the table's current state; its unique B-trees on rank and on id if
@@ -433,13 +432,17 @@ class PostgresTable:
         build is refused. Validation and copy read one REPEATABLE READ snapshot, so what is
         released is what was validated. A rebuild writes new tables beside the old ones and
         swaps them in at the end of the same transaction (drop, rename): no dead rows, and runs
-        in progress keep reading the old ones (the swap waits for them). Concurrent prepare()
+        in progress keep reading the old ones. The swap waits up to `swap_timeout` seconds for
+        runs still reading the old tables, then raises TimeoutError and changes nothing (try
+        again when they have ended). Concurrent prepare()
         calls on one rank table wait for each other (a session advisory lock). Each statement
         has `statement_timeout` seconds (None: the server's setting), and the server stops the
         work of a client that went away (client_connection_check_interval, PostgreSQL >= 14).
         """
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
+        if not swap_timeout > 0:
+            raise ValueError(f"swap_timeout must be > 0 seconds, got {swap_timeout}")
         conn = self._usable_connection()
         lock = int.from_bytes(
             hashlib.sha1(self._ranks.as_string(conn).encode("utf-8")).digest()[:8],
@@ -454,7 +457,7 @@ class PostgresTable:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 self._limit_statements(conn, statement_timeout)
-                built = self._prepare_locked(conn, refresh)
+                built = self._prepare_locked(conn, refresh, float(swap_timeout))
         except psycopg.errors.QueryCanceled as error:
             raise TimeoutError(
                 f"{self.where}: prepare() was stopped by its statement_timeout of "
@@ -482,7 +485,9 @@ class PostgresTable:
                 [str(CLIENT_CHECK_INTERVAL_MS)],
             )
 
-    def _prepare_locked(self, conn: psycopg.Connection[Any], refresh: bool) -> bool:
+    def _prepare_locked(
+        self, conn: psycopg.Connection[Any], refresh: bool, swap_timeout: float = SWAP_TIMEOUT
+    ) -> bool:
         """prepare() inside its transaction and lock; returns whether the tables were built."""
         ranked, with_runs = self._catalog()
         if ranked and not refresh:
@@ -501,7 +506,7 @@ class PostgresTable:
             indexes = (self._rank_index, self._id_index) if names is None else names[2:]
             self._build(conn, *target, *indexes)
             if names is not None:
-                self._swap(conn, names)
+                self._swap(conn, names, swap_timeout)
             self._record_fingerprint(conn)
             return True
         for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
@@ -562,17 +567,21 @@ class PostgresTable:
             )
         self._create_runs(conn, runs, ranks)
 
-    def _swap(self, conn: psycopg.Connection[Any], names: tuple[sql.Composable, ...]) -> None:
+    def _swap(
+        self, conn: psycopg.Connection[Any], names: tuple[sql.Composable, ...], timeout: float
+    ) -> None:
         """Put the new rank and runs tables in place of the old ones: drop the old ones and
         rename the new ones (the short, exclusive end of a refresh). Dropping waits for the runs
-        reading the old tables; if one is still open after SWAP_LOCK_TIMEOUT_MS (a run held open
-        across the refresh), the rows are copied into the old tables instead (DELETE + INSERT,
-        which blocks no reader but leaves dead rows for VACUUM)."""
+        reading the old tables, at most `swap_timeout` seconds (lock_timeout); a run still open
+        then (one held open across the refresh) makes the refresh give up: TimeoutError, and
+        the whole transaction, new tables included, is rolled back. Copying the rows into the
+        old tables instead would leave a table's worth of dead rows."""
         ranks, runs = names[:2]
         try:
             with conn.transaction():  # a savepoint
                 conn.execute(
-                    "SELECT set_config('lock_timeout', %s, true)", [str(SWAP_LOCK_TIMEOUT_MS)]
+                    "SELECT set_config('lock_timeout', %s, true)",
+                    [str(max(1, round(timeout * 1000)))],
                 )
                 conn.execute(
                     sql.SQL("DROP TABLE {}, {}").format(self._ranks, self._runs)
@@ -580,12 +589,11 @@ class PostgresTable:
                     else sql.SQL("DROP TABLE {}").format(self._ranks)
                 )
         except psycopg.errors.LockNotAvailable:
-            conn.execute("SELECT set_config('lock_timeout', '0', true)")
-            for old, new in ((self._ranks, ranks), (self._runs, runs)):
-                conn.execute(sql.SQL("DELETE FROM {}").format(old))
-                conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(old, new))
-                conn.execute(sql.SQL("DROP TABLE {}").format(new))
-            return
+            raise TimeoutError(
+                f"{self.where}: prepare(refresh=True) waited {timeout} s (swap_timeout) for runs "
+                f"still reading the rank table {self.rank_table!r}; nothing was changed: try "
+                "again when they have ended, or pass a longer swap_timeout"
+            ) from None
         conn.execute("SELECT set_config('lock_timeout', '0', true)")
         conn.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(ranks, sql.Identifier(self.rank_table))

@@ -44,10 +44,17 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from adapters._sql import AccessCheck, AccessPath, id_array, plain_values
+from adapters._sql import (
+    FINGERPRINT_TAG,
+    AccessCheck,
+    AccessPath,
+    RankTableMismatchError,
+    id_array,
+    plain_values,
+)
 from topk_middleware.access import AccessError, Rows
 
-__all__ = ["SQLAlchemyTable", "StaleRankTableError"]
+__all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
 # Rows per IN list: below every driver's parameter limit (psycopg 65535; SQLite 32766 since
 # 3.32, 999 before).
@@ -60,6 +67,16 @@ MAX_NAME_BYTES = 63
 MYSQL_TEXT_ID_LENGTH = 768
 # Longest text id (bytes) a PostgreSQL B-tree entry takes with room to spare (limit ~2,700).
 PG_MAX_ID_BYTES = 2000
+# PostgreSQL prepare(): statement_timeout (seconds), how often the server checks that the client
+# is still there (ms), and how long a refresh waits for runs reading the old tables (seconds).
+PREPARE_STATEMENT_TIMEOUT = 3600.0
+CLIENT_CHECK_INTERVAL_MS = 1000
+SWAP_TIMEOUT = 2.0
+# The table of rank-table fingerprints, one row per rank table, in the rank table's schema.
+FINGERPRINTS_TABLE = "topk_rank_fingerprints"
+# Dialects whose catalog gives a table a lasting identity (PostgreSQL oid; MariaDB / MySQL
+# InnoDB table id and creation time): elsewhere prepare() compares the copy with the table.
+LASTING_IDENTITY = ("postgresql", "mysql", "mariadb")
 
 
 class StaleRankTableError(RuntimeError):
@@ -140,6 +157,7 @@ class SQLAlchemyTable:
             table = table.name
         self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
         self.table_name: str | None = table
+        self._identity_tables = [(schema, table)]  # what the fingerprint names (see _facts)
         self.id_column, self.score_column = id, score
         self._source = _reflect(engine, table, schema, self.where)
         for name in (id, score):
@@ -240,6 +258,7 @@ class SQLAlchemyTable:
         )
         self.where = f"votes {votes_table!r} over items {items_table!r}"
         self.table_name = None
+        self._identity_tables = [(schema, votes_table), (schema, items_table)]
         self.id_column, self.score_column = item_id, "score"
         self._source = None
         self._from = counts
@@ -280,6 +299,14 @@ class SQLAlchemyTable:
             sa.Column("score", score_type.copy(), nullable=False),
             schema=schema,
         )
+        self._fingerprints = sa.Table(
+            FINGERPRINTS_TABLE,
+            sa.MetaData(),
+            sa.Column("rank_table", sa.String(255), primary_key=True),
+            sa.Column("mark", sa.BigInteger, nullable=False),
+            schema=schema,
+        )
+        self._proof: Any = None  # see _trusted(): this object's proof that the copy is current
         self._text_ids = isinstance(id_type, sa.String)
         if max_params is None:
             old = self.dialect == "sqlite" and _sqlite_version(self.engine) < (3, 32)
@@ -361,8 +388,148 @@ class SQLAlchemyTable:
             sa.Index(_fit("ix", f"_topk_{digest}_id"), self._id),
         ]
 
+    # ----- the fingerprint: does the rank table belong to this table? ---------------------------
+    # prepare() records, in the table topk_rank_fingerprints (one row per rank table, written in
+    # the transaction that fills it), a mark: a hash of the catalog facts of the counts table
+    # (or of the votes and items tables) and of the rank table. Each run reads the mark and the
+    # facts in its first query and refuses a rank table whose mark is missing (prepare() did not
+    # build it) or differs (built from an earlier table of that name). The facts: PostgreSQL,
+    # the tables' oids (a lasting identity); MariaDB, the InnoDB table ids and creation times
+    # (MySQL: creation times, to the second); SQLite, each table's root page and CREATE
+    # statement; DuckDB, each table's CREATE statement. SQLite and DuckDB have no lasting table
+    # identity: a table dropped and re-created with the same definition (and, on SQLite, the
+    # same root page, which is often reused) is not seen by a run; prepare() then compares the
+    # copy with the table (one scan) unless this object built or verified it and no schema
+    # change happened since (SQLite's schema_version, DuckDB's table oids), and rebuilds it if
+    # they differ. Writes since the last prepare() are, by the copy's contract, not seen.
+    def _facts(self) -> list[ColumnElement[Any]]:
+        """The catalog facts of the tables the fingerprint names, as scalar subqueries."""
+        tables = [*self._identity_tables, (self._ranks.schema, self._ranks.name)]
+        preparer = self.engine.dialect.identifier_preparer
+        facts: list[ColumnElement[Any]] = []
+        for i, (schema, name) in enumerate(tables):
+            s_, t_ = f"topk_s{i}", f"topk_t{i}"
+            if self.dialect == "postgresql":
+                qualified = (
+                    preparer.quote(name)
+                    if schema is None
+                    else (preparer.quote_schema(schema) + "." + preparer.quote(name))
+                )
+                query = sa.text(f"SELECT to_regclass(:{t_})::oid::text").bindparams(
+                    **{t_: qualified}
+                )
+            elif self.dialect in ("mysql", "mariadb"):
+                where = f"coalesce(:{s_}, database())"
+                table_id = (
+                    "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+                    f"WHERE NAME = concat({where}, '/', :{t_}))"
+                    if getattr(self.engine.dialect, "is_mariadb", False)
+                    else "NULL"
+                )
+                query = sa.text(
+                    f"SELECT concat_ws(' ', {table_id}, (SELECT CREATE_TIME FROM "
+                    f"information_schema.TABLES WHERE TABLE_SCHEMA = {where} "
+                    f"AND TABLE_NAME = :{t_}))"
+                ).bindparams(**{s_: schema, t_: name})
+            elif self.dialect == "sqlite":
+                master = ("" if schema is None else preparer.quote_schema(schema) + ".") + (
+                    "sqlite_master"
+                )
+                query = sa.text(
+                    f"SELECT rootpage || ' ' || sql FROM {master} "
+                    f"WHERE type = 'table' AND name = :{t_}"
+                ).bindparams(**{t_: name})
+            elif self.dialect == "duckdb":
+                query = sa.text(
+                    "SELECT sql FROM duckdb_tables() WHERE database_name = current_database() "
+                    f"AND schema_name = coalesce(:{s_}, current_schema()) AND table_name = :{t_}"
+                ).bindparams(**{s_: schema, t_: name})
+            else:
+                continue  # other dialects: the mark of prepare() only
+            facts.append(query.columns(sa.column("fact", sa.String)).scalar_subquery())
+        return facts
+
+    def _stored_mark(self) -> ColumnElement[Any]:
+        f = self._fingerprints.c
+        return sa.select(f.mark).where(f.rank_table == self._ranks.name).scalar_subquery()
+
+    @staticmethod
+    def _mark_of(facts: Sequence[Any]) -> int:
+        text = "\x00".join([FINGERPRINT_TAG, *("" if f is None else str(f) for f in facts)])
+        digest = hashlib.sha1(text.encode("utf-8")).digest()[:8]
+        return int.from_bytes(digest, "big", signed=True)
+
+    def _check_mark(self, stored: Any, facts: Sequence[Any]) -> None:
+        """Raise RankTableMismatchError unless the stored mark is the current one."""
+        if stored is None:
+            why = "prepare() did not build it (no fingerprint)"
+        elif int(stored) != self._mark_of(facts):
+            why = "it was built from an earlier table of this name, or the table was re-created"
+        else:
+            return
+        raise RankTableMismatchError(
+            f"{self.where}: the rank table {self._ranks.name!r} does not belong to this table "
+            f"({why}): call prepare(refresh=True)"
+        )
+
+    def _stamp(self, conn: Connection) -> None:
+        """Record the current mark (in the caller's transaction, after the fill)."""
+        columns = self._facts()
+        facts = conn.execute(sa.select(*columns)).one() if columns else ()
+        f = self._fingerprints
+        conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
+        conn.execute(sa.insert(f).values(rank_table=self._ranks.name, mark=self._mark_of(facts)))
+
+    def _proof_now(self, conn: Connection) -> Any:
+        """What proves, to this object, that no table was re-created since it last looked:
+        SQLite's schema_version (any schema change moves it), DuckDB's table oids (handed out
+        anew within an open database); None elsewhere (the facts are lasting there)."""
+        if self.dialect == "sqlite":
+            return conn.exec_driver_sql("PRAGMA schema_version").scalar()
+        if self.dialect == "duckdb":
+            names = [n for _, n in self._identity_tables] + [self._ranks.name]
+            return tuple(
+                conn.execute(
+                    sa.text(
+                        "SELECT table_oid FROM duckdb_tables() WHERE database_name = "
+                        "current_database() AND table_name IN :names ORDER BY table_name"
+                    ).bindparams(sa.bindparam("names", names, expanding=True))
+                ).scalars()
+            )
+        return None
+
+    def _trusted(self, conn: Connection) -> bool:
+        """prepare() without refresh, with a filled rank table, in its transaction: keep it
+        (True) or rebuild it (False). A rank table prepare() did not build is refused."""
+        facts = self._facts()
+        stored, *current = conn.execute(sa.select(self._stored_mark(), *facts)).one()
+        if stored is None:
+            raise RankTableMismatchError(
+                f"{self.where}: a table named {self._ranks.name!r} exists but prepare() did not "
+                "build it (no fingerprint): drop it, pass another rank_table name, or call "
+                "prepare(refresh=True) to replace it"
+            )
+        if int(stored) != self._mark_of(current):
+            return False
+        if self.dialect in LASTING_IDENTITY:
+            return True
+        proof = self._proof_now(conn)
+        if proof is not None and proof == self._proof:
+            return True
+        if self._copy_differs(conn):
+            return False
+        self._proof = proof
+        return True
+
     # ----- prepare ------------------------------------------------------------------------
-    def prepare(self, refresh: bool = False, *, index_source: bool = True) -> None:
+    def prepare(
+        self,
+        refresh: bool = False,
+        *,
+        index_source: bool = True,
+        statement_timeout: float | None = PREPARE_STATEMENT_TIMEOUT,
+        swap_timeout: float = SWAP_TIMEOUT,
+    ) -> None:
         """Validate the counts and build what sublinear access needs; idempotent.
 
         Creates, if missing, the rank table (rank primary key, index on id), its runs table
@@ -378,34 +545,201 @@ class SQLAlchemyTable:
         REPEATABLE READ snapshot, and on every dialect the copy itself is checked again before
         the transaction commits (MariaDB's INSERT ... SELECT reads the latest rows, not the
         snapshot), so a row a writer committed in between cannot slip in unvalidated.
+
+        PostgreSQL, as PostgresTable: concurrent prepare() calls on one rank table wait for
+        each other (a session advisory lock); each statement has `statement_timeout` seconds
+        (None: the server's setting) and the server stops the work of a client that went away;
+        a refresh of a filled rank table builds the new tables beside the old ones and swaps
+        them in at the end of its transaction (no dead rows; runs in progress keep reading the
+        old ones), waiting at most `swap_timeout` seconds for runs still reading them, after
+        which it raises TimeoutError and changes nothing.
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
-        with self.engine.begin() as conn:
-            self._create_rank_table(conn)
-            if index_source:
-                for index in self._source_indexes:
-                    index.create(conn, checkfirst=True)
-            filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
-            runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
-        if filled and runs_filled and not refresh:
-            self._with_runs = True
-            return
-        with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                self._fill(conn)
+        if statement_timeout is not None and not statement_timeout > 0:
+            raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout}")
+        if not swap_timeout > 0:
+            raise ValueError(f"swap_timeout must be > 0 seconds, got {swap_timeout}")
+        with self._prepare_lock() as locked:
+            with self._writing(locked) as conn:
+                self._create_rank_table(conn)
+                if index_source:
+                    for index in self._source_indexes:
+                        index.create(conn, checkfirst=True)
+                filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first() is not None
+                runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
+                if filled and runs_filled and not refresh:
+                    refresh = not self._trusted(conn)
+            if filled and runs_filled and not refresh:
+                self._with_runs = True
+                return
+            try:
+                if locked is not None:
+                    conn = locked.execution_options(isolation_level="REPEATABLE READ")
+                    with conn.begin():
+                        self._limit_statements(conn, statement_timeout)
+                        if filled:
+                            self._fill_beside(conn, swap_timeout)
+                        else:
+                            self._fill(conn)
+                        self._stamp(conn)
+                else:
+                    with self.engine.connect() as conn, conn.begin():
+                        self._fill(conn)
+                        self._stamp(conn)
+            except sa.exc.OperationalError as error:
+                if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
+                    raise
+                raise TimeoutError(
+                    f"{self.where}: prepare() was stopped by its statement_timeout of "
+                    f"{statement_timeout} s; nothing was changed"
+                ) from None
         self._analyze()
+        with self.engine.connect() as conn:
+            self._proof = self._proof_now(conn)
 
-    def _fill(self, conn: Connection) -> None:
-        """Validate, copy, check the copy: inside the caller's transaction."""
+    @contextmanager
+    def _writing(self, locked: Connection | None) -> Iterator[Connection]:
+        """A connection in a transaction: the locked one, or a short-lived one."""
+        if locked is not None:
+            with locked.begin():
+                yield locked
+        else:
+            with self.engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def _prepare_lock(self) -> Iterator[Connection | None]:
+        """PostgreSQL: a connection holding a session advisory lock on the rank table's name
+        for the whole of prepare() (concurrent prepare() calls wait for each other, instead of
+        colliding on CREATE TABLE or on the rows); released at the end, or by the server if
+        the client dies. Other dialects: None (no lock)."""
+        if self.dialect != "postgresql":
+            yield None
+            return
+        name = self.engine.dialect.identifier_preparer.format_table(self._ranks)
+        key = int.from_bytes(hashlib.sha1(name.encode("utf-8")).digest()[:8], "big", signed=True)
+        with self.engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_advisory_lock(key)))
+            conn.commit()
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction():
+                    conn.rollback()
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                conn.commit()
+
+    def _limit_statements(self, conn: Connection, timeout: float | None) -> None:
+        """PostgreSQL, for the transaction: statement_timeout, and the server's check that the
+        client is still there (PostgreSQL >= 14)."""
+        settings = {}
+        if timeout is not None:
+            settings["statement_timeout"] = str(max(1, round(timeout * 1000)))
+        if (self.engine.dialect.server_version_info or (0,)) >= (14,):
+            settings["client_connection_check_interval"] = str(CLIENT_CHECK_INTERVAL_MS)
+        for name, value in settings.items():
+            conn.execute(sa.select(sa.func.set_config(name, value, True)))
+
+    def _beside(self) -> tuple[sa.Table, sa.Table]:
+        """The rank and runs tables a PostgreSQL refresh builds beside the old ones, with
+        index names of their own (renamed to the old ones' at the swap)."""
+        digest = _digest(self._ranks.schema, self._ranks.name)
+        meta = sa.MetaData()
+        r, u = self._ranks.c, self._runs.c
+        ranks = sa.Table(
+            f"topk_{digest}_new",
+            meta,
+            sa.Column("rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("id", r.id.type, nullable=False),
+            sa.Column("score", r.score.type, nullable=False),
+            sa.Index(f"topk_{digest}_new_id", "id"),
+            schema=self._ranks.schema,
+        )
+        ranks.primary_key.name = f"topk_{digest}_new_pk"
+        runs = sa.Table(
+            f"topk_{digest}_new_runs",
+            meta,
+            sa.Column("run", sa.BigInteger, nullable=False, autoincrement=False),
+            sa.Column("first_rank", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("score", u.score.type, nullable=False),
+            schema=self._runs.schema,
+        )
+        runs.primary_key.name = f"topk_{digest}_new_runs_pk"
+        return ranks, runs
+
+    def _fill_beside(self, conn: Connection, swap_timeout: float) -> None:
+        """PostgreSQL refresh: new tables beside the old ones, filled and checked, then swapped
+        in (drop the old ones, rename the new ones and their indexes), all in `conn`'s
+        transaction: nothing changes unless it commits, and no dead rows are left."""
+        ranks, runs = self._beside()
+        for table in (runs, ranks):
+            table.drop(conn, checkfirst=True)  # left by a prepare() that was killed
+        ranks.create(conn)
+        runs.create(conn)
+        self._fill(conn, ranks, runs)
+        inspector = sa.inspect(conn)
+        renames: list[tuple[str | None, str]] = []
+        for old, new in ((self._ranks, ranks), (self._runs, runs)):
+            renames.append(
+                (new.primary_key.name, inspector.get_pk_constraint(old.name, old.schema)["name"])
+            )
+            by_columns = {
+                tuple(ix["column_names"]): ix["name"]
+                for ix in inspector.get_indexes(old.name, schema=old.schema)
+            }
+            designed = {tuple(c.name for c in ix.columns): ix.name for ix in old.indexes}
+            for index in new.indexes:
+                key = tuple(c.name for c in index.columns)
+                renames.append((index.name, by_columns.get(key) or designed[key]))
+        preparer = self.engine.dialect.identifier_preparer
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    sa.select(
+                        sa.func.set_config(
+                            "lock_timeout", str(max(1, round(swap_timeout * 1000))), True
+                        )
+                    )
+                )
+                conn.exec_driver_sql(
+                    f"DROP TABLE {preparer.format_table(self._runs)}, "
+                    f"{preparer.format_table(self._ranks)}"
+                )
+        except sa.exc.OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            raise TimeoutError(
+                f"{self.where}: prepare(refresh=True) waited {swap_timeout} s (swap_timeout) for "
+                f"runs still reading the rank table {self._ranks.name!r}; nothing was changed: "
+                "try again when they have ended, or pass a longer swap_timeout"
+            ) from None
+        conn.execute(sa.select(sa.func.set_config("lock_timeout", "0", True)))
+        for old, new in ((self._ranks, ranks), (self._runs, runs)):
+            conn.exec_driver_sql(
+                f"ALTER TABLE {preparer.format_table(new)} RENAME TO {preparer.quote(old.name)}"
+            )
+        schema = (
+            "" if self._ranks.schema is None else preparer.quote_schema(self._ranks.schema) + "."
+        )
+        for current, final in renames:
+            if current and final and current != final:
+                name = schema + preparer.quote(current)
+                conn.exec_driver_sql(f"ALTER INDEX {name} RENAME TO {preparer.quote(final)}")
+
+    def _fill(
+        self, conn: Connection, ranks: sa.Table | None = None, runs: sa.Table | None = None
+    ) -> None:
+        """Validate, copy, check the copy: inside the caller's transaction (into the rank and
+        runs tables, or the given ones)."""
+        ranks = self._ranks if ranks is None else ranks
+        runs = self._runs if runs is None else runs
         self._validate(conn)
-        conn.execute(sa.delete(self._ranks))
+        conn.execute(sa.delete(ranks))
         position = sa.func.row_number().over(order_by=(self._score.desc(), self._id_key(self._id)))
         try:
             conn.execute(
-                sa.insert(self._ranks).from_select(
+                sa.insert(ranks).from_select(
                     ["rank", "id", "score"],
                     sa.select(position - 1, self._id, self._score).select_from(self._from),
                 )
@@ -416,24 +750,24 @@ class SQLAlchemyTable:
                 "NULL score, appeared after validation): nothing was replaced, call "
                 "prepare(refresh=True) again"
             ) from None
-        r = self._ranks.c
+        r = ranks.c
         first = sa.func.min(r.rank)
-        conn.execute(sa.delete(self._runs))
+        conn.execute(sa.delete(runs))
         conn.execute(
-            sa.insert(self._runs).from_select(
+            sa.insert(runs).from_select(
                 ["run", "first_rank", "score"],
                 sa.select(sa.func.row_number().over(order_by=first) - 1, first, r.score)
                 .group_by(r.score)
                 .order_by(first),
             )
         )
-        self._check_copy(conn)
+        self._check_copy(conn, ranks)
         self._with_runs = True
 
-    def _check_copy(self, conn: Connection) -> None:
+    def _check_copy(self, conn: Connection, ranks: sa.Table) -> None:
         """The rank table just written is a valid histogram (one pass over it, in the writing
         transaction): distinct ids, dense ranks, finite non-negative scores."""
-        r = self._ranks.c
+        r = ranks.c
         rows, ids, high = conn.execute(
             sa.select(sa.func.count(), sa.func.count(sa.distinct(r.id)), sa.func.max(r.rank))
         ).one()
@@ -458,6 +792,7 @@ class SQLAlchemyTable:
     def _create_rank_table(self, conn: Connection) -> None:
         """Create the rank table and the runs table where missing (an existing table of the same
         name must have their columns)."""
+        self._fingerprints.create(conn, checkfirst=True)
         inspector = sa.inspect(conn)
         for table, kind in ((self._ranks, "rank"), (self._runs, "runs")):
             schema, name = table.schema, table.name
@@ -637,6 +972,11 @@ class SQLAlchemyTable:
 
         One full scan of the counts (a join on id): the price of knowing for sure.
         """
+        with self._connection() as conn:
+            return self._copy_differs(conn)
+
+    def _copy_differs(self, conn: Connection) -> bool:
+        """Whether the counts and the rank table differ (one scan of each, joined on id)."""
         live = (
             sa.select(self._id.label("id"), self._score.label("score"))
             .select_from(self._from)
@@ -644,14 +984,13 @@ class SQLAlchemyTable:
         )
         ranks = self._ranks
         match = sa.and_(ranks.c.id == self._id_key(live.c.id), ranks.c.score == live.c.score)
-        with self._connection() as conn:
-            unmatched = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(live.outerjoin(ranks, match))
-                .where(ranks.c.rank.is_(None))
-            ).scalar_one()
-            live_rows = conn.execute(sa.select(sa.func.count()).select_from(live)).scalar_one()
-            rank_rows = conn.execute(sa.select(sa.func.count()).select_from(ranks)).scalar_one()
+        unmatched = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(live.outerjoin(ranks, match))
+            .where(ranks.c.rank.is_(None))
+        ).scalar_one()
+        live_rows = conn.execute(sa.select(sa.func.count()).select_from(live)).scalar_one()
+        rank_rows = conn.execute(sa.select(sa.func.count()).select_from(ranks)).scalar_one()
         return bool(unmatched or live_rows != rank_rows)
 
     # ----- the Source protocol ---------------------------------------------------------------
@@ -677,21 +1016,31 @@ class SQLAlchemyTable:
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
             transaction = self._begin(conn)
             try:
-                try:
-                    counts = self._counts(conn, self._runs_exist(conn))
-                except _RunsTableMissing:
-                    # Dropped since it was last seen: start again without it (nothing was read).
-                    self._end(conn, transaction)
-                    self._with_runs = False
-                    transaction = self._begin(conn)
-                    counts = self._counts(conn, self._runs_exist(conn))
-                self._m, self._run_count = counts  # the first read fixed the snapshot
+                transaction = self._open_run(conn, transaction)  # the first read: the snapshot
                 self._conn = conn
                 yield
             finally:
                 self._conn = None
-                self._m = self._run_count = None
+                self._close_run()
                 self._end(conn, transaction)
+
+    def _open_run(self, conn: Connection, transaction: sa.RootTransaction) -> sa.RootTransaction:
+        """What a run needs to know, read in its transaction's first query (copy mode: m, the
+        number of runs of tied scores, the fingerprint check); returns the transaction (a new
+        one if the run had to start again)."""
+        try:
+            counts = self._counts(conn, self._runs_exist(conn))
+        except _RunsTableMissing:
+            # Dropped since it was last seen: start again without it (nothing was read).
+            self._end(conn, transaction)
+            self._with_runs = False
+            transaction = self._begin(conn)
+            counts = self._counts(conn, self._runs_exist(conn))
+        self._m, self._run_count = counts
+        return transaction
+
+    def _close_run(self) -> None:
+        self._m = self._run_count = None
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn`."""
@@ -734,12 +1083,18 @@ class SQLAlchemyTable:
         the same query, the number of runs of tied scores (the last run's number plus one, by
         the runs primary key; None without a runs table, or an empty one)."""
         r, u = self._ranks.c, self._runs.c
-        columns: list[Any] = [sa.func.min(r.rank), sa.func.max(r.rank)]
+        facts = self._facts()
+        columns: list[Any] = [
+            sa.func.min(r.rank),
+            sa.func.max(r.rank),
+            self._stored_mark(),
+            *facts,
+        ]
         if with_runs:
             last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
             columns.append(last.scalar_subquery())
         try:
-            low, high, *runs = conn.execute(sa.select(*columns)).one()
+            low, high, stored, *rest = conn.execute(sa.select(*columns)).one()
         except sa.exc.DBAPIError as error:
             # Asked on a fresh connection: this one may be in an aborted transaction.
             inspector = sa.inspect(self.engine)
@@ -750,11 +1105,16 @@ class SQLAlchemyTable:
                 ) from error
             if with_runs and not inspector.has_table(self._runs.name, schema=self._runs.schema):
                 raise _RunsTableMissing from error
+            fingerprints = self._fingerprints
+            if not inspector.has_table(fingerprints.name, schema=fingerprints.schema):
+                self._check_mark(None, ())
             raise
         if high is None:
             raise RuntimeError(
                 f"rank table {self._ranks.name!r} of {self.where} is empty: call prepare() first"
             )
+        self._check_mark(stored, rest[: len(facts)])
+        runs = rest[len(facts) :]
         if low != 0:
             raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
         count = runs[0] if runs else None
@@ -891,6 +1251,11 @@ def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: s
         # writes it: undo that, so the name is quoted once, correctly.
         columns = [sa.Column(c.name.replace("``", "`"), c.type) for c in reflected.c]
         reflected = sa.Table(table, sa.MetaData(), *columns, schema=schema)
+    for column in reflected.c:
+        if isinstance(column.type, sa.Float):
+            # MySQL / MariaDB DOUBLE reflects as asdecimal=True: values would come back as
+            # Decimals rounded to 10 places (1e-300 read as 0). Floats are read as floats.
+            column.type.asdecimal = False
     return reflected
 
 

@@ -58,8 +58,7 @@ position table behind: runs then fail with AccessError until `prepare()` runs ag
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -544,31 +543,16 @@ $topk$"""
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         raise AccessError("mode='live' keeps no runs of tied scores (positions are not ranks)")
 
-    @contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """One read-only transaction for every read of a run (as in mode='copy'), whose first
-        query reads m from the position table."""
-        if self._conn is not None:
-            yield
-            return
-        with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn = conn.execution_options(
-                    isolation_level="REPEATABLE READ", postgresql_readonly=True
-                )
-            elif self.dialect in ("mysql", "mariadb"):
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            transaction = self._begin(conn)
-            try:
-                self._m = self._live_count(conn)
-                self._cursor = None
-                self._conn = conn
-                yield
-            finally:
-                self._conn = None
-                self._m = None
-                self._cursor = None
-                self._end(conn, transaction)
+    def _open_run(self, conn: Connection, transaction: sa.RootTransaction) -> sa.RootTransaction:
+        """The run's first query (SQLAlchemyTable.snapshot(), as in mode='copy'): m, read from
+        the position table."""
+        self._m = self._live_count(conn)
+        self._cursor = None
+        return transaction
+
+    def _close_run(self) -> None:
+        self._m = None
+        self._cursor = None
 
     def _live_count(self, conn: Connection) -> int:
         """m = max(position) + 1 (one probe of the primary key), checked against the count row."""

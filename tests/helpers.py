@@ -176,3 +176,34 @@ def assert_serves_the_runs_of(source: Any, scores: Any) -> None:
     want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=1)
     assert got.items == want.items and got.accesses == want.accesses
     assert got.accesses.rows_inferred > 0
+
+
+class RefreshAfterTheRun:
+    """A refresh started by a writer in the middle of a run, on a thread of its own.
+
+    A PostgreSQL refresh swaps its new tables in only once no run reads the old ones (it waits
+    for them: adapters/postgres.py `prepare()`), so a writer inside a run cannot finish it there.
+    Truthy once the refresh has committed (it waits for the thread; the thread's error, if any,
+    is raised), so `if visible:` after the run sees the refresh done."""
+
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                refresh()
+            except BaseException as error:
+                self.error = error
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def __bool__(self) -> bool:
+        self.thread.join(timeout=120)
+        if self.thread.is_alive():
+            raise TimeoutError("the refresh started during the run did not finish in 120 s")
+        if self.error is not None:
+            raise self.error
+        return True

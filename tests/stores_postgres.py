@@ -25,6 +25,7 @@ import pytest
 from psycopg import sql
 
 from adapters.postgres import PostgresTable
+from tests.helpers import RefreshAfterTheRun
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 TABLE = 'Vote "Counts" {}'
@@ -135,15 +136,21 @@ def set_score(
 
 
 @pytest.fixture
-def write_postgres_source(pg_conninfo: str) -> Callable[[PostgresTable, Any, float], bool]:
-    def write(source: PostgresTable, item: Any, score: float) -> bool:
+def write_postgres_source(
+    pg_conninfo: str,
+) -> Callable[[PostgresTable, Any, float], RefreshAfterTheRun]:
+    def write(source: PostgresTable, item: Any, score: float) -> RefreshAfterTheRun:
         with _connect(pg_conninfo) as conn:
             set_score(conn, source, item, score)
+
+        def refresh() -> None:  # waits for the run, which reads the old tables, to end
             writer = PostgresTable(
-                conn, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+                pg_conninfo, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
             )
-            writer.prepare(refresh=True)
-        return True
+            writer.prepare(refresh=True, swap_timeout=60)
+            writer.close()
+
+        return RefreshAfterTheRun(refresh)
 
     return write
 

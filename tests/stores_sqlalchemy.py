@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from adapters.sqlalchemy import SQLAlchemyTable
+from tests.helpers import RefreshAfterTheRun
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test?charset=utf8mb4"
@@ -238,13 +239,18 @@ def make_sqlalchemy_duckdb_source(sqlalchemy_duckdb_engine: sa.Engine) -> Iterat
     yield from _maker(sqlalchemy_duckdb_engine)
 
 
-def write_sqlalchemy_source(source: SQLAlchemyTable, item: Any, score: float) -> bool:
+def write_sqlalchemy_source(source: SQLAlchemyTable, item: Any, score: float) -> Any:
     """A concurrent writer on connections of its own: commits a new score for one item, then
-    rebuilds the rank table (prepare() of a second wrapper) so that new runs see it."""
+    rebuilds the rank table (prepare() of a second wrapper) so that new runs see it. On
+    PostgreSQL the rebuild waits for the run (it swaps tables the run reads): on a thread of its
+    own (tests/helpers.py RefreshAfterTheRun)."""
     write_live_source(source, item, score)
-    SQLAlchemyTable(
+    writer = SQLAlchemyTable(
         source.engine, source.table_name, id=source.id_column, score=source.score_column
-    ).prepare(refresh=True)
+    )
+    if source.dialect == "postgresql":
+        return RefreshAfterTheRun(lambda: writer.prepare(refresh=True, swap_timeout=60))
+    writer.prepare(refresh=True)
     return True
 
 
@@ -254,7 +260,7 @@ def write_sqlalchemy_sqlite_source() -> Callable[[SQLAlchemyTable, Any, float], 
 
 
 @pytest.fixture
-def write_sqlalchemy_postgres_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
+def write_sqlalchemy_postgres_source() -> Callable[[SQLAlchemyTable, Any, float], Any]:
     return write_sqlalchemy_source
 
 

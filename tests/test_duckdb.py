@@ -291,7 +291,12 @@ def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None
         for got_column, want_column in zip(runs, want, strict=True):
             np.testing.assert_array_equal(got_column, want_column)
     ranks = quote_identifier(source.rank_table)
+    mark = con.execute(
+        "SELECT comment FROM duckdb_tables() WHERE table_name = ?", [source.rank_table]
+    ).fetchone()[0]
     con.execute(f"CREATE OR REPLACE TABLE {ranks} AS SELECT * FROM {ranks} ORDER BY rank DESC")
+    # prepare() refuses a rank table without its fingerprint: carry it over to the reordered copy
+    con.execute(f"COMMENT ON TABLE {ranks} IS '{mark}'")
     source.prepare()  # restores the index on rank; keeps the (reversed) copy
     with source.snapshot():
         for start, count in ((0, 20), (0, 4000), (1234, 100), (4990, 50)):

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
+from tests.conftest import STORE_NAMES
+from tests.helpers import reference_for
 from topk_middleware import private_top_k
 
 # ----- ids come back exactly as given ---------------------------------------------------------
@@ -210,6 +212,43 @@ def test_pg_refresh_swaps_tables_without_dead_rows(pg_conninfo, pg_table) -> Non
     assert size_after == size  # DELETE + INSERT would have doubled it (dead rows)
     assert dead == 0  # nothing left beside it
     source.close()
+
+
+def test_pg_refresh_waits_for_a_held_run_then_gives_up_without_dead_rows(
+    pg_conninfo, pg_table
+) -> None:
+    """A run holds its snapshot across a refresh: the swap waits swap_timeout, then refuses
+    clearly and changes nothing. Before, it fell back to DELETE + INSERT (a table of dead
+    rows: the rank table's size doubled)."""
+    from psycopg import sql
+
+    conn, schema, name, _ = pg_table
+    reader, writer = _pg_source(pg_conninfo, schema, name), _pg_source(pg_conninfo, schema, name)
+    writer.prepare()
+    qualified = f'"{schema}"."{writer.rank_table}"'
+    size, oid = conn.execute(
+        "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
+    ).fetchone()
+    conn.execute(
+        sql.SQL("UPDATE {} SET score = 5000 WHERE id = 7").format(sql.Identifier(schema, name))
+    )
+    with reader.snapshot():
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+        with pytest.raises(TimeoutError, match=r"waited 0\.2 s \(swap_timeout\) for runs"):
+            writer.prepare(refresh=True, swap_timeout=0.2)
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]  # its snapshot, undisturbed
+    after = conn.execute("SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2)
+    assert after.fetchone() == (size, oid)  # nothing changed, no dead rows
+    beside = [n.as_string(conn) for n in writer._build_names()[:2]]
+    assert not any(
+        conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
+    )
+    writer.prepare(refresh=True)  # the run has ended: swapped
+    assert private_top_k(reader, k=1, epsilon=1e6, seed=1).items == [7]
+    with pytest.raises(ValueError, match="swap_timeout must be > 0"):
+        writer.prepare(refresh=True, swap_timeout=0)
+    reader.close()
+    writer.close()
 
 
 def test_pg_concurrent_prepares_wait_for_each_other(pg_conninfo, pg_table) -> None:
@@ -464,3 +503,438 @@ def test_pg_from_votes_refuses_mismatched_types_and_existing_output(pg_conninfo,
     with pytest.raises(ValueError, match="already exists: pass replace=True"):
         PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema)
     PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, replace=True).close()
+
+
+# ----- DuckDB: rank tables that do not belong ----------------------------------------------------
+
+
+def _duck_counts(con, scores: list[int], table: str = "c") -> None:
+    """(Re)create the counts table `table` (id BIGINT, score BIGINT) with the given scores."""
+    con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute(f"CREATE TABLE {table} (id BIGINT, score BIGINT)")
+    con.executemany(f"INSERT INTO {table} VALUES (?, ?)", list(enumerate(scores)))
+
+
+def test_duckdb_rank_table_of_a_recreated_table_is_not_trusted(tmp_path: Path) -> None:
+    """Before: every run below released item 16 from the dropped table's copy."""
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable, RankTableMismatchError
+
+    con = duckdb.connect()
+    _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(con, "c")
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    _duck_counts(con, [1000 if i == 3 else 0 for i in range(200)])  # same definition, same m
+    with pytest.raises(RankTableMismatchError, match="dropped and re-created since"):
+        private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: not the same table, so rebuilt
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    # Another object (no proof of identity yet) sees a row count other than the copy's.
+    _duck_counts(con, [1000 if i == 5 else 0 for i in range(150)])
+    fresh = DuckDBTable(con, "c")
+    with pytest.raises(RankTableMismatchError, match="built from 200 rows and the table has 150"):
+        private_top_k(fresh, k=1, epsilon=1e6, seed=1)
+    assert fresh.is_stale()
+    fresh.prepare()
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+    con.execute("ALTER TABLE c ALTER score TYPE DOUBLE")  # another definition
+    with pytest.raises(RankTableMismatchError, match="definition changed"):
+        private_top_k(DuckDBTable(con, "c"), k=1, epsilon=1e6, seed=1)
+
+
+def test_duckdb_prepare_after_reopen_verifies_the_copy(tmp_path: Path) -> None:
+    """A file reopened: catalog oids are handed out again (the re-created table gets the old
+    one), so prepare() compares the copy with the table. Before: the copy was kept and item 16
+    of the dropped table was released."""
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable
+
+    path = str(tmp_path / "counts.duckdb")
+    with duckdb.connect(path) as con:
+        _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(path, "c")
+    source.prepare()
+    source.close()
+    reopened = DuckDBTable(path, "c")  # unchanged: trusted, no prepare() needed
+    assert private_top_k(reopened, k=1, epsilon=1e6, seed=1).items == [16]
+    reopened.prepare()  # compares, keeps
+    reopened.close()
+    with duckdb.connect(path) as con:
+        _duck_counts(con, [1000 if i == 3 else 0 for i in range(200)])
+    again = DuckDBTable(path, "c")
+    again.prepare()  # no refresh: the copy differs from the table, so rebuilt
+    assert private_top_k(again, k=1, epsilon=1e6, seed=1).items == [3]
+    again.close()
+
+
+def test_duckdb_planted_rank_table_is_refused() -> None:
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable, RankTableMismatchError, quote_identifier
+
+    con = duckdb.connect()
+    _duck_counts(con, [1000 if i == 16 else i % 17 for i in range(200)])
+    source = DuckDBTable(con, "c")
+    ranks = quote_identifier(source.rank_table)
+    con.execute(
+        f"CREATE TABLE {ranks} AS SELECT 0::BIGINT AS rank, 199::BIGINT AS id, 1e9 AS score"
+    )
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    source.prepare(refresh=True)  # asked for: replaced
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    con.execute(f"COMMENT ON TABLE {ranks} IS 'topk-rank-v1 forged'")
+    with pytest.raises(RankTableMismatchError, match="did not build it"):
+        private_top_k(DuckDBTable(con, "c"), k=1, epsilon=1.0, seed=1)
+
+
+# ----- SQLAlchemy on PostgreSQL: refresh beside and swap, under a lock and a timeout -------------
+
+
+@pytest.fixture
+def sa_pg_table(sqlalchemy_postgres_engine):
+    """A table (id bigint, score bigint) of PG_ITEMS items through SQLAlchemy, item 16 on top;
+    dropped afterwards with every table whose name starts with its own or topk_."""
+    import sqlalchemy as sa
+
+    engine = sqlalchemy_postgres_engine
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            table.insert(),
+            [{"id": i, "score": 1000 if i == 16 else i % 17} for i in range(PG_ITEMS)],
+        )
+    made: list = []
+    yield engine, name, table, made
+    with engine.begin() as conn:
+        for source in made:
+            for t in (source.runs_table_name, source.rank_table_name):
+                conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{t}"')
+        conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
+
+
+def _sa_source(engine, name, made):
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    return source
+
+
+def _relation(engine, name: str) -> tuple[int, int]:
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        return tuple(
+            conn.execute(
+                sa.text("SELECT pg_relation_size(to_regclass(:n)), to_regclass(:n)::oid"),
+                {"n": f'"{name}"'},
+            ).one()
+        )
+
+
+def test_sqlalchemy_pg_refresh_swaps_tables_without_dead_rows(sa_pg_table) -> None:
+    """Before: DELETE + INSERT, the rank table doubled on disk at each refresh until VACUUM."""
+    engine, name, table, made = sa_pg_table
+    source = _sa_source(engine, name, made)
+    source.prepare()
+    size, oid = _relation(engine, source.rank_table_name)
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id == 7).values(score=5000))
+    for _ in range(3):
+        source.prepare(refresh=True)
+    size_after, oid_after = _relation(engine, source.rank_table_name)
+    assert oid_after != oid and size_after == size
+    beside = [t.name for t in source._beside()]
+    assert all(_relation(engine, t) == (None, None) for t in beside)  # nothing left beside
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [7]
+    assert not source.is_stale()
+
+
+def test_sqlalchemy_pg_refresh_waits_for_a_held_run_then_gives_up(sa_pg_table) -> None:
+    engine, name, table, made = sa_pg_table
+    reader, writer = _sa_source(engine, name, made), _sa_source(engine, name, made)
+    writer.prepare()
+    before = _relation(engine, writer.rank_table_name)
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id == 7).values(score=5000))
+    with reader.snapshot():
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+        with pytest.raises(TimeoutError, match=r"waited 0\.2 s \(swap_timeout\) for runs"):
+            writer.prepare(refresh=True, swap_timeout=0.2)
+        assert reader.read_sorted(0, 1).ids.tolist() == [16]
+    assert _relation(engine, writer.rank_table_name) == before  # nothing changed, no dead rows
+    writer.prepare(refresh=True)
+    assert private_top_k(reader, k=1, epsilon=1e6, seed=1).items == [7]
+
+
+def test_sqlalchemy_pg_concurrent_prepares_wait_for_each_other(sa_pg_table) -> None:
+    """Four threads prepare one table at once (two with refresh): they queue on the advisory
+    lock. Each thread records its error, if any: none is expected."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, name, _, made = sa_pg_table
+    sources = [_sa_source(engine, name, made) for _ in range(4)]
+
+    def prepare(i: int) -> str | None:
+        try:
+            sources[i].prepare(refresh=bool(i % 2))
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    with ThreadPoolExecutor(4) as pool:
+        errors = [e for e in pool.map(prepare, range(4)) if e]
+    assert errors == []
+    assert private_top_k(sources[0], k=1, epsilon=1e6, seed=1).items == [16]
+
+
+def test_sqlalchemy_pg_statement_timeout_stops_prepare_clearly(sa_pg_table) -> None:
+    import sqlalchemy as sa
+
+    engine, name, _, made = sa_pg_table
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f'INSERT INTO "{name}" SELECT g, g % 7 FROM generate_series(1000, 300000) g')
+        )
+    source = _sa_source(engine, name, made)
+    with pytest.raises(TimeoutError, match=r"statement_timeout of 0\.001 s"):
+        source.prepare(statement_timeout=0.001)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(source._ranks)).scalar() == 0
+    source.prepare()
+    assert source.domain_size() == PG_ITEMS + 299_001
+
+
+# ----- SQLAlchemy: rank tables that do not belong (every dialect) --------------------------------
+
+SA_DIALECTS = ["sqlite", "postgres", "mariadb", "duckdb"]
+
+
+@pytest.fixture(params=SA_DIALECTS)
+def sa_counts(request: pytest.FixtureRequest):
+    """An engine of each dialect and a function to (re)create a counts table (id BIGINT, score
+    BIGINT) under a fresh name; afterwards every table made is dropped, with its rank and runs
+    tables and its fingerprint row."""
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import FINGERPRINTS_TABLE
+
+    engine = request.getfixturevalue(f"sqlalchemy_{request.param}_engine")
+    name = f"hostile_{uuid.uuid4().hex[:8]}"
+    table = sa.Table(
+        name, sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("score", sa.BigInteger)
+    )
+
+    def create(scores: list[int]) -> None:
+        table.drop(engine, checkfirst=True)
+        table.create(engine)
+        with engine.begin() as conn:
+            conn.execute(table.insert(), [{"id": i, "score": s} for i, s in enumerate(scores)])
+
+    made: list = []
+    create([1000 if i == 16 else i % 17 for i in range(PG_ITEMS)])
+    yield engine, name, create, made
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.begin() as conn:
+        for source in made:
+            for t in (source.runs_table_name, source.rank_table_name):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {quote(t)}")
+            if sa.inspect(conn).has_table(FINGERPRINTS_TABLE):
+                conn.exec_driver_sql(
+                    f"DELETE FROM {quote(FINGERPRINTS_TABLE)} WHERE rank_table = "
+                    f"'{source.rank_table_name}'"
+                )
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {quote(name)}")
+
+
+def test_sqlalchemy_rank_table_of_a_recreated_table_is_not_trusted(sa_counts) -> None:
+    """Before: the copy of the dropped table was kept by prepare() and released item 16."""
+    from adapters.sqlalchemy import RankTableMismatchError, SQLAlchemyTable
+
+    engine, name, create, made = sa_counts
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    source.prepare()
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # same definition, same m
+    if source.dialect in ("postgresql", "mysql", "mariadb"):  # a lasting table identity
+        with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
+            private_top_k(source, k=1, epsilon=1e6, seed=1)
+    source.prepare()  # no refresh: rebuilt (identity, or the copy compared with the table)
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
+    create([1000 if i == 5 else 0 for i in range(PG_ITEMS)])
+    fresh = SQLAlchemyTable(engine, name)  # another object: nothing proven to it yet
+    fresh.prepare()
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+    fresh.prepare()  # unchanged since: kept (and compared only where identity is not lasting)
+    assert private_top_k(fresh, k=1, epsilon=1e6, seed=1).items == [5]
+
+
+def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import RankTableMismatchError, SQLAlchemyTable
+
+    engine, name, _, made = sa_counts
+    source = SQLAlchemyTable(engine, name)
+    made.append(source)
+    for table in (source._ranks, source._runs):  # by hand, with the right columns
+        table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(source._ranks),
+            [
+                {"rank": 0, "id": 199, "score": 10**9},
+                *({"rank": r, "id": r - 1, "score": 0} for r in range(1, PG_ITEMS)),
+            ],
+        )
+        conn.execute(
+            sa.insert(source._runs),
+            [{"run": 0, "first_rank": 0, "score": 10**9}, {"run": 1, "first_rank": 1, "score": 0}],
+        )
+    with pytest.raises(RankTableMismatchError, match="does not belong"):
+        private_top_k(source, k=1, epsilon=1.0, seed=1)  # before: released item 199
+    with pytest.raises(RankTableMismatchError, match="prepare\\(\\) did not build it"):
+        source.prepare()
+    source.prepare(refresh=True)  # asked for: replaced
+    assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
+    if source.dialect in ("postgresql", "mysql", "mariadb"):
+        # A hand-made copy of the rank table under its name keeps the fingerprint row, not
+        # the rank table's identity.
+        quote = engine.dialect.identifier_preparer.quote
+        ranks = quote(source.rank_table_name)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {quote('copy_' + name)} AS SELECT * FROM {ranks}")
+            conn.exec_driver_sql(f"DROP TABLE {ranks}")
+            conn.exec_driver_sql(f"ALTER TABLE {quote('copy_' + name)} RENAME TO {ranks}")
+        with pytest.raises(RankTableMismatchError, match="does not belong"):
+            private_top_k(source, k=1, epsilon=1.0, seed=1)
+
+
+# ----- valid edge inputs, released correctly on every store -------------------------------------
+
+EDGE_IDS = ["", " ", "a", "A", "日本", "e\u0301", "'; DROP TABLE x; --", "tab\there", "x" * 100]
+EDGE_SCORES = [1e300, 1e299, 7.0, 7.0, 3.0, 1e-300, 5e-324, 0.0, 1e-300]
+
+
+@pytest.mark.parametrize("store", STORE_NAMES)
+def test_valid_edge_inputs_are_served_and_released_exactly(
+    request: pytest.FixtureRequest, store: str
+) -> None:
+    """Huge and tiny (subnormal) scores, empty, blank, unicode, quoted and 100-character ids (the
+    longest the SQLAlchemy plugins' VARCHAR(100) holds; longer ones: the store tests above):
+    every row comes back exactly (id and score), in the canonical order, and a release is the
+    ArraySource one for the same seed. Fails if a store rounds a score, trims or rewrites an
+    id, or refuses a valid input."""
+    make = request.getfixturevalue(f"make_{store.replace('-', '_')}_source")
+    ids = np.asarray(EDGE_IDS, dtype=object)
+    scores = np.asarray(EDGE_SCORES)
+    source = make(scores, ids)
+    reference = reference_for(source, scores, ids)  # positions as the store's
+    m = len(EDGE_IDS)
+    with source.snapshot():
+        got, want = source.read_sorted(0, m), reference.read_sorted(0, m)
+        assert got.ids.tolist() == want.ids.tolist()
+        assert got.scores.tolist() == want.scores.tolist()
+        assert source.read_ids(EDGE_IDS).tolist() == scores.tolist()
+    for seed in range(3):
+        assert (
+            private_top_k(source, k=4, epsilon=2.0, seed=seed).items
+            == private_top_k(reference, k=4, epsilon=2.0, seed=seed).items
+        )
+
+
+@pytest.mark.parametrize("epsilon", [True, "1", None, float("nan"), -1.0])
+def test_privacy_budget_refuses_non_numbers_and_bad_values(epsilon) -> None:
+    """PrivacyBudget(epsilon=True) was accepted (True counted as 1) and PrivacyBudget('1') gave
+    a raw TypeError from a comparison."""
+    from topk_middleware import PrivacyBudget
+
+    with pytest.raises((TypeError, ValueError), match="budget epsilon must be"):
+        PrivacyBudget(epsilon=epsilon)
+
+
+# ----- a client killed during prepare(): the server stops its work ------------------------------
+
+KILL_SCRIPT = """
+import sys
+conninfo, schema, name, kind = sys.argv[1:]
+if kind == "postgres":
+    from adapters.postgres import PostgresTable
+    PostgresTable(conninfo, name, schema=schema).prepare()
+else:
+    import psycopg, sqlalchemy as sa
+    from adapters.sqlalchemy import SQLAlchemyTable
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(conninfo))
+    SQLAlchemyTable(engine, name, schema=schema).prepare(index_source=False)
+"""
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlalchemy"])
+def test_pg_prepare_of_a_killed_client_stops_on_the_server(pg_conninfo, pg_table, kind) -> None:
+    """kill -9 of a process in the middle of prepare(): its server process stops within a few
+    seconds (client_connection_check_interval) and nothing is left half-built. Before, it went
+    on to the end of its statement (here a 20 s pass over a slow view; 37 s measured on a big
+    table) and the next refresh competed with it."""
+    import os
+    import signal
+    import time
+
+    from psycopg import sql
+
+    conn, schema, name, create = pg_table
+    create([i % 7 for i in range(20_000)])
+    view = f"{name}_slow"
+    conn.execute(  # 1 ms a row: every pass over it takes 20 s
+        sql.SQL(
+            "CREATE VIEW {} AS SELECT id, score FROM {} WHERE length(pg_sleep(0.001)::text) = 0"
+        ).format(sql.Identifier(schema, view), sql.Identifier(schema, name))
+    )
+    app = f"topk_kill_{uuid.uuid4().hex[:8]}"
+    conninfo = f"{pg_conninfo} application_name={app}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, conninfo, schema, view, kind],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active' "
+        "AND query NOT LIKE '%%advisory%%'"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while conn.execute(query, [app]).fetchone()[0] == 0:
+            assert process.poll() is None and time.monotonic() < deadline, "prepare() not seen"
+            time.sleep(0.1)
+        time.sleep(1.0)  # well inside the pass over the view
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        killed = time.monotonic()
+        gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        while conn.execute(gone, [app]).fetchone()[0] and time.monotonic() - killed < 30:
+            time.sleep(0.2)
+        assert time.monotonic() - killed < 10  # the check interval is 1 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+    left = [
+        conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, t))
+        ).fetchone()[0]
+        for (t,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s",
+            [schema, f"{view}%"],
+        ).fetchall()
+    ]
+    # Nothing half-built: PostgresTable leaves no table; SQLAlchemyTable its empty rank and
+    # runs tables (created, then filled in a transaction of their own).
+    assert left == ([] if kind == "postgres" else [0, 0])

@@ -27,6 +27,7 @@ from adapters.postgres import PostgresTable
 from tests.helpers import (
     RUNS_CASES,
     CountingSource,
+    RefreshAfterTheRun,
     RunsKept,
     assert_serves_the_runs_of,
     plateau_histogram,
@@ -456,6 +457,15 @@ def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conni
     source = make_postgres_source(scores, None)
     live = sql.Identifier(source.schema, source.table)
 
+    refreshes: list[RefreshAfterTheRun] = []
+
+    def refresh() -> None:
+        writer = PostgresTable(
+            pg_conninfo, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+        )
+        writer.prepare(refresh=True, swap_timeout=60)
+        writer.close()
+
     def rewrite() -> None:
         with psycopg.connect(pg_conninfo, autocommit=True) as writer:
             writer.execute(
@@ -463,9 +473,8 @@ def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conni
                     live, sql.Identifier(SCORE_COLUMN), sql.Identifier(ID_COLUMN)
                 )
             )
-            PostgresTable(
-                writer, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
-            ).prepare(refresh=True)
+        # The refresh waits for this run (it swaps the tables the run reads), so: a thread.
+        refreshes.append(RefreshAfterTheRun(refresh))
 
     hooked = RunsKept(source, before_runs=rewrite)
     got = private_top_k(hooked, k=4, epsilon=1.0, seed=3)
@@ -473,6 +482,7 @@ def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conni
     assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
     assert got.items == want.items and got.accesses == want.accesses
     assert got.accesses.rows_inferred > 0
+    assert all(refreshes) and len(refreshes) == 1  # the refresh committed after the run
     assert source.score_run_count() == 7  # committed: a new snapshot sees the new runs
     after = private_top_k(source, k=4, epsilon=1.0, seed=3)
     new = np.arange(3000) % 7

@@ -16,7 +16,13 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
-from tests.helpers import RunsKept, assert_serves_the_runs_of, plateau_histogram, reference_like
+from tests.helpers import (
+    RefreshAfterTheRun,
+    RunsKept,
+    assert_serves_the_runs_of,
+    plateau_histogram,
+    reference_like,
+)
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError
@@ -371,14 +377,29 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
 TOP = 50.0  # the writer turns every count h into TOP - h
 
 
+PENDING: list[RefreshAfterTheRun] = []  # refreshes waiting for a run to end (PostgreSQL)
+
+
 def rewrite_and_prepare(engine: sa.Engine, name: str, m: int) -> None:
     """A concurrent writer on its own connections: counts h -> TOP - h (the order reversed),
-    a new item m with count 1000, and prepare()."""
+    a new item m with count 1000, and prepare(). On PostgreSQL the refresh swaps in new tables
+    once no run reads the old ones, so inside a run it waits, on a thread of its own: `settle()`
+    after the run waits for it to commit."""
     live = sa.Table(name, sa.MetaData(), sa.Column("id"), sa.Column("score"))
     with engine.begin() as conn:
         conn.execute(live.update().values(score=TOP - live.c.score))
         conn.execute(live.insert().values(id=m, score=1000.0))
-    SQLAlchemyTable(engine, name).prepare(refresh=True)
+    writer = SQLAlchemyTable(engine, name)
+    if engine.dialect.name == "postgresql":
+        PENDING.append(RefreshAfterTheRun(lambda: writer.prepare(refresh=True, swap_timeout=60)))
+    else:
+        writer.prepare(refresh=True)
+
+
+def settle() -> None:
+    """Wait for the refreshes rewrite_and_prepare() left waiting for a run (their errors)."""
+    while PENDING:
+        assert PENDING.pop()
 
 
 def test_snapshot_holds_while_a_writer_commits(make_source: Callable[..., Any]) -> None:
@@ -395,6 +416,7 @@ def test_snapshot_holds_while_a_writer_commits(make_source: Callable[..., Any]) 
         assert after.ids.tolist() == before.ids.tolist()
         assert after.scores.tolist() == before.scores.tolist()
         assert source.read_ids([0, 1]).tolist() == [old[0], old[1]]
+    settle()
     # Outside the snapshot the writer's commit is visible: the check above could fail.
     reference = ArraySource([*new, 1000.0], None)
     assert source.domain_size() == m + 1
@@ -442,6 +464,7 @@ def test_a_run_sees_one_snapshot(make_source: Callable[..., Any]) -> None:
     assert writer.written and got.accesses.round_trips > 3  # the write came between reads
     assert got.items == want.items
     assert got.accesses == want.accesses
+    settle()
     after = private_top_k(source, k=10, epsilon=0.5, seed=8)
     assert (
         after.items == private_top_k(ArraySource([*new, 1000.0]), k=10, epsilon=0.5, seed=8).items
@@ -508,6 +531,7 @@ def test_snapshot_is_repeatable_read_on_a_read_committed_engine(
         rewrite_and_prepare(made.engine, made.table_name, 3)
         assert source.read_sorted(0, 4).ids.tolist() == before == [0, 1, 2]
         assert source.domain_size() == 3
+    settle()
     assert source.read_sorted(0, 4).ids.tolist() == [3, 2, 1, 0]
 
 
@@ -555,6 +579,7 @@ def test_runs_are_read_in_the_runs_snapshot(make_source: Callable[..., Any]) -> 
     assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
     assert got.items == want.items and got.accesses == want.accesses
     assert got.accesses.rows_inferred > 0
+    settle()
     assert source.score_run_count() == 3  # committed: a new snapshot sees the new runs
     new = ArraySource([*(TOP - scores), 1000.0])
     after = private_top_k(source, k=4, epsilon=1.0, seed=3)
