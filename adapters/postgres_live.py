@@ -32,9 +32,35 @@ the position table's primary key and the table's id B-tree (`position = ANY(...)
 per batch. Concurrent writers are never blocked and never change a run (the snapshot sees one
 state of the table, its positions and its indexes).
 
-Positions are not ranks here: nothing is inferred from tied neighbours and the runs of tied
-scores are not used (access.py). Zero-vote items are rows with score 0 (a `from_votes` counts
-table has them): they count in m and come last in sorted access.
+By default positions are not ranks: nothing is inferred from tied neighbours and no runs of
+tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row
+at m = 10^7, the ~10^4 random accesses of a plateau run included).
+
+`max_score_runs=N` (N > 0; 0 is the default) lets a run name items by canonical rank when its
+snapshot holds few runs of tied scores. In the run's transaction, right after m, one query skips
+down the (score DESC, id) B-tree (a recursive CTE: one index probe per distinct score, stopping
+past N) and, if the scores were at most N, counts each run by index scan, each count stopped at
+`run_count_rows` / (number of runs) rows; the one run that may reach that bound (count data has
+one very large run, of zeros or ones) is sized as m minus the others. Then positions are the
+canonical ranks of that snapshot (a dense position map, so the output law is the one-shot law
+and the answer for a seed is the rank-ordered ArraySource's): sorted access reads the B-tree
+alone and returns depths as positions; the core answers random access from the runs
+(`ScoreRuns`, read with the run's first queries); the row at a rank (an id to release) is read
+at (its run's score, its offset in the run) through the B-tree, walked from the run's nearer end.
+Otherwise (more distinct scores, or two runs too large to count) the run uses the position
+table as above. The choice depends on the data only and changes no answer's law: an operator
+diagnostic (`positions_are_ranks`, `score_run_count()`).
+
+Why it is not the default: an offset in a run is read by walking it (PostgreSQL's B-tree keeps
+no subtree counts), ~2.5 us a row on a table whose visibility map the writes cleared (measured at
+m = 10^7: an id 10^5 deep in a run, 0.26 s; 10^6 deep, 2.2-2.6 s). Releases from a well-separated
+top (the plateau instance, zipf) read their ids in the fetched prefix and never pay it, but where
+the k released items fall deep in the largest run (most counts zero, noise above the gap to
+them) each would cost seconds. A bijection of the ranks beyond the fetched prefix that is cheap
+to evaluate (law-preserving by exchangeability of tied items) would remove that cost; not built.
+
+Zero-vote items are rows with score 0 (a `from_votes` counts table has them): they count in m
+and come last in sorted access.
 """
 
 from __future__ import annotations
@@ -450,7 +476,9 @@ END
 
     def _sorted_ranked_query(self) -> sql.Composable:
         """Sorted access when positions are ranks: the B-tree alone, no position table."""
-        return sql.SQL("SELECT b.{id}, b.{score}::float8 FROM {base} AS b ORDER BY b.{order}").format(
+        return sql.SQL(
+            "SELECT b.{id}, b.{score}::float8 FROM {base} AS b ORDER BY b.{order}"
+        ).format(
             id=self._id,
             score=self._score,
             base=self._base,
