@@ -377,6 +377,10 @@ END
         first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         return _ScoreRuns(first, sizes, scores, values)
 
+    # A run serving ranks read its runs with m: the core takes them before any row by rank
+    # (a row by rank walks its run: far dearer than the runs).
+    score_runs_in_hand = True
+
     @property
     def positions_are_ranks(self) -> bool:  # type: ignore[override]
         """Whether runs serve positions = canonical ranks: inside a run, that run's choice; outside,
