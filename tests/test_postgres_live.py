@@ -377,3 +377,32 @@ def test_max_score_runs_is_checked(pg_conninfo: str, pg_schema: str) -> None:
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="max_score_runs must be an integer"):
             PostgresTable(pg_conninfo, "t", schema=pg_schema, mode="live", max_score_runs=bad)
+
+
+def test_ranked_runs_take_the_runs_before_any_row_by_rank(
+    pg_conninfo: str, make_live: Made
+) -> None:
+    """A row by rank walks its run (its offset on the B-tree), so a run serving ranks must take
+    its runs of tied scores before it reads any row by rank: on a plateau (few runs, a long run
+    of zeros), the rows read by rank are at most the k released ids. Fails if the core read the
+    first small batch of random accesses as rows (the ski rental of copies that keep runs)."""
+    scores = plateau_histogram(4000, 5, height=1000.0)
+    low = np.flatnonzero(scores == 0)[:40]
+    scores[low] = np.arange(1, 41)  # 40 more runs: more than a first batch of random accesses
+    source = make_live(scores, np.arange(4000) * 5 + 2, max_score_runs=64)
+    by_rank: list[int] = []
+    read_positions = source.read_positions
+
+    def counted(positions: np.ndarray) -> Rows:
+        by_rank.append(len(positions))
+        return read_positions(positions)
+
+    source.read_positions = counted  # type: ignore[method-assign]
+    want = reference(pg_conninfo, source, "ranks")
+    for seed in range(6):
+        by_rank.clear()
+        got = private_top_k(source, 5, 1.0, seed=seed)
+        ref = private_top_k(want, 5, 1.0, seed=seed)
+        assert got.items == ref.items
+        assert got.accesses.random > 0 and got.accesses.rows_inferred > 0
+        assert sum(by_rank) <= 5, by_rank
