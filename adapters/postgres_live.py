@@ -98,7 +98,7 @@ CURSOR_TUPLE_FRACTION = 1e-6
 # tied scores when there are at most N distinct scores (one index probe each) and counting all
 # runs but the largest reads at most `run_count_rows` rows; it then serves positions = ranks
 # (module docstring). MAX_SCORE_RUNS is the value the freshness benchmark uses.
-MAX_SCORE_RUNS = 64
+MAX_SCORE_RUNS = 32
 RUN_COUNT_ROWS = 1 << 18
 
 
