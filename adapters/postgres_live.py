@@ -387,6 +387,8 @@ END
         the choice a run would make now (one short snapshot)."""
         if self._run is not None:
             return self._run.runs is not None
+        if self.max_score_runs < 1:
+            return False
         with self.snapshot():
             return self._run.runs is not None  # type: ignore[union-attr]
 
@@ -457,6 +459,8 @@ END
         """The number of runs of tied scores a run serving ranks learnt, None otherwise (outside a
         run: what a run would learn now)."""
         if self._run is None:
+            if self.max_score_runs < 1:
+                return None
             with self.snapshot():
                 return self.score_run_count()
         runs = self._run.runs
