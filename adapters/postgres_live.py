@@ -32,9 +32,35 @@ the position table's primary key and the table's id B-tree (`position = ANY(...)
 per batch. Concurrent writers are never blocked and never change a run (the snapshot sees one
 state of the table, its positions and its indexes).
 
-Positions are not ranks here: nothing is inferred from tied neighbours and the runs of tied
-scores are not used (access.py). Zero-vote items are rows with score 0 (a `from_votes` counts
-table has them): they count in m and come last in sorted access.
+By default positions are not ranks: nothing is inferred from tied neighbours and no runs of
+tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row
+at m = 10^7, the ~10^4 random accesses of a plateau run included).
+
+`max_score_runs=N` (N > 0; 0 is the default) lets a run name items by canonical rank when its
+snapshot holds few runs of tied scores. In the run's transaction, right after m, one query skips
+down the (score DESC, id) B-tree (a recursive CTE: one index probe per distinct score, stopping
+past N) and, if the scores were at most N, counts each run by index scan, each count stopped at
+`run_count_rows` / (number of runs) rows; the one run that may reach that bound (count data has
+one very large run, of zeros or ones) is sized as m minus the others. Then positions are the
+canonical ranks of that snapshot (a dense position map, so the output law is the one-shot law
+and the answer for a seed is the rank-ordered ArraySource's): sorted access reads the B-tree
+alone and returns depths as positions; the core answers random access from the runs
+(`ScoreRuns`, read with the run's first queries); the row at a rank (an id to release) is read
+at (its run's score, its offset in the run) through the B-tree, walked from the run's nearer end.
+Otherwise (more distinct scores, or two runs too large to count) the run uses the position
+table as above. The choice depends on the data only and changes no answer's law: an operator
+diagnostic (`positions_are_ranks`, `score_run_count()`).
+
+Why it is not the default: an offset in a run is read by walking it (PostgreSQL's B-tree keeps
+no subtree counts), ~2.5 us a row on a table whose visibility map the writes cleared (measured at
+m = 10^7: an id 10^5 deep in a run, 0.26 s; 10^6 deep, 2.2-2.6 s). Releases from a well-separated
+top (the plateau instance, zipf) read their ids in the fetched prefix and never pay it, but where
+the k released items fall deep in the largest run (most counts zero, noise above the gap to
+them) each would cost seconds. A bijection of the ranks beyond the fetched prefix that is cheap
+to evaluate (law-preserving by exchangeability of tied items) would remove that cost; not built.
+
+Zero-vote items are rows with score 0 (a `from_votes` counts table has them): they count in m
+and come last in sorted access.
 """
 
 from __future__ import annotations
@@ -68,9 +94,29 @@ from .postgres import PostgresTable, _seq_scans
 CURSOR_TUPLE_FRACTION = 1e-6
 
 
+# With `max_score_runs=N` (N > 0; 0, the default, never), a run learns its snapshot's runs of
+# tied scores when there are at most N distinct scores (one index probe each) and counting all
+# runs but the largest reads at most `run_count_rows` rows; it then serves positions = ranks
+# (module docstring). MAX_SCORE_RUNS is the value the freshness benchmark uses.
+MAX_SCORE_RUNS = 32
+RUN_COUNT_ROWS = 1 << 18
+
+
+@dataclass
+class _ScoreRuns:
+    """The snapshot's runs of tied scores, in canonical order: first rank, size, score (as
+    float8 for the core, and as the column's own value for index lookups)."""
+
+    first: np.ndarray
+    sizes: np.ndarray
+    scores: np.ndarray
+    values: list[Any]
+
+
 @dataclass
 class _LiveRun:
     m: int
+    runs: _ScoreRuns | None = None  # set: this run serves positions = ranks
     cursor: psycopg.ServerCursor[Any] | None = None
     depth: int = 0  # the next depth the cursor serves
 
@@ -88,11 +134,20 @@ def _short_name(base: str, suffix: str) -> str:
 class LivePostgresTable(PostgresTable):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
 
-    positions_are_ranks = False
     _live: _LiveRun | None = None  # the run in progress, inside snapshot()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        max_score_runs: int = 0,
+        run_count_rows: int = RUN_COUNT_ROWS,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("max_score_runs", max_score_runs), ("run_count_rows", run_count_rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         super().__init__(*args, **kwargs)
+        self.max_score_runs, self.run_count_rows = max_score_runs, run_count_rows
         self._setup_live()
 
     def _setup_live(self) -> None:
@@ -270,7 +325,72 @@ END
     # snapshot() is PostgresTable's: one REPEATABLE READ READ ONLY transaction (reconnecting once
     # if the connection was lost before the run read anything), whose first query is _live_m.
     def _open_run(self, conn: psycopg.Connection[Any]) -> _LiveRun:
-        return _LiveRun(self._live_m(conn))
+        m = self._live_m(conn)
+        return _LiveRun(m, self._score_runs(conn, m))
+
+    def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
+        """The snapshot's runs of tied scores if they are few and cheap to count, else None.
+
+        One query: a skip scan down the (score DESC, id) B-tree (a recursive CTE, one index
+        probe per distinct score, stopping past `max_score_runs`), then, if the scores were
+        few, a count of each run by index scan, each stopped at `run_count_rows` / (number of
+        runs) rows. At most one run may reach that bound: its size is m minus the others'. So
+        a run costs O(distinct scores + rows outside the largest run) whatever m is."""
+        limit = self.max_score_runs
+        if limit < 1:
+            return None
+        query = sql.SQL(
+            "WITH RECURSIVE d(s, n) AS ("
+            "(SELECT b.{score}, 1 FROM {base} AS b WHERE b.{score} IS NOT NULL "
+            "ORDER BY b.{score} DESC LIMIT 1) "
+            "UNION ALL SELECT (SELECT b.{score} FROM {base} AS b WHERE b.{score} < d.s "
+            "ORDER BY b.{score} DESC LIMIT 1), d.n + 1 FROM d "
+            "WHERE d.s IS NOT NULL AND d.n <= {limit}), "
+            "r AS (SELECT s, n FROM d WHERE s IS NOT NULL), "
+            "t AS (SELECT count(*) AS runs FROM r) "
+            "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} THEN (SELECT count(*) FROM "
+            "(SELECT 1 FROM {base} AS b WHERE b.{score} = r.s LIMIT {budget} / t.runs) AS c) END "
+            "FROM r, t ORDER BY r.n"
+        ).format(
+            score=self._score,
+            base=self._base,
+            limit=sql.Literal(limit),
+            budget=sql.Literal(max(self.run_count_rows, 1)),
+        )
+        records = reader.execute(query).fetchall()
+        if not records or len(records) > limit:
+            return None
+        values = [r[0] for r in records]
+        scores = np.asarray([r[1] for r in records], dtype=np.float64)
+        sizes = np.asarray([r[2] for r in records], dtype=np.int64)
+        bound = max(self.run_count_rows, 1) // len(records)
+        capped = np.flatnonzero(sizes >= bound)
+        if len(capped) > 1 or not bool(np.all(np.diff(scores) < 0)):
+            return None  # two large runs (costly to count), or scores equal as float8
+        if len(capped):
+            sizes[capped[0]] = m - (int(sizes.sum()) - int(sizes[capped[0]]))
+        if int(sizes.sum()) != m or np.any(sizes[capped] < bound):
+            raise AccessError(
+                f"{self.where} has {int(sizes.sum())} rows by its runs of tied scores but "
+                f"{m} positions: the position table is out of step (call prepare())"
+            )
+        first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return _ScoreRuns(first, sizes, scores, values)
+
+    # A run serving ranks read its runs with m: the core takes them before any row by rank
+    # (a row by rank walks its run: far dearer than the runs).
+    score_runs_in_hand = True
+
+    @property
+    def positions_are_ranks(self) -> bool:  # type: ignore[override]
+        """Whether runs serve positions = canonical ranks: inside a run, that run's choice; outside,
+        the choice a run would make now (one short snapshot)."""
+        if self._run is not None:
+            return self._run.runs is not None
+        if self.max_score_runs < 1:
+            return False
+        with self.snapshot():
+            return self._run.runs is not None  # type: ignore[union-attr]
 
     def _close_run(self) -> None:
         run, self._run = self._run, None
@@ -336,7 +456,15 @@ END
             return self._live_m(cur)
 
     def score_run_count(self) -> int | None:
-        return None
+        """The number of runs of tied scores a run serving ranks learnt, None otherwise (outside a
+        run: what a run would learn now)."""
+        if self._run is None:
+            if self.max_score_runs < 1:
+                return None
+            with self.snapshot():
+                return self.score_run_count()
+        runs = self._run.runs
+        return None if runs is None else len(runs.first)
 
     def _sorted_live_query(self) -> sql.Composable:
         return sql.SQL(
@@ -354,6 +482,17 @@ END
         id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
         return [sql.SQL("{} DESC").format(self._score), sql.SQL("{} ASC").format(id_key)]
 
+    def _sorted_ranked_query(self) -> sql.Composable:
+        """Sorted access when positions are ranks: the B-tree alone, no position table."""
+        return sql.SQL(
+            "SELECT b.{id}, b.{score}::float8 FROM {base} AS b ORDER BY b.{order}"
+        ).format(
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+
     def read_sorted(self, start: int, count: int) -> Rows:
         run = self._live_state()
         start, stop = int(start), min(int(start) + int(count), run.m)
@@ -363,17 +502,65 @@ END
             if run.cursor is not None:
                 run.cursor.close()
             run.cursor = self._conn.cursor(name=f"topk_sorted_{id(self):x}")
-            query = self._sorted_live_query()
+            ranked = run.runs is not None
+            query = self._sorted_ranked_query() if ranked else self._sorted_live_query()
             if start:
                 query = query + sql.SQL(" OFFSET {}").format(sql.Literal(start))
             run.cursor.execute(query)
             run.depth = start
         records = run.cursor.fetchmany(stop - start)
-        run.depth += len(records)
-        return rows_from_records(records)
+        depth, run.depth = run.depth, run.depth + len(records)
+        if run.runs is None:
+            return rows_from_records(records)
+        ranks = range(depth, depth + len(records))
+        return rows_from_records([(r, i, s) for r, (i, s) in zip(ranks, records, strict=True)])
+
+    def _read_ranks(self, runs: _ScoreRuns, ranks: np.ndarray) -> Rows:
+        """Rows at canonical ranks: each is (its run's score, its offset in the run) on the
+        (score DESC, id) B-tree, walked from the run's nearer end; one query for the batch."""
+        if len(ranks) and (ranks.min() < 0 or ranks.max() >= runs.first[-1] + runs.sizes[-1]):
+            raise AccessError("a rank outside [0, m) was asked for")
+        run = np.searchsorted(runs.first, ranks, side="right") - 1
+        offset = ranks - runs.first[run]
+        from_end = runs.sizes[run] - 1 - offset
+        forward = offset <= from_end
+        parts = self._order_parts()
+        backward = [
+            sql.SQL("{} ASC").format(self._score),
+            sql.SQL("{} DESC").format(
+                sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
+            ),
+        ]
+        query = sql.SQL(
+            "SELECT q.r, x.id, x.score FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
+            "%s::bool[]) AS q(r, run, o, fwd) CROSS JOIN LATERAL ("
+            "(SELECT b.{id} AS id, b.{score}::float8 AS score FROM {base} AS b "
+            "WHERE q.fwd AND b.{score} = (%s)[q.run + 1] ORDER BY b.{forward} OFFSET q.o LIMIT 1) "
+            "UNION ALL (SELECT b.{id}, b.{score}::float8 FROM {base} AS b "
+            "WHERE NOT q.fwd AND b.{score} = (%s)[q.run + 1] ORDER BY b.{backward} "
+            "OFFSET q.o LIMIT 1)) AS x"
+        ).format(
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            forward=sql.SQL(", b.").join(parts),
+            backward=sql.SQL(", b.").join(backward),
+        )
+        params = [
+            plain_values(ranks),
+            plain_values(run),
+            plain_values(np.where(forward, offset, from_end)),
+            forward.tolist(),
+            runs.values,
+            runs.values,
+        ]
+        with self._reading() as cur:
+            return rows_from_records(cur.execute(query, params).fetchall())
 
     def read_positions(self, positions: np.ndarray) -> Rows:
-        self._live_state()
+        run = self._live_state()
+        if run.runs is not None:
+            return self._read_ranks(run.runs, np.asarray(positions, dtype=np.int64))
         wanted = plain_values(np.asarray(positions, dtype=np.int64))
         if not wanted:
             return rows_from_records([])
@@ -396,7 +583,11 @@ END
         return scores_in_order(found, wanted, self.where)
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
-        raise AccessError("a live table keeps no runs of tied scores")
+        """The runs this run learnt in its first queries (no further round trip)."""
+        runs = self._live_state().runs
+        if runs is None:
+            raise AccessError("this run serves positions apart from ranks: it keeps no runs")
+        return runs.first.copy(), runs.scores.copy()
 
     def check(self) -> AccessCheck:
         """How each access kind will be served, from EXPLAIN with sequential scans disabled."""

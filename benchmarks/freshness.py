@@ -49,7 +49,7 @@ TARGET_FRESH_VS_SQL_LIVE = {"zipf": 0.01, "plateau": 0.1}  # >= 100x and >= 10x 
 
 def fresh_target(store: str, family: str) -> float:
     """The largest (a) / (b) the issue's targets allow for this store and family."""
-    if store == "postgres-live":
+    if store.startswith("postgres-live"):
         return TARGET_FRESH_VS_SQL_LIVE.get(family, TARGET_FRESH_VS_SQL)
     return TARGET_FRESH_VS_SQL
 
@@ -202,9 +202,26 @@ class PostgresLiveEntry:
         self.store.close()
 
 
+class PostgresLiveRunsEntry(PostgresLiveEntry):
+    """PostgresTable(mode="live", max_score_runs=MAX_SCORE_RUNS): a run over few distinct scores
+    learns their runs in its snapshot and serves positions = canonical ranks."""
+
+    name = "postgres-live-runs"
+
+    def prepare(self, table: str) -> None:
+        from adapters.postgres import PostgresTable
+        from adapters.postgres_live import MAX_SCORE_RUNS
+
+        self.source = PostgresTable(
+            self.store.dsn, table, mode="live", max_score_runs=MAX_SCORE_RUNS
+        )
+        self.source.prepare()
+
+
 STORES: dict[str, Callable[[Path], Any]] = {
     "duckdb": DuckDBEntry,
     "postgres-live": PostgresLiveEntry,
+    "postgres-live-runs": PostgresLiveRunsEntry,
 }
 
 

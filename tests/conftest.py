@@ -19,10 +19,12 @@ pytest_plugins = [
     "tests.stores_sqlalchemy",
 ]
 
-# Live stores: positions are not ranks, and their plugins build them with positions equal to
-# the input indexes (the reference is ArraySource(scores, ids, positions="input")).
+# Live stores: their plugins build them with positions equal to the input indexes (the reference
+# is ArraySource(scores, ids, positions="input")), except where a run serves canonical ranks
+# (postgres-live-runs on few distinct scores); tests.helpers.reference_for asks the store.
 LIVE_STORE_NAMES: list[str] = [
     "postgres-live",
+    "postgres-live-runs",
     "sqlalchemy-live-sqlite",
     "sqlalchemy-live-postgres",
     "sqlalchemy-live-mariadb",

@@ -82,6 +82,7 @@ def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     hides both.)"""
     reference = reference_for(store, scores, ids)
     reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
+    reference.score_runs_in_hand = getattr(store, "score_runs_in_hand", False)  # type: ignore[attr-defined]
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
     return reference if keeps_runs else _ReadAhead(reference, reference.sorted_read_rows)
 

@@ -25,6 +25,7 @@ import pytest
 from psycopg import sql
 
 from adapters.postgres import PostgresTable
+from adapters.postgres_live import MAX_SCORE_RUNS
 from tests.helpers import RefreshAfterTheRun
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
@@ -163,6 +164,23 @@ def make_postgres_live_source(
     with every row (so the column types fit them all), cut to its first row, prepared (which
     installs the position triggers), and the other rows are copied in input order, each taking
     the next position; the position table read back must show it."""
+    yield from _live_sources(pg_conninfo, pg_schema)
+
+
+@pytest.fixture
+def make_postgres_live_runs_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    """As make_postgres_live_source, with `max_score_runs=MAX_SCORE_RUNS`: on a histogram of few
+    distinct scores its runs serve positions = canonical ranks (int-ties, text-ties, plateau),
+    on one of many the position table's input order (zipf, fractional); the suite's
+    reference_for asks the store which."""
+    yield from _live_sources(pg_conninfo, pg_schema, max_score_runs=MAX_SCORE_RUNS)
+
+
+def _live_sources(
+    pg_conninfo: str, pg_schema: str, **options: Any
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
     made: list[PostgresTable] = []
     conn = _connect(pg_conninfo)
 
@@ -183,7 +201,13 @@ def make_postgres_live_source(
         with conn.cursor() as cur, cur.copy(copy_in) as copy:
             copy.write_row(rows[0])
         source = PostgresTable(
-            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+            pg_conninfo,
+            name,
+            id=ID_COLUMN,
+            score=SCORE_COLUMN,
+            schema=pg_schema,
+            mode="live",
+            **options,
         )
         made.append(source)
         source.prepare()
@@ -231,3 +255,6 @@ def write_postgres_live_source(pg_conninfo: str) -> Callable[[PostgresTable, Any
         return True
 
     return write
+
+
+write_postgres_live_runs_source = write_postgres_live_source  # a live table needs nothing more

@@ -30,12 +30,18 @@ Made = Callable[..., PostgresTable]
 def make_live(pg_conninfo: str, pg_schema: str) -> Iterator[Made]:
     made: list[PostgresTable] = []
 
-    def make(scores: Any, ids: Any = None) -> PostgresTable:
+    def make(scores: Any, ids: Any = None, **options: Any) -> PostgresTable:
         name = TABLE.format(uuid.uuid4().hex[:8])
         with _connect(pg_conninfo) as conn:
             create_table(conn, pg_schema, name, scores, ids)
         source = PostgresTable(
-            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+            pg_conninfo,
+            name,
+            id=ID_COLUMN,
+            score=SCORE_COLUMN,
+            schema=pg_schema,
+            mode="live",
+            **options,
         )
         made.append(source)
         source.prepare()
@@ -59,9 +65,10 @@ def execute(conninfo: str, source: PostgresTable, statement: str, *params: Any) 
         )
 
 
-def reference(conninfo: str, source: PostgresTable) -> ArraySource:
+def reference(conninfo: str, source: PostgresTable, positions: str = "input") -> ArraySource:
     """ArraySource over the table's current counts, its arrays in the position table's order
-    (read with the server, independently of the adapter's reads)."""
+    (read with the server, independently of the adapter's reads); with positions="ranks", the
+    rank-ordered reference a run serving canonical ranks must match."""
     query = sql.SQL(
         "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {t} AS b "
         "ON b.{id} = p.id ORDER BY p.position"
@@ -77,7 +84,7 @@ def reference(conninfo: str, source: PostgresTable) -> ArraySource:
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(source.schema, source.table))
         ).fetchone()
     assert [r[0] for r in records] == list(range(count))  # positions are dense 0..m-1
-    return ArraySource([r[2] for r in records], [r[1] for r in records], positions="input")
+    return ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
 
 
 def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:
@@ -100,7 +107,7 @@ def test_live_runs_release_from_the_counts_after_writes(pg_conninfo: str, make_l
     or if sorted access and random access disagreed on an item."""
     rng = np.random.default_rng(7)
     scores = rng.integers(0, 40, 3000)
-    source = make_live(scores, np.arange(3000) * 3)
+    source = make_live(scores, np.arange(3000) * 3)  # the default: the position table
     assert not source.positions_are_ranks and source.score_run_count() is None
     assert_same_releases(source, reference(pg_conninfo, source), 5)
 
@@ -293,3 +300,109 @@ def test_from_votes_live_counts_zero_vote_items(pg_conninfo: str, pg_schema: str
         rows = source.read_sorted(0, 100)
     assert rows.ids.tolist()[:2] == [5, 7] and rows.scores.tolist()[2:] == [0.0] * 98
     source.close()
+
+
+def test_few_runs_serve_canonical_ranks_after_writes(pg_conninfo: str, make_live: Made) -> None:
+    """With max_score_runs, a run over few distinct scores learns them in its snapshot and names
+    items by canonical rank: with one seed it releases exactly what the rank-ordered ArraySource
+    over the current counts releases, with the same access counts, before and after UPDATE,
+    INSERT and DELETE with no prepare() in between. Fails if the runs were stale or miscounted
+    (a wrong score inferred, a wrong m), or if an id read by (score, offset in its run) were not
+    the canonical row of that rank."""
+    rng = np.random.default_rng(11)
+    scores = rng.integers(0, 40, 3000)
+    source = make_live(scores, np.arange(3000) * 3, max_score_runs=64)
+    assert source.positions_are_ranks and source.score_run_count() == len(np.unique(scores))
+    assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 5)
+    with source.snapshot():
+        first, run_scores = source.read_score_runs()
+    distinct, counts = np.unique(scores, return_counts=True)
+    np.testing.assert_array_equal(run_scores, distinct[::-1].astype(np.float64))
+    np.testing.assert_array_equal(first, np.concatenate(([0], np.cumsum(counts[::-1])[:-1])))
+
+    execute(
+        pg_conninfo, source, "UPDATE {t} SET {score} = {score} + 500 WHERE {id} = ANY(%s)", [9, 300]
+    )
+    assert set(private_top_k(source, 2, 1.0).items) == {9, 300}
+    assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 5)
+    execute(pg_conninfo, source, "DELETE FROM {t} WHERE {id} = ANY(%s)", [0, 9, 4500, 8997])
+    execute(pg_conninfo, source, "INSERT INTO {t} VALUES (%s, %s), (%s, %s)", -1, 900, 10**6, 0)
+    want = reference(pg_conninfo, source, "ranks")
+    assert want.domain_size() == 3000 - 4 + 2
+    assert source.positions_are_ranks
+    assert_same_releases(source, want, 5)
+
+
+def test_ranks_are_read_from_either_end_of_a_run(pg_conninfo: str, make_live: Made) -> None:
+    """Random access by rank reads each row at (its run's score, its offset in the run), from
+    the nearer end: every rank of every run, text ids in byte order, equals the canonical row.
+    The largest run is sized from m (run_count_rows stops its count): fails if that size or an
+    offset were wrong by one."""
+    ids = np.asarray([f"i{n:04d}" if n % 3 else f"I{n}" for n in range(600)], dtype=object)
+    scores = np.where(np.arange(600) % 7 == 0, 5, np.where(np.arange(600) % 5 == 0, 2, 0))
+    source = make_live(scores, ids, max_score_runs=8, run_count_rows=390)
+    want = ArraySource(scores, ids, positions="ranks")
+    with source.snapshot():
+        assert source.positions_are_ranks and source.score_run_count() == 3
+        ranks = np.random.default_rng(2).permutation(600)
+        got = source.read_positions(ranks)
+        sorted_rows = source.read_sorted(0, 600)
+    expected = want.read_positions(np.sort(ranks))
+    by_rank = dict(zip(got.positions.tolist(), got.ids.tolist(), strict=True))
+    assert [by_rank[r] for r in range(600)] == expected.ids.tolist()
+    assert sorted_rows.positions.tolist() == list(range(600))
+    assert sorted_rows.ids.tolist() == expected.ids.tolist()
+
+
+@pytest.mark.parametrize(
+    ("scores", "options", "why"),
+    [
+        (np.arange(300) % 50, {"max_score_runs": 20}, "more distinct scores than max_score_runs"),
+        (np.arange(300) % 2, {"max_score_runs": 20, "run_count_rows": 200}, "two large runs"),
+        (np.zeros(300), {}, "max_score_runs = 0 (the default)"),
+    ],
+)
+def test_many_or_costly_runs_keep_the_position_table(
+    pg_conninfo: str, make_live: Made, scores: np.ndarray, options: dict, why: str
+) -> None:
+    """Where the runs are many or costly to count, a run names items by the position table, and
+    releases as ArraySource in position order does. Fails if it served ranks anyway."""
+    source = make_live(scores, np.arange(len(scores)) * 2 + 1, **options)
+    assert not source.positions_are_ranks, why
+    assert source.score_run_count() is None
+    assert_same_releases(source, reference(pg_conninfo, source), 3)
+
+
+def test_max_score_runs_is_checked(pg_conninfo: str, pg_schema: str) -> None:
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="max_score_runs must be an integer"):
+            PostgresTable(pg_conninfo, "t", schema=pg_schema, mode="live", max_score_runs=bad)
+
+
+def test_ranked_runs_take_the_runs_before_any_row_by_rank(
+    pg_conninfo: str, make_live: Made
+) -> None:
+    """A row by rank walks its run (its offset on the B-tree), so a run serving ranks must take
+    its runs of tied scores before it reads any row by rank: on a plateau (few runs, a long run
+    of zeros), the rows read by rank are at most the k released ids. Fails if the core read the
+    first small batch of random accesses as rows (the ski rental of copies that keep runs)."""
+    scores = plateau_histogram(4000, 5, height=1000.0)
+    low = np.flatnonzero(scores == 0)[:40]
+    scores[low] = np.arange(1, 41)  # 40 more runs: more than a first batch of random accesses
+    source = make_live(scores, np.arange(4000) * 5 + 2, max_score_runs=64)
+    by_rank: list[int] = []
+    read_positions = source.read_positions
+
+    def counted(positions: np.ndarray) -> Rows:
+        by_rank.append(len(positions))
+        return read_positions(positions)
+
+    source.read_positions = counted  # type: ignore[method-assign]
+    want = reference(pg_conninfo, source, "ranks")
+    for seed in range(6):
+        by_rank.clear()
+        got = private_top_k(source, 5, 1.0, seed=seed)
+        ref = private_top_k(want, 5, 1.0, seed=seed)
+        assert got.items == ref.items
+        assert got.accesses.random > 0 and got.accesses.rows_inferred > 0
+        assert sum(by_rank) <= 5, by_rank

@@ -103,7 +103,9 @@ class ScoreRuns(Protocol):
 
     def score_run_count(self) -> int | None:
         """How many runs the snapshot holds (no round trip: known with m), or None if the store
-        keeps none."""
+        keeps none. A store that has them in hand already (read with m) says so with an optional
+        attribute `score_runs_in_hand = True`: the core then takes them before it reads any row
+        by rank (where a row by rank costs that store far more than a run)."""
         ...
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -238,6 +240,9 @@ class CountedAccess:
             self.source.score_run_count()
             if self.ranked and isinstance(self.source, ScoreRuns)
             else None
+        )
+        self._runs_in_hand = self._run_count is not None and bool(
+            getattr(self.source, "score_runs_in_hand", False)
         )
         self._position_scores = not self.ranked and isinstance(self.source, PositionScores)
         # A store whose round trip costs about as much as reading this many rows asks for at
@@ -385,9 +390,12 @@ class CountedAccess:
         return below_score == above_score, below_score
 
     def _read_runs_if_due(self, pending: int) -> bool:
-        """Read the store's runs once rows read by rank (with `pending` more) reach their count."""
+        """Read the store's runs once rows read by rank (with `pending` more) reach their count,
+        or at once if the store has them in hand (`ScoreRuns`)."""
         count = self._run_count
-        if self._runs is not None or count is None or self._rank_rows + pending < count:
+        if self._runs is not None or count is None:
+            return False
+        if self._rank_rows + pending < count and not self._runs_in_hand:
             return False
         first, scores = self.source.read_score_runs()  # type: ignore[attr-defined]
         first = np.asarray(first, dtype=np.int64)
