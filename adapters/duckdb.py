@@ -32,7 +32,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
 
 from ._sql import (
     AccessCheck,
@@ -77,6 +78,17 @@ INDEX_LOOKUP_MAX = 1000
 # A range read of the rank table costs about 0.7 ms up to this many rows (then 0.1 ms more per
 # 2,000 or so; measured at m = 10^7): sorted reads fetch at least this many.
 SORTED_READ_ROWS = 8192
+# Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): a batch of random
+# reads by rank is a semi-join over the rank column, 15-40 ms whatever its size; the in-store
+# one-shot hashes every row (SHA-256, about 0.2 us a row here).
+STORE_COSTS = StoreCosts(
+    round_trip=3e-4,
+    sorted_row=5e-8,
+    random_batch=2e-2,
+    random_row=1e-7,
+    oneshot_row=2.4e-7,
+    full_read_row=2e-8,
+)
 
 
 def quote_identifier(name: str) -> str:
@@ -112,6 +124,7 @@ class DuckDBTable:
     """
 
     sorted_read_rows = SORTED_READ_ROWS  # CountedAccess reads ahead this far: it is free here
+    store_costs = STORE_COSTS  # the cost shape: a batch of random reads is about one scan
 
     def __init__(
         self,
@@ -690,6 +703,29 @@ class DuckDBTable:
             "WHERE r.rank IN (SELECT unnest(?::BIGINT[]))"
         )
         return _rows(run.cursor.execute(query, [wanted]).fetchnumpy())
+
+    def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows:
+        """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
+        keyed_noise.py), best first, ties by smaller position, in one query. The key is a query
+        parameter; SHA-256 of "key:position" gives each item its uniform (the PRF assumption)."""
+        run = self._state()
+        if run.delta is not None:  # positions are base ranks moved and appended
+            relation, position = run.delta.relation(), "position"
+        else:
+            relation, position = self._ranked_source(run.ranked), "rank"
+        digits = f"('0x' || substr(sha256($key || ':' || {position}::VARCHAR), 1, 13))::UBIGINT"
+        value = f"score + {noise.sql(uniform_from_hex_sql(digits + '::DOUBLE'))}"
+        query = (
+            f"SELECT {position} AS position, id, score FROM {relation} "
+            f"ORDER BY {value} DESC, {position} ASC LIMIT $k"
+        )
+        got = run.cursor.execute(query, {"key": noise.key, "k": int(k)}).fetchnumpy()
+        ids = np.asarray(got["id"])
+        if ids.dtype.kind in "US":
+            ids = ids.astype(object)
+        return Rows(
+            np.asarray(got["position"], dtype=np.int64), ids, np.asarray(got["score"], float)
+        )
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         run = self._state()
