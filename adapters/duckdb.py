@@ -82,11 +82,12 @@ SORTED_READ_ROWS = 8192
 # reads by rank is a semi-join over the rank column, 15-40 ms whatever its size; the in-store
 # one-shot hashes every row (SHA-256, about 0.2 us a row here).
 STORE_COSTS = StoreCosts(
-    round_trip=3e-4,
+    round_trip=1e-3,
     sorted_row=5e-8,
-    random_batch=2e-2,
+    random_batch=1e-3,
     random_row=1e-7,
-    oneshot_row=2.4e-7,
+    random_batch_item=2e-9,
+    oneshot_row=4e-7,
     full_read_row=2e-8,
 )
 

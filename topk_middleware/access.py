@@ -611,14 +611,18 @@ class StoreCosts:
     sorted_row: float = 1e-7
     random_batch: float = 1e-4
     random_row: float = 1e-6
+    random_batch_item: float = 0.0  # per item of the domain: a batch that scans a column
     oneshot_row: float = 5e-7
     full_read_row: float = 5e-7
 
-    @property
-    def flat_random_batches(self) -> bool:
+    def random_batch_seconds(self, m: int) -> float:
+        """The fixed cost of one batch of random reads over a domain of m items."""
+        return self.random_batch + m * self.random_batch_item
+
+    def flat_random_batches(self, m: int) -> bool:
         """True when a batch of random reads costs about the same whatever its size (up to the
         10^4-10^5 rows a threshold run asks for)."""
-        return self.random_batch >= 10_000 * self.random_row
+        return self.random_batch_seconds(m) >= 10_000 * self.random_row
 
 
 def store_costs(source: Any) -> StoreCosts:

@@ -23,7 +23,7 @@ from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate, check_neighb
 from .randomness import make_rng
 
 NOISES = ("gumbel", "laplace")
-METHODS = ("auto", "threshold", "oneshot")
+METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store")
 ORACLES = ("lazy", "eager")
 
 
@@ -122,7 +122,7 @@ def private_top_k(
     epsilon: float,
     delta: float = 0.0,
     noise: Literal["gumbel", "laplace"] = "gumbel",
-    method: Literal["auto", "threshold", "oneshot"] = "auto",
+    method: Literal["auto", "threshold", "oneshot", "oneshot_in_store"] = "auto",
     seed: int | np.random.Generator | None = None,
     *,
     oracle: Literal["lazy", "eager"] = "lazy",
@@ -135,9 +135,10 @@ def private_top_k(
 
     `epsilon`, `delta` are the total guarantee of the release; the per-item noise scale is derived
     from them (privacy.calibrate). `method="threshold"` runs the private threshold algorithm
-    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2: run inside the store
-    where it can (keyed_noise.py: one query, noise from a key drawn from this run's generator;
-    security rests on SHA-256 being a PRF), else over a full read. `"auto"` (the default) picks
+    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2 over a full read;
+    `"oneshot_in_store"` runs it inside the store where it can (keyed_noise.py: one query, noise
+    from a key drawn from this run's generator; security rests on SHA-256 being a PRF), else
+    over a full read. `"auto"` (the default) picks
     the cheaper of the two from noise-free facts, after the budget is charged and before any
     noise is drawn (planner.py); the choice is in `result.diagnostics.plan`, never in the
     release. All have the same output distribution; with the same seed and the eager oracle,
@@ -180,11 +181,11 @@ def private_top_k(
         chosen, estimate = method, None
         if method == "auto":  # after the charge, before any noise: planner.py
             estimate = plan_run(access, k, guarantee.scale)
-            chosen = "threshold" if estimate.chosen == "threshold" else "oneshot"
+            chosen = {"oneshot_full_read": "oneshot"}.get(estimate.chosen, estimate.chosen)
         items = None
         in_store = False
-        if chosen == "oneshot":
-            if estimate is None or estimate.chosen == "oneshot_in_store":
+        if chosen in ("oneshot", "oneshot_in_store"):
+            if chosen == "oneshot_in_store":
                 keyed = KeyedNoise.draw(rng, noise, guarantee.scale)
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None

@@ -63,14 +63,15 @@ def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
     return int(s[stops[0]]) + 1 if len(stops) else fallback
 
 
-def threshold_seconds(steps: int, k: int, costs: StoreCosts, tied_runs: bool) -> float:
+def threshold_seconds(steps: int, k: int, m: int, costs: StoreCosts, tied_runs: bool) -> float:
     """Modelled cost of a threshold run of `steps` steps: per block a sorted read and a batch
     of random reads (none where runs of tied scores answer them), per step a sorted row and a
     random row. Blocks grow x2 from 2k, or jump to the bound's region where batches are flat."""
     blocks = 1 + max(0, math.ceil(math.log(max(steps, 1) / (2 * k), GROWTH)))
-    if costs.flat_random_batches:
+    if costs.flat_random_batches(m):
         blocks = min(blocks, 2)
-    random = 0.0 if tied_runs else blocks * costs.random_batch + steps * costs.random_row
+    batch = costs.random_batch_seconds(m)
+    random = 0.0 if tied_runs else blocks * batch + steps * costs.random_row
     return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
 
 
@@ -90,7 +91,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         steps = estimate_steps(scores, k, m, scale)
     run_count = access.run_count
     tied_runs = run_count is not None and run_count * 100 < m
-    thr = threshold_seconds(steps, k, costs, tied_runs)
+    thr = threshold_seconds(steps, k, m, costs, tied_runs)
     in_store = isinstance(access.source, InStoreOneShot)
     kind = "oneshot_in_store" if in_store else "oneshot_full_read"
     one = costs.round_trip + m * (costs.oneshot_row if in_store else costs.full_read_row)

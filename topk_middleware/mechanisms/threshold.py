@@ -60,7 +60,7 @@ class Batching:
         batches instead of about log2(sqrt(m/k)). The noise list's answers for those steps do
         not depend on the data (NoisePlan), so they can all be planned at once; the answer and
         the access counts are those of the sequential run whatever the blocks."""
-        if not costs.flat_random_batches:
+        if not costs.flat_random_batches(m):
             return cls()
         return cls(jump_to=int(math.ceil(2 * (math.sqrt(m * k) + math.sqrt(m / 2)))))
 
