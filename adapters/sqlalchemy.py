@@ -55,10 +55,12 @@ _KEYED_DIGITS = {
         "(('x' || encode(substring(sha256((:key || ':' || {rank})::bytea) FROM 1 FOR 7), "
         "'hex'))::bit(56)::bigint >> 4)::float8"
     ),
-    "duckdb": "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE",
-    "mysql": "CAST(CONV(SUBSTRING(SHA2(CONCAT(:key, ':', {rank}), 256), 1, 13), 16, 10) AS DOUBLE)",
-    "mariadb": "CAST(CONV(SUBSTRING(SHA2(CONCAT(:key, ':', {rank}), 256), 1, 13), 16, 10) AS DOUBLE)",
+    "duckdb": (
+        "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE"
+    ),
+    "mysql": "(CONV(SUBSTRING(SHA2(CONCAT(:key, ':', {rank}), 256), 1, 13), 16, 10) + 0)",
 }
+_KEYED_DIGITS["mariadb"] = _KEYED_DIGITS["mysql"]
 
 __all__ = ["SQLAlchemyTable", "StaleRankTableError"]
 

@@ -45,7 +45,8 @@ TARGETS = {  # (store, family) at m = 10^7: minimum speed-up of threshold over o
     ("duckdb", "plateau"): 3.0,
 }
 TARGET_M = 10**7
-AUTO_TARGETS = {  # (store, family) at m = 10^7: minimum speed-up of auto over oneshot_sql (issue 13)
+# (store, family) at m = 10^7: minimum speed-up of auto over oneshot_sql (issue 13)
+AUTO_TARGETS = {
     **{
         (store, family): 1.0
         for store in ("duckdb", "postgres")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .access import AccessStats, CountedAccess, Source, store_costs
+from .access import AccessStats, CountedAccess, InStoreOneShot, Source, store_costs
 from .keyed_noise import KeyedNoise
 from .lazy_noise import LazyNoiseList
 from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
@@ -185,7 +185,7 @@ def private_top_k(
         items = None
         in_store = False
         if chosen in ("oneshot", "oneshot_in_store"):
-            if chosen == "oneshot_in_store":
+            if chosen == "oneshot_in_store" and isinstance(source, InStoreOneShot):
                 keyed = KeyedNoise.draw(rng, noise, guarantee.scale)
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None

@@ -84,7 +84,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
     steps = estimate_steps(scores, k, m, scale)
     if steps > probe and steps < m:  # read on towards the estimate (never past sqrt(mk))
-        more = min(m, int(math.ceil(math.sqrt(m * k))), 4 * probe)
+        more = min(m, math.ceil(math.sqrt(m * k)), 4 * probe)
         access.fetch_sorted_until(more)
         scores = np.asarray(access.prefix_scores()[:more], dtype=np.float64)
         probe = more

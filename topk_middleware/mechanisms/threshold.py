@@ -62,7 +62,7 @@ class Batching:
         the access counts are those of the sequential run whatever the blocks."""
         if not costs.flat_random_batches(m):
             return cls()
-        return cls(jump_to=int(math.ceil(2 * (math.sqrt(m * k) + math.sqrt(m / 2)))))
+        return cls(jump_to=math.ceil(2 * (math.sqrt(m * k) + math.sqrt(m / 2))))
 
     def blocks(self, k: int):
         size = float(self.first or 2 * k)
