@@ -70,6 +70,7 @@ class TimedSource:
         self.seconds = 0.0
         self.calls = 0
         self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        self.store_costs = getattr(inner, "store_costs", None)  # the batching fitted to it
         self.positions_are_ranks = getattr(inner, "positions_are_ranks", True)
         if hasattr(inner, "score_run_count"):
             self.score_run_count = lambda: self._timed(inner.score_run_count)
