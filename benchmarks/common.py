@@ -94,10 +94,10 @@ def distinct_scores(m: int, k: int) -> np.ndarray:
     """Every score distinct: the top ceil(sqrt(mk)) within 0.001 of each other (PLATEAU_HEIGHT
     down to PLATEAU_HEIGHT - 0.001), the rest evenly spaced and distinct from PLATEAU_HEIGHT - 1
     down to 0: Theorem 5.4's hard instance with no tied runs to answer random access."""
+    from adapters.synthetic import distinct_scores_of_ranks
+
     size = min(m, math.isqrt(m * k - 1) + 1)
-    top = PLATEAU_HEIGHT - 0.001 * np.arange(size, dtype=np.float64) / size
-    rest = np.linspace(PLATEAU_HEIGHT - 1.0, 0.0, m - size, dtype=np.float64)
-    return np.concatenate([top, rest])
+    return distinct_scores_of_ranks(np.arange(m), m, size, float(PLATEAU_HEIGHT))
 
 
 def shuffled_ids(m: int, seed: int = 0) -> np.ndarray:
@@ -135,7 +135,7 @@ def build_synthetic(cls: Any, family: str, m: int, k: int) -> Any:
     """SyntheticSource for a family, passing k when its constructor takes it (plateau size)."""
     params = inspect.signature(cls).parameters
     kwargs: dict[str, Any] = {}
-    if family == "plateau":
+    if family in ("plateau", "distinct"):
         kwargs["k"] = k
         if "top" in params:
             kwargs["top"] = PLATEAU_HEIGHT

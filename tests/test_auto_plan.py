@@ -227,3 +227,21 @@ def test_counted_access_in_store_counts_m_rows() -> None:
     access = CountedAccess(ArraySource(np.arange(10.0)))
     assert access.oneshot_in_store(KeyedNoise("00" * 16, "gumbel", 1.0), 2) is None
     assert access.stats == AccessStats(round_trips=1)
+
+
+# ----- the distinct family ---------------------------------------------------------------------
+def test_synthetic_distinct_family() -> None:
+    """Every score distinct and decreasing with rank, the top ceil(sqrt(mk)) within 0.001, ids a
+    bijection; a threshold run on it reads about sqrt(mk) rows (no runs answer random access)."""
+    from adapters.synthetic import SyntheticSource
+
+    m, k = 200_000, 10
+    source = SyntheticSource(m, "distinct", k=k)
+    scores = source.read_sorted(0, m).scores
+    size = int(np.ceil(np.sqrt(m * k)))
+    assert np.all(np.diff(scores) < 0)
+    assert scores[0] - scores[size - 1] < 0.001 <= scores[0] - scores[size]
+    assert len(np.unique(source.ids_of_ranks(np.arange(m)))) == m
+    result = private_top_k(source, k, 1.0, seed=0, method="threshold")
+    assert result.accesses.rows_inferred == 0
+    assert 0.2 * size < result.accesses.sorted < 2 * (size + np.sqrt(m / 2))
