@@ -569,7 +569,7 @@ def markdown_table(payload: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| store | data | m | auto | auto chose | (b) one-shot in SQL | (b)/auto | "
+        "| data | store | m | auto | auto chose | (b) one-shot in SQL | (b)/auto | "
         "one-shot in store (keyed SHA-256) | (b)/in store |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -579,7 +579,7 @@ def markdown_table(payload: dict[str, Any]) -> str:
             continue
         chose = (e.get("auto_plan") or {}).get("chosen", "")
         lines.append(
-            f"| {e['store']} | {e['family']} | {e['m']:.0e} | {_ms(meth['auto']['median'])} | "
+            f"| {e['family']} | {e['store']} | {e['m']:.0e} | {_ms(meth['auto']['median'])} | "
             f"{chose} | {_ms(meth['oneshot_sql']['median'])} | {e['auto_vs_sql']:.1f}x | "
             f"{_ms(meth['oneshot_in_store']['median'])} | {e['in_store_vs_sql']:.2f}x |"
         )
