@@ -198,8 +198,13 @@ def test_awkward_identifiers_are_quoted(engine: sa.Engine, tables: list[str]) ->
     source.prepare()  # idempotent with awkward names too
     assert source.read_sorted(0, 4).ids.tolist() == ["Table", "x", "y", "Y"]
     assert source.read_ids(["y"]).tolist() == [4.0]
-    result = private_top_k(source, k=2, epsilon=1.0, seed=3)
-    assert result.items == private_top_k(ArraySource(scores, ids), k=2, epsilon=1.0, seed=3).items
+    result = private_top_k(source, k=2, epsilon=1.0, method="threshold", seed=3)
+    assert (
+        result.items
+        == private_top_k(
+            ArraySource(scores, ids), k=2, epsilon=1.0, method="threshold", seed=3
+        ).items
+    )
     assert not source.is_stale()
 
 
