@@ -35,7 +35,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
 
 from ._sql import (
     FINGERPRINT_TAG,
@@ -85,6 +86,18 @@ SORTED_READ_ROWS = 8192
 # Why a rank table does not fit its table (the fingerprint's verdicts that callers act on).
 NOT_BUILT = "prepare() did not build it"
 ROWS_DIFFER = "it was built from"
+# Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): a batch of random
+# reads by rank is a semi-join over the rank column, 15-40 ms whatever its size; the in-store
+# one-shot hashes every row (SHA-256, about 0.2 us a row here).
+STORE_COSTS = StoreCosts(
+    round_trip=1e-3,
+    sorted_row=5e-8,
+    random_batch=1e-3,
+    random_row=1e-7,
+    random_batch_item=2e-9,
+    oneshot_row=4e-7,
+    full_read_row=2e-8,
+)
 
 
 def quote_identifier(name: str) -> str:
@@ -120,6 +133,7 @@ class DuckDBTable:
     """
 
     sorted_read_rows = SORTED_READ_ROWS  # CountedAccess reads ahead this far: it is free here
+    store_costs = STORE_COSTS  # the cost shape: a batch of random reads is about one scan
 
     def __init__(
         self,
@@ -893,6 +907,29 @@ class DuckDBTable:
             "WHERE r.rank IN (SELECT unnest(?::BIGINT[]))"
         )
         return _rows(run.cursor.execute(query, [wanted]).fetchnumpy())
+
+    def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows:
+        """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
+        keyed_noise.py), best first, ties by smaller position, in one query. The key is a query
+        parameter; SHA-256 of "key:position" gives each item its uniform (the PRF assumption)."""
+        run = self._state()
+        if run.delta is not None:  # positions are base ranks moved and appended
+            relation, position = run.delta.relation(), "position"
+        else:
+            relation, position = self._ranked_source(run.ranked), "rank"
+        digits = f"('0x' || substr(sha256($key || ':' || {position}::VARCHAR), 1, 13))::UBIGINT"
+        value = f"score + {noise.sql(uniform_from_hex_sql(digits + '::DOUBLE'))}"
+        query = (
+            f"SELECT {position} AS position, id, score FROM {relation} "
+            f"ORDER BY {value} DESC, {position} ASC LIMIT $k"
+        )
+        got = run.cursor.execute(query, {"key": noise.key, "k": int(k)}).fetchnumpy()
+        ids = np.asarray(got["id"])
+        if ids.dtype.kind in "US":
+            ids = ids.astype(object)
+        return Rows(
+            np.asarray(got["position"], dtype=np.int64), ids, np.asarray(got["score"], float)
+        )
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         run = self._state()

@@ -53,6 +53,21 @@ from adapters._sql import (
     plain_values,
 )
 from topk_middleware.access import AccessError, Rows
+from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+
+# The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
+# the run's secret key, a bound parameter.
+_KEYED_DIGITS = {
+    "postgresql": (
+        "(('x' || encode(substring(sha256((:key || ':' || {rank})::bytea) FROM 1 FOR 7), "
+        "'hex'))::bit(56)::bigint >> 4)::float8"
+    ),
+    "duckdb": (
+        "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE"
+    ),
+    "mysql": "(CONV(SUBSTRING(SHA2(CONCAT(:key, ':', {rank}), 256), 1, 13), 16, 10) + 0)",
+}
+_KEYED_DIGITS["mariadb"] = _KEYED_DIGITS["mysql"]
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
@@ -1192,6 +1207,46 @@ class SQLAlchemyTable:
         except KeyError as missing:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
         return self._checked(scores)
+
+    def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
+        """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
+        keyed_noise.py), best first, ties by smaller rank, in one query. The uniform of rank p
+        is the first 52 bits of SHA-256("key:p"): sha256 in PostgreSQL and DuckDB, SHA2 in
+        MariaDB / MySQL; SQLite calls a function registered on the run's connection. None on
+        another dialect (the client-side one-shot runs)."""
+        with self._connection() as conn:
+            q = conn.dialect.identifier_preparer.quote
+            rank, score = f"r.{q('rank')}", f"r.{q('score')}"
+            if self.dialect == "sqlite":
+                name = "topk_keyed_noise_" + uuid.uuid4().hex[:12]
+                driver = conn.connection.driver_connection
+                driver.create_function(name, 1, noise.sqlite_function, deterministic=True)
+                value = f"{score} + {name}({rank})"
+                params: dict[str, Any] = {"k": int(k)}
+            else:
+                digits = _KEYED_DIGITS.get(self.dialect)
+                if digits is None:
+                    return None
+                uniform = uniform_from_hex_sql(digits.format(rank=rank))
+                value = f"{score} + {noise.sql(uniform)}"
+                params = {"key": noise.key, "k": int(k)}
+            table = self._ranks.alias("r")
+            query = (
+                sa.select(table.c.rank, table.c.id, table.c.score)
+                .order_by(sa.text(f"{value} DESC"), table.c.rank.asc())
+                .limit(sa.bindparam("k"))
+            )
+            records = conn.execute(query, params).all()
+            if self.dialect == "sqlite":
+                driver.create_function(name, 1, None)
+        if not records:
+            empty = np.empty(0, dtype=np.int64)
+            return Rows(empty, empty.copy(), np.empty(0, np.float64))
+        return Rows(
+            np.array([rec[0] for rec in records], dtype=np.int64),
+            id_array([rec[1] for rec in records]),
+            np.array([rec[2] for rec in records], dtype=np.float64),
+        )
 
     # ----- helpers ----------------------------------------------------------------------------
     def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:

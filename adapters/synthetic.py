@@ -6,6 +6,9 @@ nothing; item ids are a seeded pseudo-random bijection of [0, m) with the ranks.
 * "zipf":    score(r) = floor(top / (r + 1) ** exponent)   (skewed: TA stops early)
 * "flat":    score(r) = top                                 (every item tied)
 * "uniform": score(r) = floor(top * (m - 1 - r) / (m - 1))  (counts spread evenly over 0..top)
+* "distinct": the plateau without ties: every score distinct (float), the top size =
+  ceil(sqrt(m k)) within 0.001 of each other (top - 0.001 r / size), the others evenly spaced
+  from top - 1 down to 0. No runs of tied scores answer random access (one strict segment).
 * "plateau": the lower-bound instance of Wu, Ohrimenko, Wirth (ICML 2023), Theorem 5.4 / eq. (14):
   a set S of tau = ceil(sqrt(m k)) items, S_L (|S| / k of them) with score top - 1, the others of
   S (S_H) with score top, every item outside S with score 0. For k = 1, S_L = S: tau tied items.
@@ -35,11 +38,18 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows
 
-FAMILIES = ("zipf", "flat", "uniform", "plateau")
+FAMILIES = ("zipf", "flat", "uniform", "plateau", "distinct")
 MAX_DOMAIN = 2**62
 MAX_RUNS = 100_000
 RUN_BLOCK = 4096
-DEFAULT_TOP = {"zipf": 1_000_000, "flat": 1, "uniform": 1_000, "plateau": 100}
+DEFAULT_TOP = {
+    "zipf": 1_000_000,
+    "flat": 1,
+    "uniform": 1_000,
+    "plateau": 100,
+    "distinct": 1_000_000,
+}
+DISTINCT_MAX_M = 2**40  # float scores stay distinct (steps of about top / m)
 FEISTEL_ROUNDS = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -89,6 +99,15 @@ class Feistel:
         return y.astype(np.int64)
 
 
+def distinct_scores_of_ranks(ranks: np.ndarray, m: int, size: int, top: float) -> np.ndarray:
+    """Scores of the "distinct" family at these ranks: top - 0.001 r / size for r < size, then
+    (top - 1) (m - 1 - r) / (m - 1 - size) down to 0; strictly decreasing, all distinct."""
+    r = np.asarray(ranks, dtype=np.int64)
+    head = top - 0.001 * r.astype(np.float64) / size
+    tail = (top - 1.0) * (m - 1 - r).astype(np.float64) / max(m - 1 - size, 1)
+    return np.where(r < size, head, tail)
+
+
 class SyntheticSource:
     """A Source over m items whose score is a function of rank (see the module docstring).
 
@@ -132,14 +151,25 @@ class SyntheticSource:
                 raise ValueError(f"plateau top must be >= 2 (S_L scores top - 1 > 0), got {top}")
             self.size = int(size)
             self.high = self.size - self.size // int(k)  # |S_H|: ranks [0, high) score top
+        if family == "distinct":
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+                raise ValueError(f"distinct k must be an integer >= 1, got {k!r}")
+            if self.m > DISTINCT_MAX_M:
+                raise ValueError(f"distinct family: m must be <= 2**40, got {self.m}")
+            if self.top < 2:
+                raise ValueError(f"distinct top must be >= 2, got {top}")
+            self.size = min(self.m, math.isqrt(self.m * int(k) - 1) + 1)
         self.exponent = float(exponent)
         self.seed = int(seed)
         self._build_segments()
 
     # ----- the score as a function of rank ------------------------------------------------------
     def scores_of_ranks(self, ranks: np.ndarray) -> np.ndarray:
-        """Integer counts (as int64) of the items at these canonical ranks."""
+        """Integer counts (as int64) of the items at these canonical ranks (float64 for the
+        "distinct" family)."""
         r = np.asarray(ranks, dtype=np.int64)
+        if self.family == "distinct":
+            return distinct_scores_of_ranks(r, self.m, self.size, float(self.top))
         if self.family == "zipf":
             return np.floor(self.top / (r + 1.0) ** self.exponent).astype(np.int64)
         if self.family == "flat":
@@ -198,7 +228,7 @@ class SyntheticSource:
         return probe
 
     def _build_segments(self) -> None:
-        runs = [*self._runs(), self.m]
+        runs = [0, self.m] if self.family == "distinct" else [*self._runs(), self.m]
         starts: list[int] = []
         strict: list[bool] = []
         for a, b in itertools.pairwise(runs):

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-FAMILIES = ("zipf", "flat", "uniform", "plateau")
+FAMILIES = ("zipf", "flat", "uniform", "plateau", "distinct")
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 
 ZIPF_TOP = 1_000_000  # h[0] of the zipf family
@@ -69,7 +69,10 @@ def plateau_size(m: int, k: int) -> int:
 
 # ----- data families -------------------------------------------------------------------------
 def family_scores(family: str, m: int, k: int) -> np.ndarray:
-    """The m counts of a family in canonical (descending) order, as int64."""
+    """The m counts of a family in canonical (descending) order, as int64 (float64 for
+    "distinct": the plateau without ties, see distinct_scores)."""
+    if family == "distinct":
+        return distinct_scores(m, k)
     cls = synthetic_class()
     if cls is not None:
         return build_synthetic(cls, family, m, k).scores_of_ranks(np.arange(m, dtype=np.int64))
@@ -85,6 +88,16 @@ def family_scores(family: str, m: int, k: int) -> np.ndarray:
         high = tau - tau // k  # S_H scores n, S_L (tau // k items) n - 1: equation (14)
         return np.where(r < high, PLATEAU_HEIGHT, np.where(r < tau, PLATEAU_HEIGHT - 1, 0))
     raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+
+
+def distinct_scores(m: int, k: int) -> np.ndarray:
+    """Every score distinct: the top ceil(sqrt(mk)) within 0.001 of each other (PLATEAU_HEIGHT
+    down to PLATEAU_HEIGHT - 0.001), the rest evenly spaced and distinct from PLATEAU_HEIGHT - 1
+    down to 0: Theorem 5.4's hard instance with no tied runs to answer random access."""
+    from adapters.synthetic import distinct_scores_of_ranks
+
+    size = min(m, math.isqrt(m * k - 1) + 1)
+    return distinct_scores_of_ranks(np.arange(m), m, size, float(PLATEAU_HEIGHT))
 
 
 def shuffled_ids(m: int, seed: int = 0) -> np.ndarray:
@@ -122,7 +135,7 @@ def build_synthetic(cls: Any, family: str, m: int, k: int) -> Any:
     """SyntheticSource for a family, passing k when its constructor takes it (plateau size)."""
     params = inspect.signature(cls).parameters
     kwargs: dict[str, Any] = {}
-    if family == "plateau":
+    if family in ("plateau", "distinct"):
         kwargs["k"] = k
         if "top" in params:
             kwargs["top"] = PLATEAU_HEIGHT

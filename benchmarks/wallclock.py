@@ -45,6 +45,18 @@ TARGETS = {  # (store, family) at m = 10^7: minimum speed-up of threshold over o
     ("duckdb", "plateau"): 3.0,
 }
 TARGET_M = 10**7
+# (store, family) at m = 10^7: minimum speed-up of auto over oneshot_sql (issue 13)
+AUTO_TARGETS = {
+    **{
+        (store, family): 1.0
+        for store in ("duckdb", "postgres")
+        for family in ("zipf", "plateau", "distinct", "uniform")
+    },
+    ("duckdb", "distinct"): 2.0,
+    ("postgres", "distinct"): 20.0,
+    ("duckdb", "zipf"): 20.0,
+    ("postgres", "zipf"): 200.0,
+}
 
 
 # ----- timing the store's share --------------------------------------------------------------
@@ -58,6 +70,7 @@ class TimedSource:
         self.seconds = 0.0
         self.calls = 0
         self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        self.store_costs = getattr(inner, "store_costs", None)  # the batching fitted to it
         self.positions_are_ranks = getattr(inner, "positions_are_ranks", True)
         if hasattr(inner, "score_run_count"):
             self.score_run_count = lambda: self._timed(inner.score_run_count)
@@ -107,7 +120,13 @@ def pg_copy_payload(ids: np.ndarray, scores: np.ndarray) -> bytes:
     row = np.dtype([("n", ">i2"), ("l1", ">i4"), ("id", ">i8"), ("l2", ">i4"), ("score", ">i8")])
     data = np.empty(len(ids), dtype=row)
     data["n"], data["l1"], data["l2"] = 2, 8, 8
-    data["id"], data["score"] = ids, scores.astype(np.int64)
+    if scores.dtype.kind == "f":  # float8 scores: the same 8 bytes, IEEE big-endian
+        row = np.dtype(
+            [("n", ">i2"), ("l1", ">i4"), ("id", ">i8"), ("l2", ">i4"), ("score", ">f8")]
+        )
+        data = np.empty(len(ids), dtype=row)
+        data["n"], data["l1"], data["l2"] = 2, 8, 8
+    data["id"], data["score"] = ids, scores
     return b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0) + data.tobytes() + b"\xff\xff"
 
 
@@ -134,7 +153,8 @@ class DuckDBStore:
             return False
 
     def load(self, table: str, ids: np.ndarray, scores: np.ndarray) -> None:
-        data = {"id": ids, "score": scores.astype(np.int64)}  # noqa: F841 (scanned by name)
+        kind = np.float64 if scores.dtype.kind == "f" else np.int64
+        data = {"id": ids, "score": scores.astype(kind)}  # noqa: F841 (scanned by name)
         self.con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT id, score FROM data")
         self.con.execute("CHECKPOINT")
 
@@ -189,7 +209,8 @@ class PostgresStore:
     def load(self, table: str, ids: np.ndarray, scores: np.ndarray) -> None:
         con = self.con
         con.execute(f"DROP TABLE IF EXISTS {table}")
-        con.execute(f"CREATE TABLE {table} (id bigint NOT NULL, score bigint NOT NULL)")
+        kind = "float8" if scores.dtype.kind == "f" else "bigint"
+        con.execute(f"CREATE TABLE {table} (id bigint NOT NULL, score {kind} NOT NULL)")
         payload = pg_copy_payload(ids, scores)
         copy_sql = f"COPY {table} (id, score) FROM STDIN (FORMAT BINARY)"
         with con.cursor() as cur, cur.copy(copy_sql) as copy:
@@ -296,7 +317,7 @@ def _methods(
     def private(method: str, **extra: Any) -> Callable[[], Any]:
         def run() -> Any:
             seed = cfg.seed * 1_000_003 + next(counter)
-            kwargs: dict[str, Any] = {"oracle": oracle} if method != "oneshot" else {}
+            kwargs: dict[str, Any] = {"oracle": oracle} if "oneshot" not in method else {}
             result = private_top_k(
                 source,
                 k=cfg.k,
@@ -314,6 +335,8 @@ def _methods(
     sql_run = store.oneshot_sql(table, cfg.k, scale)
     methods: dict[str, tuple[Callable[[], Any], int]] = {
         "threshold": (private("threshold"), cfg.reps),
+        "auto": (private("auto"), cfg.reps),
+        "oneshot_in_store": (private("oneshot_in_store"), cfg.scan_reps),
         "oneshot_scan": (private("oneshot"), cfg.scan_reps),
         "oneshot_sql": (lambda: (sql_run(), None), cfg.reps),
     }
@@ -417,6 +440,11 @@ def bench_table(
     entry["methods"] = out
     base = out["threshold"]["median"]
     entry["speedup"] = {name: out[name]["median"] / base for name in out if name != "threshold"}
+    # method="auto" (planner.py) against the store's own one-shot query, and what it chose
+    entry["auto_vs_sql"] = out["oneshot_sql"]["median"] / out["auto"]["median"]
+    entry["in_store_vs_sql"] = out["oneshot_sql"]["median"] / out["oneshot_in_store"]["median"]
+    probe = private_top_k(source, k=cfg.k, epsilon=cfg.epsilon, seed=cfg.seed + 11, oracle=oracle)
+    entry["auto_plan"] = probe.diagnostics.plan.get("auto")
     if not cfg.keep:
         store.drop(table, source)
     return entry
@@ -460,6 +488,19 @@ def run(cfg: WallclockConfig) -> dict[str, Any]:
             store.close()
         if tmpdir is not None and not cfg.keep:
             shutil.rmtree(tmpdir, ignore_errors=True)
+    auto_targets = []
+    for (store, family), need in AUTO_TARGETS.items():
+        hit = [e for e in entries if (e["store"], e["family"], e["m"]) == (store, family, TARGET_M)]
+        got = hit[0]["auto_vs_sql"] if hit else None
+        auto_targets.append(
+            {
+                "store": store,
+                "family": family,
+                "required": need,
+                "auto_vs_sql": got,
+                "met": None if got is None else got >= need,
+            }
+        )
     targets = []
     for (store, family), need in TARGETS.items():
         hit = [e for e in entries if (e["store"], e["family"], e["m"]) == (store, family, TARGET_M)]
@@ -487,6 +528,7 @@ def run(cfg: WallclockConfig) -> dict[str, Any]:
         "results": entries,
         "skipped": skipped,
         "targets": targets,
+        "auto_targets": auto_targets,
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
     path = common.write_json(cfg.out / f"{cfg.name}.json", payload)
@@ -524,6 +566,22 @@ def markdown_table(payload: dict[str, Any]) -> str:
             f"{e['speedup']['oneshot_scan']:.1f}x | {e['speedup']['oneshot_sql']:.1f}x | "
             f"{acc.get('total', '')} | {acc.get('rows_fetched', '')} | "
             f"{acc.get('round_trips', '')} | {load} + {_ms(e['prepare_seconds'])} |"
+        )
+    lines += [
+        "",
+        "| data | store | m | auto | auto chose | (b) one-shot in SQL | (b)/auto | "
+        "one-shot in store (keyed SHA-256) | (b)/in store |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in payload["results"]:
+        meth = e["methods"]
+        if "auto" not in meth:
+            continue
+        chose = (e.get("auto_plan") or {}).get("chosen", "")
+        lines.append(
+            f"| {e['family']} | {e['store']} | {e['m']:.0e} | {_ms(meth['auto']['median'])} | "
+            f"{chose} | {_ms(meth['oneshot_sql']['median'])} | {e['auto_vs_sql']:.1f}x | "
+            f"{_ms(meth['oneshot_in_store']['median'])} | {e['in_store_vs_sql']:.2f}x |"
         )
     return "\n".join(lines)
 

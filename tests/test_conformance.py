@@ -207,7 +207,9 @@ def test_a_run_sees_one_snapshot(store, request: pytest.FixtureRequest) -> None:
     loser = int(np.flatnonzero(scores == 0)[-1])
     loser_id = int(ids[loser])
     source = make(scores, ids)
-    reference = private_top_k(reference_for(source, scores, ids), k=3, epsilon=1.0, seed=21)
+    reference = private_top_k(
+        reference_for(source, scores, ids), k=3, epsilon=1.0, method="threshold", seed=21
+    )
 
     class WriteBetweenBatches(CountingSource):
         def read_sorted(self, start: int, count: int) -> Rows:
@@ -217,7 +219,7 @@ def test_a_run_sees_one_snapshot(store, request: pytest.FixtureRequest) -> None:
             return rows
 
     hooked = WriteBetweenBatches(source)
-    result = private_top_k(hooked, k=3, epsilon=1.0, seed=21)
+    result = private_top_k(hooked, k=3, epsilon=1.0, method="threshold", seed=21)
     assert hooked.sorted_rows < len(scores) and hooked.calls >= 3  # the write fell mid-run
     assert result.items == reference.items
     assert (result.accesses.sorted, result.accesses.random) == (
@@ -226,7 +228,10 @@ def test_a_run_sees_one_snapshot(store, request: pytest.FixtureRequest) -> None:
     )
     assert loser_id not in result.items
     if hooked.visible:  # the write was real: the next run sees it
-        assert private_top_k(source, k=3, epsilon=1.0, seed=21).items[0] == loser_id
+        assert (
+            private_top_k(source, k=3, epsilon=1.0, method="threshold", seed=21).items[0]
+            == loser_id
+        )
 
 
 ORACLES: list[dict[str, Any]] = [{}, {"oracle": "eager"}]  # the default oracle, and the eager one
@@ -283,11 +288,13 @@ def test_plateau_random_access_is_answered_by_the_runs(ranked_store) -> None:
     scores = plateau_histogram(4000, 5)
     source = make(scores, None)
     for seed in range(2):
-        want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=seed)
-        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
+        want = private_top_k(
+            reference_like(source, scores), k=5, epsilon=1.0, method="threshold", seed=seed
+        )
+        got = private_top_k(source, k=5, epsilon=1.0, method="threshold", seed=seed)
         assert got.items == want.items and got.accesses == want.accesses
         counted = RunsKept(source)
-        again = private_top_k(counted, k=5, epsilon=1.0, seed=seed)
+        again = private_top_k(counted, k=5, epsilon=1.0, method="threshold", seed=seed)
         assert again.items == want.items and again.accesses == want.accesses
         assert counted.runs_read == 1 and again.accesses.rows_inferred > 0
         assert counted.rank_rows < again.accesses.random

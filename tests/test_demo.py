@@ -36,7 +36,12 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     # The same seed on the same counts held in memory gives the same items.
     with duckdb.connect(str(tmp_path / f"votes-{m}.duckdb")) as con:
         items, votes = con.execute(f"SELECT item, votes FROM {DEMO_TABLE}").fetchnumpy().values()
-    assert released == private_top_k(ArraySource(votes, items), k=k, epsilon=1.0, seed=seed).items
+    assert (
+        released
+        == private_top_k(
+            ArraySource(votes, items), k=k, epsilon=1.0, method="threshold", seed=seed
+        ).items
+    )
     assert "(1, 0)-DP" in first and "Fact 3.3" in first
     rows = dict(
         re.findall(

@@ -155,13 +155,15 @@ def test_live_run_sees_one_snapshot_under_a_concurrent_writer() -> None:
             return rows
 
     hooked = Hook(source)
-    want = private_top_k(reference_like(hooked, scores), k=3, epsilon=1.0, seed=4)
+    want = private_top_k(
+        reference_like(hooked, scores), k=3, epsilon=1.0, method="threshold", seed=4
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)
+        got = private_top_k(hooked, k=3, epsilon=1.0, method="threshold", seed=4)
         assert got.items == want.items and got.accesses == want.accesses
         assert hooked.sorted_rows < 1000
-        assert private_top_k(source, k=3, epsilon=1.0, seed=4).items[0] == loser
+        assert private_top_k(source, k=3, epsilon=1.0, method="threshold", seed=4).items[0] == loser
 
 
 def test_from_votes_counts_distinct_clients_over_all_items() -> None:
@@ -305,8 +307,10 @@ def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None
             np.testing.assert_array_equal(got.positions, want_rows.positions)
             np.testing.assert_array_equal(got.scores, want_rows.scores)
     for seed in range(5):
-        got = private_top_k(source, k=5, epsilon=1.0, seed=seed)
-        want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=seed)
+        got = private_top_k(source, k=5, epsilon=1.0, method="threshold", seed=seed)
+        want = private_top_k(
+            reference_like(source, scores), k=5, epsilon=1.0, method="threshold", seed=seed
+        )
         assert got.items == want.items and got.accesses == want.accesses
 
 
@@ -323,19 +327,26 @@ def test_a_prepared_source_skips_the_catalog_until_a_table_is_gone() -> None:
     )
     source = DuckDBTable(con, "t")
     source.prepare()
-    want = private_top_k(reference_like(source, scores), k=4, epsilon=1.0, seed=2)
+    want = private_top_k(
+        reference_like(source, scores), k=4, epsilon=1.0, method="threshold", seed=2
+    )
     for _ in range(2):  # the second snapshot takes the short path
-        got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+        got = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2)
         assert got.items == want.items and got.accesses == want.accesses
     assert source._seen_prepared
     con.execute(f"DROP TABLE {quote_identifier(source.runs_table)}")
-    got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+    got = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2)
     assert source.score_run_count() is None and not source._seen_prepared
-    without_runs = private_top_k(reference_like(source, scores), k=4, epsilon=1.0, seed=2)
+    without_runs = private_top_k(
+        reference_like(source, scores), k=4, epsilon=1.0, method="threshold", seed=2
+    )
     assert got.items == want.items and got.accesses == without_runs.accesses
     source.prepare()  # the runs table again
-    assert private_top_k(source, k=4, epsilon=1.0, seed=2).accesses == want.accesses
+    assert (
+        private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2).accesses
+        == want.accesses
+    )
     con.execute(f"DROP TABLE {quote_identifier(source.rank_table)}")
     with pytest.warns(UserWarning, match="no rank table"):
-        got = private_top_k(source, k=4, epsilon=1.0, seed=2)
+        got = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2)
     assert got.items == want.items

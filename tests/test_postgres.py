@@ -257,13 +257,15 @@ def test_live_run_sees_one_snapshot_under_a_concurrent_writer(
             return rows
 
     hooked = Hook(source)
-    want = private_top_k(reference_like(hooked, scores), k=3, epsilon=1.0, seed=4)
+    want = private_top_k(
+        reference_like(hooked, scores), k=3, epsilon=1.0, method="threshold", seed=4
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        got = private_top_k(hooked, k=3, epsilon=1.0, seed=4)
+        got = private_top_k(hooked, k=3, epsilon=1.0, method="threshold", seed=4)
         assert got.items == want.items and got.accesses == want.accesses
         assert hooked.sorted_rows < 1000
-        assert private_top_k(source, k=3, epsilon=1.0, seed=4).items[0] == loser
+        assert private_top_k(source, k=3, epsilon=1.0, method="threshold", seed=4).items[0] == loser
 
 
 def test_connections_given_by_the_caller(table, pg_conninfo: str, pg_schema: str) -> None:
@@ -428,8 +430,8 @@ def test_a_rank_table_prepared_before_runs_tables_existed(
             reference = reference_like(store, scores)
             assert not hasattr(reference, "read_score_runs")  # runs hidden: neighbours only
             for seed in range(2):
-                got = private_top_k(store, k=5, epsilon=1.0, seed=seed)
-                want = private_top_k(reference, k=5, epsilon=1.0, seed=seed)
+                got = private_top_k(store, k=5, epsilon=1.0, method="threshold", seed=seed)
+                want = private_top_k(reference, k=5, epsilon=1.0, method="threshold", seed=seed)
                 assert got.items == want.items and got.accesses == want.accesses
     finally:
         fresh.close()
@@ -477,13 +479,16 @@ def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conni
         refreshes.append(RefreshAfterTheRun(refresh))
 
     hooked = RunsKept(source, before_runs=rewrite)
-    got = private_top_k(hooked, k=4, epsilon=1.0, seed=3)
-    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, seed=3)
+    got = private_top_k(hooked, k=4, epsilon=1.0, method="threshold", seed=3)
+    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, method="threshold", seed=3)
     assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
     assert got.items == want.items and got.accesses == want.accesses
     assert got.accesses.rows_inferred > 0
     assert all(refreshes) and len(refreshes) == 1  # the refresh committed after the run
     assert source.score_run_count() == 7  # committed: a new snapshot sees the new runs
-    after = private_top_k(source, k=4, epsilon=1.0, seed=3)
+    after = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=3)
     new = np.arange(3000) % 7
-    assert after.items == private_top_k(ArraySource(new), k=4, epsilon=1.0, seed=3).items
+    assert (
+        after.items
+        == private_top_k(ArraySource(new), k=4, epsilon=1.0, method="threshold", seed=3).items
+    )

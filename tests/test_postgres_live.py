@@ -173,7 +173,7 @@ def test_a_concurrent_writer_changes_nothing_within_a_run(
     source = make_live(scores)
     before = reference(pg_conninfo, source)
     loser = int(np.flatnonzero(scores == 0)[-1])
-    expected = private_top_k(before, 3, 1.0, seed=21)
+    expected = private_top_k(before, 3, 1.0, method="threshold", seed=21)
 
     class WriteBetweenReads(CountingSource):
         def read_sorted(self, start: int, count: int) -> Rows:
@@ -185,7 +185,7 @@ def test_a_concurrent_writer_changes_nothing_within_a_run(
             return rows
 
     hooked = WriteBetweenReads(source)
-    result = private_top_k(hooked, 3, 1.0, seed=21)
+    result = private_top_k(hooked, 3, 1.0, method="threshold", seed=21)
     assert hooked.calls >= 3 and hooked.sorted_rows < len(scores)
     assert result.items == expected.items
     assert (result.accesses.sorted, result.accesses.random) == (

@@ -147,7 +147,7 @@ def test_plateau_accesses_within_theorem_4_2(m: int, k: int) -> None:
     totals = []
     for seed in range(100):
         counter = CountingSource(source)
-        result = private_top_k(counter, k, 1.0, seed=seed, oracle="eager")
+        result = private_top_k(counter, k, 1.0, method="threshold", seed=seed, oracle="eager")
         a = result.accesses
         assert a.rows_fetched == counter.rows
         assert a.round_trips == counter.calls
@@ -171,7 +171,13 @@ def test_sequential_counts_equal_the_rows_a_wrapper_sees() -> None:
         for source in (distinct, plateau):
             counter = CountingSource(source)
             a = private_top_k(
-                counter, k, 1.0, seed=seed, oracle="eager", batching=Batching.sequential()
+                counter,
+                k,
+                1.0,
+                method="threshold",
+                seed=seed,
+                oracle="eager",
+                batching=Batching.sequential(),
             ).accesses
             assert a.sorted == counter.sorted_rows and counter.id_rows == 0
             if source is distinct:
@@ -216,7 +222,9 @@ def test_vectorised_run_equals_fagins_ta_step_by_step(noise: str, positions: str
         m = len(h)
         seed = int(rng.integers(1 << 30))
         source = ArraySource(h, positions=positions)
-        result = private_top_k(source, k, 1.0, noise=noise, seed=seed, oracle="eager")
+        result = private_top_k(
+            source, k, 1.0, noise=noise, method="threshold", seed=seed, oracle="eager"
+        )
         scale = calibrate(noise, k, m, 1.0, 0.0).scale
         z = make_noise(noise, scale).sample(np.random.default_rng(seed), m)
         canonical = np.lexsort((np.arange(m), -h))  # ArraySource's ids are 0..m-1

@@ -14,7 +14,7 @@ from topk_middleware.api import Diagnostics, Release
 
 
 def test_release_holds_items_and_guarantee_only() -> None:
-    result = private_top_k(ArraySource(np.arange(100.0)), 3, 1.0, seed=1)
+    result = private_top_k(ArraySource(np.arange(100.0)), 3, 1.0, method="threshold", seed=1)
     release = result.release()
     assert isinstance(release, Release)
     assert {f.name for f in dataclasses.fields(release)} == {"items", "privacy", "ranked", "bottom"}
@@ -24,7 +24,13 @@ def test_release_holds_items_and_guarantee_only() -> None:
     d = result.diagnostics
     assert isinstance(d, Diagnostics)
     assert d.accesses == result.accesses and d.m == 100 and d.method == "threshold"
-    assert d.plan == {"oracle": "lazy", "cost_aware": False} and d.timings["total"] > 0
+    assert d.plan == {
+        "oracle": "lazy",
+        "cost_aware": False,
+        "requested": "threshold",
+        "in_store": False,
+    }
+    assert d.timings["total"] > 0
 
 
 def test_bottom_is_part_of_the_release() -> None:

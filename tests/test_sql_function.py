@@ -128,7 +128,7 @@ def test_a_checkout_the_server_cannot_read_is_staged(
     without sql_function.stage: the server's import of the project is refused."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    project, site_packages = sql_function.default_paths()
+    project, _ = sql_function.default_paths()
     for package in sql_function.PROJECT_PACKAGES:
         shutil.copytree(
             f"{project}/{package}", private / package, ignore=shutil.ignore_patterns("__pycache__")

@@ -204,8 +204,13 @@ def test_awkward_identifiers_are_quoted(engine: sa.Engine, tables: list[str]) ->
     source.prepare()  # idempotent with awkward names too
     assert source.read_sorted(0, 4).ids.tolist() == ["Table", "x", "y", "Y"]
     assert source.read_ids(["y"]).tolist() == [4.0]
-    result = private_top_k(source, k=2, epsilon=1.0, seed=3)
-    assert result.items == private_top_k(ArraySource(scores, ids), k=2, epsilon=1.0, seed=3).items
+    result = private_top_k(source, k=2, epsilon=1.0, method="threshold", seed=3)
+    assert (
+        result.items
+        == private_top_k(
+            ArraySource(scores, ids), k=2, epsilon=1.0, method="threshold", seed=3
+        ).items
+    )
     assert not source.is_stale()
 
 
@@ -354,8 +359,8 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
     reference = ArraySource(expected, domain)
     assert source.domain_size() == len(domain)  # zero-vote items are in the domain
     assert_same_rows(source, reference, 0, len(domain))
-    got = private_top_k(source, k=2, epsilon=2.0, seed=4)
-    assert got.items == private_top_k(reference, k=2, epsilon=2.0, seed=4).items
+    got = private_top_k(source, k=2, epsilon=2.0, method="threshold", seed=4)
+    assert got.items == private_top_k(reference, k=2, epsilon=2.0, method="threshold", seed=4).items
     with pytest.raises(ValueError, match=rf"table '{votes_name}' has no column 'client'"):
         SQLAlchemyTable.from_votes(engine, votes_name, items_name, item_id="item id")
     # A vote for an item outside the public domain is refused, naming table and column; so is
@@ -459,15 +464,18 @@ def test_a_run_sees_one_snapshot(make_source: Callable[..., Any]) -> None:
     source = make_source(old, None)
     name = source.table_name
     writer = WriterMidRun(source, lambda: rewrite_and_prepare(source.engine, name, m))
-    got = private_top_k(writer, k=10, epsilon=0.5, seed=8)
-    want = private_top_k(reference_like(writer, old), k=10, epsilon=0.5, seed=8)
+    got = private_top_k(writer, k=10, epsilon=0.5, method="threshold", seed=8)
+    want = private_top_k(reference_like(writer, old), k=10, epsilon=0.5, method="threshold", seed=8)
     assert writer.written and got.accesses.round_trips > 3  # the write came between reads
     assert got.items == want.items
     assert got.accesses == want.accesses
     settle()
-    after = private_top_k(source, k=10, epsilon=0.5, seed=8)
+    after = private_top_k(source, k=10, epsilon=0.5, method="threshold", seed=8)
     assert (
-        after.items == private_top_k(ArraySource([*new, 1000.0]), k=10, epsilon=0.5, seed=8).items
+        after.items
+        == private_top_k(
+            ArraySource([*new, 1000.0]), k=10, epsilon=0.5, method="threshold", seed=8
+        ).items
     )
 
 

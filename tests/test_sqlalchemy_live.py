@@ -205,8 +205,8 @@ def test_plateau_reads_a_fraction_without_inference(live) -> None:
     source = live(scores, None)
     reference = reference_of(source)
     counting = CountingSource(source)
-    got = private_top_k(counting, k=5, epsilon=1.0, seed=3)
-    want = private_top_k(reference, k=5, epsilon=1.0, seed=3)
+    got = private_top_k(counting, k=5, epsilon=1.0, method="threshold", seed=3)
+    want = private_top_k(reference, k=5, epsilon=1.0, method="threshold", seed=3)
     assert got.items == want.items and got.accesses.rows_inferred == 0
     assert (got.accesses.sorted, got.accesses.random) == (
         want.accesses.sorted,
@@ -224,7 +224,7 @@ def test_writes_mid_run_change_nothing_within_the_run(live) -> None:
     ids = np.arange(1500) + 100
     source = live(scores, ids)
     before = reference_of(source)
-    want = private_top_k(before, k=3, epsilon=1.0, seed=21)
+    want = private_top_k(before, k=3, epsilon=1.0, method="threshold", seed=21)
     table = counts(source)
     order = position_order(source)
     loser = int(ids[np.flatnonzero(scores == 0)[-1]])
@@ -242,14 +242,14 @@ def test_writes_mid_run_change_nothing_within_the_run(live) -> None:
             return rows
 
     hooked = WriteMidRun(source)
-    got = private_top_k(hooked, k=3, epsilon=1.0, seed=21)
+    got = private_top_k(hooked, k=3, epsilon=1.0, method="threshold", seed=21)
     assert hooked.calls >= 3 and hooked.sorted_rows < len(scores)  # the writes fell mid-run
     assert got.items == want.items and loser not in got.items
     assert (got.accesses.sorted, got.accesses.random) == (
         want.accesses.sorted,
         want.accesses.random,
     )
-    after = private_top_k(source, k=3, epsilon=1.0, seed=21)
+    after = private_top_k(source, k=3, epsilon=1.0, method="threshold", seed=21)
     assert set(after.items[:2]) == {loser, 10**7}  # two scores of 1e9: nothing else comes close
     assert_same_as(source, reference_of(source), seeds=1)
 

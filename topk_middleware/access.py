@@ -249,6 +249,11 @@ class CountedAccess:
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
 
+    @property
+    def run_count(self) -> int | None:
+        """How many runs of tied scores the store keeps (ScoreRuns), if it keeps them."""
+        return self._run_count
+
     # ----- fetches: what the store serves -----------------------------------------------------
     @property
     def prefix_fetched(self) -> int:
@@ -551,6 +556,23 @@ class CountedAccess:
             _plain(prefix_ids[r] if r < fetched else self._ids_by_position[r]) for r in positions
         ]
 
+    def oneshot_in_store(self, noise: Any, k: int) -> list[Any] | None:
+        """The one-shot mechanism run by the store (InStoreOneShot): the ids of the k best items
+        under `noise`, best first, or None if the store cannot run it. Counted as the store
+        read: m sorted accesses and m rows, in one round trip."""
+        if not isinstance(self.source, InStoreOneShot):
+            return None
+        rows = self.source.read_oneshot(noise, k)
+        if rows is None:
+            return None
+        if len(rows) != min(k, self.m):
+            raise AccessError(f"store returned {len(rows)} rows for an in-store top-{k}")
+        self._checked_positions(rows)
+        self.stats.sorted += self.m
+        self.stats.rows_fetched += self.m
+        self.stats.round_trips += rows.round_trips
+        return [_plain(v) for v in np.asarray(rows.ids).tolist()]
+
     def _read_ids_of(self, positions: np.ndarray) -> None:
         """Read the rows at positions whose scores are known but whose ids were never read, in
         one batch, checking that the scores agree."""
@@ -567,3 +589,51 @@ class CountedAccess:
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
+
+
+@runtime_checkable
+class InStoreOneShot(Protocol):
+    """Optional: the one-shot mechanism run inside the store (Algorithm 2 in one query).
+
+    The store adds to every score the noise its item's position gets from a keyed hash
+    (keyed_noise.KeyedNoise: the key comes from the run's generator, never from the store's
+    random()) and returns the k rows of largest score + noise, best first (ties: smaller
+    position), in one round trip. The store reads all m rows: m sorted accesses."""
+
+    def read_oneshot(self, noise: Any, k: int) -> Rows | None:
+        """The k best rows under `noise` (a KeyedNoise), or None where this store cannot."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoreCosts:
+    """What a store's reads cost, in seconds (measured on the store; the planner's input).
+
+    `random_batch` is the fixed cost of one batch of random reads and `random_row` its cost per
+    row: where the fixed part dominates (DuckDB's rank table: a semi-join over the whole rank
+    column, about one scan whatever the batch's size) fewer, larger batches win. `oneshot_row`
+    is the in-store one-shot's cost per item (InStoreOneShot), `full_read_row` a full read into
+    the client per item (the fallback one-shot)."""
+
+    round_trip: float = 1e-4
+    sorted_row: float = 1e-7
+    random_batch: float = 1e-4
+    random_row: float = 1e-6
+    random_batch_item: float = 0.0  # per item of the domain: a batch that scans a column
+    oneshot_row: float = 5e-7
+    full_read_row: float = 5e-7
+
+    def random_batch_seconds(self, m: int) -> float:
+        """The fixed cost of one batch of random reads over a domain of m items."""
+        return self.random_batch + m * self.random_batch_item
+
+    def flat_random_batches(self, m: int) -> bool:
+        """True when a batch of random reads costs about the same whatever its size (up to the
+        10^4-10^5 rows a threshold run asks for)."""
+        return self.random_batch_seconds(m) >= 10_000 * self.random_row
+
+
+def store_costs(source: Any) -> StoreCosts:
+    """The store's own `store_costs` (an optional StoreCosts attribute), else a generic guess."""
+    costs = getattr(source, "store_costs", None)
+    return costs if isinstance(costs, StoreCosts) else StoreCosts()

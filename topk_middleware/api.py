@@ -10,18 +10,20 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .access import AccessStats, CountedAccess, Source
+from .access import AccessStats, CountedAccess, InStoreOneShot, Source, store_costs
+from .keyed_noise import KeyedNoise
 from .lazy_noise import LazyNoiseList
 from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
 from .noise import make_noise
 from .noise_list import EagerNoiseList
+from .planner import plan_run
 from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate, check_neighbours
 from .randomness import make_rng
 
 NOISES = ("gumbel", "laplace")
-METHODS = ("threshold", "oneshot")
+METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store")
 ORACLES = ("lazy", "eager")
 
 
@@ -131,7 +133,7 @@ def private_top_k(
     epsilon: float,
     delta: float = 0.0,
     noise: Literal["gumbel", "laplace"] = "gumbel",
-    method: Literal["threshold", "oneshot"] = "threshold",
+    method: Literal["auto", "threshold", "oneshot", "oneshot_in_store"] = "auto",
     seed: int | np.random.Generator | None = None,
     *,
     oracle: Literal["lazy", "eager"] = "lazy",
@@ -144,8 +146,14 @@ def private_top_k(
 
     `epsilon`, `delta` are the total guarantee of the release; the per-item noise scale is derived
     from them (privacy.calibrate). `method="threshold"` runs the private threshold algorithm
-    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2, a full read. Both have
-    the same output distribution, and with the same seed and the eager oracle the same output.
+    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2 over a full read;
+    `"oneshot_in_store"` runs it inside the store where it can (keyed_noise.py: one query, noise
+    from a key drawn from this run's generator; security rests on SHA-256 being a PRF), else
+    over a full read. `"auto"` (the default) picks
+    the cheaper of the two from noise-free facts, after the budget is charged and before any
+    noise is drawn (planner.py); the choice is in `result.diagnostics.plan`, never in the
+    release. All have the same output distribution; with the same seed and the eager oracle,
+    threshold and the full-read one-shot give the same output.
     `seed` is a testing tool: it makes the run reproducible, and so the release a deterministic
     function of the data (no privacy for anyone who knows it). Without it (production) the noise
     comes from ChaCha20 keyed by the operating system (randomness.make_rng).
@@ -181,25 +189,41 @@ def private_top_k(
                 oneshot_cost(noise, k, access.m, float(epsilon), float(delta), neighbours)
             )
         distribution = make_noise(noise, guarantee.scale)
-        if method == "oneshot":
-            positions = oneshot_top_k(access, distribution.sample(rng, access.m), k)
+        chosen, estimate = method, None
+        if method == "auto":  # after the charge, before any noise: planner.py
+            estimate = plan_run(access, k, guarantee.scale)
+            chosen = {"oneshot_full_read": "oneshot"}.get(estimate.chosen, estimate.chosen)
+        items = None
+        in_store = False
+        if chosen in ("oneshot", "oneshot_in_store"):
+            if chosen == "oneshot_in_store" and isinstance(source, InStoreOneShot):
+                keyed = KeyedNoise.draw(rng, noise, guarantee.scale)
+                items = access.oneshot_in_store(keyed, k)
+                in_store = items is not None
+            if items is None:
+                positions = oneshot_top_k(access, distribution.sample(rng, access.m), k)
         else:
             if oracle == "lazy":
                 noise_list = LazyNoiseList(distribution, access.m, rng)
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             if costs is None:
-                positions = private_threshold_top_k(access, noise_list, k, batching or Batching())
+                schedule = batching or Batching.for_store(store_costs(source), k, access.m)
+                positions = private_threshold_top_k(access, noise_list, k, schedule)
             else:
                 schedule = batching or costs.batching(k, access.m)
                 positions = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
-        items = access.ids_of(positions)
+        if items is None:
+            items = access.ids_of(positions)
     if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
         items = unranked_order(items)
-    plan = {"oracle": oracle, "cost_aware": costs is not None}
+    plan: dict[str, Any] = {"oracle": oracle, "cost_aware": costs is not None}
+    plan["requested"], plan["in_store"] = method, in_store
+    if estimate is not None:
+        plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
     result = TopKResult(
-        items, guarantee, access.stats, noise == "gumbel", method, access.m, seconds, plan
+        items, guarantee, access.stats, noise == "gumbel", chosen, access.m, seconds, plan
     )
     log = getattr(budget, "log_release", None)
     if log is not None:

@@ -132,7 +132,7 @@ def demo(
             print(plan)
 
         started = time.perf_counter()
-        result = private_top_k(source, k=k, epsilon=epsilon, seed=seed)
+        result = private_top_k(source, k=k, epsilon=epsilon, method="threshold", seed=seed)
         threshold_seconds = time.perf_counter() - started
         started = time.perf_counter()
         full = private_top_k(source, k=k, epsilon=epsilon, method="oneshot", seed=seed)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..access import CountedAccess
+from ..access import CountedAccess, StoreCosts
 from ..noise_list import NoiseList
 from .oneshot import top_k_ranks
 
@@ -38,6 +38,7 @@ class Batching:
 
     first: int | None = None
     growth: float = 2.0
+    jump_to: int | None = None  # after the first block, one block up to this many steps
 
     def __post_init__(self) -> None:
         if self.first is not None and self.first < 1:
@@ -50,8 +51,25 @@ class Batching:
         """One step per block: every access is its own round trip (the paper's model, literally)."""
         return cls(first=1, growth=1.0)
 
+    @classmethod
+    def for_store(cls, costs: StoreCosts, k: int, m: int) -> Batching:
+        """The default blocks, fitted to the store's cost shape (access.StoreCosts). Where a
+        batch of random reads costs about one scan whatever its size, a run that does not stop
+        in its first block (2k steps: skewed data) goes in one block to the region of the
+        expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) (Theorem 4.2), then on x2: two or three
+        batches instead of about log2(sqrt(m/k)). The noise list's answers for those steps do
+        not depend on the data (NoisePlan), so they can all be planned at once; the answer and
+        the access counts are those of the sequential run whatever the blocks."""
+        if not costs.flat_random_batches(m):
+            return cls()
+        return cls(jump_to=math.ceil(2 * (math.sqrt(m * k) + math.sqrt(m / 2))))
+
     def blocks(self, k: int):
         size = float(self.first or 2 * k)
+        if self.jump_to is not None:
+            first = max(1, int(size))
+            yield first
+            size = max(float(self.jump_to - first), size * self.growth)
         while True:
             yield max(1, int(size))
             size *= self.growth

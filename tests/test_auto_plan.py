@@ -1,0 +1,247 @@
+"""method="auto" (topk_middleware/planner.py), the in-store one-shot (keyed_noise.py) on every
+SQL store, and batching fitted to the store's cost shape (Batching.for_store)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from adapters.memory import ArraySource
+from topk_middleware import private_top_k
+from topk_middleware.access import AccessStats, CountedAccess, StoreCosts
+from topk_middleware.accounting import BudgetExceeded, PrivacyBudget
+from topk_middleware.keyed_noise import KeyedNoise
+from topk_middleware.mechanisms.threshold import Batching
+from topk_middleware.planner import estimate_steps
+
+from .helpers import plateau_histogram
+
+SQL_STORES = [
+    "duckdb",
+    "postgres",
+    "sqlalchemy-sqlite",
+    "sqlalchemy-postgres",
+    "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
+]
+
+
+def make(request: pytest.FixtureRequest, store: str, scores: Any) -> Any:
+    maker = request.getfixturevalue(f"make_{store.replace('-', '_')}_source")
+    return maker(np.asarray(scores), None)
+
+
+def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
+    """P(`ranking`, best first) drawing without replacement, proportional to weights."""
+    p, remaining = 1.0, weights.sum()
+    for i in ranking:
+        p *= weights[i] / remaining
+        remaining -= weights[i]
+    return p
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "laplace"])
+@pytest.mark.parametrize("store", SQL_STORES)
+def test_store_computes_the_keyed_noise(request: pytest.FixtureRequest, store: str, noise: str):
+    """The store's top-k under a key is the top-k of score + KeyedNoise.noises computed here
+    (hashlib): a wrong message, digit extraction or inverse CDF in any dialect's SQL fails it."""
+    rng = np.random.default_rng(7)
+    scores = rng.integers(0, 40, 400).astype(float)
+    source = make(request, store, scores)
+    ranked = np.sort(scores)[::-1]  # the rank table's scores by rank (ids are 0..m-1)
+    with source.snapshot():
+        for trial in range(4):
+            keyed = KeyedNoise.draw(np.random.default_rng(trial), noise, 3.0)
+            rows = source.read_oneshot(keyed, 7)
+            values = ranked + keyed.noises(np.arange(len(ranked)))
+            want = np.lexsort((np.arange(len(ranked)), -values))[:7]
+            assert rows.positions.tolist() == want.tolist()
+            assert np.array_equal(rows.scores, ranked[want])
+
+
+@pytest.mark.parametrize("store", SQL_STORES)
+def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, store: str):
+    """Ranked pairs of the in-store Gumbel one-shot against exact Plackett-Luce probabilities
+    with weights exp(h / scale): 3,000 keys from a fixed seed, chi-square over the 20 ordered
+    pairs of 5 items. A wrong scale (e.g. b/2: the law sharpens) or a uniform that is not
+    uniform (e.g. 13 hex digits read as 12) fails it (p < 1e-3)."""
+    h = np.array([3.0, 2.0, 2.0, 1.0, 0.0])
+    source = make(request, store, h)
+    k, scale, runs = 2, 1.0, 3000
+    rng = np.random.default_rng(2026)
+    ids_by_rank = sorted(range(5), key=lambda i: (-h[i], i))  # rank -> input index
+    with source.snapshot():
+        counts = Counter(
+            tuple(
+                ids_by_rank[int(p)]
+                for p in source.read_oneshot(KeyedNoise.draw(rng, "gumbel", scale), k).positions
+            )
+            for _ in range(runs)
+        )
+    outcomes = list(itertools.permutations(range(5), k))
+    expected = np.array([plackett_luce(np.exp(h / scale), o) for o in outcomes]) * runs
+    observed = np.array([counts[o] for o in outcomes])
+    assert observed.sum() == runs
+    assert expected.min() >= 5
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("store", ["duckdb", "postgres", "sqlalchemy-sqlite"])
+def test_oneshot_in_store_through_private_top_k(request: pytest.FixtureRequest, store: str):
+    """method="oneshot_in_store": one round trip for the run, m sorted accesses counted, the
+    diagnostics say it ran in the store, and a seed reproduces the release."""
+    scores = plateau_histogram(500, 5)
+    source = make(request, store, scores)
+    first = private_top_k(source, 5, 1.0, method="oneshot_in_store", seed=3)
+    again = private_top_k(source, 5, 1.0, method="oneshot_in_store", seed=3)
+    assert first.items == again.items and len(set(first.items)) == 5
+    assert first.diagnostics.plan["in_store"] is True
+    assert first.accesses.sorted == 500 and first.accesses.random == 0
+    assert first.accesses.round_trips == 2  # m, then the one-shot query
+
+
+def test_array_source_falls_back_to_the_full_read() -> None:
+    scores = plateau_histogram(300, 3)
+    source = ArraySource(scores)
+    got = private_top_k(source, 3, 1.0, method="oneshot_in_store", seed=4)
+    full = private_top_k(source, 3, 1.0, method="oneshot", seed=4)
+    assert got.diagnostics.plan["in_store"] is False
+    assert got.items == full.items
+
+
+# ----- auto ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("store", ["memory", "duckdb", "postgres"])
+def test_auto_reports_its_choice_outside_the_release(request: pytest.FixtureRequest, store: str):
+    """The choice and its estimate are operator diagnostics; the release carries neither. The
+    planner draws no noise, so auto's release equals the chosen method's under the same seed."""
+    scores = np.floor(10**6 / np.arange(1, 300_001)).astype(float)  # zipf: threshold is cheap
+    source = make(request, store, scores)
+    result = private_top_k(source, 10, 1.0, seed=9)
+    plan = result.diagnostics.plan
+    assert plan["requested"] == "auto"
+    assert plan["auto"]["chosen"] in ("threshold", "oneshot_in_store", "oneshot_full_read")
+    assert plan["auto"]["steps"] >= 10
+    assert result.diagnostics.method == "threshold" == plan["auto"]["chosen"]
+    release = result.release()
+    assert set(vars(release)) == {"items", "privacy", "ranked", "bottom"}
+    same = private_top_k(source, 10, 1.0, seed=9, method="threshold")
+    assert same.items == result.items
+
+
+def test_auto_picks_the_full_read_when_it_is_cheaper() -> None:
+    """Every item tied and m small: the threshold run would read most of the domain in several
+    round trips; auto reads it once. Same seed, same release as method="oneshot"."""
+    source = ArraySource(np.full(60, 4.0))
+    result = private_top_k(source, 10, 1.0, seed=1)
+    assert result.diagnostics.plan["auto"]["chosen"] == "oneshot_full_read"
+    assert result.method == "oneshot"
+    assert result.items == private_top_k(source, 10, 1.0, seed=1, method="oneshot").items
+
+
+def test_auto_follows_plackett_luce() -> None:
+    """Whatever auto picks, the ranked output is the one-shot law: chi-square over the 60 ranked
+    triples of 5 items, 20,000 seeds (as test_private_threshold does for the threshold run)."""
+    h = np.array([5.0, 6.0, 0.0, 5.0, 3.0])
+    k, epsilon, runs = 3, 1.5, 20_000
+    source = ArraySource(h)
+    counts = Counter(tuple(private_top_k(source, k, epsilon, seed=s).items) for s in range(runs))
+    weights = np.exp(h / (k / epsilon))
+    outcomes = list(itertools.permutations(range(5), k))
+    expected = np.array([plackett_luce(weights, o) for o in outcomes]) * runs
+    observed = np.array([counts[o] for o in outcomes])
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+class CountingReads(ArraySource):
+    """An ArraySource that counts the rows it serves (to show nothing was read)."""
+
+    reads = 0
+
+    def read_sorted(self, start: int, count: int):  # type: ignore[override]
+        CountingReads.reads += 1
+        return super().read_sorted(start, count)
+
+
+def test_auto_charges_before_it_reads() -> None:
+    """Invariant 10: the budget is charged before the planner reads the top rows; a refused
+    release reads nothing."""
+    source = CountingReads(np.arange(1000, dtype=float))
+    budget = PrivacyBudget(1.0)
+    CountingReads.reads = 0
+    private_top_k(source, 5, 1.0, seed=0, budget=budget)
+    assert CountingReads.reads >= 1 and len(budget.releases) == 1
+    CountingReads.reads = 0
+    with pytest.raises(BudgetExceeded):
+        private_top_k(source, 5, 1.0, seed=0, budget=budget)
+    assert CountingReads.reads == 0
+
+
+def test_step_estimate_on_plateau_and_zipf() -> None:
+    """The estimate is sqrt(mk) on a plateau (Theorem 5.4's instance) and about k on zipf."""
+    m, k = 10**6, 10
+    assert estimate_steps(np.full(4000, 7.0), k, m, 10.0) == 3163
+    zipf = np.floor(10**6 / np.arange(1, 4001))
+    assert estimate_steps(zipf, k, m, 10.0) <= 3 * k
+
+
+# ----- batching fitted to the store -------------------------------------------------------------
+def test_for_store_jumps_only_where_random_batches_are_flat() -> None:
+    flat = StoreCosts(random_batch=0.02, random_row=1e-7)
+    steep = StoreCosts(random_batch=2e-3, random_row=8e-6)
+    m, k = 10**6, 10
+    assert Batching.for_store(steep, k, m) == Batching()
+    blocks = Batching.for_store(flat, k, m).blocks(k)
+    first, second = next(blocks), next(blocks)
+    assert first == 2 * k and first + second >= 2 * (np.sqrt(m * k) + np.sqrt(m / 2))
+
+
+@pytest.mark.parametrize("store", ["memory", "duckdb"])
+def test_fitted_batching_keeps_answers_and_access_counts(request: pytest.FixtureRequest, store):
+    """Fewer, larger batches change rows fetched and round trips, never the answer or the
+    sequential access counts: compared with today's doubling blocks under the same seeds."""
+    m, k = 50_000, 10
+    rng = np.random.default_rng(0)
+    top = int(np.ceil(np.sqrt(m * k)))
+    scores = np.concatenate([1000.0 - 0.001 * rng.random(top), rng.random(m - top) * 900.0])
+    source = make(request, store, scores)
+    fitted = Batching.for_store(StoreCosts(random_batch=0.02, random_row=1e-7), k, m)
+    assert fitted.jump_to is not None
+    trips: list[tuple[int, int]] = []
+    for seed in range(4):
+        today = private_top_k(source, k, 1.0, seed=seed, method="threshold", batching=Batching())
+        jump = private_top_k(source, k, 1.0, seed=seed, method="threshold", batching=fitted)
+        assert jump.items == today.items
+        a, b = jump.accesses, today.accesses
+        assert (a.sorted, a.random) == (b.sorted, b.random)
+        trips.append((a.round_trips, b.round_trips))
+    assert all(j <= t for j, t in trips) and any(j < t for j, t in trips)
+
+
+def test_counted_access_in_store_counts_m_rows() -> None:
+    """CountedAccess.oneshot_in_store: None where the store cannot (ArraySource), no count."""
+    access = CountedAccess(ArraySource(np.arange(10.0)))
+    assert access.oneshot_in_store(KeyedNoise("00" * 16, "gumbel", 1.0), 2) is None
+    assert access.stats == AccessStats(round_trips=1)
+
+
+# ----- the distinct family ---------------------------------------------------------------------
+def test_synthetic_distinct_family() -> None:
+    """Every score distinct and decreasing with rank, the top ceil(sqrt(mk)) within 0.001, ids a
+    bijection; a threshold run on it reads about sqrt(mk) rows (no runs answer random access)."""
+    from adapters.synthetic import SyntheticSource
+
+    m, k = 200_000, 10
+    source = SyntheticSource(m, "distinct", k=k)
+    scores = source.read_sorted(0, m).scores
+    size = int(np.ceil(np.sqrt(m * k)))
+    assert np.all(np.diff(scores) < 0)
+    assert scores[0] - scores[size - 1] < 0.001 <= scores[0] - scores[size]
+    assert len(np.unique(source.ids_of_ranks(np.arange(m)))) == m
+    result = private_top_k(source, k, 1.0, seed=0, method="threshold")
+    assert result.accesses.rows_inferred == 0
+    assert 0.2 * size < result.accesses.sorted < 2 * (size + np.sqrt(m / 2))

@@ -1,0 +1,101 @@
+"""`method="auto"`: choose, before any noise is drawn, the cheapest way to sample the one-shot law.
+
+The private threshold algorithm (Algorithm 3), the one-shot mechanism run inside the store
+(keyed_noise.py) and the one-shot mechanism over a full read (Algorithm 2) all release exactly
+the top-k of h + Z: the same output law (Wu, Ohrimenko, Wirth 2023, Theorem 4.1 for the first).
+So the choice between them changes the cost, never the distribution of the release. It is made
+from facts that do not involve the noise: m, k, the noise scale b, the store's measured costs
+(access.StoreCosts), whether the store keeps runs of tied scores, and a read of the top rows.
+Like access counts, the choice depends on the data: it is operator information
+(`result.diagnostics.plan`), never part of `result.release()` (DESIGN invariant 7).
+
+The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
+largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
+least about h[k-1] + 0.37 b (the median Gumbel noise, on the k best scores) and at least
+h[s] + b ln((s + 1) / k) (the k-th largest noise of s + 1 items all scoring >= h[s]). The run
+stops near the first s where the threshold falls below either; the second alone gives
+s + 1 = sqrt(mk), the plateau's cost (Theorem 5.4). Past the rows read, the estimate is
+sqrt(mk), capped by the expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) of Theorem 4.2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .access import CountedAccess, InStoreOneShot, StoreCosts, store_costs
+
+MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
+GROWTH = 2.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's choice and what it rests on (seconds are modelled, not measured)."""
+
+    chosen: str  # "threshold", "oneshot_in_store" or "oneshot_full_read"
+    steps: int  # estimated steps of the threshold run
+    probe_rows: int  # top rows read to estimate them
+    threshold_seconds: float
+    oneshot_seconds: float
+    oneshot_kind: str  # which one-shot was priced
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
+    """Estimated steps of a threshold run from the top scores `scores` (module docstring)."""
+    root = math.sqrt(m * k)
+    bound = 2.0 * (root + math.sqrt(m / 2.0))
+    fallback = int(min(m, bound, math.ceil(root)))
+    n = len(scores)
+    if n < k:
+        return fallback
+    s = np.arange(k - 1, n, dtype=np.float64)
+    h = scores[k - 1 : n]
+    tau = h + scale * np.log(m / (s + 1.0))
+    seen = np.maximum(scores[k - 1] + scale * MEDIAN_GUMBEL, h + scale * np.log((s + 1.0) / k))
+    stops = np.flatnonzero(tau <= seen)
+    return int(s[stops[0]]) + 1 if len(stops) else fallback
+
+
+def threshold_seconds(steps: int, k: int, m: int, costs: StoreCosts, tied_runs: bool) -> float:
+    """Modelled cost of a threshold run of `steps` steps: per block a sorted read and a batch
+    of random reads (none where runs of tied scores answer them), per step a sorted row and a
+    random row. Blocks grow x2 from 2k, or jump to the bound's region where batches are flat."""
+    blocks = 1 + max(0, math.ceil(math.log(max(steps, 1) / (2 * k), GROWTH)))
+    if costs.flat_random_batches(m):
+        blocks = min(blocks, 2)
+    batch = costs.random_batch_seconds(m)
+    random = 0.0 if tied_runs else blocks * batch + steps * costs.random_row
+    return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
+
+
+def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
+    """Read the top rows (counted: a threshold run reads them anyway) and choose the method."""
+    m = access.m
+    costs = store_costs(access.source)
+    probe = min(m, max(2 * k, 64))
+    access.fetch_sorted_until(probe)
+    scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
+    steps = estimate_steps(scores, k, m, scale)
+    if steps > probe and steps < m:  # read on towards the estimate (never past sqrt(mk))
+        more = min(m, math.ceil(math.sqrt(m * k)), 4 * probe)
+        access.fetch_sorted_until(more)
+        scores = np.asarray(access.prefix_scores()[:more], dtype=np.float64)
+        probe = more
+        steps = estimate_steps(scores, k, m, scale)
+    run_count = access.run_count
+    tied_runs = run_count is not None and run_count * 100 < m
+    thr = threshold_seconds(steps, k, m, costs, tied_runs)
+    in_store = isinstance(access.source, InStoreOneShot)
+    kind = "oneshot_in_store" if in_store else "oneshot_full_read"
+    one = costs.round_trip + m * (costs.oneshot_row if in_store else costs.full_read_row)
+    if in_store and costs.round_trip + m * costs.full_read_row < one:
+        kind, one = "oneshot_full_read", costs.round_trip + m * costs.full_read_row
+    chosen = "threshold" if thr <= one else kind
+    return Plan(chosen, steps, probe, thr, one, kind)
