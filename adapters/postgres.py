@@ -954,9 +954,7 @@ class PostgresTable:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
         keyed_noise.py), best first, ties by smaller rank, in one query; the key is a query
         parameter, the uniform of rank p the first 52 bits of SHA-256("key:p"). Copy mode only
-        (None in live mode, whose positions are not ranks: the client-side one-shot runs)."""
-        if self.mode != "copy":
-            return None
+        (live mode has none: LivePostgresTable.read_oneshot)."""
         run = self._state()
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || r.rank)::bytea) FROM 1 FOR 7), "

@@ -135,6 +135,9 @@ class LivePostgresTable(PostgresTable):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
 
     _live: _LiveRun | None = None  # the run in progress, inside snapshot()
+    # No in-store one-shot: its keyed noise names items by rank, which a live table does not
+    # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
+    read_oneshot = None  # type: ignore[assignment]
 
     def __init__(
         self,

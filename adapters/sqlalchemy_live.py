@@ -94,6 +94,9 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
     mode="live")` builds one. Call `prepare()` once; runs then see every committed write."""
 
     positions_are_ranks = False
+    # No in-store one-shot: its keyed noise names items by rank, which a live table does not
+    # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
+    read_oneshot = None  # type: ignore[assignment]
 
     def __init__(
         self,

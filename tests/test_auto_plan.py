@@ -114,6 +114,23 @@ def test_array_source_falls_back_to_the_full_read() -> None:
     assert got.items == full.items
 
 
+@pytest.mark.parametrize("store", ["postgres-live", "sqlalchemy-live-sqlite"])
+def test_live_tables_fall_back_to_the_full_read(request: pytest.FixtureRequest, store: str):
+    """A live table names items by position, not rank, so it has no in-store one-shot: it is no
+    InStoreOneShot (the planner never prices one), and oneshot_in_store runs the full read. Fails
+    if a live table inherits its copy mode's query (it read a rank table that does not exist)."""
+    from topk_middleware.access import InStoreOneShot
+
+    scores = plateau_histogram(300, 3)
+    source = make(request, store, scores)
+    assert not isinstance(source, InStoreOneShot)
+    got = private_top_k(source, 3, 1.0, method="oneshot_in_store", seed=4)
+    assert got.diagnostics.plan["in_store"] is False and got.accesses.sorted == 300
+    assert private_top_k(source, 3, 1.0, seed=4).diagnostics.plan["auto"]["chosen"] != (
+        "oneshot_in_store"
+    )
+
+
 # ----- auto ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("store", ["memory", "duckdb", "postgres"])
 def test_auto_reports_its_choice_outside_the_release(request: pytest.FixtureRequest, store: str):
