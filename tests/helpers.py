@@ -210,3 +210,12 @@ class RefreshAfterTheRun:
         if self.error is not None:
             raise self.error
         return True
+
+
+def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
+    """P(`ranking`, best first) drawing without replacement, proportional to weights."""
+    p, remaining = 1.0, weights.sum()
+    for i in ranking:
+        p *= weights[i] / remaining
+        remaining -= weights[i]
+    return p

@@ -19,7 +19,7 @@ from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.mechanisms.threshold import Batching
 from topk_middleware.planner import estimate_steps
 
-from .helpers import plateau_histogram
+from .helpers import plackett_luce, plateau_histogram
 
 SQL_STORES = [
     "duckdb",
@@ -34,15 +34,6 @@ SQL_STORES = [
 def make(request: pytest.FixtureRequest, store: str, scores: Any) -> Any:
     maker = request.getfixturevalue(f"make_{store.replace('-', '_')}_source")
     return maker(np.asarray(scores), None)
-
-
-def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
-    """P(`ranking`, best first) drawing without replacement, proportional to weights."""
-    p, remaining = 1.0, weights.sum()
-    for i in ranking:
-        p *= weights[i] / remaining
-        remaining -= weights[i]
-    return p
 
 
 @pytest.mark.parametrize("noise", ["gumbel", "laplace"])

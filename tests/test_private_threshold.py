@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from adapters.memory import ArraySource
-from tests.helpers import CountingSource, plateau_histogram, random_histograms
+from tests.helpers import CountingSource, plackett_luce, plateau_histogram, random_histograms
 from topk_middleware import Batching, private_top_k
 
 BATCHINGS = [Batching(), Batching.sequential(), Batching(first=3, growth=1.5)]
@@ -70,15 +70,6 @@ def test_batching_changes_round_trips_not_counts(positions: str) -> None:
     # Unbatched, every access is one row read or one inferred, plus at most k ids read at release.
     read_for_scores = sequential.total - sequential.rows_inferred
     assert read_for_scores <= sequential.rows_fetched <= read_for_scores + 10
-
-
-def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
-    """P(`ranking`, best first) drawing without replacement, proportional to weights."""
-    p, remaining = 1.0, weights.sum()
-    for i in ranking:
-        p *= weights[i] / remaining
-        remaining -= weights[i]
-    return p
 
 
 @pytest.mark.parametrize(("positions", "oracle"), [("ranks", "eager"), ("input", "lazy")])
