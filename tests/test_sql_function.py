@@ -31,6 +31,14 @@ from topk_middleware.privacy import calibrate
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 
 FUNCTION = "topk.private_top_k(regclass, integer, double precision, double precision, text)"
+# What an analyst role is granted EXECUTE on: the releases (install.sql revokes it from PUBLIC).
+ANALYST_FUNCTIONS = (
+    FUNCTION,
+    "topk.exponential_mechanism(regclass, double precision)",
+    "topk.peeling_top_k(regclass, integer, double precision)",
+    "topk.joint_top_k(regclass, integer, double precision)",
+    "topk.limited_domain_top_k(regclass, integer, integer, double precision, double precision)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +71,15 @@ def zipf_table(register: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="module")
 def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Callable[..., str]]:
-    """(epsilon=None, delta=0) -> the DSN of a new analyst role, with that budget if given."""
+    """(epsilon=None, delta=0, functions=ANALYST_FUNCTIONS) -> the DSN of a new analyst role,
+    with EXECUTE on `functions` and that budget if given."""
     made: list[str] = []
 
-    def make(epsilon: float | None = None, delta: float = 0.0) -> str:
+    def make(
+        epsilon: float | None = None,
+        delta: float = 0.0,
+        functions: tuple[str, ...] = ANALYST_FUNCTIONS,
+    ) -> str:
         role = f"topk_analyst_{uuid.uuid4().hex[:8]}"
         with _connect(pg_conninfo) as conn:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
@@ -75,11 +88,12 @@ def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Call
                     sql.Identifier(pg_schema), sql.Identifier(role)
                 )
             )
-            conn.execute(
-                sql.SQL("GRANT EXECUTE ON FUNCTION " + FUNCTION + " TO {}").format(
-                    sql.Identifier(role)
+            for function in functions:
+                conn.execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION " + function + " TO {}").format(
+                        sql.Identifier(role)
+                    )
                 )
-            )
             if epsilon is not None:
                 conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
         made.append(role)
@@ -322,6 +336,97 @@ def test_budget_administration(pg_conninfo: str, make_role: Callable[..., str]) 
     # An analyst cannot administer budgets: EXECUTE is the owner's to grant.
     with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("SELECT topk.grant_budget(%s, 100.0)", [role])
+
+
+ROLE = object()  # stands for the test's role in the arguments below
+
+
+def clean_refusal(error: pytest.ExceptionInfo[psycopg.Error], words: str) -> None:
+    """The refusal came through the plpgsql front: the project's message, without PL/Python's
+    exception name (plpy.Error) or traceback."""
+    primary = error.value.diag.message_primary or ""
+    assert primary.startswith("topk: ") and words in primary, primary
+    assert "plpy" not in primary and "Traceback" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("query", "arguments", "error", "words"),
+    [
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (None, 1.0, 0.0),
+            "22004",
+            "role must not be NULL",
+        ),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, None, 0.0), "22004", "epsilon must not be"),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, 1.0, None), "22004", "delta must not be"),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 0.0, 0.0),
+            "22023",
+            "epsilon must be finite",
+        ),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, -2.0, 0.0),
+            "22023",
+            "epsilon must be finite",
+        ),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, math.nan, 0.0), "22023", "epsilon must be"),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 1.0, -0.1),
+            "22023",
+            "delta must be in [0, 1)",
+        ),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 1.0, 1.0),
+            "22023",
+            "delta must be in [0, 1)",
+        ),
+        ("SELECT * FROM topk.spent(%s)", (None,), "22004", "role must not be NULL"),
+        ("SELECT * FROM topk.spent(%s)", (ROLE,), "42501", "has no privacy budget"),
+    ],
+)
+def test_budget_administration_refusals_are_plain_sql_errors(
+    pg_conninfo: str,
+    make_role: Callable[..., str],
+    query: str,
+    arguments: tuple[Any, ...],
+    error: str,
+    words: str,
+) -> None:
+    """Fails with the PL/Python bodies called directly: their message starts "plpy.Error: "."""
+    role = psycopg.conninfo.conninfo_to_dict(make_role())["user"]
+    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.Error) as caught:
+        conn.execute(query, [role if a is ROLE else a for a in arguments])
+    assert caught.value.sqlstate == error
+    clean_refusal(caught, words)
+    with _connect(pg_conninfo) as conn:  # nothing was granted
+        left = conn.execute(
+            "SELECT count(*) FROM topk.topk_ledger_principals WHERE principal = %s", [role]
+        )
+        assert left.fetchone()[0] == 0
+
+
+def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installed: Any) -> None:
+    """topk._plain_refusal, the one helper of every front: a PL/Python refusal of the project
+    comes out as a plain error with its SQLSTATE, message and hint; anything else is left to the
+    front's bare RAISE (as it came)."""
+    with _connect(pg_conninfo) as conn:
+        assert conn.execute(
+            "SELECT topk._plain_refusal('22012', 'division by zero', NULL)::text"
+        ).fetchone() == ("",)
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute(
+                "SELECT topk._plain_refusal('22023', 'plpy.Error: topk: k must be >= 1', 'h')"
+            )
+    assert caught.value.diag.message_primary == "topk: k must be >= 1"
+    assert caught.value.diag.message_hint == "h"
+    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
+        conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
+    assert caught.value.diag.message_primary == 'role "no_such_role_topk" does not exist'
 
 
 def test_a_dropped_table_leaves_the_registry(
