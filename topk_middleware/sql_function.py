@@ -1,5 +1,9 @@
 """`topk.private_top_k(...)`: the private top-k as a SQL function inside PostgreSQL (PL/Python).
 
+With it, topk.exponential_mechanism, peeling_top_k, joint_top_k and limited_domain_top_k (the
+mechanisms of topk_middleware/mechanisms that fit one table-function call), each charged its
+module's own cost through `budget=`; a bottom symbol (limited domain) is a last row with item NULL.
+
 Installed by `topk-middleware install-sql --dsn ...` (`install`), from the SQL in
 topk_middleware/sql/install.sql. Two halves live here:
 
@@ -552,7 +556,8 @@ def add_install_sql_parser(sub: Any) -> None:
     p = sub.add_parser(
         "install-sql",
         help="install topk.private_top_k(...) into a PostgreSQL database (PL/Python)",
-        description="Install the schema topk (topk.private_top_k, grant_budget, spent) into the "
+        description="Install the schema topk (topk.private_top_k, exponential_mechanism, "
+        "peeling_top_k, joint_top_k, limited_domain_top_k, grant_budget, spent) into the "
         "database of --dsn (a superuser), and optionally prepare and register a table.",
     )
     p.add_argument("--dsn", required=True, help="libpq DSN or URL of the database (superuser)")
