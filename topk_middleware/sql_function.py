@@ -346,7 +346,7 @@ def _checked(plpy: Any, check: Callable[..., None], *arguments: Any) -> None:
 
 def _charged_release(
     plpy: Any, GD: dict[str, Any], source: Any, run: Callable[[Any, Any], Any]
-) -> list[tuple[int, str]]:
+) -> list[tuple[int, str | None]]:
     """The common half of every release function: the source's registration, then `run(table,
     budget)` (a mechanism given the SPI source and session_user's LedgerBudget as `budget=`: it
     charges the ledger before reading any row, and logs its diagnostics there), its refusals in
@@ -398,12 +398,12 @@ def _charged_release(
     ]
     if release.bottom:  # limited domain: fewer than k items beat the threshold
         rows.append((len(rows) + 1, None))
-    return rows  # type: ignore[return-value]
+    return rows
 
 
 def server_release(
     plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
-) -> list[tuple[int, str]]:
+) -> list[tuple[int, str | None]]:
     """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
     from .api import NOISES, check_common, private_top_k
 
@@ -423,7 +423,9 @@ def server_release(
     )
 
 
-def server_exponential(plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any) -> list[Any]:
+def server_exponential(
+    plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
     """topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i) (mechanisms/exponential.py;
     charged accounting.oneshot_cost("gumbel", 1, m, epsilon), as its `budget=` does)."""
     from .api import check_common
@@ -436,7 +438,9 @@ def server_exponential(plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any)
     )
 
 
-def server_peeling(plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any) -> list[Any]:
+def server_peeling(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
     """topk.peeling_top_k: k exponential-mechanism steps of epsilon/k (mechanisms/peeling.py;
     charged peeling_cost(k, epsilon))."""
     from .api import check_common
@@ -449,7 +453,9 @@ def server_peeling(plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: 
     )
 
 
-def server_joint(plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any) -> list[Any]:
+def server_joint(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
     """topk.joint_top_k: a k-set from the joint exponential mechanism, in random order
     (mechanisms/joint.py; charged joint_cost(epsilon))."""
     from .api import check_common
@@ -464,7 +470,7 @@ def server_joint(plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: An
 
 def server_limited_domain(
     plpy: Any, GD: dict[str, Any], source: Any, k: Any, k_bar: Any, epsilon: Any, delta: Any
-) -> list[Any]:
+) -> list[tuple[int, str | None]]:
     """topk.limited_domain_top_k: Durfee-Rogers Algorithm 1 (mechanisms/limited_domain.py;
     charged limited_domain_cost(k, epsilon, delta)); a bottom symbol is a last row with item
     NULL."""
