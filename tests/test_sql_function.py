@@ -26,11 +26,24 @@ from psycopg import sql
 from scipy import stats
 
 from topk_middleware import cli, sql_function
+from topk_middleware.accounting import PrivacyCost, compose, oneshot_cost
+from topk_middleware.ledger import cost_from_json
+from topk_middleware.mechanisms.joint import joint_cost
+from topk_middleware.mechanisms.limited_domain import limited_domain_cost
+from topk_middleware.mechanisms.peeling import peeling_cost
 from topk_middleware.privacy import calibrate
 
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 
 FUNCTION = "topk.private_top_k(regclass, integer, double precision, double precision, text)"
+# What an analyst role is granted EXECUTE on: the releases (install.sql revokes it from PUBLIC).
+ANALYST_FUNCTIONS = (
+    FUNCTION,
+    "topk.exponential_mechanism(regclass, double precision)",
+    "topk.peeling_top_k(regclass, integer, double precision)",
+    "topk.joint_top_k(regclass, integer, double precision)",
+    "topk.limited_domain_top_k(regclass, integer, integer, double precision, double precision)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +76,15 @@ def zipf_table(register: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="module")
 def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Callable[..., str]]:
-    """(epsilon=None, delta=0) -> the DSN of a new analyst role, with that budget if given."""
+    """(epsilon=None, delta=0, functions=ANALYST_FUNCTIONS) -> the DSN of a new analyst role,
+    with EXECUTE on `functions` and that budget if given."""
     made: list[str] = []
 
-    def make(epsilon: float | None = None, delta: float = 0.0) -> str:
+    def make(
+        epsilon: float | None = None,
+        delta: float = 0.0,
+        functions: tuple[str, ...] = ANALYST_FUNCTIONS,
+    ) -> str:
         role = f"topk_analyst_{uuid.uuid4().hex[:8]}"
         with _connect(pg_conninfo) as conn:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
@@ -75,11 +93,12 @@ def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Call
                     sql.Identifier(pg_schema), sql.Identifier(role)
                 )
             )
-            conn.execute(
-                sql.SQL("GRANT EXECUTE ON FUNCTION " + FUNCTION + " TO {}").format(
-                    sql.Identifier(role)
+            for function in functions:
+                conn.execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION " + function + " TO {}").format(
+                        sql.Identifier(role)
+                    )
                 )
-            )
             if epsilon is not None:
                 conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
         made.append(role)
@@ -324,6 +343,97 @@ def test_budget_administration(pg_conninfo: str, make_role: Callable[..., str]) 
         conn.execute("SELECT topk.grant_budget(%s, 100.0)", [role])
 
 
+ROLE = object()  # stands for the test's role in the arguments below
+
+
+def clean_refusal(error: pytest.ExceptionInfo[psycopg.Error], words: str) -> None:
+    """The refusal came through the plpgsql front: the project's message, without PL/Python's
+    exception name (plpy.Error) or traceback."""
+    primary = error.value.diag.message_primary or ""
+    assert primary.startswith("topk: ") and words in primary, primary
+    assert "plpy" not in primary and "Traceback" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("query", "arguments", "error", "words"),
+    [
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (None, 1.0, 0.0),
+            "22004",
+            "role must not be NULL",
+        ),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, None, 0.0), "22004", "epsilon must not be"),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, 1.0, None), "22004", "delta must not be"),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 0.0, 0.0),
+            "22023",
+            "epsilon must be finite",
+        ),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, -2.0, 0.0),
+            "22023",
+            "epsilon must be finite",
+        ),
+        ("SELECT topk.grant_budget(%s, %s, %s)", (ROLE, math.nan, 0.0), "22023", "epsilon must be"),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 1.0, -0.1),
+            "22023",
+            "delta must be in [0, 1)",
+        ),
+        (
+            "SELECT topk.grant_budget(%s, %s, %s)",
+            (ROLE, 1.0, 1.0),
+            "22023",
+            "delta must be in [0, 1)",
+        ),
+        ("SELECT * FROM topk.spent(%s)", (None,), "22004", "role must not be NULL"),
+        ("SELECT * FROM topk.spent(%s)", (ROLE,), "42501", "has no privacy budget"),
+    ],
+)
+def test_budget_administration_refusals_are_plain_sql_errors(
+    pg_conninfo: str,
+    make_role: Callable[..., str],
+    query: str,
+    arguments: tuple[Any, ...],
+    error: str,
+    words: str,
+) -> None:
+    """Fails with the PL/Python bodies called directly: their message starts "plpy.Error: "."""
+    role = psycopg.conninfo.conninfo_to_dict(make_role())["user"]
+    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.Error) as caught:
+        conn.execute(query, [role if a is ROLE else a for a in arguments])
+    assert caught.value.sqlstate == error
+    clean_refusal(caught, words)
+    with _connect(pg_conninfo) as conn:  # nothing was granted
+        left = conn.execute(
+            "SELECT count(*) FROM topk.topk_ledger_principals WHERE principal = %s", [role]
+        )
+        assert left.fetchone()[0] == 0
+
+
+def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installed: Any) -> None:
+    """topk._plain_refusal, the one helper of every front: a PL/Python refusal of the project
+    comes out as a plain error with its SQLSTATE, message and hint; anything else is left to the
+    front's bare RAISE (as it came)."""
+    with _connect(pg_conninfo) as conn:
+        assert conn.execute(
+            "SELECT topk._plain_refusal('22012', 'division by zero', NULL)::text"
+        ).fetchone() == ("",)
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute(
+                "SELECT topk._plain_refusal('22023', 'plpy.Error: topk: k must be >= 1', 'h')"
+            )
+    assert caught.value.diag.message_primary == "topk: k must be >= 1"
+    assert caught.value.diag.message_hint == "h"
+    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
+        conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
+    assert caught.value.diag.message_primary == 'role "no_such_role_topk" does not exist'
+
+
 def test_a_dropped_table_leaves_the_registry(
     pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
 ) -> None:
@@ -437,3 +547,201 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
             order, threshold, oneshot = json.loads(text)
             assert [tuple(r) for r in order] == canonical
             assert threshold == oneshot and len(set(threshold)) == 10
+
+
+# ----- the other mechanisms: topk.exponential_mechanism, peeling_top_k, joint_top_k,
+# limited_domain_top_k (each charged its own module's cost through budget=) ----------------------
+M = 5000  # rows of zipf_table
+MECHANISMS: dict[str, tuple[str, Callable[..., tuple[Any, ...]], Callable[..., PrivacyCost]]] = {
+    # name: (the SQL call, (k, epsilon) -> its arguments after the source, (k, epsilon) -> cost)
+    "exponential": (
+        "topk.exponential_mechanism(%s::regclass, %s)",
+        lambda k, epsilon: (epsilon,),
+        lambda k, epsilon: oneshot_cost("gumbel", 1, M, epsilon),
+    ),
+    "peeling": (
+        "topk.peeling_top_k(%s::regclass, %s, %s)",
+        lambda k, epsilon: (k, epsilon),
+        lambda k, epsilon: peeling_cost(k, epsilon),
+    ),
+    "joint": (
+        "topk.joint_top_k(%s::regclass, %s, %s)",
+        lambda k, epsilon: (k, epsilon),
+        lambda k, epsilon: joint_cost(epsilon),
+    ),
+    "limited_domain": (  # k_bar = 20, delta = 1e-6; epsilon is the per-item Gumbel parameter
+        "topk.limited_domain_top_k(%s::regclass, %s, %s, %s, %s)",
+        lambda k, epsilon: (k, 20, epsilon, 1e-6),
+        lambda k, epsilon: limited_domain_cost(k, epsilon, 1e-6),
+    ),
+}
+TOTAL_DELTA = 1e-4  # every analyst's delta below: limited domain needs delta > 0
+
+
+def call(dsn: str, function: str, source: Any, *arguments: Any) -> list[tuple[int, str | None]]:
+    with _connect(dsn) as conn:
+        return conn.execute(f"SELECT * FROM {function}", [source, *arguments]).fetchall()
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_mechanism_releases_and_charges_its_own_cost(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str], name: str
+) -> None:
+    """An EXECUTE-only analyst gets k items of the table and is charged exactly the cost the
+    mechanism's module states (compared as the ledger's stored cost and as topk.spent's
+    composition); the operator's log has the diagnostics. Zipf counts 1e5/r are far apart
+    against the noise, so the items are the true top k (set equality: joint is unordered)."""
+    function, arguments, cost_of = MECHANISMS[name]
+    k = 1 if name == "exponential" else 4
+    epsilon = 2.0 if name != "limited_domain" else 0.5
+    analyst = make_role(epsilon=100.0, delta=TOTAL_DELTA)
+    rows = call(analyst, function, zipf_table, *arguments(k, epsilon))
+    assert [position for position, _ in rows] == list(range(1, k + 1))
+    assert {int(item) for _, item in rows} == set(range(k))  # type: ignore[arg-type]
+    with _connect(analyst) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(zipf_table)))
+    cost = cost_of(k, epsilon)
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    with _connect(pg_conninfo) as conn:
+        stored, diagnostics = conn.execute(
+            "SELECT cost, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s",
+            [role],
+        ).fetchone()
+        charged = conn.execute("SELECT epsilon, releases FROM topk.spent(%s)", [role]).fetchone()
+    assert cost_from_json(stored) == cost
+    assert charged == (pytest.approx(compose([cost], TOTAL_DELTA).epsilon), 1)
+    facts = json.loads(diagnostics)
+    assert facts["m"] == M and facts["accesses"]["sorted"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_mechanism_over_budget_and_without_budget_is_refused(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str], name: str
+) -> None:
+    """A total of 1.5 times one release's composed epsilon: the first release passes, the second
+    is refused before anything is read (the ledger keeps one charge); a role without a budget
+    row is refused with the administrator's hint."""
+    function, arguments, cost_of = MECHANISMS[name]
+    k, epsilon = 2, 0.5
+    one = compose([cost_of(k, epsilon)], TOTAL_DELTA).epsilon
+    analyst = make_role(epsilon=1.5 * one, delta=TOTAL_DELTA)
+    assert len(call(analyst, function, zipf_table, *arguments(k, epsilon))) == (
+        1 if name == "exponential" else k
+    )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
+        call(analyst, function, zipf_table, *arguments(k, epsilon))
+    clean_refusal(caught, "over the total")
+    assert spent(pg_conninfo, analyst) == (pytest.approx(one), 1)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
+        call(make_role(), function, zipf_table, *arguments(k, epsilon))
+    clean_refusal(caught, "has no privacy budget")
+    assert "topk.grant_budget" in (caught.value.diag.message_hint or "")
+
+
+BAD_MECHANISM_ARGUMENTS = [
+    ("exponential", (0.0,), "22023", "epsilon must be finite and > 0"),
+    ("exponential", (math.nan,), "22023", "epsilon must be finite and > 0"),
+    ("exponential", (None,), "22004", "epsilon must not be NULL"),
+    ("peeling", (0, 1.0), "22023", "k must be >= 1"),
+    ("peeling", (M + 1, 1.0), "22023", "exceeds the number of items"),
+    ("peeling", (3, -1.0), "22023", "epsilon must be finite and > 0"),
+    ("peeling", (None, 1.0), "22004", "k must not be NULL"),
+    ("joint", (0, 1.0), "22023", "k must be >= 1"),
+    ("joint", (M + 1, 1.0), "22023", "exceeds the number of items"),
+    ("joint", (3, math.inf), "22023", "epsilon must be finite and > 0"),
+    ("joint", (3, None), "22004", "epsilon must not be NULL"),
+    ("limited_domain", (3, 20, 1.0, 0.0), "22023", "delta must be in (0, 1)"),
+    ("limited_domain", (3, 20, 1.0, 1.0), "22023", "delta must be in [0, 1)"),
+    ("limited_domain", (3, 2, 1.0, 1e-6), "22023", "k_bar must be >= k"),
+    ("limited_domain", (3, M, 1.0, 1e-6), "22023", "must be < m = 5000"),
+    ("limited_domain", (0, 20, 1.0, 1e-6), "22023", "k must be >= 1"),
+    ("limited_domain", (3, None, 1.0, 1e-6), "22004", "k_bar must not be NULL"),
+    ("limited_domain", (3, 20, 1.0, None), "22004", "delta must not be NULL"),
+]
+
+
+@pytest.mark.parametrize(("name", "arguments", "state", "words"), BAD_MECHANISM_ARGUMENTS)
+def test_mechanism_bad_arguments_get_clear_errors_and_charge_nothing(
+    pg_conninfo: str,
+    zipf_table: str,
+    make_role: Callable[..., str],
+    name: str,
+    arguments: tuple[Any, ...],
+    state: str,
+    words: str,
+) -> None:
+    analyst = make_role(epsilon=100.0, delta=TOTAL_DELTA)
+    with pytest.raises(psycopg.Error) as caught:
+        call(analyst, MECHANISMS[name][0], zipf_table, *arguments)
+    assert caught.value.sqlstate == state
+    clean_refusal(caught, words)
+    assert spent(pg_conninfo, analyst) == (0.0, 0)
+
+
+def test_mechanisms_are_not_executable_by_public(
+    pg_conninfo: str, make_role: Callable[..., str]
+) -> None:
+    """install.sql revokes EXECUTE from PUBLIC on every function of schema topk: a role granted
+    nothing cannot call any of them (nor the PL/Python bodies behind the fronts)."""
+    nobody = psycopg.conninfo.conninfo_to_dict(make_role(epsilon=1.0, functions=()))["user"]
+    with _connect(pg_conninfo) as conn:
+        callable_ = conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc AS p "
+            "WHERE p.pronamespace = 'topk'::regnamespace "
+            "AND has_function_privilege(%s, p.oid, 'EXECUTE')",
+            [nobody],
+        ).fetchall()
+        names = {
+            r[0]
+            for r in conn.execute(
+                "SELECT proname::text FROM pg_proc WHERE pronamespace = 'topk'::regnamespace"
+            )
+        }
+    assert callable_ == []
+    assert {"exponential_mechanism", "_peeling_top_k", "joint_top_k", "_spent"} <= names
+
+
+def test_limited_domain_shows_bottom_as_a_null_item(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    """Two counts of 1000 over 48 counts of 5: with k = 3, k_bar = 10, epsilon = 1, delta = 1e-6
+    the threshold is 5 + 1 + ln(10 / 1e-6) = 22.1 plus Gumbel(1) noise, so the two large counts
+    beat it and no count of 5 does (that would need a Gumbel gap above 17: probability below
+    1e-6 per call): the release is those two items, then the bottom symbol as a row with item
+    NULL. Fails if the bottom were dropped or shown as an item."""
+    table = register(np.concatenate([[1000.0, 1000.0], np.full(48, 5.0)]))
+    analyst = make_role(epsilon=100.0, delta=TOTAL_DELTA)
+    for _ in range(3):
+        rows = call(analyst, MECHANISMS["limited_domain"][0], table, 3, 10, 1.0, 1e-6)
+        assert [p for p, _ in rows] == [1, 2, 3]
+        assert {rows[0][1], rows[1][1]} == {"0", "1"} and rows[2][1] is None
+    cost = limited_domain_cost(3, 1.0, 1e-6)  # charged whatever it released
+    assert spent(pg_conninfo, analyst) == (
+        pytest.approx(compose([cost] * 3, TOTAL_DELTA).epsilon),
+        3,
+    )
+
+
+def test_exponential_mechanism_law(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    """600 unseeded calls of topk.exponential_mechanism on counts (3, 2, 1, 0) at epsilon = 1,
+    chi-square against its law P(i) = exp(epsilon h_i) / sum_j exp(epsilon h_j)
+    (mechanisms/exponential.py, add/remove neighbours; the least likely item expected ~19
+    times). A scale off by 2 (exp(h_i / 2)) moves the statistic past 60; false-failure rate
+    0.1% (p < 0.001)."""
+    scores = np.array([3.0, 2.0, 1.0, 0.0])
+    epsilon, calls = 1.0, 600
+    table = register(scores)
+    analyst = make_role(epsilon=1e6)
+    seen: Counter[int] = Counter()
+    with _connect(analyst) as conn:
+        for _ in range(calls):
+            ((item,),) = conn.execute(
+                "SELECT item FROM topk.exponential_mechanism(%s::regclass, %s)", [table, epsilon]
+            ).fetchall()
+            seen[int(item)] += 1
+    law = np.exp(epsilon * scores) / np.exp(epsilon * scores).sum()
+    observed = np.array([seen[i] for i in range(len(scores))])
+    assert observed.sum() == calls and (law * calls).min() > 10
+    assert stats.chisquare(observed, law * calls).pvalue > 1e-3

@@ -1,5 +1,9 @@
 """`topk.private_top_k(...)`: the private top-k as a SQL function inside PostgreSQL (PL/Python).
 
+With it, topk.exponential_mechanism, peeling_top_k, joint_top_k and limited_domain_top_k (the
+mechanisms of topk_middleware/mechanisms that fit one table-function call), each charged its
+module's own cost through `budget=`; a bottom symbol (limited domain) is a last row with item NULL.
+
 Installed by `topk-middleware install-sql --dsn ...` (`install`), from the SQL in
 topk_middleware/sql/install.sql. Two halves live here:
 
@@ -30,6 +34,7 @@ import math
 import os
 import shutil
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -325,26 +330,32 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     return table
 
 
-def server_release(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
-) -> list[tuple[int, str]]:
-    """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
-    import sqlalchemy as sa
-
-    from .accounting import BudgetExceeded
-    from .api import NOISES, check_common, private_top_k
-    from .ledger import LedgerBudget
-
-    arguments = {"source": source, "k": k, "epsilon": epsilon, "delta": delta, "noise": noise}
+def _no_nulls(plpy: Any, **arguments: Any) -> None:
     for name, value in arguments.items():
         if value is None:
             _refuse(plpy, f"{name} must not be NULL", NULL_ARGUMENT)
+
+
+def _checked(plpy: Any, check: Callable[..., None], *arguments: Any) -> None:
+    """Run a mechanism's own argument check; its refusal as invalid_parameter_value."""
     try:
-        check_common(k, epsilon, delta)
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
+        check(*arguments)
     except (TypeError, ValueError) as error:
         _refuse(plpy, str(error), INVALID)
+
+
+def _charged_release(
+    plpy: Any, GD: dict[str, Any], source: Any, run: Callable[[Any, Any], Any]
+) -> list[tuple[int, str | None]]:
+    """The common half of every release function: the source's registration, then `run(table,
+    budget)` (a mechanism given the SPI source and session_user's LedgerBudget as `budget=`: it
+    charges the ledger before reading any row, and logs its diagnostics there), its refusals in
+    the project's words; the rows (position, item) of the release."""
+    import sqlalchemy as sa
+
+    from .accounting import BudgetExceeded
+    from .ledger import LedgerBudget
+
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
     role = found["role"]
@@ -352,13 +363,13 @@ def server_release(
     budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
     try:
         try:
-            result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
+            result = run(table, budget)
         except sa.exc.DBAPIError as error:
             if not error.connection_invalidated:
                 raise
             # The ledger's connection had died (idle too long, server restart): once more on a
             # new one. Had the lost charge committed, it stays charged (never undercounted).
-            result = private_top_k(table, k, epsilon, delta, noise, budget=budget)
+            result = run(table, budget)
     except KeyError as error:
         if "has no budget" not in str(error):
             raise
@@ -382,7 +393,97 @@ def server_release(
             )
         raise
     release = result.release()
-    return [(position, str(item)) for position, item in enumerate(release.items, 1)]
+    rows: list[tuple[int, str | None]] = [
+        (position, str(item)) for position, item in enumerate(release.items, 1)
+    ]
+    if release.bottom:  # limited domain: fewer than k items beat the threshold
+        rows.append((len(rows) + 1, None))
+    return rows
+
+
+def server_release(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
+) -> list[tuple[int, str | None]]:
+    """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
+    from .api import NOISES, check_common, private_top_k
+
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise)
+
+    def check() -> None:
+        check_common(k, epsilon, delta)
+        if noise not in NOISES:
+            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
+
+    _checked(plpy, check)
+    return _charged_release(
+        plpy,
+        GD,
+        source,
+        lambda table, budget: private_top_k(table, k, epsilon, delta, noise, budget=budget),
+    )
+
+
+def server_exponential(
+    plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
+    """topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i) (mechanisms/exponential.py;
+    charged accounting.oneshot_cost("gumbel", 1, m, epsilon), as its `budget=` does)."""
+    from .api import check_common
+    from .mechanisms.exponential import exponential_mechanism
+
+    _no_nulls(plpy, source=source, epsilon=epsilon)
+    _checked(plpy, check_common, 1, epsilon, 0.0)
+    return _charged_release(
+        plpy, GD, source, lambda table, budget: exponential_mechanism(table, epsilon, budget=budget)
+    )
+
+
+def server_peeling(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
+    """topk.peeling_top_k: k exponential-mechanism steps of epsilon/k (mechanisms/peeling.py;
+    charged peeling_cost(k, epsilon))."""
+    from .api import check_common
+    from .mechanisms.peeling import peeling_top_k
+
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon)
+    _checked(plpy, check_common, k, epsilon, 0.0)
+    return _charged_release(
+        plpy, GD, source, lambda table, budget: peeling_top_k(table, k, epsilon, budget=budget)
+    )
+
+
+def server_joint(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+) -> list[tuple[int, str | None]]:
+    """topk.joint_top_k: a k-set from the joint exponential mechanism, in random order
+    (mechanisms/joint.py; charged joint_cost(epsilon))."""
+    from .api import check_common
+    from .mechanisms.joint import joint_top_k
+
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon)
+    _checked(plpy, check_common, k, epsilon, 0.0)
+    return _charged_release(
+        plpy, GD, source, lambda table, budget: joint_top_k(table, k, epsilon, budget=budget)
+    )
+
+
+def server_limited_domain(
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, k_bar: Any, epsilon: Any, delta: Any
+) -> list[tuple[int, str | None]]:
+    """topk.limited_domain_top_k: Durfee-Rogers Algorithm 1 (mechanisms/limited_domain.py;
+    charged limited_domain_cost(k, epsilon, delta)); a bottom symbol is a last row with item
+    NULL."""
+    from .mechanisms.limited_domain import check_limited_domain, limited_domain_top_k
+
+    _no_nulls(plpy, source=source, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta)
+    _checked(plpy, check_limited_domain, k, k_bar, epsilon, delta, None)
+    return _charged_release(
+        plpy,
+        GD,
+        source,
+        lambda table, budget: limited_domain_top_k(table, k, k_bar, epsilon, delta, budget=budget),
+    )
 
 
 def _is_lock_timeout(error: Exception) -> bool:
@@ -405,9 +506,7 @@ def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, 
     from .accounting import check_budget_total
     from .ledger import PRINCIPALS
 
-    for name, value in (("role", role), ("epsilon", epsilon), ("delta", delta)):
-        if value is None:
-            _refuse(plpy, f"{name} must not be NULL", NULL_ARGUMENT)
+    _no_nulls(plpy, role=role, epsilon=epsilon, delta=delta)
     try:
         check_budget_total(epsilon, delta)
     except (TypeError, ValueError) as error:
@@ -427,8 +526,7 @@ def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ..
     its total."""
     from .ledger import PRINCIPALS
 
-    if role is None:
-        _refuse(plpy, "role must not be NULL", NULL_ARGUMENT)
+    _no_nulls(plpy, role=role)
     name = _role_name(plpy, role)
     ledger = _ledger(plpy, GD)
     try:
@@ -464,7 +562,8 @@ def add_install_sql_parser(sub: Any) -> None:
     p = sub.add_parser(
         "install-sql",
         help="install topk.private_top_k(...) into a PostgreSQL database (PL/Python)",
-        description="Install the schema topk (topk.private_top_k, grant_budget, spent) into the "
+        description="Install the schema topk (topk.private_top_k, exponential_mechanism, "
+        "peeling_top_k, joint_top_k, limited_domain_top_k, grant_budget, spent) into the "
         "database of --dsn (a superuser), and optionally prepare and register a table.",
     )
     p.add_argument("--dsn", required=True, help="libpq DSN or URL of the database (superuser)")

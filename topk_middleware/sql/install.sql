@@ -56,8 +56,25 @@ AS $$
 return GD["topk"].server_release(plpy, GD, source, k, epsilon, delta, noise)
 $$;
 
--- What analysts call: the release, with its refusals as plain SQL errors (the SQLSTATE, message
--- and hint of topk._release, without PL/Python's exception name and traceback).
+-- What analysts and administrators call: plpgsql fronts over the PL/Python bodies (topk._*),
+-- which turn a refusal of the project (plpy.error "topk: ...") into a plain SQL error with its
+-- SQLSTATE, message and hint, without PL/Python's exception name and traceback.
+CREATE OR REPLACE FUNCTION topk._plain_refusal(state text, message text, hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF message NOT LIKE 'plpy.Error: topk: %' THEN
+        RETURN;  -- not a refusal of ours: the caller re-raises it as it came
+    END IF;
+    IF coalesce(hint, '') = '' THEN
+        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13), HINT = hint;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION topk.private_top_k(
     source regclass, k integer, epsilon double precision,
     delta double precision DEFAULT 0, noise text DEFAULT 'gumbel')
@@ -75,34 +92,203 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
         hint = PG_EXCEPTION_HINT;
-    IF message NOT LIKE 'plpy.Error: topk: %' THEN
-        RAISE;  -- not one of ours: as it came
-    END IF;
-    IF coalesce(hint, '') = '' THEN
-        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13);
-    END IF;
-    RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13), HINT = hint;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
 END
 $$;
 
-CREATE OR REPLACE FUNCTION topk.grant_budget(
-    role regrole, epsilon double precision, delta double precision DEFAULT 0)
+-- The other mechanisms of topk_middleware/mechanisms that fit a table function: the same
+-- registration check, the same durable charge (each mechanism's own cost, through its budget=).
+CREATE OR REPLACE FUNCTION topk._exponential_mechanism(
+    source regclass, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpython3u STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off
+AS $$
+{BOOT}
+return GD["topk"].server_exponential(plpy, GD, source, epsilon)
+$$;
+
+CREATE OR REPLACE FUNCTION topk.exponential_mechanism(
+    source regclass, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY
+        SELECT r."position", r.item FROM topk._exponential_mechanism(source, epsilon) AS r;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+CREATE OR REPLACE FUNCTION topk._peeling_top_k(
+    source regclass, k integer, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpython3u STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off
+AS $$
+{BOOT}
+return GD["topk"].server_peeling(plpy, GD, source, k, epsilon)
+$$;
+
+CREATE OR REPLACE FUNCTION topk.peeling_top_k(
+    source regclass, k integer, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY
+        SELECT r."position", r.item FROM topk._peeling_top_k(source, k, epsilon) AS r;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+CREATE OR REPLACE FUNCTION topk._joint_top_k(
+    source regclass, k integer, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpython3u STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off
+AS $$
+{BOOT}
+return GD["topk"].server_joint(plpy, GD, source, k, epsilon)
+$$;
+
+-- An unordered set: "position" is the order of a fresh random permutation, not a rank.
+CREATE OR REPLACE FUNCTION topk.joint_top_k(
+    source regclass, k integer, epsilon double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY
+        SELECT r."position", r.item FROM topk._joint_top_k(source, k, epsilon) AS r;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+CREATE OR REPLACE FUNCTION topk._limited_domain_top_k(
+    source regclass, k integer, k_bar integer, epsilon double precision,
+    delta double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpython3u STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off
+AS $$
+{BOOT}
+return GD["topk"].server_limited_domain(plpy, GD, source, k, k_bar, epsilon, delta)
+$$;
+
+-- At most k rows; when fewer than k items beat the threshold, the release ends with the
+-- bottom symbol: a last row whose item is NULL.
+CREATE OR REPLACE FUNCTION topk.limited_domain_top_k(
+    source regclass, k integer, k_bar integer, epsilon double precision,
+    delta double precision)
+RETURNS TABLE("position" integer, item text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY
+        SELECT r."position", r.item FROM topk._limited_domain_top_k(source, k, k_bar, epsilon, delta) AS r;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+CREATE OR REPLACE FUNCTION topk._grant_budget(
+    role regrole, epsilon double precision, delta double precision)
 RETURNS void
 LANGUAGE plpython3u VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, pg_temp SET jit = off
 AS $$
 {BOOT}
 GD["topk"].server_grant_budget(plpy, GD, role, epsilon, delta)
 $$;
 
-CREATE OR REPLACE FUNCTION topk.spent(role regrole)
+CREATE OR REPLACE FUNCTION topk.grant_budget(
+    role regrole, epsilon double precision, delta double precision DEFAULT 0)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    PERFORM topk._grant_budget(role, epsilon, delta);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+CREATE OR REPLACE FUNCTION topk._spent(
+    role regrole)
 RETURNS TABLE(epsilon double precision, delta double precision, rule text, releases integer,
               epsilon_total double precision, delta_total double precision)
 LANGUAGE plpython3u STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, pg_temp SET jit = off
 AS $$
 {BOOT}
 return GD["topk"].server_spent(plpy, GD, role)
+$$;
+
+CREATE OR REPLACE FUNCTION topk.spent(
+    role regrole)
+RETURNS TABLE(epsilon double precision, delta double precision, rule text, releases integer,
+              epsilon_total double precision, delta_total double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    RETURN QUERY SELECT s.epsilon, s.delta, s.rule, s.releases, s.epsilon_total,
+        s.delta_total FROM topk._spent(role) AS s;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
 $$;
 
 CREATE OR REPLACE FUNCTION topk.unregister_source(source regclass)
@@ -132,3 +318,17 @@ REVOKE EXECUTE ON FUNCTION topk.spent(regrole) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.exponential_mechanism(regclass, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._exponential_mechanism(regclass, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.peeling_top_k(regclass, integer, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._peeling_top_k(regclass, integer, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.joint_top_k(regclass, integer, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._joint_top_k(regclass, integer, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.limited_domain_top_k(regclass, integer, integer, double precision,
+    double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._limited_domain_top_k(regclass, integer, integer, double precision,
+    double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._grant_budget(regrole, double precision, double precision)
+    FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._spent(regrole) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._plain_refusal(text, text, text) FROM PUBLIC;
