@@ -5,7 +5,8 @@ mechanisms of topk_middleware/mechanisms that fit one table-function call), each
 module's own cost through `budget=`; a bottom symbol (limited domain) is a last row with item NULL.
 
 Installed by `topk-middleware install-sql --dsn ...` (`install`), from the SQL in
-topk_middleware/sql/install.sql. Two halves live here:
+topk_middleware/sql/install.sql and the function pairs of SQL_FUNCTIONS (`function_sql`). Two
+halves live here:
 
 * client side (`install`, `register_source`): create plpython3u and the schema `topk`, record
   where the server's Python finds the project (this checkout, first on sys.path) and its
@@ -32,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import sysconfig
 from collections.abc import Callable
@@ -76,13 +78,150 @@ class Installed:
 
 
 # ----- client side ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SqlFunction:
+    """A function of schema topk, installed as a pair: a PL/Python body `topk.<body>` that calls
+    `<server>` of this module, and the plpgsql front `topk.<name>` that administrators grant,
+    which turns the project's refusals into plain SQL errors (topk._plain_refusal). Both are
+    SECURITY DEFINER, and EXECUTE on both is revoked from PUBLIC. Releases are STABLE: every SPI
+    query of a call runs in the calling statement's snapshot, while their writes (the charge, the
+    log) go through the ledger's own connection, committed at once."""
+
+    name: str
+    body: str
+    params: str  # the front's parameters, defaults included
+    returns: str
+    server: str
+    volatility: str = "STABLE"
+    comment: str = ""
+
+
+RELEASE = 'TABLE("position" integer, item text)'
+SQL_FUNCTIONS = (
+    SqlFunction(
+        "private_top_k",
+        "_release",
+        "source regclass, k integer, epsilon double precision, "
+        "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel'",
+        RELEASE,
+        "server_release",
+        comment="Private top-k (Wu, Ohrimenko, Wirth 2023): best first with Gumbel noise, a set "
+        "in id order with Laplace; charged to session_user.",
+    ),
+    SqlFunction(
+        "exponential_mechanism",
+        "_exponential_mechanism",
+        "source regclass, epsilon double precision",
+        RELEASE,
+        "server_exponential",
+        comment="The exponential mechanism (k = 1), charged to session_user.",
+    ),
+    SqlFunction(
+        "peeling_top_k",
+        "_peeling_top_k",
+        "source regclass, k integer, epsilon double precision",
+        RELEASE,
+        "server_peeling",
+        comment="Peeling: k exponential mechanisms, best first, charged to session_user.",
+    ),
+    SqlFunction(
+        "joint_top_k",
+        "_joint_top_k",
+        "source regclass, k integer, epsilon double precision",
+        RELEASE,
+        "server_joint",
+        comment="The joint exponential mechanism: an unordered set, so position is the order of "
+        "a fresh random permutation, not a rank.",
+    ),
+    SqlFunction(
+        "limited_domain_top_k",
+        "_limited_domain_top_k",
+        "source regclass, k integer, k_bar integer, epsilon double precision, "
+        "delta double precision",
+        RELEASE,
+        "server_limited_domain",
+        comment="Limited domain: at most k rows; when fewer than k items beat the threshold, a "
+        "last row whose item is NULL stands for the bottom symbol.",
+    ),
+    SqlFunction(
+        "grant_budget",
+        "_grant_budget",
+        "role regrole, epsilon double precision, delta double precision DEFAULT 0",
+        "void",
+        "server_grant_budget",
+        volatility="VOLATILE",
+        comment="Set a role's privacy budget (its total); what it has spent is kept.",
+    ),
+    SqlFunction(
+        "spent",
+        "_spent",
+        "role regrole",
+        "TABLE(epsilon double precision, delta double precision, rule text, releases integer, "
+        "epsilon_total double precision, delta_total double precision)",
+        "server_spent",
+        comment="What a role has spent (composed) and its total.",
+    ),
+)
+
+
+def _parameters(params: str) -> tuple[str, str]:
+    """(the parameters without their defaults, their names) of a parameter list."""
+    bare = [re.sub(r"\s+DEFAULT\s+.*$", "", p.strip()) for p in params.split(",")]
+    return ", ".join(bare), ", ".join(p.split()[0] for p in bare)
+
+
+def function_sql(f: SqlFunction) -> str:
+    """The SQL that installs one SqlFunction (body, front, revokes, comment)."""
+    bare, args = _parameters(f.params)
+    call = (
+        f"PERFORM topk.{f.body}({args});"
+        if f.returns == "void"
+        else f"RETURN QUERY SELECT * FROM topk.{f.body}({args});"
+    )
+    comment = f.comment.replace("'", "''")
+    return f"""
+CREATE OR REPLACE FUNCTION topk.{f.body}({bare})
+RETURNS {f.returns}
+LANGUAGE plpython3u {f.volatility} SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET jit = off
+AS $$
+{BOOT}
+return GD["topk"].{f.server}(plpy, GD, {args})
+$$;
+
+CREATE OR REPLACE FUNCTION topk.{f.name}({f.params})
+RETURNS {f.returns}
+LANGUAGE plpgsql {f.volatility} SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    {call}
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+        hint = PG_EXCEPTION_HINT;
+    PERFORM topk._plain_refusal(state, message, hint);
+    RAISE;  -- not one of ours: as it came
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION topk.{f.body}({bare}), topk.{f.name}({bare}) FROM PUBLIC;
+COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
+"""
+
+
 def install_sql_text() -> str:
-    return (
+    """install.sql (schema, tables, helpers) followed by every SqlFunction."""
+    static = (
         resources.files("topk_middleware")
         .joinpath("sql/install.sql")
         .read_text(encoding="utf-8")
         .replace("{BOOT}", BOOT)
     )
+    return static + "".join(function_sql(f) for f in SQL_FUNCTIONS)
 
 
 def default_paths() -> tuple[str, str]:
