@@ -37,6 +37,7 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.validation import first_line
 
 from ._sql import (
     FINGERPRINT_TAG,
@@ -218,7 +219,7 @@ class DuckDBTable:
             try:
                 con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             except duckdb.Error as error:
-                raise ValueError(f"DuckDB table {name!r}: {_first_line(error)}") from None
+                raise ValueError(f"DuckDB table {name!r}: {first_line(error)}") from None
         kind = con.execute(f"DESCRIBE SELECT {ii} FROM {i}").fetchone()[1]
         binary = ' COLLATE "binary"' if kind.startswith(TEXT_TYPES) else ""
         on = f"v.{vi}{binary} = i.{ii}{binary}"  # byte-wise, whatever default_collation says
@@ -263,7 +264,7 @@ class DuckDBTable:
         try:
             described = self._con.execute(f"DESCRIBE SELECT * FROM {self._base}").fetchall()
         except duckdb.Error as error:
-            raise ValueError(f"{self.where} cannot be read: {_first_line(error)}") from None
+            raise ValueError(f"{self.where} cannot be read: {first_line(error)}") from None
         types = {name: kind for name, kind, *_ in described}
         for column in (self.id_column, self.score_column):
             if column not in types:
@@ -970,7 +971,3 @@ def _rows(result: dict[str, Any]) -> Rows:
 def _literal(text: str) -> str:
     """A DuckDB string literal (quotes doubled)."""
     return "'" + text.replace("'", "''") + "'"
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]

@@ -57,6 +57,7 @@ from psycopg.pq import TransactionStatus
 
 from topk_middleware.access import Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.validation import first_line
 
 from ._sql import (
     FINGERPRINT_TAG,
@@ -235,7 +236,7 @@ class PostgresTable:
                         columns = sql.SQL(", ").join(cols)
                         conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
                 except psycopg.Error as error:
-                    raise ValueError(f"PostgreSQL table {label!r}: {_first_line(error)}") from None
+                    raise ValueError(f"PostgreSQL table {label!r}: {first_line(error)}") from None
             try:
                 with conn.transaction():
                     stray = conn.execute(
@@ -476,7 +477,7 @@ class PostgresTable:
         except psycopg.errors.QueryCanceled as error:
             raise TimeoutError(
                 f"{self.where}: prepare() was stopped by its statement_timeout of "
-                f"{statement_timeout} s ({_first_line(error)}); nothing was changed"
+                f"{statement_timeout} s ({first_line(error)}); nothing was changed"
             ) from None
         finally:
             conn.isolation_level = saved
@@ -724,7 +725,7 @@ class PostgresTable:
             except psycopg.OperationalError as error:
                 raise ConnectionError(
                     f"{self.where}: the connection to PostgreSQL was lost and reconnecting failed "
-                    f"({_first_line(error)})"
+                    f"({first_line(error)})"
                 ) from None
             return self._conn
         raise ConnectionError(
@@ -782,7 +783,7 @@ class PostgresTable:
                 raise
             raise ConnectionError(
                 f"{self.where}: the connection to PostgreSQL was lost during the run "
-                f"({_first_line(error)}); "
+                f"({first_line(error)}); "
                 + (
                     "the next run reconnects"
                     if self._owns_connection and self._conninfo
@@ -1009,7 +1010,3 @@ def _seq_scans(plan: Any, limited: bool = False) -> Iterator[str]:
         for value in plan.values():
             if isinstance(value, list | dict):
                 yield from _seq_scans(value, limited)
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topk_middleware.validation import first_line
+
 DUCKDB_SUFFIXES = (".duckdb", ".db")
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT_SECONDS = 10
@@ -51,11 +53,6 @@ class StoreURL:
     kind: str
     target: str
     shown: str
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _hide_password(url: str) -> str:
@@ -147,7 +144,7 @@ def open_table(
 
 def _needs(extra: str, error: ImportError) -> StoreArgumentError:
     return StoreArgumentError(
-        f"this store needs the {extra!r} extra ({_first_line(error)}): "
+        f"this store needs the {extra!r} extra ({first_line(error)}): "
         f"pip install 'topk_middleware[{extra}]'"
     )
 
@@ -177,7 +174,7 @@ def _duckdb_table(
         con = duckdb.connect(os.fspath(url.target), read_only=read_only)
     except duckdb.Error as error:
         raise StoreConnectionError(
-            f"cannot open the DuckDB file {url.shown!r}: {_first_line(error)}"
+            f"cannot open the DuckDB file {url.shown!r}: {first_line(error)}"
         ) from None
     try:
         yield DuckDBTable(con, table, id=id, score=score, **options)
@@ -199,14 +196,14 @@ def _postgres_table(
     try:
         given = conninfo_to_dict(url.target)
     except psycopg.ProgrammingError as error:
-        raise StoreArgumentError(f"{url.shown!r}: {_first_line(error)}") from None
+        raise StoreArgumentError(f"{url.shown!r}: {first_line(error)}") from None
     timeout = {} if "connect_timeout" in given else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
     conninfo = make_conninfo(url.target, **timeout)
     try:
         conn = psycopg.connect(conninfo, autocommit=True)
     except psycopg.Error as error:
         raise StoreConnectionError(
-            f"cannot connect to PostgreSQL at {url.shown}: {_first_line(error)}"
+            f"cannot connect to PostgreSQL at {url.shown}: {first_line(error)}"
         ) from None
     try:
         yield PostgresTable(conn, table, id=id, score=score, schema=schema, mode=mode)
@@ -228,7 +225,7 @@ def _sqlalchemy_table(
         engine = sa.create_engine(url.target)
     except (ImportError, sa.exc.ArgumentError) as error:
         raise StoreArgumentError(
-            f"SQLAlchemy cannot load a driver for {url.shown} ({_first_line(error)}): install "
+            f"SQLAlchemy cannot load a driver for {url.shown} ({first_line(error)}): install "
             "it, or name another driver in the URL"
         ) from None
     try:
@@ -237,7 +234,7 @@ def _sqlalchemy_table(
                 conn.execute(sa.select(1))
         except sa.exc.DBAPIError as error:
             raise StoreConnectionError(
-                f"cannot connect to {url.shown}: {_first_line(error.orig)}"
+                f"cannot connect to {url.shown}: {first_line(error.orig)}"
             ) from None
         yield SQLAlchemyTable(engine, table, id=id, score=score, schema=schema, mode=mode)
     finally:

@@ -49,6 +49,7 @@ from .api import METHODS, NOISES, Diagnostics, Release, TopKResult, check_common
 from .export import plain, release_dict
 from .ledger import PRINCIPALS as LEDGER_PRINCIPALS
 from .ledger import LedgerBudget, PrivacyLedger
+from .validation import first_line
 
 if TYPE_CHECKING:
     from adapters._sql import AccessCheck
@@ -223,19 +224,19 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
             warnings.simplefilter("default")
             code = handler(args)
     except (UsageError, StoreArgumentError) as error:
-        problem = (EXIT_USAGE, _first_line(error))
+        problem = (EXIT_USAGE, first_line(error))
     except BudgetExceeded as error:
-        problem = (EXIT_BUDGET, f"budget exceeded: {_first_line(error)}")
+        problem = (EXIT_BUDGET, f"budget exceeded: {first_line(error)}")
     except KeyboardInterrupt:
         problem = (EXIT_INTERRUPTED, "interrupted")
     except Exception as error:  # every other failure: the message, never a traceback
-        message = _first_line(error)
+        message = first_line(error)
         if "prepare()" in message:
             live = " --mode live" if getattr(args, "mode", None) == "live" else ""
             message += f" (on the command line: {PROG} prepare URL --table TABLE{live})"
         problem = (EXIT_FAILED, message)
     for warning in caught:
-        print(f"{name}: warning: {_first_line(warning.message)}", file=sys.stderr)  # type: ignore[arg-type]
+        print(f"{name}: warning: {first_line(warning.message)}", file=sys.stderr)  # type: ignore[arg-type]
     if problem is not None:
         print(f"{name}: error: {problem[1]}", file=sys.stderr)
         return problem[0]
@@ -263,7 +264,7 @@ def demo_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         demo(args.m, args.k, args.epsilon, args.seed, args.data_dir)
     except Exception as error:  # no traceback: the message, and a non-zero exit code
-        print(f"topk_middleware demo: error: {_first_line(error)}", file=sys.stderr)
+        print(f"topk_middleware demo: error: {first_line(error)}", file=sys.stderr)
         return 1
     return 0
 
@@ -354,7 +355,7 @@ def release_command(args: argparse.Namespace) -> int:
     try:
         check_common(args.k, args.epsilon, args.delta)
     except (TypeError, ValueError) as error:
-        raise UsageError(_first_line(error)) from None
+        raise UsageError(first_line(error)) from None
     if (args.ledger is None) != (args.principal is None):
         raise UsageError("--ledger and --principal go together: whose budget, in which ledger")
     ledger = None if args.ledger is None else open_ledger(args.ledger, create=False)
@@ -572,7 +573,7 @@ def budget_command(args: argparse.Namespace) -> int:
         try:
             check_budget_total(args.grant, args.grant_delta)
         except (TypeError, ValueError) as error:
-            raise UsageError(_first_line(error)) from None
+            raise UsageError(first_line(error)) from None
     if not args.principal:
         raise UsageError("--principal must not be empty")
     ledger = open_ledger(args.ledger, create=args.grant is not None)
@@ -632,14 +633,14 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
         engine = sa.create_engine(url)
     except (ImportError, sa.exc.ArgumentError) as error:
         raise UsageError(
-            f"--ledger {shown}: SQLAlchemy cannot load its driver ({_first_line(error)})"
+            f"--ledger {shown}: SQLAlchemy cannot load its driver ({first_line(error)})"
         ) from None
     try:
         with engine.connect() as conn:
             exists = sa.inspect(conn).has_table(LEDGER_PRINCIPALS)
     except sa.exc.DBAPIError as error:
         raise StoreConnectionError(
-            f"cannot connect to the ledger at {shown}: {_first_line(error.orig)}"
+            f"cannot connect to the ledger at {shown}: {first_line(error.orig)}"
         ) from None
     finally:
         engine.dispose()
@@ -695,8 +696,3 @@ def demo_argument_error(m: int, k: int, epsilon: float, seed: int | None) -> str
     if seed is not None and seed < 0:
         return f"--seed must be >= 0, got {seed}"
     return None
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

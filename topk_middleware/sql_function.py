@@ -42,6 +42,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .validation import first_line
+
 SCHEMA = "topk"
 SERVER_DIR = "/var/lib/topk_middleware"  # where a copy readable by the server goes (`stage`)
 PROJECT_PACKAGES = ("topk_middleware", "adapters")  # what the server's Python imports of ours
@@ -315,7 +317,7 @@ def install(
     try:
         conn = psycopg.connect(dsn, autocommit=True)
     except psycopg.Error as error:
-        raise InstallError(f"cannot connect to {dsn!r}: {_first_line(error)}") from None
+        raise InstallError(f"cannot connect to {dsn!r}: {first_line(error)}") from None
     with conn:
         available = conn.execute(
             "SELECT count(*) FROM pg_available_extensions WHERE name = 'plpython3u'"
@@ -345,7 +347,7 @@ def install(
                 )
         except psycopg.errors.InsufficientPrivilege as error:
             raise InstallError(
-                f"install-sql needs a superuser (plpython3u is untrusted): {_first_line(error)}"
+                f"install-sql needs a superuser (plpython3u is untrusted): {first_line(error)}"
             ) from None
         try:
             server = conn.execute("SELECT topk._check()").fetchone()[0]
@@ -358,7 +360,7 @@ def install(
                 else ""
             )
             raise InstallError(
-                f"the server's Python cannot run the project: {_first_line(error)} (project "
+                f"the server's Python cannot run the project: {first_line(error)} (project "
                 f"{project_path}, site-packages {site_packages}, ledger {ledger_dsn!r}){why}"
             ) from None
     return Installed(project_path, site_packages, ledger_dsn, server)
@@ -728,8 +730,3 @@ def run_install_sql(args: Any) -> int:
         name = register_source(args.dsn, table, args.id, args.score, schema=schema or None)
         print(f"registered {name} (id {args.id}, score {args.score})")
     return 0
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

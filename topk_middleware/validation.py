@@ -127,3 +127,10 @@ def _check_numeric_ids(ids: np.ndarray, m: int, where: str) -> tuple[np.ndarray,
         out[:] = ids.tolist()
         return out, key
     return ids.astype(np.int64), key
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message as one line (its first), or its type's name when it has none: how
+    the CLI, install-sql and the adapters quote a store's or a driver's error in their own."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
