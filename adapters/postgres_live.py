@@ -36,28 +36,38 @@ By default positions are not ranks: nothing is inferred from tied neighbours and
 tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row
 at m = 10^7, the ~10^4 random accesses of a plateau run included).
 
-`max_score_runs=N` (N > 0; 0 is the default) lets a run name items by canonical rank when its
-snapshot holds few runs of tied scores. In the run's transaction, right after m, one query skips
-down the (score DESC, id) B-tree (a recursive CTE: one index probe per distinct score, stopping
-past N) and, if the scores were at most N, counts each run by index scan, each count stopped at
-`run_count_rows` / (number of runs) rows; the one run that may reach that bound (count data has
-one very large run, of zeros or ones) is sized as m minus the others. Then positions are the
-canonical ranks of that snapshot (a dense position map, so the output law is the one-shot law
-and the answer for a seed is the rank-ordered ArraySource's): sorted access reads the B-tree
-alone and returns depths as positions; the core answers random access from the runs
-(`ScoreRuns`, read with the run's first queries); the row at a rank (an id to release) is read
-at (its run's score, its offset in the run) through the B-tree, walked from the run's nearer end.
-Otherwise (more distinct scores, or two runs too large to count) the run uses the position
-table as above. The choice depends on the data only and changes no answer's law: an operator
+Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
+data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
+right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
+per distinct score, stopping past N) and, if the scores were at most N, counts each run by index
+scan, each count stopped at `run_count_rows` / (number of runs) rows; the one run that may reach
+that bound (count data has one very large run, of zeros or ones) is sized as m minus the others.
+The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE)
+put the distinct scores above 4 N: a stale estimate changes the cost, never an answer. Then
+positions are the canonical ranks of that snapshot (a dense position map, so the output law is
+the one-shot law): sorted access reads the B-tree alone and returns depths as positions; the core
+answers random access from the runs (`ScoreRuns`, read with the run's first queries); the row at
+a rank (an id to release) is read at (its run's score, its offset in the run) through the B-tree,
+walked from the nearer of: the run's start, the last row the cursor served, the run's end.
+Otherwise (more distinct scores, or two runs too large to count) the run uses the position table
+as above. The choice depends on the data only and changes no answer's law: an operator
 diagnostic (`positions_are_ranks`, `score_run_count()`).
 
-Why it is not the default: an offset in a run is read by walking it (PostgreSQL's B-tree keeps
-no subtree counts), ~2.5 us a row on a table whose visibility map the writes cleared (measured at
-m = 10^7: an id 10^5 deep in a run, 0.26 s; 10^6 deep, 2.2-2.6 s). Releases from a well-separated
-top (the plateau instance, zipf) read their ids in the fetched prefix and never pay it, but where
-the k released items fall deep in the largest run (most counts zero, noise above the gap to
-them) each would cost seconds. A bijection of the ranks beyond the fetched prefix that is cheap
-to evaluate (law-preserving by exchangeability of tied items) would remove that cost; not built.
+Deep in a long run. PostgreSQL's B-tree keeps no subtree counts, so an offset is a walk, ~2.5 us a
+row on a table whose visibility map the writes cleared (measured at m = 10^7: 0.26 s for an id
+10^5 deep in a run, 2.2-2.6 s for 10^6). Items of one run are exchangeable: the mechanism decided
+everything beyond the fetched prefix from the runs' scores alone, so a bijection between a run's
+unread ranks and its unread items drawn independently of the noise leaves the output law
+unchanged (access.ExchangeableTies). A release therefore names a rank more than RUN_WALK_ROWS
+rows from every walk's start by a uniformly random item of the run's unread middle (the items
+between the canonical rows RUN_WALK_ROWS from either end), drawn from the run's generator:
+uniform positions of the position table, kept when their row is in that middle and not drawn
+before (rejection sampling; one query per round, about (ranks to name) / (middle / m) positions),
+unless walking is the cheaper of the two for that run (a short run in a large table). Ranks near
+either end keep their canonical rows. Once a run has drawn items, sorted access may not reach its
+middle (no mechanism reads on after naming its release: refused as a broken invariant). With a
+seed the draw is reproducible; the answer for a seed then equals the rank-ordered ArraySource's
+except for items deep in a tied run, which are the same in law.
 
 Zero-vote items are rows with score 0 (a `from_votes` counts table has them): they count in m
 and come last in sorted access.
@@ -67,9 +77,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -94,12 +105,20 @@ from .postgres import PostgresTable, _seq_scans
 CURSOR_TUPLE_FRACTION = 1e-6
 
 
-# With `max_score_runs=N` (N > 0; 0, the default, never), a run learns its snapshot's runs of
-# tied scores when there are at most N distinct scores (one index probe each) and counting all
-# runs but the largest reads at most `run_count_rows` rows; it then serves positions = ranks
-# (module docstring). MAX_SCORE_RUNS is the value the freshness benchmark uses.
+# A run learns its snapshot's runs of tied scores when there are at most `max_score_runs`
+# distinct scores (one index probe each; 0: never) and counting all runs but the largest reads at
+# most `run_count_rows` rows; it then serves positions = ranks (module docstring).
 MAX_SCORE_RUNS = 32
 RUN_COUNT_ROWS = 1 << 18
+# The probe is skipped when pg_stats puts the distinct scores above this many times the limit.
+DISTINCT_ESTIMATE_SLACK = 4
+# A released rank further than this from every start of a walk along its run is named by a draw
+# from the run's unread middle (module docstring: "Deep in a long run").
+RUN_WALK_ROWS = 1024
+# What one drawn position costs (a position-table probe and a row) in rows walked along a run.
+DRAW_COST_IN_WALKED_ROWS = 4
+# Positions drawn per round of the rejection sampling, at most.
+DRAW_BATCH_MAX = 1 << 16
 
 
 @dataclass
@@ -114,11 +133,27 @@ class _ScoreRuns:
 
 
 @dataclass
+class _Middle:
+    """The unread middle of one long run, whose items a release names by uniform draws: ranks
+    [first, stop), items with the run's score and an id strictly between `low` and `high` (the
+    canonical rows at first - 1 and stop)."""
+
+    first: int
+    stop: int
+    low: Any
+    high: Any
+    named: dict[int, tuple[Any, float]] = field(default_factory=dict)  # rank -> drawn row
+    taken: set[Any] = field(default_factory=set)  # ids drawn
+
+
+@dataclass
 class _LiveRun:
     m: int
     runs: _ScoreRuns | None = None  # set: this run serves positions = ranks
     cursor: psycopg.ServerCursor[Any] | None = None
     depth: int = 0  # the next depth the cursor serves
+    last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
+    middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
 
 
 def _short_name(base: str, suffix: str) -> str:
@@ -142,7 +177,7 @@ class LivePostgresTable(PostgresTable):
     def __init__(
         self,
         *args: Any,
-        max_score_runs: int = 0,
+        max_score_runs: int = MAX_SCORE_RUNS,
         run_count_rows: int = RUN_COUNT_ROWS,
         **kwargs: Any,
     ) -> None:
@@ -328,8 +363,9 @@ END
     # snapshot() is PostgresTable's: one REPEATABLE READ READ ONLY transaction (reconnecting once
     # if the connection was lost before the run read anything), whose first query is _live_m.
     def _open_run(self, conn: psycopg.Connection[Any]) -> _LiveRun:
-        m = self._live_m(conn)
-        return _LiveRun(m, self._score_runs(conn, m))
+        m, distinct = self._live_facts(conn)
+        few = distinct is None or distinct <= DISTINCT_ESTIMATE_SLACK * self.max_score_runs
+        return _LiveRun(m, self._score_runs(conn, m) if few else None)
 
     def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
         """The snapshot's runs of tied scores if they are few and cheap to count, else None.
@@ -405,8 +441,12 @@ END
                 pass  # the transaction is failing: its end closes the cursor
 
     def _live_m(self, reader: Any) -> int:
+        return self._live_facts(reader)[0]
+
+    def _live_facts(self, reader: Any) -> tuple[int, float | None]:
         """m, after checking that the position table and its triggers are there and the scores'
-        extremes: one query of a catalog lookup and three index probes."""
+        extremes, and the planner's estimate of the distinct scores (None without statistics):
+        one query of catalog lookups and three index probes."""
         # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
         # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows)
         # and a small cursor_tuple_fraction (walk the B-tree rather than sort).
@@ -418,7 +458,12 @@ END
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
-            "LIMIT 1)"
+            "LIMIT 1), "
+            "(SELECT max(CASE WHEN s.n_distinct >= 0 THEN s.n_distinct "
+            "ELSE -s.n_distinct * greatest(c.reltuples, 0) END) FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace JOIN pg_stats AS s "
+            "ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = {score_name} "
+            "WHERE c.oid = {base_name}::regclass)"
         ).format(
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
@@ -426,9 +471,10 @@ END
             pos=self._pos,
             score=self._score,
             base=self._base,
+            score_name=sql.Literal(self.score_column),
         )
         try:
-            _, _, triggers, m, top, bottom = reader.execute(query).fetchone()
+            _, _, triggers, m, top, bottom, distinct = reader.execute(query).fetchone()
         except psycopg.errors.UndefinedTable:
             triggers = 0
         if triggers != 3:
@@ -445,7 +491,7 @@ END
             raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
         if bottom < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
-        return int(m)
+        return int(m), None if distinct is None else float(distinct)
 
     def _live_state(self) -> _LiveRun:
         if self._run is None:
@@ -501,6 +547,11 @@ END
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
+        drawn = [mid.first for mid in run.middles.values() if mid is not None and mid.named]
+        if drawn and stop > min(drawn):
+            raise AccessError(
+                "sorted access after a release named items of a run by draws (module docstring)"
+            )
         if run.cursor is None or run.depth != start:
             if run.cursor is not None:
                 run.cursor.close()
@@ -515,50 +566,164 @@ END
         depth, run.depth = run.depth, run.depth + len(records)
         if run.runs is None:
             return rows_from_records(records)
+        if records:
+            run.last_id = records[-1][0]
         ranks = range(depth, depth + len(records))
         return rows_from_records([(r, i, s) for r, (i, s) in zip(ranks, records, strict=True)])
 
+    def _walks(self, runs: _ScoreRuns, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For each rank: its run, and the rows to walk to it from the run's start (or from the
+        cursor's last row, where the cursor stopped inside the run before it) and from the run's
+        end."""
+        run = self._live_state()
+        j = np.searchsorted(runs.first, ranks, side="right") - 1
+        start = runs.first[j]
+        anchored = (ranks >= run.depth) & (run.depth > start) & (run.last_id is not None)
+        front = np.where(anchored, ranks - run.depth, ranks - start)
+        back = runs.sizes[j] - 1 - (ranks - start)
+        return j, anchored, front, back
+
     def _read_ranks(self, runs: _ScoreRuns, ranks: np.ndarray) -> Rows:
-        """Rows at canonical ranks: each is (its run's score, its offset in the run) on the
-        (score DESC, id) B-tree, walked from the run's nearer end; one query for the batch."""
+        """Canonical rows at ranks: each is (its run's score, its offset) on the (score DESC, id)
+        B-tree, walked from the nearest start (`_walks`); one query for the batch."""
         if len(ranks) and (ranks.min() < 0 or ranks.max() >= runs.first[-1] + runs.sizes[-1]):
             raise AccessError("a rank outside [0, m) was asked for")
-        run = np.searchsorted(runs.first, ranks, side="right") - 1
-        offset = ranks - runs.first[run]
-        from_end = runs.sizes[run] - 1 - offset
-        forward = offset <= from_end
-        parts = self._order_parts()
+        j, anchored, front, back = self._walks(runs, ranks)
+        forward = front <= back
+        mode = np.where(forward, np.where(anchored, 1, 0), 2)
+        id_key = sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
         backward = [
             sql.SQL("{} ASC").format(self._score),
-            sql.SQL("{} DESC").format(
-                sql.SQL('{} COLLATE "C"').format(self._id) if self._text_ids else self._id
-            ),
+            sql.SQL("{} DESC").format(id_key),
+        ]
+        branch = (
+            "(SELECT b.{id} AS id, b.{score}::float8 AS score FROM {base} AS b "
+            "WHERE q.mode = {mode} AND b.{score} = (%(scores)s)[q.run + 1]{after} "
+            "ORDER BY b.{order} OFFSET q.o LIMIT 1)"
+        )
+        forward_order = sql.SQL(", b.").join(self._order_parts())
+        branches = [
+            sql.SQL(branch).format(
+                id=self._id,
+                score=self._score,
+                base=self._base,
+                mode=sql.Literal(number),
+                after=after,
+                order=order,
+            )
+            for number, after, order in (
+                (0, sql.SQL(""), forward_order),
+                (1, sql.SQL(" AND b.{} > %(after)s").format(id_key), forward_order),
+                (2, sql.SQL(""), sql.SQL(", b.").join(backward)),
+            )
         ]
         query = sql.SQL(
-            "SELECT q.r, x.id, x.score FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
-            "%s::bool[]) AS q(r, run, o, fwd) CROSS JOIN LATERAL ("
-            "(SELECT b.{id} AS id, b.{score}::float8 AS score FROM {base} AS b "
-            "WHERE q.fwd AND b.{score} = (%s)[q.run + 1] ORDER BY b.{forward} OFFSET q.o LIMIT 1) "
-            "UNION ALL (SELECT b.{id}, b.{score}::float8 FROM {base} AS b "
-            "WHERE NOT q.fwd AND b.{score} = (%s)[q.run + 1] ORDER BY b.{backward} "
-            "OFFSET q.o LIMIT 1)) AS x"
-        ).format(
-            id=self._id,
-            score=self._score,
-            base=self._base,
-            forward=sql.SQL(", b.").join(parts),
-            backward=sql.SQL(", b.").join(backward),
-        )
-        params = [
-            plain_values(ranks),
-            plain_values(run),
-            plain_values(np.where(forward, offset, from_end)),
-            forward.tolist(),
-            runs.values,
-            runs.values,
-        ]
+            "SELECT q.r, x.id, x.score FROM unnest(%(ranks)s::bigint[], %(runs)s::bigint[], "
+            "%(offsets)s::bigint[], %(modes)s::int[]) AS q(r, run, o, mode) CROSS JOIN LATERAL "
+            "({}) AS x"
+        ).format(sql.SQL(" UNION ALL ").join(branches))
+        params = {
+            "ranks": plain_values(ranks),
+            "runs": plain_values(j),
+            "offsets": plain_values(np.where(forward, front, back)),
+            "modes": plain_values(mode),
+            "scores": runs.values,
+            "after": self._live_state().last_id,
+        }
         with self._reading() as cur:
             return rows_from_records(cur.execute(query, params).fetchall())
+
+    def read_ranks_exchangeable(self, ranks: np.ndarray, rng: np.random.Generator) -> Rows:
+        """ExchangeableTies: rows for ranks beyond the fetched prefix, a rank deep in a long run
+        named by a uniform draw from the run's unread middle (module docstring), the others by
+        their canonical rows."""
+        run = self._live_state()
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if run.runs is None or not len(ranks):
+            return self.read_positions(ranks)
+        runs = run.runs
+        j, _, front, back = self._walks(runs, ranks)
+        walk = np.minimum(front, back)
+        deep = (ranks >= run.depth) & (walk > RUN_WALK_ROWS)
+        for index, middle in run.middles.items():  # ranks of a middle opened before: drawn
+            if middle is not None:
+                deep |= (j == index) & (ranks >= middle.first) & (ranks < middle.stop)
+        named: dict[int, tuple[Any, float]] = {}
+        walked = ~deep
+        for index in np.unique(j[deep]).tolist():
+            wanted = deep & (j == index)
+            middle = self._middle(run, runs, index, ranks[wanted], walk[wanted])
+            if middle is None:
+                walked |= wanted
+                continue
+            named.update(self._draw(run, runs, index, middle, ranks[wanted], rng))
+        if walked.any():
+            rows = self._read_ranks(runs, ranks[walked])
+            named.update(
+                zip(
+                    rows.positions.tolist(),
+                    zip(rows.ids.tolist(), rows.scores.tolist(), strict=True),
+                    strict=True,
+                )
+            )
+        return rows_from_records([(r, *named[r]) for r in ranks.tolist()])
+
+    def _middle(
+        self, run: _LiveRun, runs: _ScoreRuns, index: int, ranks: np.ndarray, walks: np.ndarray
+    ) -> _Middle | None:
+        """The run's unread middle, opened at its first deep rank (its bounds read as canonical
+        rows), or None where walking to the ranks costs less than drawing them (decided once
+        per run and snapshot, from its size: data, never noise)."""
+        if index in run.middles:
+            return run.middles[index]
+        start = max(int(runs.first[index]), run.depth)
+        stop = int(runs.first[index] + runs.sizes[index]) - 1 - RUN_WALK_ROWS
+        first = start + RUN_WALK_ROWS + 1
+        share = (stop - first) / run.m
+        if len(ranks) / share * DRAW_COST_IN_WALKED_ROWS >= float(walks.sum()):
+            run.middles[index] = None
+            return None
+        bounds = self._read_ranks(runs, np.asarray([first - 1, stop], dtype=np.int64))
+        low, high = bounds.ids.tolist()
+        middle = run.middles[index] = _Middle(first, stop, low, high)
+        return middle
+
+    def _draw(
+        self,
+        run: _LiveRun,
+        runs: _ScoreRuns,
+        index: int,
+        middle: _Middle,
+        ranks: np.ndarray,
+        rng: np.random.Generator,
+    ) -> dict[int, tuple[Any, float]]:
+        """Name the ranks of a middle not named yet by uniform items of the middle not drawn
+        yet: uniform positions, kept in draw order when their row lies in the middle."""
+        pending = sorted(set(ranks.tolist()) - middle.named.keys())
+        share = (middle.stop - middle.first) / run.m
+        key = sql.SQL('b.{} COLLATE "C"' if self._text_ids else "b.{}").format(self._id)
+        query = sql.SQL(
+            "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {base} AS b "
+            "ON b.{id} = p.id WHERE p.position = ANY(%s::bigint[]) AND b.{score} = %s "
+            "AND {key} > %s AND {key} < %s"
+        ).format(id=self._id, score=self._score, pos=self._pos, base=self._base, key=key)
+        with self._reading() as cur:
+            while pending:
+                size = min(DRAW_BATCH_MAX, math.ceil(1.5 * len(pending) / share) + 8)
+                drawn = rng.integers(0, run.m, size=size)
+                _, first_seen = np.unique(drawn, return_index=True)
+                order = drawn[np.sort(first_seen)]  # distinct positions, in draw order
+                params = [order.tolist(), runs.values[index], middle.low, middle.high]
+                found = {p: (i, s) for p, i, s in cur.execute(query, params).fetchall()}
+                for position in order.tolist():
+                    row = found.get(position)
+                    if row is None or row[0] in middle.taken:
+                        continue
+                    middle.taken.add(row[0])
+                    middle.named[pending.pop(0)] = row
+                    if not pending:
+                        break
+        return {r: middle.named[r] for r in ranks.tolist()}
 
     def read_positions(self, positions: np.ndarray) -> Rows:
         run = self._live_state()

@@ -202,26 +202,23 @@ class PostgresLiveEntry:
         self.store.close()
 
 
-class PostgresLiveRunsEntry(PostgresLiveEntry):
-    """PostgresTable(mode="live", max_score_runs=MAX_SCORE_RUNS): a run over few distinct scores
-    learns their runs in its snapshot and serves positions = canonical ranks."""
+class PostgresLivePositionsEntry(PostgresLiveEntry):
+    """PostgresTable(mode="live", max_score_runs=0): runs of tied scores off, every run names
+    items by the position table (the default `postgres-live` learns few runs and serves ranks)."""
 
-    name = "postgres-live-runs"
+    name = "postgres-live-positions"
 
     def prepare(self, table: str) -> None:
         from adapters.postgres import PostgresTable
-        from adapters.postgres_live import MAX_SCORE_RUNS
 
-        self.source = PostgresTable(
-            self.store.dsn, table, mode="live", max_score_runs=MAX_SCORE_RUNS
-        )
+        self.source = PostgresTable(self.store.dsn, table, mode="live", max_score_runs=0)
         self.source.prepare()
 
 
 STORES: dict[str, Callable[[Path], Any]] = {
     "duckdb": DuckDBEntry,
     "postgres-live": PostgresLiveEntry,
-    "postgres-live-runs": PostgresLiveRunsEntry,
+    "postgres-live-positions": PostgresLivePositionsEntry,
 }
 
 

@@ -163,16 +163,18 @@ def make_postgres_live_source(
     """PostgresTable(mode='live') whose positions are the input indexes: the table is created
     with every row (so the column types fit them all), cut to its first row, prepared (which
     installs the position triggers), and the other rows are copied in input order, each taking
-    the next position; the position table read back must show it."""
-    yield from _live_sources(pg_conninfo, pg_schema)
+    the next position; the position table read back must show it. Runs of tied scores are off
+    (`max_score_runs=0`): every histogram takes the position table."""
+    yield from _live_sources(pg_conninfo, pg_schema, max_score_runs=0)
 
 
 @pytest.fixture
 def make_postgres_live_runs_source(
     pg_conninfo: str, pg_schema: str
 ) -> Iterator[Callable[[Any, Any], PostgresTable]]:
-    """As make_postgres_live_source, with `max_score_runs=MAX_SCORE_RUNS`: on a histogram of few
-    distinct scores its runs serve positions = canonical ranks (int-ties, text-ties, plateau),
+    """As make_postgres_live_source, with the default `max_score_runs=MAX_SCORE_RUNS`: on a
+    histogram of few distinct scores its runs serve positions = canonical ranks (int-ties,
+    text-ties, plateau),
     on one of many the position table's input order (zipf, fractional); the suite's
     reference_for asks the store which."""
     yield from _live_sources(pg_conninfo, pg_schema, max_score_runs=MAX_SCORE_RUNS)

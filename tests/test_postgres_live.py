@@ -15,13 +15,15 @@ import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
+from scipy import stats
 
+from adapters import postgres_live
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
 from tests.helpers import CountingSource, plateau_histogram
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 from topk_middleware import private_top_k
-from topk_middleware.access import Rows
+from topk_middleware.access import AccessError, Rows
 
 Made = Callable[..., PostgresTable]
 
@@ -65,10 +67,13 @@ def execute(conninfo: str, source: PostgresTable, statement: str, *params: Any) 
         )
 
 
-def reference(conninfo: str, source: PostgresTable, positions: str = "input") -> ArraySource:
+def reference(conninfo: str, source: PostgresTable, positions: str | None = None) -> ArraySource:
     """ArraySource over the table's current counts, its arrays in the position table's order
     (read with the server, independently of the adapter's reads); with positions="ranks", the
-    rank-ordered reference a run serving canonical ranks must match."""
+    rank-ordered reference a run serving canonical ranks must match (None: whichever the
+    store serves now)."""
+    if positions is None:
+        positions = "ranks" if source.positions_are_ranks else "input"
     query = sql.SQL(
         "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {t} AS b "
         "ON b.{id} = p.id ORDER BY p.position"
@@ -359,7 +364,7 @@ def test_ranks_are_read_from_either_end_of_a_run(pg_conninfo: str, make_live: Ma
     [
         (np.arange(300) % 50, {"max_score_runs": 20}, "more distinct scores than max_score_runs"),
         (np.arange(300) % 2, {"max_score_runs": 20, "run_count_rows": 200}, "two large runs"),
-        (np.zeros(300), {}, "max_score_runs = 0 (the default)"),
+        (np.zeros(300), {"max_score_runs": 0}, "max_score_runs = 0 (runs off)"),
     ],
 )
 def test_many_or_costly_runs_keep_the_position_table(
@@ -406,3 +411,101 @@ def test_ranked_runs_take_the_runs_before_any_row_by_rank(
         assert got.items == ref.items
         assert got.accesses.random > 0 and got.accesses.rows_inferred > 0
         assert sum(by_rank) <= 5, by_rank
+
+
+def canonical_ranks(scores: np.ndarray, ids: np.ndarray) -> dict[Any, int]:
+    """Each id's rank in the canonical order (score descending, ties by id), computed here."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], ids[i]))
+    return {ids[i]: rank for rank, i in enumerate(order)}
+
+
+def test_deep_tied_ranks_are_named_by_uniform_draws(
+    pg_conninfo: str, make_live: Made, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank deep in a long run of tied scores is named by a uniformly random unread item of
+    the run's middle (postgres_live: "Deep in a long run"). In one snapshot the named rows have
+    the run's score and distinct ids of the middle; ranks near either end keep their canonical
+    rows; asking again gives the same rows; sorted access into the middle is then refused.
+    Across snapshots the canonical rank of the item named for one deep rank is uniform over the
+    middle (chi-square, 8 bins, 640 draws, 0.1% level). Fails if the draw were the canonical row
+    (every draw in the first bin), biased, repeated an item, or left the middle."""
+    monkeypatch.setattr(postgres_live, "RUN_WALK_ROWS", 8)
+    scores = np.zeros(400, dtype=np.int64)
+    scores[:10] = 5
+    ids = np.random.default_rng(3).permutation(400) * 7
+    source = make_live(scores, ids)
+    rank_of = canonical_ranks(scores, ids)
+    by_rank = {r: i for i, r in rank_of.items()}
+    # The cursor stops at depth 20, inside the zero run [10, 400): the middle is the ranks more
+    # than 8 rows from rank 19 and from rank 399, [29, 391).
+    deep, near = [30, 100, 250, 390], [21, 27, 395, 399]
+    with source.snapshot():
+        assert source.positions_are_ranks
+        source.read_sorted(0, 20)
+        rows = source.read_ranks_exchangeable(np.asarray(deep + near), np.random.default_rng(0))
+        assert rows.positions.tolist() == deep + near
+        assert rows.scores.tolist() == [0.0] * 8
+        named = rows.ids.tolist()
+        assert named[4:] == [by_rank[r] for r in near]
+        assert len(set(named[:4])) == 4 and all(29 <= rank_of[i] < 391 for i in named[:4])
+        again = source.read_ranks_exchangeable(np.asarray(deep), np.random.default_rng(1))
+        assert again.ids.tolist() == named[:4]
+        with pytest.raises(AccessError, match="sorted access after a release"):
+            source.read_sorted(20, 20)
+    drawn = []
+    for seed in range(640):
+        with source.snapshot():
+            source.read_sorted(0, 20)
+            rows = source.read_ranks_exchangeable(np.asarray([30]), np.random.default_rng(seed))
+        drawn.append(rank_of[rows.ids[0]])
+    counts = np.bincount((np.asarray(drawn) - 29) * 8 // (391 - 29), minlength=8)
+    assert stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+def test_releases_deep_in_a_tied_run_keep_the_one_shot_law(
+    pg_conninfo: str, make_live: Made, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every count tied (120 items, k = 2): the one-shot law releases each ordered pair of
+    distinct items with one probability, so the first item's canonical rank is uniform. Most
+    releases fall deep in the run and are named by draws (counted here). Chi-square over 12
+    bins of 10 ranks, 1,200 seeded releases, 0.1% level; fails if the drawn names were biased
+    towards the middle's start or end, or if a pair repeated an item."""
+    monkeypatch.setattr(postgres_live, "RUN_WALK_ROWS", 4)
+    ids = np.random.default_rng(5).permutation(120) * 3 + 1
+    scores = np.zeros(120, dtype=np.int64)
+    source = make_live(scores, ids)
+    rank_of = canonical_ranks(scores, ids)
+    draws = 0
+    draw = source._draw
+
+    def counted(*args: Any) -> dict[int, tuple[Any, float]]:
+        nonlocal draws
+        draws += 1
+        return draw(*args)
+
+    source._draw = counted  # type: ignore[method-assign]
+    first = []
+    for seed in range(1200):
+        items = private_top_k(source, 2, 1.0, method="threshold", seed=seed).items
+        assert len(set(items)) == 2
+        first.append(rank_of[items[0]])
+    assert draws > 600
+    counts = np.bincount(np.asarray(first) // 10, minlength=12)
+    assert stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+def test_statistics_of_many_scores_skip_the_runs_probe(pg_conninfo: str, make_live: Made) -> None:
+    """Where pg_stats puts the distinct scores above 4 x max_score_runs, a run does not probe for
+    runs: after ANALYZE of 200 distinct scores it uses the position table, and still does after
+    an UPDATE leaves 3 (stale statistics); the next ANALYZE lets runs serve ranks. Releases are
+    those of the matching reference throughout. Fails if the estimate were ignored (ranks at
+    once after the UPDATE) or misread (never ranks)."""
+    source = make_live(np.arange(300) % 200, np.arange(300) * 2)
+    execute(pg_conninfo, source, "ANALYZE {t}")
+    assert not source.positions_are_ranks
+    execute(pg_conninfo, source, "UPDATE {t} SET {score} = mod({score}, 3)")
+    assert not source.positions_are_ranks
+    assert_same_releases(source, reference(pg_conninfo, source, "input"), 3)
+    execute(pg_conninfo, source, "ANALYZE {t}")
+    assert source.positions_are_ranks and source.score_run_count() == 3
+    assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 3)

@@ -206,6 +206,26 @@ class _Prefix:
         self.size = need
 
 
+@runtime_checkable
+class ExchangeableTies(Protocol):
+    """Optional, for a store serving positions = ranks (ScoreRuns in hand) whose row at a rank deep
+    inside a long run of tied scores is dear to read (PostgreSQL's B-tree keeps no subtree
+    counts: the row at an offset is a walk along the run).
+
+    Items of one run have one score, and the mechanism decided everything beyond the fetched
+    prefix from scores alone (the runs), never from which item holds which rank there. So any
+    bijection between a run's unread ranks and its unread items that is drawn independently of
+    the noise leaves the output law unchanged (the one-shot law is invariant under permutations
+    of tied items). Such a store may name the item at an unread rank by a uniformly random unread
+    item of its run, drawn from `rng`, where that is cheaper than reading the canonical row."""
+
+    def read_ranks_exchangeable(self, ranks: np.ndarray, rng: np.random.Generator) -> Rows:
+        """Rows (rank, id, score) for ranks beyond the fetched prefix: each its canonical row or
+        an unread item of its run drawn uniformly from `rng`, one item per rank, consistently
+        within the snapshot."""
+        ...
+
+
 @dataclass
 class CountedAccess:
     """The only door from a mechanism to a store; it counts every access.
@@ -222,6 +242,9 @@ class CountedAccess:
 
     source: Source
     stats: AccessStats = field(default_factory=AccessStats)
+    # The run's generator, for stores that may name unread tied items by a draw
+    # (ExchangeableTies); None: canonical rows only.
+    rng: np.random.Generator | None = None
 
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
@@ -575,8 +598,11 @@ class CountedAccess:
 
     def _read_ids_of(self, positions: np.ndarray) -> None:
         """Read the rows at positions whose scores are known but whose ids were never read, in
-        one batch, checking that the scores agree."""
-        rows = self.source.read_positions(positions)
+        one batch, checking that the scores agree (ExchangeableTies: possibly drawn)."""
+        if self.ranked and self.rng is not None and isinstance(self.source, ExchangeableTies):
+            rows = self.source.read_ranks_exchangeable(positions, self.rng)
+        else:
+            rows = self.source.read_positions(positions)
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
         expected = self.scores_at(np.asarray(rows.positions, dtype=np.int64))

@@ -179,7 +179,7 @@ def private_top_k(
     rng = make_rng(seed)
     started = time.perf_counter()
     with source.snapshot():
-        access = CountedAccess(source)
+        access = CountedAccess(source, rng=rng)
         check_k_within(k, access.m)
         guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta), neighbours)
         if budget is not None:

@@ -315,7 +315,7 @@ def joint_top_k(
     rng = make_rng(seed)
     saved = copy.deepcopy(rng)  # the same u again if the whole histogram must be read
     with source.snapshot():
-        access = CountedAccess(source)
+        access = CountedAccess(source, rng=rng)
         m = access.m
         check_k_within(k, m)
         charge(budget, cost)

@@ -81,6 +81,9 @@ AS $$
 return GD["topk"].server_check(plpy, GD)
 $$;
 
+-- Explicit even with the default privileges above: those apply to functions created after them,
+-- and CREATE OR REPLACE keeps the grants of a function an older install created.
+REVOKE EXECUTE ON FUNCTION topk._plain_refusal(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
