@@ -140,12 +140,11 @@ class DeltaRefresh:
         rows or the delta would pass `fold_fraction` of m (the caller folds instead)."""
         n, c = self.n, self.n.collate
         self._run(
-            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.live AS l_live, "
-            "l.id AS l_id, l.score::DOUBLE AS l_score, s.rank IS NOT NULL AS s_live, "
+            "CREATE OR REPLACE TEMP TABLE __topk_mismatch AS SELECT l.rowid IS NOT NULL AS l_live, "
+            f"l.{n.id} AS l_id, l.{n.score}::DOUBLE AS l_score, s.rank IS NOT NULL AS s_live, "
             "s.id AS s_id, s.score::DOUBLE AS s_score, s.rank AS s_rank "
-            f"FROM (SELECT true AS live, {n.id} AS id, {n.score} AS score FROM {n.table}) AS l "
-            f"POSITIONAL JOIN {n.shadow} AS s "
-            f"WHERE l.id{c} IS DISTINCT FROM s.id{c} OR l.score IS DISTINCT FROM s.score"
+            f"FROM {n.table} AS l POSITIONAL JOIN {n.shadow} AS s "
+            f"WHERE l.{n.id}{c} IS DISTINCT FROM s.id{c} OR l.{n.score} IS DISTINCT FROM s.score"
         )
         row = self._run(
             f"SELECT (SELECT count(*) FROM {n.base}), count(*), count_if(l_live AND l_id IS NULL), "

@@ -205,7 +205,7 @@ def test_for_store_jumps_only_where_random_batches_are_flat() -> None:
     assert Batching.for_store(steep, k, m) == Batching()
     blocks = Batching.for_store(flat, k, m).blocks(k)
     first, second = next(blocks), next(blocks)
-    assert first == 2 * k and first + second >= 2 * (np.sqrt(m * k) + np.sqrt(m / 2))
+    assert first == 2 * k and first + second >= 1.25 * np.sqrt(m * k)
 
 
 @pytest.mark.parametrize("store", ["memory", "duckdb"])
