@@ -39,11 +39,12 @@ at m = 10^7, the ~10^4 random accesses of a plateau run included).
 Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
 data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
 right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
-per distinct score, stopping past N) and, if the scores were at most N, counts each run by index
-scan, each count stopped at `run_count_rows` / (number of runs) rows; the one run that may reach
-that bound (count data has one very large run, of zeros or ones) is sized as m minus the others.
+per distinct score, stopping past N) and, if the scores were at most N, counts each run but the
+last by index scan, each count stopped at `run_count_rows` / (number of runs) rows; the last
+(lowest score: on count data the one very large run of zeros) is sized as m minus the others, or,
+where another run reached the bound, counted too, that one then sized from m (`_score_runs`).
 The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE)
-put the distinct scores above 4 N: a stale estimate changes the cost, never an answer. Then
+put the distinct scores above 2 N: a stale estimate changes the cost, never an answer. Then
 positions are the canonical ranks of that snapshot (a dense position map, so the output law is
 the one-shot law): sorted access reads the B-tree alone and returns depths as positions; the core
 answers random access from the runs (`ScoreRuns`, read with the run's first queries); the row at
@@ -111,7 +112,7 @@ CURSOR_TUPLE_FRACTION = 1e-6
 MAX_SCORE_RUNS = 32
 RUN_COUNT_ROWS = 1 << 18
 # The probe is skipped when pg_stats puts the distinct scores above this many times the limit.
-DISTINCT_ESTIMATE_SLACK = 4
+DISTINCT_ESTIMATE_SLACK = 2
 # A released rank further than this from every start of a walk along its run is named by a draw
 # from the run's unread middle (module docstring: "Deep in a long run").
 RUN_WALK_ROWS = 1024
@@ -372,12 +373,16 @@ END
 
         One query: a skip scan down the (score DESC, id) B-tree (a recursive CTE, one index
         probe per distinct score, stopping past `max_score_runs`), then, if the scores were
-        few, a count of each run by index scan, each stopped at `run_count_rows` / (number of
-        runs) rows. At most one run may reach that bound: its size is m minus the others'. So
-        a run costs O(distinct scores + rows outside the largest run) whatever m is."""
+        few, a count of each run but the last (lowest score) by index scan, each stopped at
+        `run_count_rows` / (number of runs) rows. The last run, on count data the one very
+        large run of zeros, is sized as m minus the others. If instead another run reaches the
+        bound, the last is counted too (a second query) and at most one run may be that large:
+        its size is m minus the others'. So a run costs O(distinct scores + rows outside the
+        largest run) whatever m is."""
         limit = self.max_score_runs
         if limit < 1:
             return None
+        budget = max(self.run_count_rows, 1)
         query = sql.SQL(
             "WITH RECURSIVE d(s, n) AS ("
             "(SELECT b.{score}, 1 FROM {base} AS b WHERE b.{score} IS NOT NULL "
@@ -387,31 +392,40 @@ END
             "WHERE d.s IS NOT NULL AND d.n <= {limit}), "
             "r AS (SELECT s, n FROM d WHERE s IS NOT NULL), "
             "t AS (SELECT count(*) AS runs FROM r) "
-            "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} THEN (SELECT count(*) FROM "
-            "(SELECT 1 FROM {base} AS b WHERE b.{score} = r.s LIMIT {budget} / t.runs) AS c) END "
-            "FROM r, t ORDER BY r.n"
+            "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} AND r.n < t.runs THEN "
+            "(SELECT count(*) FROM (SELECT 1 FROM {base} AS b WHERE b.{score} = r.s "
+            "LIMIT {budget} / t.runs) AS c) END FROM r, t ORDER BY r.n"
         ).format(
-            score=self._score,
-            base=self._base,
-            limit=sql.Literal(limit),
-            budget=sql.Literal(max(self.run_count_rows, 1)),
+            score=self._score, base=self._base, limit=sql.Literal(limit), budget=sql.Literal(budget)
         )
         records = reader.execute(query).fetchall()
         if not records or len(records) > limit:
             return None
         values = [r[0] for r in records]
         scores = np.asarray([r[1] for r in records], dtype=np.float64)
-        sizes = np.asarray([r[2] for r in records], dtype=np.int64)
-        bound = max(self.run_count_rows, 1) // len(records)
+        if not bool(np.all(np.diff(scores) < 0)):
+            return None  # scores equal as float8
+        sizes = np.asarray([r[2] or 0 for r in records], dtype=np.int64)
+        bound = budget // len(records)
         capped = np.flatnonzero(sizes >= bound)
-        if len(capped) > 1 or not bool(np.all(np.diff(scores) < 0)):
-            return None  # two large runs (costly to count), or scores equal as float8
-        if len(capped):
-            sizes[capped[0]] = m - (int(sizes.sum()) - int(sizes[capped[0]]))
-        if int(sizes.sum()) != m or np.any(sizes[capped] < bound):
+        if len(capped) > 1:
+            return None  # two large runs: costly to count
+        if len(capped):  # the large run is not the last: count the last too
+            count = sql.SQL(
+                "SELECT count(*) FROM (SELECT 1 FROM {base} AS b WHERE b.{score} = %s "
+                "LIMIT {bound}) AS c"
+            ).format(base=self._base, score=self._score, bound=sql.Literal(bound))
+            sizes[-1] = reader.execute(count, [values[-1]]).fetchone()[0]
+            if sizes[-1] >= bound:
+                return None
+            large = int(capped[0])
+        else:
+            large = len(sizes) - 1
+        sizes[large] = m - (int(sizes.sum()) - int(sizes[large]))
+        if sizes[large] < (bound if len(capped) else 1):
             raise AccessError(
-                f"{self.where} has {int(sizes.sum())} rows by its runs of tied scores but "
-                f"{m} positions: the position table is out of step (call prepare())"
+                f"{self.where} has more rows by its runs of tied scores than its {m} "
+                "positions: the position table is out of step (call prepare())"
             )
         first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         return _ScoreRuns(first, sizes, scores, values)
@@ -448,11 +462,15 @@ END
         extremes, and the planner's estimate of the distinct scores (None without statistics):
         one query of catalog lookups and three index probes."""
         # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
-        # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows)
-        # and a small cursor_tuple_fraction (walk the B-tree rather than sort).
+        # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows),
+        # a small cursor_tuple_fraction (walk the B-tree rather than sort), and no sequential
+        # scan: every read of a live run has an index path, and statistics gone stale after
+        # writes (a value ANALYZE saw in 3 million rows, now in 17,000) made the planner count
+        # a run of tied scores by scanning the table (5.3 s at m = 10^7 instead of ~50 ms).
         query = sql.SQL(
             "SELECT set_config('jit', 'off', true), "
             "set_config('cursor_tuple_fraction', {fraction}, true), "
+            "set_config('enable_seqscan', 'off', true), "
             "(SELECT count(*) FROM pg_trigger WHERE tgrelid = {base_name}::regclass "
             "AND tgname LIKE {triggers} AND NOT tgisinternal), "
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
@@ -474,7 +492,7 @@ END
             score_name=sql.Literal(self.score_column),
         )
         try:
-            _, _, triggers, m, top, bottom, distinct = reader.execute(query).fetchone()
+            *_, triggers, m, top, bottom, distinct = reader.execute(query).fetchone()
         except psycopg.errors.UndefinedTable:
             triggers = 0
         if triggers != 3:

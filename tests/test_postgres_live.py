@@ -495,7 +495,7 @@ def test_releases_deep_in_a_tied_run_keep_the_one_shot_law(
 
 
 def test_statistics_of_many_scores_skip_the_runs_probe(pg_conninfo: str, make_live: Made) -> None:
-    """Where pg_stats puts the distinct scores above 4 x max_score_runs, a run does not probe for
+    """Where pg_stats puts the distinct scores above 2 x max_score_runs, a run does not probe for
     runs: after ANALYZE of 200 distinct scores it uses the position table, and still does after
     an UPDATE leaves 3 (stale statistics); the next ANALYZE lets runs serve ranks. Releases are
     those of the matching reference throughout. Fails if the estimate were ignored (ranks at
@@ -509,3 +509,21 @@ def test_statistics_of_many_scores_skip_the_runs_probe(pg_conninfo: str, make_li
     execute(pg_conninfo, source, "ANALYZE {t}")
     assert source.positions_are_ranks and source.score_run_count() == 3
     assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 3)
+
+
+def test_the_one_large_run_may_be_any_run(pg_conninfo: str, make_live: Made) -> None:
+    """The last run (lowest score) is sized as m minus the others without being counted; where
+    another run is the large one (most counts 1, a few 0), the last is counted too and the large
+    run sized from m. Either way the runs equal numpy's and releases are the rank reference's.
+    Fails if an uncounted run were sized wrong by one, or if the second count were skipped."""
+    rng = np.random.default_rng(4)
+    for low, middle in ((500, 40), (40, 500)):
+        scores = np.concatenate([np.full(30, 9), np.full(middle, 1), np.full(low, 0)])
+        ids = rng.permutation(len(scores)) * 2 + 1
+        source = make_live(scores, ids, run_count_rows=300)  # bound: 100 rows a run
+        with source.snapshot():
+            assert source.positions_are_ranks
+            first, run_scores = source.read_score_runs()
+        assert run_scores.tolist() == [9.0, 1.0, 0.0]
+        assert first.tolist() == [0, 30, 30 + middle]
+        assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 3)
