@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -920,8 +920,9 @@ class DuckDBTable:
             relation, position = self._ranked_source(run.ranked), "rank"
         digits = f"('0x' || substr(sha256($key || ':' || {position}::VARCHAR), 1, 13))::UBIGINT"
         value = f"score + {noise.sql(uniform_from_hex_sql(digits + '::DOUBLE'))}"
+        cut = cut_sql(relation, position, value, noise.ceiling, "$k")  # rows that can win
         query = (
-            f"SELECT {position} AS position, id, score FROM {relation} "
+            f"SELECT {position} AS position, id, score FROM {relation} WHERE score >= {cut} "
             f"ORDER BY {value} DESC, {position} ASC LIMIT $k"
         )
         got = run.cursor.execute(query, {"key": noise.key, "k": int(k)}).fetchnumpy()

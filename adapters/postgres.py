@@ -56,7 +56,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from topk_middleware.access import Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -962,11 +962,14 @@ class PostgresTable:
             "'hex'))::bit(56)::bigint >> 4)::float8"
         )
         value = f"r.score + {noise.sql(uniform_from_hex_sql(digits))}"
+        cut = cut_sql("{source} AS r", "r.rank", value, noise.ceiling, "%(k)s")  # can win
         query = sql.SQL(
-            "SELECT r.rank, r.id, r.score FROM {} AS r ORDER BY "
+            "SELECT r.rank, r.id, r.score FROM {source} AS r WHERE r.score >= "
+            + cut.replace("{", "{{").replace("}", "}}").replace("{{source}}", "{source}")
+            + " ORDER BY "
             + value.replace("{", "{{").replace("}", "}}")
             + " DESC, r.rank ASC LIMIT %(k)s"
-        ).format(self._ranked_source(run.ranked))
+        ).format(source=self._ranked_source(run.ranked))
         with self._reading() as cur:
             records = cur.execute(query, {"key": noise.key, "k": int(k)}).fetchall()
         ids = id_array([r[1] for r in records])

@@ -53,7 +53,7 @@ from adapters._sql import (
     plain_values,
 )
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
 
 # The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
 # the run's secret key, a bound parameter.
@@ -1231,8 +1231,11 @@ class SQLAlchemyTable:
                 value = f"{score} + {noise.sql(uniform)}"
                 params = {"key": noise.key, "k": int(k)}
             table = self._ranks.alias("r")
+            ranks = conn.dialect.identifier_preparer.format_table(self._ranks)
+            cut = cut_sql(f"{ranks} r", rank, value, noise.ceiling, ":k")  # rows that can win
             query = (
                 sa.select(table.c.rank, table.c.id, table.c.score)
+                .where(sa.text(f"{score} >= {cut}"))
                 .order_by(sa.text(f"{value} DESC"), table.c.rank.asc())
                 .limit(sa.bindparam("k"))
             )

@@ -55,6 +55,43 @@ def test_store_computes_the_keyed_noise(request: pytest.FixtureRequest, store: s
             assert np.array_equal(rows.scores, ranked[want])
 
 
+@pytest.mark.parametrize("noise", ["gumbel", "laplace"])
+@pytest.mark.parametrize("store", SQL_STORES)
+def test_rows_that_cannot_win_are_left_out_exactly(
+    request: pytest.FixtureRequest, store: str, noise: str
+):
+    """Scores spread far beyond the noise's ceiling: the store computes the keyed hash only for
+    rows with score >= (least noisy score of its k top rows) - ceiling, here under a tenth of
+    the table (checked in Python), and still returns exactly the top-k of score + noise over
+    all rows. Fails if the cut were too tight (without the ceiling: every store, both noises,
+    checked by mutation) or if the noise of the cut and of the ranking disagreed."""
+    rng = np.random.default_rng(11)
+    scores = (rng.integers(0, 400, 600) * 10).astype(float)
+    source = make(request, store, scores)
+    ranked = np.sort(scores)[::-1]
+    k = 6
+    with source.snapshot():
+        for trial in range(6):
+            keyed = KeyedNoise.draw(np.random.default_rng(100 + trial), noise, 3.0)
+            values = ranked + keyed.noises(np.arange(len(ranked)))
+            cut = values[:k].min() - keyed.ceiling
+            assert np.count_nonzero(ranked >= cut) < len(ranked) / 10
+            want = np.lexsort((np.arange(len(ranked)), -values))[:k]
+            assert source.read_oneshot(keyed, k).positions.tolist() == want.tolist()
+
+
+def test_the_ceiling_bounds_every_keyed_noise() -> None:
+    """KeyedNoise.ceiling is at least the noise of the largest uniform on the 2^-52 grid,
+    computed here from the grid's definition, for both noises and several scales; and not
+    loose by more than the stated margin of one scale."""
+    top = (2**52 - 1 + 0.5) / 2**52
+    for noise in ("gumbel", "laplace"):
+        for scale in (1e-3, 1.0, 20.0, 1e6):
+            keyed = KeyedNoise("00" * 16, noise, scale)
+            largest = keyed.noise_of_uniform(top)
+            assert largest <= keyed.ceiling <= largest + 2 * scale
+
+
 @pytest.mark.parametrize("store", SQL_STORES)
 def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, store: str):
     """Ranked pairs of the in-store Gumbel one-shot against exact Plackett-Luce probabilities

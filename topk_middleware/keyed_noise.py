@@ -13,6 +13,15 @@ then the noise by inverse CDF at the calibrated scale b: Gumbel Z = -b ln(-ln U)
 Z = b ln(2U) for U < 1/2, -b ln(2 - 2U) otherwise. SHA-256 exists in PostgreSQL, DuckDB and
 MariaDB (SHA2); SQLite takes `KeyedNoise.sqlite_function`, registered on its connection.
 
+Noise confined to rows that can win. The uniforms lie on a grid: U_p <= 1 - 2^-53, so no noise
+exceeds `KeyedNoise.ceiling` = b (53 ln 2 + 1) (Gumbel: -b ln(-ln U) <= b ln 2^53; Laplace:
+-b ln(2 - 2U) <= b ln 2^52; b more for rounding). Any k items' noisy scores bound the k-th
+largest of all from below: the store takes T = the least noisy score of its k top rows, and only
+rows with score >= T - ceiling can reach T, so it computes the keyed hash on those alone and
+returns the same k rows as over the whole table. On skewed data and plateaus the rows that can
+win are a few thousand; where scores are spread within ~37 b of the top (the uniform family) most
+rows still can, and the cost stays near the full evaluation's.
+
 Privacy rests on an assumption, stated here and in the README: SHA-256 keyed this way (a secret
 key prefixed to the message; no length extension matters, since the output is never extended) is
 a pseudo-random function, so that to anyone without the key the U_p are indistinguishable from
@@ -67,6 +76,11 @@ class KeyedNoise:
         """Z_p for each position (inverse CDF of U_p at the scale)."""
         return np.array([self.noise_of_uniform(u) for u in self.uniforms(positions)])
 
+    @property
+    def ceiling(self) -> float:
+        """An upper bound of every Z_p this noise gives (module docstring)."""
+        return self.scale * ((UNIFORM_BITS + 1) * math.log(2.0) + 1.0)
+
     def noise_of_uniform(self, u: float) -> float:
         b = self.scale
         if self.noise == "gumbel":
@@ -88,6 +102,16 @@ class KeyedNoise:
             f"(CASE WHEN {uniform} < 0.5 THEN {b} * ln(2.0 * {uniform}) "
             f"ELSE -{b} * ln(2.0 - 2.0 * {uniform}) END)"
         )
+
+
+def cut_sql(relation: str, position: str, value: str, ceiling: float, k: str) -> str:
+    """SQL of the least score a row of `relation` needs to reach the k-th largest noisy score
+    (module docstring): the least `value` (score + noise) of the rows at `position` < k, minus
+    the ceiling; any k rows bound it, a rank table's top k bound it tightly."""
+    return (
+        f"(SELECT min(top_rows.v) - {float(ceiling)!r} FROM (SELECT {value} AS v FROM {relation} "
+        f"WHERE {position} < {k}) AS top_rows)"
+    )
 
 
 def uniform_from_hex_sql(hex_digits: str) -> str:
