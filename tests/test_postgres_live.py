@@ -68,7 +68,8 @@ def execute(conninfo: str, source: PostgresTable, statement: str, *params: Any) 
 def reference(conninfo: str, source: PostgresTable, positions: str = "input") -> ArraySource:
     """ArraySource over the table's current counts, its arrays in the position table's order
     (read with the server, independently of the adapter's reads); with positions="ranks", the
-    rank-ordered reference a run serving canonical ranks must match."""
+    rank-ordered reference a run serving canonical ranks must match. It prices reads as the
+    store does (`store_costs`), so that method="auto" chooses alike on both."""
     query = sql.SQL(
         "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {t} AS b "
         "ON b.{id} = p.id ORDER BY p.position"
@@ -84,7 +85,9 @@ def reference(conninfo: str, source: PostgresTable, positions: str = "input") ->
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(source.schema, source.table))
         ).fetchone()
     assert [r[0] for r in records] == list(range(count))  # positions are dense 0..m-1
-    return ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
+    want = ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
+    want.store_costs = source.store_costs  # type: ignore[attr-defined]
+    return want
 
 
 def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:
