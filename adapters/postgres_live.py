@@ -155,6 +155,7 @@ class _LiveRun:
     depth: int = 0  # the next depth the cursor serves
     last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
     middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
+    served: set[Any] = field(default_factory=set)  # ids of rows read by rank (never drawn)
 
 
 def _short_name(base: str, suffix: str) -> str:
@@ -649,7 +650,9 @@ END
             "after": self._live_state().last_id,
         }
         with self._reading() as cur:
-            return rows_from_records(cur.execute(query, params).fetchall())
+            rows = rows_from_records(cur.execute(query, params).fetchall())
+        self._live_state().served.update(rows.ids.tolist())
+        return rows
 
     def read_ranks_exchangeable(self, ranks: np.ndarray, rng: np.random.Generator) -> Rows:
         """ExchangeableTies: rows for ranks beyond the fetched prefix, a rank deep in a long run
@@ -715,8 +718,9 @@ END
         ranks: np.ndarray,
         rng: np.random.Generator,
     ) -> dict[int, tuple[Any, float]]:
-        """Name the ranks of a middle not named yet by uniform items of the middle not drawn
-        yet: uniform positions, kept in draw order when their row lies in the middle."""
+        """Name the ranks of a middle not named yet by uniform items of the middle neither drawn
+        nor read by rank yet: uniform positions, kept in draw order when their row lies in the
+        middle."""
         pending = sorted(set(ranks.tolist()) - middle.named.keys())
         share = (middle.stop - middle.first) / run.m
         key = sql.SQL('b.{} COLLATE "C"' if self._text_ids else "b.{}").format(self._id)
@@ -735,7 +739,7 @@ END
                 found = {p: (i, s) for p, i, s in cur.execute(query, params).fetchall()}
                 for position in order.tolist():
                     row = found.get(position)
-                    if row is None or row[0] in middle.taken:
+                    if row is None or row[0] in middle.taken or row[0] in run.served:
                         continue
                     middle.taken.add(row[0])
                     middle.named[pending.pop(0)] = row

@@ -83,10 +83,11 @@ def test_accesses_within_the_corollary_4_3_bound() -> None:
     result = exponential_mechanism(counter, 1.0, seed=7, batching=Batching.sequential())
     a = result.accesses
     assert a.sorted == counter.sorted_rows
-    # A random access reads its row unless its score is pinned by tied neighbours (inferred); the
-    # released item's id is read at the end if its score was inferred: at most one more row.
+    # A random access reads its row unless its score is pinned by tied neighbours (inferred) or
+    # its bounds show it cannot matter (bounded); the released item's id is read at the end if its
+    # score was inferred: at most one more row.
     assert a.rows_inferred > 0  # the plateau's tail is tied
-    assert 0 <= counter.rank_rows - (a.random - a.rows_inferred) <= 1
+    assert 0 <= counter.rank_rows - (a.random - a.rows_inferred - a.rows_bounded) <= 1
 
 
 def test_bad_epsilon_is_refused_before_any_read() -> None:

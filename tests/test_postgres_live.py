@@ -71,7 +71,8 @@ def reference(conninfo: str, source: PostgresTable, positions: str | None = None
     """ArraySource over the table's current counts, its arrays in the position table's order
     (read with the server, independently of the adapter's reads); with positions="ranks", the
     rank-ordered reference a run serving canonical ranks must match (None: whichever the
-    store serves now)."""
+    store serves now). It prices reads as the store does (`store_costs`), so that method="auto"
+    chooses alike on both."""
     if positions is None:
         positions = "ranks" if source.positions_are_ranks else "input"
     query = sql.SQL(
@@ -89,7 +90,9 @@ def reference(conninfo: str, source: PostgresTable, positions: str | None = None
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(source.schema, source.table))
         ).fetchone()
     assert [r[0] for r in records] == list(range(count))  # positions are dense 0..m-1
-    return ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
+    want = ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
+    want.store_costs = source.store_costs  # type: ignore[attr-defined]
+    return want
 
 
 def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:

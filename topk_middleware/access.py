@@ -21,8 +21,10 @@ rank-ordered store agrees on positions, so one seed gives one answer on all of t
 table the answer for a seed depends on its positions, the output law does not.
 
 A mechanism never holds a store: it holds a `CountedAccess`, which is the only door to it and
-counts every row that passes, and every random access it can answer without a row because the
-sorted order already fixes the score (`AccessStats.rows_inferred`).
+counts every row that passes, every random access it can answer without a row because the
+sorted order already fixes the score (`AccessStats.rows_inferred`), and every random access a
+mechanism settled from bounds on the score alone (`AccessStats.rows_bounded`: block-max pruning,
+`CountedAccess.score_bounds`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .sorted_chunks import SortedChunks
+
+# The zone map of a rank-ordered store (`CountedAccess.tighten_bounds`): about this many ranks,
+# log-spaced from the end of the fetched prefix to the last rank.
+ZONE_MAP_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,13 @@ class AccessStats:
     access to an item that sorted access reaches later) where a batch holds it once. And a random
     access whose score is fixed by what is known of the sorted order (two known rows of equal
     score around it, or the store's runs of tied scores) is answered without a read
-    (`rows_inferred`; see `CountedAccess.fetch_ranks`). rows_fetched also counts the runs read.
-    Every sorted access is a distinct fetched row, and every random access a distinct fetched or
-    inferred row: rows_fetched >= sorted and rows_fetched + rows_inferred >= random.
+    (`rows_inferred`; see `CountedAccess.fetch_positions`). And where positions are ranks, a
+    random access whose item provably cannot change the answer, whatever its score within the
+    bounds the sorted order gives it, is settled without a read (`rows_bounded`; see
+    `CountedAccess.score_bounds` and mechanisms/threshold.py). rows_fetched also counts the runs
+    and the zone map read. Every sorted access is a distinct fetched row, and every random access
+    a distinct fetched, inferred or bounded row: rows_fetched >= sorted and
+    rows_fetched + rows_inferred + rows_bounded >= random.
     Access counts depend on the data: they are diagnostics for the operator, not private output.
     """
 
@@ -149,6 +159,7 @@ class AccessStats:
     rows_fetched: int = 0
     round_trips: int = 0
     rows_inferred: int = 0
+    rows_bounded: int = 0
 
     @property
     def total(self) -> int:
@@ -237,7 +248,9 @@ class CountedAccess:
     the paper counts them. Items are named by position (module docstring); `depths_of` tells
     where a position stands in the fetched prefix. Where positions are ranks, a random access
     beyond the fetched prefix may be served without a fetch when its score is fixed: by two known
-    neighbours of one score, or by the store's runs of tied scores (`fetch_positions`).
+    neighbours of one score, or by the store's runs of tied scores (`fetch_positions`); and its
+    score is bounded by its known neighbours (`score_bounds`), which a sparse read of ranks, the
+    zone map, tightens (`tighten_bounds`).
     """
 
     source: Source
@@ -259,6 +272,7 @@ class CountedAccess:
         self._depth = 0  # next depth served by sorted access
         self._rank_rows = 0  # rows read by rank so far (for scores)
         self._runs: tuple[np.ndarray, np.ndarray] | None = None  # the store's runs, once read
+        self._zone_map_read = False  # whether tighten_bounds read the zone map
         self._run_count = (
             self.source.score_run_count()
             if self.ranked and isinstance(self.source, ScoreRuns)
@@ -406,16 +420,94 @@ class CountedAccess:
     def _infer(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mask, scores) of the ranks (beyond the prefix, not known) whose score is fixed: by the
         store's runs once read, else by two neighbours of one score."""
+        lower, upper = self._bounds(ranks)
+        return lower == upper, upper
+
+    def _bounds(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) bounds on the scores at ranks beyond the prefix that are not known:
+        exact from the store's runs once read, else the scores of the nearest known ranks above
+        (deeper; -inf if none) and below (shallower, the prefix's last row included; +inf if
+        none). Scores are non-increasing along ranks."""
         if self._runs is not None:
             first, run_scores = self._runs
             scores = run_scores[np.searchsorted(first, ranks, side="right") - 1]
-            return np.ones(len(ranks), dtype=bool), scores
+            return scores, scores
         below, below_score, _, above_score = self._known.neighbours(ranks)
         fetched = self.prefix_fetched
         if fetched:  # the prefix's last row is a neighbour below every rank beyond it
             use_prefix = below < fetched - 1
             below_score[use_prefix] = self._prefix.scores[fetched - 1]
-        return below_score == above_score, below_score
+        upper = np.where(np.isnan(below_score), np.inf, below_score)
+        return np.where(np.isnan(above_score), -np.inf, above_score), upper
+
+    def score_bounds(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) bounds on the scores at `positions`, equal where the score is known.
+        No access is counted and nothing is read: this is what the sorted order already says.
+
+        Where positions are ranks, scores are non-increasing along them, so every known score
+        bounds the deeper ranks from above and the shallower ones from below (a zone map on the
+        sorted column, as block-max indexes bound the scores of a posting list's blocks). Where
+        the bounds meet, the score is inferred (remembered, counted in rows_inferred as
+        `fetch_positions` does). Where positions are not ranks every position must be known."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not self.ranked:
+            scores = self.scores_at(positions)
+            return scores, scores.copy()
+        lower = np.empty(len(positions), dtype=np.float64)
+        upper = np.empty(len(positions), dtype=np.float64)
+        in_prefix = positions < self.prefix_fetched
+        lower[in_prefix] = upper[in_prefix] = self._prefix.scores[positions[in_prefix]]
+        beyond = np.flatnonzero(~in_prefix)
+        found, known = self._known.lookup(positions[beyond])
+        lower[beyond[found]] = upper[beyond[found]] = known[found]
+        unknown = beyond[~found]
+        if len(unknown):
+            ranks, inverse = np.unique(positions[unknown], return_inverse=True)
+            low, high = self._bounds(ranks)
+            inferred = low == high
+            self._known.add(ranks[inferred], high[inferred])
+            self.stats.rows_inferred += int(inferred.sum())
+            lower[unknown], upper[unknown] = low[inverse], high[inverse]
+        return lower, upper
+
+    def tighten_bounds(self, pending: int) -> bool:
+        """Before `pending` rows are read by rank for their scores: read what bounds every rank
+        at once, if due (ski rental, as for the runs: once rows read by rank would reach its
+        size). The store's runs of tied scores first (`ScoreRuns`: exact bounds); else, where
+        they are not at least as small, the zone map: about ZONE_MAP_ROWS ranks log-spaced from
+        the end of the prefix to the last rank, in one batch through the normal read path
+        (counted as rows_fetched, not as accesses). True if it read either: the caller evaluates
+        its bounds again. Ranked access only; each is read at most once a run."""
+        if not self.ranked or self._runs is not None:
+            return False
+        if self._read_runs_if_due(pending):
+            return True
+        count = self._run_count
+        if self._zone_map_read or (count is not None and count <= ZONE_MAP_ROWS):
+            return False
+        if self._rank_rows + pending < ZONE_MAP_ROWS:
+            return False
+        self._zone_map_read = True
+        low = max(self.prefix_fetched, 1)
+        ranks = np.unique(np.rint(np.geomspace(low, max(low, self.m - 1), ZONE_MAP_ROWS)))
+        ranks = ranks.astype(np.int64)[ranks < self.m]
+        if self._known.count:
+            ranks = ranks[~self._known.lookup(ranks)[0]]
+        if not len(ranks):
+            return False
+        self._rank_rows += len(ranks)
+        self._read_positions(ranks)
+        return True
+
+    def settle_by_bounds(self, positions: np.ndarray) -> None:
+        """Count random accesses a mechanism settled from `score_bounds` alone, without their
+        rows (rows_bounded): the distinct positions whose score is still not known."""
+        positions = np.unique(np.asarray(positions, dtype=np.int64))
+        if self.ranked:
+            positions = positions[positions >= self.prefix_fetched]
+        if self._known.count:
+            positions = positions[~self._known.lookup(positions)[0]]
+        self.stats.rows_bounded += len(positions)
 
     def _read_runs_if_due(self, pending: int) -> bool:
         """Read the store's runs once rows read by rank (with `pending` more) reach their count,

@@ -208,7 +208,9 @@ def private_top_k(
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             if costs is None:
-                schedule = batching or Batching.for_store(store_costs(source), k, access.m)
+                schedule = batching or Batching.for_store(
+                    store_costs(source), k, access.m, pruned=access.ranked
+                )
                 positions = private_threshold_top_k(access, noise_list, k, schedule)
             else:
                 schedule = batching or costs.batching(k, access.m)

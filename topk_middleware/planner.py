@@ -16,6 +16,13 @@ h[s] + b ln((s + 1) / k) (the k-th largest noise of s + 1 items all scoring >= h
 stops near the first s where the threshold falls below either; the second alone gives
 s + 1 = sqrt(mk), the plateau's cost (Theorem 5.4). Past the rows read, the estimate is
 sqrt(mk), capped by the expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) of Theorem 4.2.
+
+Random reads. Where runs of tied scores answer random access, a threshold run reads no row by
+rank. Where positions are ranks otherwise, block-max pruning (mechanisms/threshold.py) reads the
+first block's L2 items (nothing bounds them yet), at most the zone map, and the few items near
+the stop: the model takes at most three batches and 2k + 2 ZONE_MAP_ROWS rows. That assumes the
+tail lies below what the noise can lift to the threshold; where it does not (scores spread
+within a few b ln(m) of the top, no ties), pruning reads more and the estimate is low.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .access import CountedAccess, InStoreOneShot, StoreCosts, store_costs
+from .access import ZONE_MAP_ROWS, CountedAccess, InStoreOneShot, StoreCosts, store_costs
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
@@ -63,15 +70,23 @@ def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
     return int(s[stops[0]]) + 1 if len(stops) else fallback
 
 
-def threshold_seconds(steps: int, k: int, m: int, costs: StoreCosts, tied_runs: bool) -> float:
+def threshold_seconds(
+    steps: int, k: int, m: int, costs: StoreCosts, tied_runs: bool, pruned: bool = False
+) -> float:
     """Modelled cost of a threshold run of `steps` steps: per block a sorted read and a batch
-    of random reads (none where runs of tied scores answer them), per step a sorted row and a
-    random row. Blocks grow x2 from 2k, or jump to the bound's region where batches are flat."""
+    of random reads, per step a sorted row and a random row. No random reads where runs of tied
+    scores answer them; where `pruned` (positions are ranks: block-max pruning), at most three
+    batches and 2k + 2 ZONE_MAP_ROWS rows (module docstring). Blocks grow x2 from 2k; where
+    batches are flat, two blocks' worth of round trips (the jump to the bound's region, or for a
+    pruned run the store's read-ahead: Batching.for_store). Batches are priced as full ones,
+    though a pruned run's are small (DuckDB serves those from its index): an overestimate."""
     blocks = 1 + max(0, math.ceil(math.log(max(steps, 1) / (2 * k), GROWTH)))
     if costs.flat_random_batches(m):
         blocks = min(blocks, 2)
-    batch = costs.random_batch_seconds(m)
-    random = 0.0 if tied_runs else blocks * batch + steps * costs.random_row
+    batches, rows = blocks, steps
+    if pruned:
+        batches, rows = min(blocks, 3), min(steps, 2 * k + 2 * ZONE_MAP_ROWS)
+    random = 0.0 if tied_runs else batches * costs.random_batch_seconds(m) + rows * costs.random_row
     return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
 
 
@@ -91,7 +106,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         steps = estimate_steps(scores, k, m, scale)
     run_count = access.run_count
     tied_runs = run_count is not None and run_count * 100 < m
-    thr = threshold_seconds(steps, k, m, costs, tied_runs)
+    thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=access.ranked)
     in_store = isinstance(access.source, InStoreOneShot)
     kind = "oneshot_in_store" if in_store else "oneshot_full_read"
     one = costs.round_trip + m * (costs.oneshot_row if in_store else costs.full_read_row)

@@ -14,6 +14,23 @@ rows from the store), evaluate (the sequential stopping rule, step by step). The
 access counts are those of the sequential algorithm; only rows_fetched and round_trips change.
 Blocks grow geometrically, so a run makes O(log(steps)) round trips and fetches < growth x the rows
 it uses.
+
+Block-max pruning (where positions are ranks). Scores are non-increasing along ranks, so every
+known score bounds the unread ones (CountedAccess.score_bounds: the prefix, the rows read, the
+zone map), and the value f = h + Z of an L2 item lies in [lower + Z, upper + Z]. Counting L2
+items at their lower (upper) values gives reaching_lo(s) <= reaching(s) <= reaching_hi(s), each
+non-decreasing in s for the reason reaching is (_Steps.first_stop). So the stop step S lies in
+first .. latest, the first steps with reaching_hi >= k and reaching_lo >= k. An unread item
+changes reaching(s) only if its interval straddles tau[s]; reading those for s in first ..
+latest - 1 makes reaching exact there, so S is the step the unpruned run finds. At S, k seen
+items have f >= tau[S] (the stop) and k have f >= L (the k-th best lower value), so an item with
+f < max(tau[S], L) is strictly below the k-th best and out of the top-k whatever the ties: the
+top-k of the other items, in order, is the unpruned one. One batch reads both kinds for every
+possible S (tau is non-increasing, L non-decreasing in s); bounds only tighten as rows are read,
+so the block is then decided. The release (hence Theorem 4.1's law) and the sequential access
+counts are exactly those of the unpruned run for every noise draw; only rows_fetched and
+round_trips change, and random accesses settled without a row are counted as rows_bounded.
+Before that batch, the runs or the zone map may be read first (CountedAccess.tighten_bounds).
 """
 
 from __future__ import annotations
@@ -55,7 +72,7 @@ class Batching:
         return cls(first=1, growth=1.0)
 
     @classmethod
-    def for_store(cls, costs: StoreCosts, k: int, m: int) -> Batching:
+    def for_store(cls, costs: StoreCosts, k: int, m: int, pruned: bool = False) -> Batching:
         """The default blocks, fitted to the store's cost shape (access.StoreCosts). Where a
         batch of random reads costs about one scan whatever its size, a run that does not stop
         in its first block (2k steps: skewed data) goes in one block to JUMP_ROOTS sqrt(mk)
@@ -65,8 +82,10 @@ class Batching:
         answer and the access counts are those of the sequential run whatever the blocks. The
         jump is not to the expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) (Theorem 4.2): planning
         a step costs Python ~2-3 us, and a plateau run at m = 10^7 that stopped near 10^4
-        planned 24,472 (~57 ms against ~25 ms at 1.25 sqrt(mk), measured on DuckDB)."""
-        if not costs.flat_random_batches(m):
+        planned 24,472 (~57 ms against ~25 ms at 1.25 sqrt(mk), measured on DuckDB). Where the
+        run is `pruned` (positions are ranks: block-max pruning) a block that cannot stop reads
+        no random row, so the doubling blocks keep their few batches and plan fewer steps."""
+        if pruned or not costs.flat_random_batches(m):
             return cls()
         return cls(jump_to=math.ceil(JUMP_ROOTS * math.sqrt(m * k)))
 
@@ -134,14 +153,17 @@ class _Steps:
     At step s the run has seen the items at depths 0..s (sorted access on the store) and the items
     L2 served at steps 0..s; item l2_position[t] needed a random access iff sorted access had not
     reached it before, i.e. iff its depth l2_depth[t] > t. tau[s] = h[s] + l2_noise[s] is TA's
-    threshold.
+    threshold. The value h + Z of such an item is known to lie in [l2_low[t], l2_high[t]]
+    (equal where its score is known; block-max pruning, module docstring).
     """
 
     own_position: np.ndarray  # the position of the item at depth s
     own_value: np.ndarray  # h + Z of the item at depth s
     l2_position: np.ndarray
     l2_depth: np.ndarray  # depth of the L2 item of step s (m where beyond the fetched prefix)
-    l2_value: np.ndarray  # h + Z of the L2 item of step s (-inf where it was already seen)
+    l2_low: np.ndarray  # bounds on h + Z of the L2 item of step s (-inf where already seen)
+    l2_high: np.ndarray
+    l2_unread: np.ndarray  # whether the L2 item of step s needs a random access not yet made
     tau: np.ndarray
 
     @classmethod
@@ -150,48 +172,94 @@ class _Steps:
         l2_position, l2_noise = plan.l2_position[:n], plan.l2_noise[:n]
         l2_depth = access.depths_of(l2_position)
         new = l2_depth > np.arange(n)
-        l2_value = np.full(n, -np.inf)
-        l2_value[new] = access.scores_at(l2_position[new]) + l2_noise[new]
+        lower, upper = access.score_bounds(l2_position[new])
+        l2_low, l2_high = np.full(n, -np.inf), np.full(n, -np.inf)
+        l2_low[new], l2_high[new] = lower + l2_noise[new], upper + l2_noise[new]
+        l2_unread = np.zeros(n, dtype=bool)
+        l2_unread[new] = lower < upper
         own_position = access.prefix_positions()[:n]
         own_value = h + plan.noise_at_depth[:n]
-        return cls(own_position, own_value, l2_position, l2_depth, l2_value, h + l2_noise)
+        return cls(
+            own_position, own_value, l2_position, l2_depth, l2_low, l2_high, l2_unread, h + l2_noise
+        )
 
-    def reaching(self, s: int) -> int:
-        """How many items seen by step s have value >= tau[s] (TA stops once it is >= k)."""
+    def reaching(self, s: int, l2_value: np.ndarray) -> int:
+        """How many items seen by step s have value >= tau[s] (TA stops once it is >= k), with
+        the L2 items valued at `l2_value` (l2_low or l2_high)."""
         t = self.tau[s]
         own = np.count_nonzero(self.own_value[: s + 1] >= t)
-        only_l2 = (self.l2_depth[: s + 1] > s) & (self.l2_value[: s + 1] >= t)
+        only_l2 = (self.l2_depth[: s + 1] > s) & (l2_value[: s + 1] >= t)
         return own + int(np.count_nonzero(only_l2))
 
-    def first_stop(self, k: int, start: int) -> int | None:
-        """The first step >= start at which TA stops, or None.
+    def first_stop(self, k: int, start: int, l2_value: np.ndarray) -> int | None:
+        """The first step >= start at which reaching (with `l2_value`) is >= k, or None.
 
         reaching(s) never decreases: the seen set grows and tau never increases (h and L2 are
-        both non-increasing). So a binary search finds the step the sequential run stops at.
+        both non-increasing), whatever fixed values the items have. So a binary search finds
+        the step the sequential run stops at once the values it depends on are known.
         """
         last = len(self.tau) - 1
-        if last < start or self.reaching(last) < k:
+        if last < start or self.reaching(last, l2_value) < k:
             return None
         low, high = start, last
         while low < high:
             mid = (low + high) // 2
-            if self.reaching(mid) >= k:
+            if self.reaching(mid, l2_value) >= k:
                 high = mid
             else:
                 low = mid + 1
         return low
 
-    def top_k(self, k: int, stop: int) -> tuple[list[int], int]:
+    def to_read(self, k: int, start: int) -> np.ndarray:
+        """The positions whose scores must be read before the stop step and the top-k are
+        decided (module docstring); empty once they are.
+
+        With `first` and `latest` the first steps >= start where reaching counted at upper and
+        at lower values reaches k, the stop is in first .. latest. Reaching is undecided only
+        at the steps first .. top (top = latest - 1, or the block's last step), through items
+        whose bounds straddle tau at one of them; and at any stop <= last (latest, or the last
+        step) an item below max(tau[last], the k-th best lower value at `first`) is out of the
+        top-k. The rest need no read."""
+        first = self.first_stop(k, start, self.l2_high)
+        if first is None:
+            return np.empty(0, dtype=np.int64)  # no stop in this block, whatever the scores
+        latest = self.first_stop(k, start, self.l2_low)
+        last = len(self.tau) - 1 if latest is None else latest
+        top = last if latest is None else latest - 1
+        steps = np.arange(last + 1)
+        low, high = self.l2_low[: last + 1], self.l2_high[: last + 1]
+        candidate = high >= max(self.tau[last], self.kth_low(k, first))
+        if top >= first:  # reaching is undecided somewhere in first .. top
+            straddle = (steps <= top) & (high >= self.tau[top])
+            candidate |= straddle & (low < self.tau[np.maximum(steps, first)])
+        return self.l2_position[: last + 1][self.l2_unread[: last + 1] & candidate]
+
+    def kth_low(self, k: int, s: int) -> float:
+        """The k-th largest lower value of the items seen by step s (-inf if fewer): no item
+        whose value is below it can be in the top-k at s."""
+        l2_only = self.l2_depth[: s + 1] > s
+        values = np.concatenate([self.own_value[: s + 1], self.l2_low[: s + 1][l2_only]])
+        if len(values) < k:
+            return -np.inf
+        return float(np.partition(values, len(values) - k)[len(values) - k])
+
+    def top_k(self, k: int, stop: int) -> tuple[list[int], int, np.ndarray]:
         """Positions of the k best items seen by step `stop`, best first (ties: smaller
-        position), and the number of random accesses the sequential run made up to that step."""
+        position), the number of random accesses the sequential run made up to that step, and
+        the positions of those settled by their bounds (unread, provably out of the top-k)."""
         l2_only = self.l2_depth[: stop + 1] > stop
+        unread = self.l2_unread[: stop + 1]
+        bar = max(self.tau[stop], self.kth_low(k, stop))
+        if np.any(self.l2_high[: stop + 1][unread] >= bar):
+            raise AssertionError("an unread item could still be in the top-k at the stop")
+        l2_only &= ~unread
         positions = np.concatenate(
             [self.own_position[: stop + 1], self.l2_position[: stop + 1][l2_only]]
         )
-        values = np.concatenate([self.own_value[: stop + 1], self.l2_value[: stop + 1][l2_only]])
+        values = np.concatenate([self.own_value[: stop + 1], self.l2_low[: stop + 1][l2_only]])
         best = top_k_ranks(values, k, positions)
         random = int(np.count_nonzero(self.l2_depth[: stop + 1] > np.arange(stop + 1)))
-        return positions[best].tolist(), random
+        return positions[best].tolist(), random, self.l2_position[: stop + 1][unread]
 
 
 def private_threshold_top_k(
@@ -199,9 +267,12 @@ def private_threshold_top_k(
 ) -> list[int]:
     """Algorithm 3: positions of the top-k items of h + Z, best first.
 
-    Each block: plan (NoisePlan), fetch (the sorted prefix and the rows of the block's L2 items
-    beyond it, one round trip each), evaluate (TA's stopping rule over the steps so far, vectorised
-    in _Steps). The answer and the charged accesses are those of the sequential run.
+    Each block: plan (NoisePlan), fetch (the sorted prefix, one round trip), evaluate (TA's
+    stopping rule over the steps so far, vectorised in _Steps). Where positions are ranks the
+    block's L2 items are bounded, not read, and only those that could change the stop or the
+    top-k are read (block-max pruning, module docstring); otherwise all of them beyond the
+    prefix are read in one round trip. The answer and the charged accesses are those of the
+    sequential run.
     """
     m = access.m
     plan = NoisePlan(noise_list, k, access)
@@ -210,14 +281,20 @@ def private_threshold_top_k(
         end = min(m, start + block)
         plan.extend_to(end)
         access.fetch_sorted_until(end)
-        block_l2 = plan.l2_position[start:end]
-        access.fetch_positions(block_l2[access.depths_of(block_l2) >= end])
+        if not access.ranked:
+            block_l2 = plan.l2_position[start:end]
+            access.fetch_positions(block_l2[access.depths_of(block_l2) >= end])
         steps = _Steps.gather(access, plan, end)
-        stop = steps.first_stop(k, start)
+        while len(need := steps.to_read(k, start)):
+            if not access.tighten_bounds(len(need)):
+                access.fetch_positions(need)
+            steps = _Steps.gather(access, plan, end)
+        stop = steps.first_stop(k, start, steps.l2_low)
         if stop is None and end < m:
             start = end
             continue
-        positions, random = steps.top_k(k, end - 1 if stop is None else stop)
+        positions, random, bounded = steps.top_k(k, end - 1 if stop is None else stop)
+        access.settle_by_bounds(bounded)
         access.charge(
             sorted_count=(end if stop is None else stop + 1) - access.depth, random_count=random
         )
