@@ -60,6 +60,7 @@ from .duckdb_delta import (
     RefreshReport,
     empty_delta_sql,
     load_cache,
+    parse_delta_comment,
     shadow_sql,
 )
 
@@ -681,18 +682,20 @@ class DuckDBTable:
         """m and the number of runs of tied scores (None without a runs table): one query,
         which also reads what the fingerprint check needs (`_check_fingerprint`)."""
         runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        pending = ""  # the delta's sizes in the same round trip, once its tables were seen
-        if self._delta_tables_seen:
-            names = self._names()
+        names = self._names()
+        looked = self._lookup(con, full=self._proven_oid is None, also=self.delta_table)
+        sizes = parse_delta_comment(looked[4]) if self._delta_tables_seen else None
+        pending = ""  # else the delta's sizes in the same round trip, once its tables were seen
+        if self._delta_tables_seen and sizes is None:
             pending = (
                 f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
                 f"(SELECT gen FROM {names.delta} LIMIT 1)"
             )
-        m, count, *sizes = con.execute(  # fails first if a table is gone (see the callers)
+        m, count, *counted = con.execute(  # fails first if a table is gone (see the callers)
             f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
         ).fetchone()
-        self._check_fingerprint(*self._lookup(con, full=self._proven_oid is None))
-        self._delta_sizes = tuple(sizes) if sizes else None
+        self._check_fingerprint(*looked[:4])
+        self._delta_sizes = sizes or (tuple(counted) if counted else None)
         return int(m), None if count is None else int(count)
 
     # ----- the fingerprint: does the rank table belong to this table? ---------------------------
@@ -716,21 +719,25 @@ class DuckDBTable:
         "AND lower(schema_name) = lower(coalesce($schema, current_schema()))"
     )
 
-    def _lookup(self, con: duckdb.DuckDBPyConnection, full: bool) -> tuple[Any, ...]:
-        """(stored fingerprint, table's oid, table's definition, table's row count): one plain
-        scan of the catalog's tables (about 0.2 ms; filters, functions and aggregates in it
-        cost several times more), filtered here. Once the copy is proven to this object
-        (`full` False), the table's oid settles its identity (an ALTER keeps it; the copy stays
-        the snapshot it was): the mark and the oid only. Before that, also the definition (a
-        view's from the catalog's views) and, for a table, the row count (from metadata)."""
+    def _lookup(
+        self, con: duckdb.DuckDBPyConnection, full: bool, also: str | None = None
+    ) -> tuple[Any, ...]:
+        """(stored fingerprint, table's oid, table's definition, table's row count, comment of
+        the table `also` (in the rank table's schema) if asked): one plain scan of the catalog's
+        tables (about 0.2 ms; filters, functions and aggregates in it cost several times more),
+        filtered here. Once the copy is proven to this object (`full` False), the table's oid
+        settles its identity (an ALTER keeps it; the copy stays the snapshot it was): the mark
+        and the oid only. Before that, also the definition (a view's from the catalog's views) and,
+        for a table, the row count (from metadata)."""
         home = self._home()
-        names = (self.rank_table.lower(), self.table.lower())
+        extra = "" if also is None else also.lower()
+        names = (self.rank_table.lower(), self.table.lower(), extra)
         found = {
             name: (oid, comment, sql_text)
             for database, schema, name, oid, comment, sql_text in con.execute(
                 "SELECT database_name, lower(schema_name), lower(table_name), table_oid, "
                 "comment, sql FROM duckdb_tables() WHERE lower(table_name) IN "
-                f"({_literal(names[0])}, {_literal(names[1])})"
+                f"({', '.join(_literal(n) for n in names)})"
             ).fetchall()
             if (database, schema) == home
         }
@@ -746,7 +753,7 @@ class DuckDBTable:
                 ).fetchone()[0]
             else:
                 rows = con.execute(f"SELECT count(*) FROM {self._base}").fetchone()[0]
-        return stored, oid, definition, rows
+        return stored, oid, definition, rows, found.get(extra, (None, None, None))[1]
 
     def _home(self) -> tuple[str, str]:
         """(database, lower-case schema) of the table, looked up once."""
@@ -818,7 +825,7 @@ class DuckDBTable:
 
     def _facts(self, con: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
         """(stored fingerprint, oid, definition, row count) in `con`'s transaction."""
-        return self._lookup(con, full=True)
+        return self._lookup(con, full=True)[:4]
 
     def _stamp(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the fingerprint of the table, as `con`'s transaction sees it, on the rank

@@ -117,7 +117,33 @@ def empty_delta_sql(names: DeltaNames) -> list[str]:
         f"id, score, 0::BIGINT AS gen FROM {names.base} LIMIT 0",
         f"CREATE OR REPLACE TABLE {names.skip} AS SELECT rank AS base_rank FROM {names.base} "
         "LIMIT 0",
+        delta_comment_sql(names, 0, 0, None),
     ]
+
+
+# The delta table's comment: its row count, the skip table's and the generation, written in the
+# transaction that writes them, so that a run reads them with the catalog lookup it makes anyway
+# (DuckDBTable._lookup) instead of counting both tables (about 0.65 ms of a ~5 ms run).
+DELTA_TAG = "topk-delta"
+
+
+def delta_comment_sql(names: DeltaNames, delta: int, skip: int, gen: int | None) -> str:
+    return (
+        f"COMMENT ON TABLE {names.delta} IS "
+        f"'{DELTA_TAG} {int(delta)} {int(skip)} {'-' if gen is None else int(gen)}'"
+    )
+
+
+def parse_delta_comment(comment: str | None) -> tuple[int, int, int | None] | None:
+    """(delta rows, skip rows, generation) from the delta table's comment, or None where it
+    holds none (tables written before it did: the run counts them)."""
+    parts = (comment or "").split(" ")
+    if len(parts) != 4 or parts[0] != DELTA_TAG:
+        return None
+    try:
+        return int(parts[1]), int(parts[2]), None if parts[3] == "-" else int(parts[3])
+    except ValueError:
+        return None
 
 
 class DeltaRefresh:
@@ -223,6 +249,7 @@ class DeltaRefresh:
     def write_delta(self) -> None:
         """Positions (module docstring), then the delta and skip tables."""
         n, c, m, m_base = self.n, self.n.collate, self.report.m, self.report.m_base
+        gen = secrets.randbits(62)  # names this delta for caches (DeltaCache)
         self._run(
             f"CREATE OR REPLACE TABLE {n.delta} AS "
             "WITH placed AS (SELECT id, score, base_rank, coalesce(base_rank, "
@@ -239,7 +266,7 @@ class DeltaRefresh:
             "moved AS (SELECT movers.prov, holes.hole FROM movers JOIN holes USING (k)) "
             f"SELECT (row_number() OVER (ORDER BY p.score DESC, p.id{c} ASC) - 1)::BIGINT AS seq, "
             "coalesce(moved.hole, p.prov)::BIGINT AS position, p.id, p.score, "
-            f"{secrets.randbits(62)}::BIGINT AS gen "  # names this delta for caches (DeltaCache)
+            f"{gen}::BIGINT AS gen "
             "FROM placed AS p LEFT JOIN moved USING (prov) ORDER BY seq"
         )
         self._run(
@@ -248,6 +275,10 @@ class DeltaRefresh:
             f"UNION ALL SELECT range AS base_rank FROM range({m}, greatest({m_base}, {m}))) "
             "ORDER BY base_rank"
         )
+        delta, skip = self._run(
+            f"SELECT (SELECT count(*) FROM {n.delta}), (SELECT count(*) FROM {n.skip})"
+        ).fetchone()
+        self._run(delta_comment_sql(n, delta, skip, gen if delta else None))
 
 
 # A delta of at most this many rows is kept in memory between runs (DeltaCache).

@@ -171,6 +171,41 @@ def test_same_seed_same_release_as_array_source_with_the_same_positions(text: bo
                 assert got.accesses.random == want.accesses.random
 
 
+@pytest.mark.parametrize("comment", ["kept", "dropped"])
+def test_a_run_takes_the_delta_sizes_from_its_comment_or_counts_them(comment: str) -> None:
+    """A refresh writes the delta's and skip table's row counts and generation as the delta
+    table's comment, which a run reads with its catalog lookup; without it (tables written
+    before the comment existed) the run counts them. Either way m and the release are those of
+    the reference. Fails if a comment disagreed with the tables it describes, or if a missing
+    comment were read as an empty delta."""
+    con = duckdb.connect()
+    m = 600
+    source = make(con, m, False, seed=5)
+    source.fold_fraction = 1.0
+    write(con, "mixed", False, m)
+    assert source.refresh().kind == "delta"
+    delta = quote_identifier(source.delta_table)
+    skip = quote_identifier(source.skip_table)
+    counted = con.execute(
+        f"SELECT (SELECT count(*) FROM {delta}), (SELECT count(*) FROM {skip}), "
+        f"(SELECT any_value(gen) FROM {delta})"
+    ).fetchone()
+    stored = con.execute(
+        "SELECT comment FROM duckdb_tables() WHERE table_name = ?", [source.delta_table]
+    ).fetchone()[0]
+    assert duckdb_delta.parse_delta_comment(stored) == counted and counted[0] > 0
+    if comment == "dropped":
+        con.execute(f"COMMENT ON TABLE {delta} IS NULL")
+    reference = same_positions_reference(source)
+    private_top_k(source, 3, 1.0, seed=0)  # the first run finds the delta tables
+    for seed in range(4):
+        got, want = (
+            private_top_k(source, 3, 1.0, seed=seed),
+            private_top_k(reference, 3, 1.0, seed=seed),
+        )
+        assert got.items == want.items and got.m == want.m == m + 4 - 4
+
+
 def test_a_refresh_reads_the_table_once() -> None:
     """One statement of a delta refresh reads the user's table: the positional pass."""
     con = duckdb.connect()
