@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
-from tests.helpers import CountingSource
+from tests.helpers import CountingSource, plateau_histogram
 from topk_middleware import private_top_k
 from topk_middleware.access import AccessError, CountedAccess, Rows
 
@@ -233,10 +233,13 @@ class ScoresWithoutRows(CountingSource):
 def test_scores_without_rows_change_no_answer_and_ids_are_read_at_release() -> None:
     """A store whose positions are not ranks and that tells scores without rows gives the same
     answers and sorted / random access counts as when it reads the rows; its answers are counted
-    as inferred, and the released items' rows (ids) are read in one batch at the end."""
+    as inferred, and the released items' rows (ids) are read in one batch at the end. (A
+    plateau: the prefix's last score bounds no sampled item below the threshold, so the
+    scores are asked for.)"""
     m = 5000
-    scores = tied_counts(m, seed=3)
+    scores = plateau_histogram(m, 5, height=3.0)
     ids = np.array([f"id{i}" for i in range(m)], dtype=object)
+    scored = 0
     for seed in range(8):
         plain = CountingSource(ArraySource(scores, ids, positions="input"))
         told = ScoresWithoutRows(ArraySource(scores, ids, positions="input"))
@@ -247,9 +250,11 @@ def test_scores_without_rows_change_no_answer_and_ids_are_read_at_release() -> N
             want.accesses.sorted,
             want.accesses.random,
         )
-        assert got.accesses.rows_inferred == told.scored > 0
+        assert got.accesses.rows_inferred == told.scored
         assert told.rank_rows <= 5  # only the released items' rows, never the sampled ones
         assert got.accesses.rows_fetched == told.rows
+        scored += told.scored
+    assert scored > 0  # some runs needed scores their bounds did not settle
 
 
 def test_scores_without_rows_of_the_wrong_length_are_refused() -> None:

@@ -2,10 +2,10 @@
 
 Where positions are ranks a run settles most random accesses from the bounds the sorted order
 gives their scores (CountedAccess.score_bounds) and reads only the rows that could change the
-stop step or the top-k. The reference is the unpruned run: the same scores served by an
-ArraySource whose positions are its input indexes (`positions="input"`) with the input already in
-canonical order, so that every position is the same item as in the rank-ordered store but the
-core may not use the order (it reads every random access). Real stores, no mocks.
+stop step or the top-k. The reference is the unpruned run (`unpruned_run`: Algorithm 3 through a
+CountedAccess that knows no bound, so it reads every random access) over an ArraySource whose
+positions are its input indexes (`positions="input"`) with the input already in canonical order,
+so that every position is the same item as in the rank-ordered store. Real stores, no mocks.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,15 @@ from adapters.memory import ArraySource
 from benchmarks.common import family_scores
 from tests.helpers import CountingSource, RunsKept, plackett_luce, reference_like
 from topk_middleware import Batching, private_top_k
-from topk_middleware.access import ZONE_MAP_ROWS, CountedAccess
+from topk_middleware.access import ZONE_MAP_ROWS, AccessStats, CountedAccess
+from topk_middleware.api import unranked_order
+from topk_middleware.lazy_noise import LazyNoiseList
+from topk_middleware.mechanisms.threshold import private_threshold_top_k
+from topk_middleware.noise import make_noise
+from topk_middleware.noise_list import EagerNoiseList
 from topk_middleware.planner import plan_run, threshold_seconds
+from topk_middleware.privacy import calibrate
+from topk_middleware.randomness import make_rng
 
 FAMILIES = ("zipf", "plateau", "distinct", "uniform", "flat")
 BATCHINGS = [None, Batching.sequential(), Batching(first=3, growth=1.5)]
@@ -39,8 +47,48 @@ def canonical(scores: Any) -> np.ndarray:
 
 
 def unpruned(scores: np.ndarray) -> ArraySource:
-    """The reference: the same items at the same positions, positions not declared ranks."""
+    """The reference store: the same items at the same positions, positions not declared ranks."""
     return ArraySource(scores, positions="input")
+
+
+class Unbounded(CountedAccess):
+    """CountedAccess that knows no bound on a score it has not read: every random access beyond
+    the prefix is read, as before block-max pruning (the reference run)."""
+
+    def score_bounds(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        positions = np.asarray(positions, dtype=np.int64)
+        found, known = self._known.lookup(positions)
+        return np.where(found, known, -np.inf), np.where(found, known, np.inf)
+
+
+@dataclass
+class Reference:
+    items: list[Any]
+    accesses: AccessStats
+
+
+def unpruned_run(
+    source: Any,
+    k: int,
+    seed: int,
+    noise: str = "gumbel",
+    oracle: str = "lazy",
+    batching: Batching | None = None,
+) -> Reference:
+    """private_top_k(source, k, 1.0, method="threshold", ...) through `Unbounded`: the same
+    noise draws in the same order, no pruning."""
+    rng = make_rng(seed)
+    with source.snapshot():
+        access = Unbounded(source, rng=rng)
+        guarantee = calibrate(noise, k, access.m, 1.0, 0.0, "add_remove")
+        distribution = make_noise(noise, guarantee.scale)
+        if oracle == "lazy":
+            noise_list: Any = LazyNoiseList(distribution, access.m, rng)
+        else:
+            noise_list = EagerNoiseList.draw(distribution, access.m, rng)
+        positions = private_threshold_top_k(access, noise_list, k, batching or Batching())
+        items = access.ids_of(positions)
+    return Reference(unranked_order(items) if noise == "laplace" else items, access.stats)
 
 
 def histograms(rng: np.random.Generator) -> Iterator[tuple[str, np.ndarray, int]]:
@@ -66,7 +114,7 @@ def histograms(rng: np.random.Generator) -> Iterator[tuple[str, np.ndarray, int]
 def assert_same_as_unpruned(source: Any, scores: np.ndarray, k: int, **options: Any) -> Any:
     """The run on `source` releases the unpruned run's items, in order, at its sorted and random
     counts, and every random access is a fetched, inferred or bounded row."""
-    want = private_top_k(unpruned(scores), k, 1.0, method="threshold", **options)
+    want = unpruned_run(unpruned(scores), k, **options)
     got = private_top_k(source, k, 1.0, method="threshold", **options)
     assert got.items == want.items, options
     assert (got.accesses.sorted, got.accesses.random) == (
@@ -147,7 +195,7 @@ def test_distinct_reads_far_fewer_rows() -> None:
     h = canonical(family_scores("distinct", 10**6, 10))
     pruned, plain = CountingSource(ArraySource(h)), CountingSource(unpruned(h))
     got = private_top_k(pruned, 10, 1.0, method="threshold", seed=0, batching=Batching())
-    want = private_top_k(plain, 10, 1.0, method="threshold", seed=0, batching=Batching())
+    want = unpruned_run(plain, 10, seed=0, batching=Batching())
     assert got.items == want.items
     assert (got.accesses.sorted, got.accesses.random) == (3164, 3162)
     assert (want.accesses.sorted, want.accesses.random) == (3164, 3162)
@@ -177,7 +225,7 @@ def test_zone_map_is_read_once_counted_as_rows_not_accesses(
 
     with_map = Batches(ArraySource(h))
     got = private_top_k(with_map, 200, 1.0, method="threshold", seed=1)
-    assert got.items == private_top_k(unpruned(h), 200, 1.0, method="threshold", seed=1).items
+    assert got.items == unpruned_run(unpruned(h), 200, seed=1).items
     assert got.accesses.rows_fetched == with_map.rows
     log_spaced = [n for n in batches if ZONE_MAP_ROWS // 2 <= n <= ZONE_MAP_ROWS]
     assert len(log_spaced) == 1, batches

@@ -448,11 +448,16 @@ class CountedAccess:
         bounds the deeper ranks from above and the shallower ones from below (a zone map on the
         sorted column, as block-max indexes bound the scores of a posting list's blocks). Where
         the bounds meet, the score is inferred (remembered, counted in rows_inferred as
-        `fetch_positions` does). Where positions are not ranks every position must be known."""
+        `fetch_positions` does). Where positions are not ranks, a position not read is deeper
+        than the fetched prefix in the canonical order, so its score is at most the prefix's
+        last (TA's own bound on unseen items), and unbounded below."""
         positions = np.asarray(positions, dtype=np.int64)
         if not self.ranked:
-            scores = self.scores_at(positions)
-            return scores, scores.copy()
+            found, known = self._known.lookup(positions)
+            fetched = self.prefix_fetched
+            ceiling = float(self._prefix.scores[fetched - 1]) if fetched else np.inf
+            lower = np.where(found, known, -np.inf)
+            return lower, np.where(found, known, ceiling)
         lower = np.empty(len(positions), dtype=np.float64)
         upper = np.empty(len(positions), dtype=np.float64)
         in_prefix = positions < self.prefix_fetched

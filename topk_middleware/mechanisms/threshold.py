@@ -15,22 +15,24 @@ access counts are those of the sequential algorithm; only rows_fetched and round
 Blocks grow geometrically, so a run makes O(log(steps)) round trips and fetches < growth x the rows
 it uses.
 
-Block-max pruning (where positions are ranks). Scores are non-increasing along ranks, so every
-known score bounds the unread ones (CountedAccess.score_bounds: the prefix, the rows read, the
-zone map), and the value f = h + Z of an L2 item lies in [lower + Z, upper + Z]. Counting L2
-items at their lower (upper) values gives reaching_lo(s) <= reaching(s) <= reaching_hi(s), each
-non-decreasing in s for the reason reaching is (_Steps.first_stop). So the stop step S lies in
-first .. latest, the first steps with reaching_hi >= k and reaching_lo >= k. An unread item
-changes reaching(s) only if its interval straddles tau[s]; reading those for s in first ..
-latest - 1 makes reaching exact there, so S is the step the unpruned run finds. At S, k seen
-items have f >= tau[S] (the stop) and k have f >= L (the k-th best lower value), so an item with
-f < max(tau[S], L) is strictly below the k-th best and out of the top-k whatever the ties: the
-top-k of the other items, in order, is the unpruned one. One batch reads both kinds for every
-possible S (tau is non-increasing, L non-decreasing in s); bounds only tighten as rows are read,
-so the block is then decided. The release (hence Theorem 4.1's law) and the sequential access
-counts are exactly those of the unpruned run for every noise draw; only rows_fetched and
-round_trips change, and random accesses settled without a row are counted as rows_bounded.
-Before that batch, the runs or the zone map may be read first (CountedAccess.tighten_bounds).
+Block-max pruning. Scores are non-increasing along ranks, so where positions are ranks every known
+score bounds the unread ones (CountedAccess.score_bounds: the prefix, the rows read, the zone map);
+where they are not (live tables, a pending delta) an unread item lies deeper than the fetched
+prefix, so its score is at most the prefix's last (TA's own bound). The value f = h + Z of an L2
+item lies in [lower + Z, upper + Z]. Counting L2 items at their lower (upper) values gives
+reaching_lo(s) <= reaching(s) <= reaching_hi(s), each non-decreasing in s for the reason reaching is
+(_Steps.first_stop). So the stop step S lies in first .. latest, the first steps with reaching_hi >=
+k and reaching_lo >= k. An unread item changes reaching(s) only if its interval straddles tau[s];
+reading those for s in first .. latest - 1 makes reaching exact there, so S is the step the unpruned
+run finds. At S, k seen items have f >= tau[S] (the stop) and k have f >= L (the k-th best lower
+value), so an item with f < max(tau[S], L) is strictly below the k-th best and out of the top-k
+whatever the ties: the top-k of the other items, in order, is the unpruned one. One batch reads both
+kinds for every possible S (tau is non-increasing, L non-decreasing in s); bounds only tighten as
+rows are read, so the block is then decided. The release (hence Theorem 4.1's law) and the
+sequential access counts are exactly those of the unpruned run for every noise draw; only
+rows_fetched and round_trips change, and random accesses settled without a row are counted as
+rows_bounded. Before that batch, the runs or the zone map may be read first
+(CountedAccess.tighten_bounds).
 """
 
 from __future__ import annotations
@@ -268,11 +270,10 @@ def private_threshold_top_k(
     """Algorithm 3: positions of the top-k items of h + Z, best first.
 
     Each block: plan (NoisePlan), fetch (the sorted prefix, one round trip), evaluate (TA's
-    stopping rule over the steps so far, vectorised in _Steps). Where positions are ranks the
-    block's L2 items are bounded, not read, and only those that could change the stop or the
-    top-k are read (block-max pruning, module docstring); otherwise all of them beyond the
-    prefix are read in one round trip. The answer and the charged accesses are those of the
-    sequential run.
+    stopping rule over the steps so far, vectorised in _Steps). The block's L2 items beyond the
+    prefix are bounded, not read, and only those that could change the stop or the top-k are
+    read, in one round trip (block-max pruning, module docstring). The answer and the charged
+    accesses are those of the sequential run.
     """
     m = access.m
     plan = NoisePlan(noise_list, k, access)
@@ -281,9 +282,6 @@ def private_threshold_top_k(
         end = min(m, start + block)
         plan.extend_to(end)
         access.fetch_sorted_until(end)
-        if not access.ranked:
-            block_l2 = plan.l2_position[start:end]
-            access.fetch_positions(block_l2[access.depths_of(block_l2) >= end])
         steps = _Steps.gather(access, plan, end)
         while len(need := steps.to_read(k, start)):
             if not access.tighten_bounds(len(need)):
