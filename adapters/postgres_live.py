@@ -43,8 +43,9 @@ per distinct score, stopping past N) and, if the scores were at most N, counts e
 last by index scan, each count stopped at `run_count_rows` / (number of runs) rows; the last
 (lowest score: on count data the one very large run of zeros) is sized as m minus the others, or,
 where another run reached the bound, counted too, that one then sized from m (`_score_runs`).
-The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE)
-put the distinct scores above 2 N: a stale estimate changes the cost, never an answer. Then
+The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE,
+read again every STATISTICS_TTL seconds and at prepare()) put the distinct scores above 2 N: a
+stale estimate changes the cost, never an answer. Then
 positions are the canonical ranks of that snapshot (a dense position map, so the output law is
 the one-shot law): sorted access reads the B-tree alone and returns depths as positions; the core
 answers random access from the runs (`ScoreRuns`, read with the run's first queries); the row at
@@ -79,6 +80,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,15 +113,19 @@ CURSOR_TUPLE_FRACTION = 1e-6
 # most `run_count_rows` rows; it then serves positions = ranks (module docstring).
 MAX_SCORE_RUNS = 32
 RUN_COUNT_ROWS = 1 << 18
-# The probe is skipped when pg_stats puts the distinct scores above this many times the limit.
+# The probe is skipped when pg_stats puts the distinct scores above this many times the limit;
+# that estimate (changed by ANALYZE only) is read again after this many seconds, or at prepare().
 DISTINCT_ESTIMATE_SLACK = 2
+STATISTICS_TTL = 60.0
 # A released rank further than this from every start of a walk along its run is named by a draw
 # from the run's unread middle (module docstring: "Deep in a long run").
 RUN_WALK_ROWS = 1024
 # What one drawn position costs (a position-table probe and a row) in rows walked along a run.
 DRAW_COST_IN_WALKED_ROWS = 4
-# Positions drawn per round of the rejection sampling, at most.
+# Positions drawn per round of the rejection sampling, at most, and rounds at most (each round
+# expects 1.5 times the items it needs: running out means the positions do not cover the run).
 DRAW_BATCH_MAX = 1 << 16
+DRAW_ROUNDS_MAX = 64
 
 
 @dataclass
@@ -188,6 +194,8 @@ class LivePostgresTable(PostgresTable):
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         super().__init__(*args, **kwargs)
         self.max_score_runs, self.run_count_rows = max_score_runs, run_count_rows
+        self._estimate: float | None = None  # pg_stats' distinct scores, read at ...
+        self._estimate_read_at: float | None = None  # ... this time.monotonic(), if read
         self._setup_live()
 
     def _setup_live(self) -> None:
@@ -215,6 +223,7 @@ class LivePostgresTable(PostgresTable):
         no rebuild). The table is validated first."""
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
+        self._estimate_read_at = None  # read the statistics again at the next run
         self.validate()
         conn = self._conn
         if not conn.autocommit and conn.info.transaction_status != TransactionStatus.IDLE:
@@ -365,7 +374,14 @@ END
     # snapshot() is PostgresTable's: one REPEATABLE READ READ ONLY transaction (reconnecting once
     # if the connection was lost before the run read anything), whose first query is _live_m.
     def _open_run(self, conn: psycopg.Connection[Any]) -> _LiveRun:
-        m, distinct = self._live_facts(conn)
+        now = time.monotonic()
+        stale = self.max_score_runs > 0 and (
+            self._estimate_read_at is None or now - self._estimate_read_at > STATISTICS_TTL
+        )
+        m, distinct = self._live_facts(conn, with_estimate=stale)
+        if stale:
+            self._estimate, self._estimate_read_at = distinct, now
+        distinct = self._estimate
         few = distinct is None or distinct <= DISTINCT_ESTIMATE_SLACK * self.max_score_runs
         return _LiveRun(m, self._score_runs(conn, m) if few else None)
 
@@ -458,10 +474,11 @@ END
     def _live_m(self, reader: Any) -> int:
         return self._live_facts(reader)[0]
 
-    def _live_facts(self, reader: Any) -> tuple[int, float | None]:
+    def _live_facts(self, reader: Any, with_estimate: bool = False) -> tuple[int, float | None]:
         """m, after checking that the position table and its triggers are there and the scores'
-        extremes, and the planner's estimate of the distinct scores (None without statistics):
-        one query of catalog lookups and three index probes."""
+        extremes, and, if asked, the planner's estimate of the distinct scores (None without
+        statistics; pg_stats costs ~0.9 ms, hence STATISTICS_TTL): one query of catalog lookups
+        and three index probes."""
         # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
         # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows),
         # a small cursor_tuple_fraction (walk the B-tree rather than sort), and no sequential
@@ -478,11 +495,15 @@ END
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
             "LIMIT 1), "
-            "(SELECT max(CASE WHEN s.n_distinct >= 0 THEN s.n_distinct "
-            "ELSE -s.n_distinct * greatest(c.reltuples, 0) END) FROM pg_class AS c "
-            "JOIN pg_namespace AS n ON n.oid = c.relnamespace JOIN pg_stats AS s "
-            "ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = {score_name} "
-            "WHERE c.oid = {base_name}::regclass)"
+            + (
+                "(SELECT max(CASE WHEN s.n_distinct >= 0 THEN s.n_distinct "
+                "ELSE -s.n_distinct * greatest(c.reltuples, 0) END) FROM pg_class AS c "
+                "JOIN pg_namespace AS n ON n.oid = c.relnamespace JOIN pg_stats AS s "
+                "ON s.schemaname = n.nspname AND s.tablename = c.relname "
+                "AND s.attname = {score_name} WHERE c.oid = {base_name}::regclass)"
+                if with_estimate
+                else "NULL::float8"
+            )
         ).format(
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
@@ -730,7 +751,9 @@ END
             "AND {key} > %s AND {key} < %s"
         ).format(id=self._id, score=self._score, pos=self._pos, base=self._base, key=key)
         with self._reading() as cur:
-            while pending:
+            for _ in range(DRAW_ROUNDS_MAX):
+                if not pending:
+                    break
                 size = min(DRAW_BATCH_MAX, math.ceil(1.5 * len(pending) / share) + 8)
                 drawn = rng.integers(0, run.m, size=size)
                 _, first_seen = np.unique(drawn, return_index=True)
@@ -745,6 +768,11 @@ END
                     middle.named[pending.pop(0)] = row
                     if not pending:
                         break
+            if pending:
+                raise AccessError(
+                    f"{self.where}: {len(pending)} item(s) of a run of tied scores could not be "
+                    f"drawn in {DRAW_ROUNDS_MAX} rounds: the position table is out of step"
+                )
         return {r: middle.named[r] for r in ranks.tolist()}
 
     def read_positions(self, positions: np.ndarray) -> Rows:

@@ -500,9 +500,10 @@ def test_releases_deep_in_a_tied_run_keep_the_one_shot_law(
 def test_statistics_of_many_scores_skip_the_runs_probe(pg_conninfo: str, make_live: Made) -> None:
     """Where pg_stats puts the distinct scores above 2 x max_score_runs, a run does not probe for
     runs: after ANALYZE of 200 distinct scores it uses the position table, and still does after
-    an UPDATE leaves 3 (stale statistics); the next ANALYZE lets runs serve ranks. Releases are
-    those of the matching reference throughout. Fails if the estimate were ignored (ranks at
-    once after the UPDATE) or misread (never ranks)."""
+    an UPDATE leaves 3 (stale statistics); the next ANALYZE, read at prepare() (or after
+    STATISTICS_TTL seconds), lets runs serve ranks. Releases are those of the matching
+    reference throughout. Fails if the estimate were ignored (ranks at once after the UPDATE)
+    or misread (never ranks)."""
     source = make_live(np.arange(300) % 200, np.arange(300) * 2)
     execute(pg_conninfo, source, "ANALYZE {t}")
     assert not source.positions_are_ranks
@@ -510,6 +511,8 @@ def test_statistics_of_many_scores_skip_the_runs_probe(pg_conninfo: str, make_li
     assert not source.positions_are_ranks
     assert_same_releases(source, reference(pg_conninfo, source, "input"), 3)
     execute(pg_conninfo, source, "ANALYZE {t}")
+    assert not source.positions_are_ranks  # the estimate is kept STATISTICS_TTL seconds ...
+    source.prepare()  # ... or until prepare()
     assert source.positions_are_ranks and source.score_run_count() == 3
     assert_same_releases(source, reference(pg_conninfo, source, "ranks"), 3)
 

@@ -144,9 +144,10 @@ class AccessStats:
     access to an item that sorted access reaches later) where a batch holds it once. And a random
     access whose score is fixed by what is known of the sorted order (two known rows of equal
     score around it, or the store's runs of tied scores) is answered without a read
-    (`rows_inferred`; see `CountedAccess.fetch_positions`). And where positions are ranks, a
-    random access whose item provably cannot change the answer, whatever its score within the
-    bounds the sorted order gives it, is settled without a read (`rows_bounded`; see
+    (`rows_inferred`; see `CountedAccess.fetch_positions`). And a random access whose item
+    provably cannot change the answer, whatever its score within the bounds the sorted order
+    gives it (known ranks around it; at least, the fetched prefix's last score above any item
+    beyond it), is settled without a read (`rows_bounded`; see
     `CountedAccess.score_bounds` and mechanisms/threshold.py). rows_fetched also counts the runs
     and the zone map read. Every sorted access is a distinct fetched row, and every random access
     a distinct fetched, inferred or bounded row: rows_fetched >= sorted and
