@@ -1,9 +1,10 @@
 """method="auto" (topk_middleware/planner.py), the in-store one-shot (keyed_noise.py) on every
-SQL store, and batching fitted to the store's cost shape (Batching.for_store)."""
+SQL store, and a schedule with a jump to the plateau's region (Batching.jump_to)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from typing import Any
 
@@ -13,7 +14,7 @@ from scipy import stats
 
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessStats, CountedAccess, StoreCosts
+from topk_middleware.access import AccessStats, CountedAccess
 from topk_middleware.accounting import BudgetExceeded, PrivacyBudget
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.mechanisms.threshold import Batching
@@ -235,16 +236,6 @@ def test_step_estimate_on_plateau_and_zipf() -> None:
 
 
 # ----- batching fitted to the store -------------------------------------------------------------
-def test_for_store_jumps_only_where_random_batches_are_flat() -> None:
-    flat = StoreCosts(random_batch=0.02, random_row=1e-7)
-    steep = StoreCosts(random_batch=2e-3, random_row=8e-6)
-    m, k = 10**6, 10
-    assert Batching.for_store(steep, k, m) == Batching()
-    blocks = Batching.for_store(flat, k, m).blocks(k)
-    first, second = next(blocks), next(blocks)
-    assert first == 2 * k and first + second >= 1.25 * np.sqrt(m * k)
-
-
 @pytest.mark.parametrize("store", ["memory", "duckdb"])
 def test_fitted_batching_keeps_answers_and_access_counts(request: pytest.FixtureRequest, store):
     """Fewer, larger batches change rows fetched and round trips, never the answer or the
@@ -257,8 +248,7 @@ def test_fitted_batching_keeps_answers_and_access_counts(request: pytest.Fixture
     top = int(np.ceil(np.sqrt(m * k)))
     scores = np.concatenate([1000.0 - 0.001 * rng.random(top), rng.random(m - top) * 900.0])
     source = make(request, store, scores)
-    fitted = Batching.for_store(StoreCosts(random_batch=0.02, random_row=1e-7), k, m)
-    assert fitted.jump_to is not None
+    fitted = Batching(jump_to=math.ceil(1.25 * math.sqrt(m * k)))
     trips: list[tuple[int, int]] = []
     for seed in range(4):
         today = private_top_k(source, k, 1.0, seed=seed, method="threshold", batching=Batching())

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .access import AccessStats, CountedAccess, InStoreOneShot, Source, store_costs
+from .access import AccessStats, CountedAccess, InStoreOneShot, Source
 from .keyed_noise import KeyedNoise
 from .lazy_noise import LazyNoiseList
 from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
@@ -208,9 +208,7 @@ def private_top_k(
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             if costs is None:
-                schedule = batching or Batching.for_store(
-                    store_costs(source), k, access.m, pruned=access.ranked
-                )
+                schedule = batching or Batching()
                 positions = private_threshold_top_k(access, noise_list, k, schedule)
             else:
                 schedule = batching or costs.batching(k, access.m)

@@ -77,9 +77,9 @@ def threshold_seconds(
     of random reads, per step a sorted row and a random row. No random reads where runs of tied
     scores answer them; where `pruned` (positions are ranks: block-max pruning), at most three
     batches and 2k + 2 ZONE_MAP_ROWS rows (module docstring). Blocks grow x2 from 2k; where
-    batches are flat, two blocks' worth of round trips (the jump to the bound's region, or for a
-    pruned run the store's read-ahead: Batching.for_store). Batches are priced as full ones,
-    though a pruned run's are small (DuckDB serves those from its index): an overestimate."""
+    batches are flat, two blocks' worth of round trips (the store reads ahead: DuckDB's
+    `sorted_read_rows`). Batches are priced as full ones, though a pruned run's are small
+    (DuckDB serves those from its index): an overestimate."""
     blocks = 1 + max(0, math.ceil(math.log(max(steps, 1) / (2 * k), GROWTH)))
     if costs.flat_random_batches(m):
         blocks = min(blocks, 2)

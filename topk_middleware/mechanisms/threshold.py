@@ -42,12 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..access import CountedAccess, StoreCosts
+from ..access import CountedAccess
 from ..noise_list import NoiseList
 from .oneshot import top_k_ranks
-
-# Where random batches are flat, the second block ends at this many sqrt(mk) steps.
-JUMP_ROOTS = 1.25
 
 
 @dataclass(frozen=True)
@@ -56,6 +53,14 @@ class Batching:
 
     The default first block is 2k steps: TA cannot stop before k steps, and on skewed data it
     stops right after them, so 2k usually ends a run in one block (3 round trips in all).
+    `jump_to` makes the second block end at that step (a store where a batch of random reads
+    costs one scan whatever its size could want fewer, larger batches). It is no longer the
+    default anywhere: with block-max pruning a block reads random rows only for the items its
+    bounds cannot settle, and planning a step of the noise list costs Python ~2-3 us, so the
+    doubling blocks won on every store measured (a plateau at m = 10^7 with a pending DuckDB
+    delta: 29 ms against 38 ms with a jump to 1.25 sqrt(mk); 57 ms with the earlier jump to
+    Theorem 4.2's bound 2 (sqrt(mk) + sqrt(m/2)), 24,472 steps planned for a run that stopped
+    near 10^4).
     """
 
     first: int | None = None
@@ -72,24 +77,6 @@ class Batching:
     def sequential(cls) -> Batching:
         """One step per block: every access is its own round trip (the paper's model, literally)."""
         return cls(first=1, growth=1.0)
-
-    @classmethod
-    def for_store(cls, costs: StoreCosts, k: int, m: int, pruned: bool = False) -> Batching:
-        """The default blocks, fitted to the store's cost shape (access.StoreCosts). Where a
-        batch of random reads costs about one scan whatever its size, a run that does not stop
-        in its first block (2k steps: skewed data) goes in one block to JUMP_ROOTS sqrt(mk)
-        steps, where a plateau's run stops (Theorem 5.4: about sqrt(mk)), then on x2: two or
-        three batches instead of about log2(sqrt(m/k)). The noise list's answers for those
-        steps do not depend on the data (NoisePlan), so they can all be planned at once; the
-        answer and the access counts are those of the sequential run whatever the blocks. The
-        jump is not to the expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) (Theorem 4.2): planning
-        a step costs Python ~2-3 us, and a plateau run at m = 10^7 that stopped near 10^4
-        planned 24,472 (~57 ms against ~25 ms at 1.25 sqrt(mk), measured on DuckDB). Where the
-        run is `pruned` (positions are ranks: block-max pruning) a block that cannot stop reads
-        no random row, so the doubling blocks keep their few batches and plan fewer steps."""
-        if pruned or not costs.flat_random_batches(m):
-            return cls()
-        return cls(jump_to=math.ceil(JUMP_ROOTS * math.sqrt(m * k)))
 
     def blocks(self, k: int):
         size = float(self.first or 2 * k)
