@@ -682,11 +682,14 @@ class DuckDBTable:
         """m and the number of runs of tied scores (None without a runs table): one query,
         which also reads what the fingerprint check needs (`_check_fingerprint`)."""
         runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        names = self._names()
-        looked = self._lookup(con, full=self._proven_oid is None, also=self.delta_table)
-        sizes = parse_delta_comment(looked[4]) if self._delta_tables_seen else None
+        seen = self._delta_tables_seen
+        looked = self._lookup(
+            con, full=self._proven_oid is None, also=self.delta_table if seen else None
+        )
+        sizes = parse_delta_comment(looked[4]) if seen else None
         pending = ""  # else the delta's sizes in the same round trip, once its tables were seen
-        if self._delta_tables_seen and sizes is None:
+        if seen and sizes is None:
+            names = self._names()
             pending = (
                 f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
                 f"(SELECT gen FROM {names.delta} LIMIT 1)"

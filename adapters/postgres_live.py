@@ -628,6 +628,7 @@ END
         B-tree, walked from the nearest start (`_walks`); one query for the batch."""
         if len(ranks) and (ranks.min() < 0 or ranks.max() >= runs.first[-1] + runs.sizes[-1]):
             raise AccessError("a rank outside [0, m) was asked for")
+        run = self._live_state()
         j, anchored, front, back = self._walks(runs, ranks)
         forward = front <= back
         mode = np.where(forward, np.where(anchored, 1, 0), 2)
@@ -668,11 +669,11 @@ END
             "offsets": plain_values(np.where(forward, front, back)),
             "modes": plain_values(mode),
             "scores": runs.values,
-            "after": self._live_state().last_id,
+            "after": run.last_id,
         }
         with self._reading() as cur:
             rows = rows_from_records(cur.execute(query, params).fetchall())
-        self._live_state().served.update(rows.ids.tolist())
+        run.served.update(rows.ids.tolist())
         return rows
 
     def read_ranks_exchangeable(self, ranks: np.ndarray, rng: np.random.Generator) -> Rows:
