@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -90,7 +90,7 @@ NOT_BUILT = "prepare() did not build it"
 ROWS_DIFFER = "it was built from"
 # Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): a batch of random
 # reads by rank is a semi-join over the rank column, 15-40 ms whatever its size; the in-store
-# one-shot hashes every row (SHA-256, about 0.2 us a row here).
+# one-shot's keyed hash (SHA-256) costs 0.3-0.4 us a hashed row here.
 STORE_COSTS = StoreCosts(
     round_trip=1e-3,
     sorted_row=5e-8,
@@ -921,21 +921,32 @@ class DuckDBTable:
 
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
-        keyed_noise.py), best first, ties by smaller position, in one query. The key is a query
-        parameter; SHA-256 of "key:position" gives each item its uniform (the PRF assumption)."""
+        keyed_noise.py), best first, ties by smaller position, in one query. The key and the
+        exceedances are query parameters; SHA-256 of "key:position" gives each item its uniform
+        (the PRF assumption)."""
         run = self._state()
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"
         else:
             relation, position = self._ranked_source(run.ranked), "rank"
-        digits = f"('0x' || substr(sha256($key || ':' || {position}::VARCHAR), 1, 13))::UBIGINT"
-        value = f"score + {noise.sql(uniform_from_hex_sql(digits + '::DOUBLE'))}"
-        cut = cut_sql(relation, position, value, noise.ceiling, "$k")  # rows that can win
-        query = (
-            f"SELECT {position} AS position, id, score FROM {relation} WHERE score >= {cut} "
-            f"ORDER BY {value} DESC, {position} ASC LIMIT $k"
+        digits = f"('0x' || substr(sha256($key || ':' || r.{position}::VARCHAR), 1, 13))::UBIGINT"
+        exceedances = "SELECT unnest($positions::BIGINT[]), unnest($noises::DOUBLE[])"
+        query = oneshot_query(
+            relation,
+            position,
+            noise.sql(uniform_from_hex_sql(digits + "::DOUBLE")),
+            exceedances,
+            noise.bound,
+            "$k",
+            materialized="MATERIALIZED ",
         )
-        got = run.cursor.execute(query, {"key": noise.key, "k": int(k)}).fetchnumpy()
+        params = {
+            "key": noise.key,
+            "k": int(k),
+            "positions": noise.exceed_positions.tolist(),
+            "noises": noise.exceed_noises.tolist(),
+        }
+        got = run.cursor.execute(query, params).fetchnumpy()
         ids = np.asarray(got["id"])
         if ids.dtype.kind in "US":
             ids = ids.astype(object)

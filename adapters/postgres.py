@@ -56,7 +56,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from topk_middleware.access import Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -114,7 +114,7 @@ def runs_table_name(rank_table: str) -> str:
 MODES = ("copy", "live")
 # Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): 20,000 rows by
 # rank range in about 20 ms, 10^4 random ranks in about 80 ms, a packed full read 3.5 s, the
-# in-store one-shot (SHA-256 on every row) about 0.6 us a row.
+# in-store one-shot's keyed hash (SHA-256) about 0.6 us a hashed row.
 STORE_COSTS = StoreCosts(
     round_trip=2e-4,
     sorted_row=1e-6,
@@ -953,25 +953,35 @@ class PostgresTable:
 
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
-        keyed_noise.py), best first, ties by smaller rank, in one query; the key is a query
-        parameter, the uniform of rank p the first 52 bits of SHA-256("key:p"). Copy mode only
-        (live mode has none: LivePostgresTable.read_oneshot)."""
+        keyed_noise.py), best first, ties by smaller rank, in one query; the key and the
+        exceedances are query parameters, the uniform of rank p the first 52 bits of
+        SHA-256("key:p"). Copy mode only (live mode has none: LivePostgresTable.read_oneshot)."""
         run = self._state()
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || r.rank)::bytea) FROM 1 FOR 7), "
             "'hex'))::bit(56)::bigint >> 4)::float8"
         )
-        value = f"r.score + {noise.sql(uniform_from_hex_sql(digits))}"
-        cut = cut_sql("{source} AS r", "r.rank", value, noise.ceiling, "%(k)s")  # can win
-        query = sql.SQL(
-            "SELECT r.rank, r.id, r.score FROM {source} AS r WHERE r.score >= "
-            + cut.replace("{", "{{").replace("}", "}}").replace("{{source}}", "{source}")
-            + " ORDER BY "
-            + value.replace("{", "{{").replace("}", "}}")
-            + " DESC, r.rank ASC LIMIT %(k)s"
-        ).format(source=self._ranked_source(run.ranked))
+        text = oneshot_query(
+            "{source}",
+            "rank",
+            noise.sql(uniform_from_hex_sql(digits)),
+            "SELECT * FROM unnest(%(positions)s::bigint[], %(noises)s::float8[])",
+            noise.bound,
+            "%(k)s",
+            materialized="MATERIALIZED ",
+            search_m="%(m)s" if run.ranked else None,  # the rank table's B-tree on rank
+        )
+        escaped = text.replace("{", "{{").replace("}", "}}").replace("{{source}}", "{source}")
+        query = sql.SQL(escaped).format(source=self._ranked_source(run.ranked))
+        params = {
+            "key": noise.key,
+            "k": int(k),
+            "m": int(run.m),
+            "positions": noise.exceed_positions.tolist(),
+            "noises": noise.exceed_noises.tolist(),
+        }
         with self._reading() as cur:
-            records = cur.execute(query, {"key": noise.key, "k": int(k)}).fetchall()
+            records = cur.execute(query, params).fetchall()
         ids = id_array([r[1] for r in records])
         return Rows(
             np.array([r[0] for r in records], dtype=np.int64),

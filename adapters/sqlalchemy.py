@@ -53,7 +53,7 @@ from adapters._sql import (
     plain_values,
 )
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.keyed_noise import KeyedNoise, cut_sql, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 
 # The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
 # the run's secret key, a bound parameter.
@@ -1216,28 +1216,33 @@ class SQLAlchemyTable:
         another dialect (the client-side one-shot runs)."""
         with self._connection() as conn:
             q = conn.dialect.identifier_preparer.quote
-            rank, score = f"r.{q('rank')}", f"r.{q('score')}"
             if self.dialect == "sqlite":
                 name = "topk_keyed_noise_" + uuid.uuid4().hex[:12]
                 driver = conn.connection.driver_connection
                 driver.create_function(name, 1, noise.sqlite_function, deterministic=True)
-                value = f"{score} + {name}({rank})"
+                noise_sql = f"{name}(r.{q('rank')})"
                 params: dict[str, Any] = {"k": int(k)}
             else:
                 digits = _KEYED_DIGITS.get(self.dialect)
                 if digits is None:
                     return None
-                uniform = uniform_from_hex_sql(digits.format(rank=rank))
-                value = f"{score} + {noise.sql(uniform)}"
+                noise_sql = noise.sql(uniform_from_hex_sql(digits.format(rank=f"r.{q('rank')}")))
                 params = {"key": noise.key, "k": int(k)}
-            table = self._ranks.alias("r")
             ranks = conn.dialect.identifier_preparer.format_table(self._ranks)
-            cut = cut_sql(f"{ranks} r", rank, value, noise.ceiling, ":k")  # rows that can win
-            query = (
-                sa.select(table.c.rank, table.c.id, table.c.score)
-                .where(sa.text(f"{score} >= {cut}"))
-                .order_by(sa.text(f"{value} DESC"), table.c.rank.asc())
-                .limit(sa.bindparam("k"))
+            materialized = "MATERIALIZED " if self.dialect in ("postgresql", "duckdb") else ""
+            text = oneshot_query(
+                ranks,
+                q("rank"),
+                noise_sql,
+                # Literals (exact floats: repr), under no driver's parameter limit; MySQL's
+                # VALUES takes ROW(...) rows.
+                noise.exceedance_values("ROW" if self._plain_mysql(conn) else ""),
+                noise.bound,
+                ":k",
+                materialized,
+            )
+            query = sa.text(text).columns(
+                sa.column("position"), sa.column("id"), sa.column("score")
             )
             records = conn.execute(query, params).all()
             if self.dialect == "sqlite":
@@ -1252,6 +1257,9 @@ class SQLAlchemyTable:
         )
 
     # ----- helpers ----------------------------------------------------------------------------
+    def _plain_mysql(self, conn: Connection) -> bool:
+        return self.dialect == "mysql" and not getattr(conn.dialect, "is_mariadb", False)
+
     def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:
         for i in range(0, len(values), self.max_params):
             yield values[i : i + self.max_params]

@@ -18,7 +18,7 @@ from topk_middleware.access import AccessStats, CountedAccess
 from topk_middleware.accounting import BudgetExceeded, PrivacyBudget
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.mechanisms.threshold import Batching
-from topk_middleware.planner import estimate_steps
+from topk_middleware.planner import estimate_steps, in_store_seconds
 
 from .helpers import plackett_luce, plateau_histogram
 
@@ -41,17 +41,26 @@ def make(request: pytest.FixtureRequest, store: str, scores: Any) -> Any:
 @pytest.mark.parametrize("store", SQL_STORES)
 def test_store_computes_the_keyed_noise(request: pytest.FixtureRequest, store: str, noise: str):
     """The store's top-k under a key is the top-k of score + KeyedNoise.noises computed here
-    (hashlib): a wrong message, digit extraction or inverse CDF in any dialect's SQL fails it."""
+    (hashlib), without a split, with a split at level 0 (most items exceed it) and with a high
+    level (a few dozen exceedances): a wrong message, digit extraction, inverse CDF or
+    conditional law below the level in any dialect's SQL, or an exceedance joined to the wrong
+    row or left out, fails it."""
     rng = np.random.default_rng(7)
     scores = rng.integers(0, 40, 400).astype(float)
     source = make(request, store, scores)
     ranked = np.sort(scores)[::-1]  # the rank table's scores by rank (ids are 0..m-1)
+    m = len(ranked)
     with source.snapshot():
-        for trial in range(4):
-            keyed = KeyedNoise.draw(np.random.default_rng(trial), noise, 3.0)
+        for trial, split in itertools.product(range(3), [None, 1024, 8]):
+            draw = np.random.default_rng(trial)
+            if split is None:
+                keyed = KeyedNoise.draw(draw, noise, 3.0)
+            else:
+                keyed = KeyedNoise.draw(draw, noise, 3.0, m, 1, exceedances=split)
+                assert 0 < len(keyed.exceed_positions) < m
             rows = source.read_oneshot(keyed, 7)
-            values = ranked + keyed.noises(np.arange(len(ranked)))
-            want = np.lexsort((np.arange(len(ranked)), -values))[:7]
+            values = ranked + keyed.noises(np.arange(m))
+            want = np.lexsort((np.arange(m), -values))[:7]
             assert rows.positions.tolist() == want.tolist()
             assert np.array_equal(rows.scores, ranked[want])
 
@@ -61,24 +70,81 @@ def test_store_computes_the_keyed_noise(request: pytest.FixtureRequest, store: s
 def test_rows_that_cannot_win_are_left_out_exactly(
     request: pytest.FixtureRequest, store: str, noise: str
 ):
-    """Scores spread far beyond the noise's ceiling: the store computes the keyed hash only for
-    rows with score >= (least noisy score of its k top rows) - ceiling, here under a tenth of
-    the table (checked in Python), and still returns exactly the top-k of score + noise over
-    all rows. Fails if the cut were too tight (without the ceiling: every store, both noises,
-    checked by mutation) or if the noise of the cut and of the ranking disagreed."""
+    """Scores spread far beyond the noise's bound: outside the exceedances the store computes
+    the keyed hash only for rows with score >= T - bound (T the k-th largest noisy score of the
+    exceedances and the k top rows), here under a tenth of the table (checked in Python), and
+    still returns exactly the top-k of score + noise over all rows, with and without a split.
+    Fails if the cut were too tight (checked by mutation: the bound without the level) or if
+    the noise of the cut and of the ranking disagreed."""
     rng = np.random.default_rng(11)
     scores = (rng.integers(0, 400, 600) * 10).astype(float)
     source = make(request, store, scores)
     ranked = np.sort(scores)[::-1]
-    k = 6
+    m, k = len(ranked), 6
     with source.snapshot():
-        for trial in range(6):
-            keyed = KeyedNoise.draw(np.random.default_rng(100 + trial), noise, 3.0)
-            values = ranked + keyed.noises(np.arange(len(ranked)))
-            cut = values[:k].min() - keyed.ceiling
-            assert np.count_nonzero(ranked >= cut) < len(ranked) / 10
-            want = np.lexsort((np.arange(len(ranked)), -values))[:k]
+        for trial, split in itertools.product(range(4), [False, True]):
+            draw = np.random.default_rng(100 + trial)
+            keyed = KeyedNoise.draw(draw, noise, 3.0, m if split else 0, k, exceedances=20)
+            values = ranked + keyed.noises(np.arange(m))
+            known = np.union1d(np.arange(k), keyed.exceed_positions)
+            cut = np.sort(values[known])[-k] - keyed.bound
+            assert np.count_nonzero(ranked >= cut) < m / 10
+            want = np.lexsort((np.arange(m), -values))[:k]
             assert source.read_oneshot(keyed, k).positions.tolist() == want.tolist()
+
+
+class CountingNoise(KeyedNoise):
+    """A KeyedNoise that counts SQLite's calls of its keyed noise (one per row hashed)."""
+
+    def sqlite_function(self, position: int) -> float:
+        self.calls.append(position)  # type: ignore[attr-defined]
+        return super().sqlite_function(position)
+
+
+def test_spread_scores_hash_only_the_top_rows(make_sqlalchemy_sqlite_source: Any) -> None:
+    """Scores spread evenly over 40 b below the top (the uniform family, where the grid's
+    ceiling alone leaves most rows able to win): with the split, T - level lies above the top
+    score, so SQLite's keyed noise runs on the k top rows only (at most twice each: SQLite may
+    evaluate the known rows once per use), never on the other 99%; and the top-k is exact.
+    Fails without the split (every row within the ceiling is hashed)."""
+    m, k, scale = 20_000, 5, 1.0
+    scores = np.linspace(0.0, 40.0 * scale, m)
+    source = make_sqlalchemy_sqlite_source(scores, None)
+    ranked = np.sort(scores)[::-1]
+    with source.snapshot():
+        for trial in range(3):
+            base = KeyedNoise.draw(np.random.default_rng(trial), "gumbel", scale, m, k)
+            keyed = CountingNoise(
+                base.key, "gumbel", scale, base.level, base.exceed_positions, base.exceed_noises
+            )
+            object.__setattr__(keyed, "calls", [])
+            got = source.read_oneshot(keyed, k).positions.tolist()
+            values = ranked + keyed.noises(np.arange(m))
+            assert got == np.lexsort((np.arange(m), -values))[:k].tolist()
+            hashed = set(keyed.calls)  # type: ignore[attr-defined]
+            assert hashed <= set(range(k)) and len(keyed.calls) <= 2 * k  # type: ignore
+            assert 900 <= len(keyed.exceed_positions) <= 1150  # Binomial(20000, ~0.051)
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "laplace"])
+def test_the_split_keeps_the_noise_law(noise: str) -> None:
+    """Exceedances drawn by the client and keyed noise conditioned below the level together
+    give i.i.d. noise of the unsplit law: KS test of 40 x 2,000 noises against the Gumbel /
+    Laplace CDF at the scale (p > 1e-3), for a level most items exceed and one few do; every
+    exceedance lies above the level, every other noise at most KeyedNoise.bound. Fails if the
+    exceedances' number or law, or the conditional law below the level, were wrong (e.g.
+    unconditioned keyed noise below the level puts too much mass above it: p ~ 0)."""
+    scale, m = 2.0, 2000
+    cdf = stats.gumbel_r(scale=scale).cdf if noise == "gumbel" else stats.laplace(scale=scale).cdf
+    for exceedances in (1024, 64):
+        pooled = []
+        for seed in range(40):
+            keyed = KeyedNoise.draw(np.random.default_rng(seed), noise, scale, m, 1, exceedances)
+            z = keyed.noises(np.arange(m))
+            inside = np.isin(np.arange(m), keyed.exceed_positions)
+            assert np.all(z[inside] > keyed.level) and np.all(z[~inside] <= keyed.bound)
+            pooled.append(z)
+        assert stats.kstest(np.concatenate(pooled), cdf).pvalue > 1e-3
 
 
 def test_the_ceiling_bounds_every_keyed_noise() -> None:
@@ -91,6 +157,7 @@ def test_the_ceiling_bounds_every_keyed_noise() -> None:
             keyed = KeyedNoise("00" * 16, noise, scale)
             largest = keyed.noise_of_uniform(top)
             assert largest <= keyed.ceiling <= largest + 2 * scale
+            assert keyed.bound == keyed.ceiling  # no split
 
 
 @pytest.mark.parametrize("store", SQL_STORES)
@@ -108,7 +175,9 @@ def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, 
         counts = Counter(
             tuple(
                 ids_by_rank[int(p)]
-                for p in source.read_oneshot(KeyedNoise.draw(rng, "gumbel", scale), k).positions
+                for p in source.read_oneshot(
+                    KeyedNoise.draw(rng, "gumbel", scale, 5, k, exceedances=2), k
+                ).positions
             )
             for _ in range(runs)
         )
@@ -177,6 +246,22 @@ def test_auto_reports_its_choice_outside_the_release(request: pytest.FixtureRequ
     assert set(vars(release)) == {"items", "privacy", "ranked", "bottom"}
     same = private_top_k(source, 10, 1.0, seed=9, method="threshold")
     assert same.items == result.items
+
+
+def test_in_store_pricing_counts_the_rows_that_can_win() -> None:
+    """in_store_seconds hashes the top rows within the split's level (and one b) of the k-th
+    top score where the top rows reach below that band (zipf: 10 rows, computed here from
+    the level), and all m rows where they do not (a plateau: the top rows cannot tell)."""
+    from topk_middleware.access import StoreCosts
+    from topk_middleware.keyed_noise import split_level
+
+    costs = StoreCosts(round_trip=0.0, random_batch=0.0, random_row=0.0, oneshot_row=1.0)
+    m, k, scale = 10**7, 10, 10.0
+    zipf = np.floor(10**6 / np.arange(1, 257)).astype(float)
+    band = zipf[k - 1] - split_level("gumbel", scale, m, 1024) - scale
+    assert in_store_seconds(zipf, k, m, scale, costs) == np.count_nonzero(zipf >= band) == 10
+    plateau = np.full(256, 5.0)
+    assert in_store_seconds(plateau, k, m, scale, costs) == m
 
 
 def test_auto_picks_the_full_read_when_it_is_cheaper() -> None:
@@ -285,3 +370,26 @@ def test_synthetic_distinct_family() -> None:
     result = private_top_k(source, k, 1.0, seed=0, method="threshold")
     assert result.accesses.rows_inferred == 0
     assert 0.2 * size < result.accesses.sorted < 2 * (size + np.sqrt(m / 2))
+
+
+@pytest.mark.parametrize("store", ["postgres", "duckdb"])
+def test_a_tie_reaching_the_cut_wins_uniformly(request: pytest.FixtureRequest, store: str):
+    """51 items tied at the top, the rest far below, k = 1, no split (the cut at the ceiling
+    keeps the whole tie): each tied item wins with probability 1/51, the last of the tie (the
+    last row the cut keeps: on PostgreSQL the end of the prefix its binary search finds)
+    included. Chi-square over the 51 ranks, 2,040 keys
+    from a fixed seed (p > 1e-3). Fails if the search lost the prefix's last row (checked by
+    mutation: the last rank is then never released) or if any tied row were cut."""
+    scores = np.concatenate([np.full(51, 10.0), np.zeros(449)])
+    source = make(request, store, scores)
+    rng = np.random.default_rng(5)
+    runs = 2040
+    with source.snapshot():
+        wins = Counter(
+            int(source.read_oneshot(KeyedNoise.draw(rng, "gumbel", 0.01), 1).positions[0])
+            for _ in range(runs)
+        )
+    assert set(wins) <= set(range(51))
+    observed = np.array([wins[r] for r in range(51)])
+    assert observed[50] > 0
+    assert stats.chisquare(observed).pvalue > 1e-3

@@ -171,6 +171,31 @@ def test_same_seed_same_release_as_array_source_with_the_same_positions(text: bo
                 assert got.accesses.random == want.accesses.random
 
 
+@pytest.mark.parametrize("noise", ["gumbel", "laplace"])
+def test_in_store_oneshot_over_a_pending_delta(noise: str) -> None:
+    """The in-store one-shot over base + delta names items by their delta positions: its top-k
+    is the top-k of (score at position) + KeyedNoise.noises(position) computed here, with and
+    without a split (the exceedances joined by position, the cut over the merged rows)."""
+    from topk_middleware.keyed_noise import KeyedNoise
+
+    con = duckdb.connect()
+    source = make(con, 500, text=False, seed=4)
+    source.fold_fraction = 1.0
+    write(con, "mixed", False, 500)
+    assert source.refresh().kind == "delta"
+    with source.snapshot():
+        m = source.domain_size()
+        scores = source.read_positions(np.arange(m)).scores
+        for trial, split in ((0, False), (1, True), (2, True)):
+            draw = np.random.default_rng(trial)
+            keyed = KeyedNoise.draw(draw, noise, 2.0, m if split else 0, 5, exceedances=40)
+            values = scores + keyed.noises(np.arange(m))
+            want = np.lexsort((np.arange(m), -values))[:5]
+            got = source.read_oneshot(keyed, 5)
+            assert got.positions.tolist() == want.tolist()
+            assert np.array_equal(got.scores, scores[want])
+
+
 @pytest.mark.parametrize("comment", ["kept", "dropped"])
 def test_a_run_takes_the_delta_sizes_from_its_comment_or_counts_them(comment: str) -> None:
     """A refresh writes the delta's and skip table's row counts and generation as the delta

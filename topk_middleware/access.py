@@ -736,8 +736,8 @@ class StoreCosts:
     `random_batch` is the fixed cost of one batch of random reads and `random_row` its cost per
     row: where the fixed part dominates (DuckDB's rank table: a semi-join over the whole rank
     column, about one scan whatever the batch's size) fewer, larger batches win. `oneshot_row`
-    is the in-store one-shot's cost per item (InStoreOneShot), `full_read_row` a full read into
-    the client per item (the fallback one-shot)."""
+    is the in-store one-shot's cost per hashed row (InStoreOneShot), `full_read_row` a full
+    read into the client per item (the fallback one-shot)."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7

@@ -197,7 +197,7 @@ def private_top_k(
         in_store = False
         if chosen in ("oneshot", "oneshot_in_store"):
             if chosen == "oneshot_in_store" and isinstance(source, InStoreOneShot):
-                keyed = KeyedNoise.draw(rng, noise, guarantee.scale)
+                keyed = KeyedNoise.draw(rng, noise, guarantee.scale, access.m, k)
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None
             if items is None:

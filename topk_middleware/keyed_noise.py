@@ -13,14 +13,21 @@ then the noise by inverse CDF at the calibrated scale b: Gumbel Z = -b ln(-ln U)
 Z = b ln(2U) for U < 1/2, -b ln(2 - 2U) otherwise. SHA-256 exists in PostgreSQL, DuckDB and
 MariaDB (SHA2); SQLite takes `KeyedNoise.sqlite_function`, registered on its connection.
 
-Noise confined to rows that can win. The uniforms lie on a grid: U_p <= 1 - 2^-53, so no noise
-exceeds `KeyedNoise.ceiling` = b (53 ln 2 + 1) (Gumbel: -b ln(-ln U) <= b ln 2^53; Laplace:
--b ln(2 - 2U) <= b ln 2^52; b more for rounding). Any k items' noisy scores bound the k-th
-largest of all from below: the store takes T = the least noisy score of its k top rows, and only
-rows with score >= T - ceiling can reach T, so it computes the keyed hash on those alone and
-returns the same k rows as over the whole table. On skewed data and plateaus the rows that can
-win are a few thousand; where scores are spread within ~37 b of the top (the uniform family) most
-rows still can, and the cost stays near the full evaluation's.
+Noise confined to rows that can win: a split at a level t. Before the query the client draws,
+from the run's generator, which items' noise exceeds t and what it is: each item does so with
+probability q = P(Z > t), independently, so their number is Binomial(m, q), their positions a
+uniform sample of that size, and their noises i.i.d. from the law of Z given Z > t (the
+*exceedances*, sent with the query: `exceed_positions`, `exceed_noises`). Every other item's
+noise comes from its keyed uniform conditioned on Z <= t (U_p F(t) through the inverse CDF F^-1).
+Membership and both conditional laws together are exactly i.i.d. draws of Z, so the release is
+the one-shot law. The level makes the expected number of exceedances max(EXCEEDANCES, 64 k)
+(t >= 0), a function of m and k only. Then any k rows bound the k-th largest noisy score from
+below: the store takes T = the k-th largest of score + noise over the exceedances and its k top
+rows, and a row outside the exceedances can reach T only if its score >= T - t, so it hashes
+those rows alone. Where scores are spread within a few tens of b of the top (the uniform family),
+T - t lies above the top score: nothing but the exceedances and the k top rows is hashed. Without
+a split (t = inf, the default of a bare KeyedNoise) the bound is `ceiling` = b (53 ln 2 + 1): the
+uniforms lie on a 2^-52 grid, so no noise exceeds it.
 
 Privacy rests on an assumption, stated here and in the README: SHA-256 keyed this way (a secret
 key prefixed to the message; no length extension matters, since the output is never extended) is
@@ -36,29 +43,59 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 UNIFORM_BITS = 52
 UNIFORM_HEX = UNIFORM_BITS // 4  # 13 hex digits
 KEY_BYTES = 16
+EXCEEDANCES = 1024  # expected exceedances drawn by the client (at least 64 k; module docstring)
+ROUNDING = 1e-6  # of the scale, and 1e-12 of |T|: slack in the cut for rounding in the store
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KeyedNoise:
-    """The noise of one in-store one-shot run: the secret key, the noise family and its scale."""
+    """The noise of one in-store one-shot run: the secret key, the noise family, its scale, and
+    the split (level t, the exceedances' positions and noises; module docstring)."""
 
     key: str  # 32 hex digits, drawn from the run's generator
     noise: str  # "gumbel" or "laplace"
     scale: float
+    level: float = math.inf  # t >= 0; inf: no split, every noise keyed
+    exceed_positions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    exceed_noises: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, noise: str, scale: float) -> KeyedNoise:
-        """A fresh key from the run's generator (secure unless the run is seeded)."""
+    def draw(
+        cls,
+        rng: np.random.Generator,
+        noise: str,
+        scale: float,
+        m: int = 0,
+        k: int = 1,
+        exceedances: int | None = None,
+    ) -> KeyedNoise:
+        """A fresh key from the run's generator (secure unless the run is seeded) and, for a
+        domain of m items (m > 0), the split: its level (about `exceedances` noises above it,
+        by default max(EXCEEDANCES, 64 k)) and the exceedances."""
         if noise not in ("gumbel", "laplace"):
             raise ValueError(f"noise must be 'gumbel' or 'laplace', got {noise!r}")
-        return cls(rng.bytes(KEY_BYTES).hex(), noise, float(scale))
+        key = rng.bytes(KEY_BYTES).hex()
+        if m <= 0:
+            return cls(key, noise, float(scale))
+        above = max(EXCEEDANCES, 64 * k) if exceedances is None else exceedances
+        level = split_level(noise, float(scale), m, above)
+        q = exceedance_probability(noise, float(scale), level)
+        count = int(rng.binomial(m, q))
+        positions = np.sort(rng.choice(m, size=count, replace=False)).astype(np.int64)
+        tail = 1.0 - rng.random(count)  # in (0, 1]
+        b = float(scale)
+        if noise == "gumbel":  # U uniform on (F(t), 1): -ln U = -log1p(-q W)
+            noises = -b * np.log(-np.log1p(-q * tail))
+        else:  # beyond t >= 0 the Laplace tail is t + Exponential(b)
+            noises = level - b * np.log(tail)
+        return cls(key, noise, b, level, positions, noises)
 
     def message(self, position: int) -> str:
         """The text hashed for the item at `position`."""
@@ -73,44 +110,132 @@ class KeyedNoise:
         return out
 
     def noises(self, positions: np.ndarray) -> np.ndarray:
-        """Z_p for each position (inverse CDF of U_p at the scale)."""
-        return np.array([self.noise_of_uniform(u) for u in self.uniforms(positions)])
+        """Z_p for each position: an exceedance's drawn noise, else the keyed noise below t."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.array([self.noise_of_uniform(u) for u in self.uniforms(positions)], float)
+        where = np.searchsorted(self.exceed_positions, positions)
+        where = np.minimum(where, max(len(self.exceed_positions) - 1, 0))
+        hit = len(self.exceed_positions) > 0
+        if hit:
+            found = self.exceed_positions[where] == positions
+            out[found] = self.exceed_noises[where[found]]
+        return out
 
     @property
     def ceiling(self) -> float:
-        """An upper bound of every Z_p this noise gives (module docstring)."""
+        """An upper bound of every keyed Z_p without a split (module docstring)."""
         return self.scale * ((UNIFORM_BITS + 1) * math.log(2.0) + 1.0)
 
-    def noise_of_uniform(self, u: float) -> float:
-        b = self.scale
+    @property
+    def bound(self) -> float:
+        """An upper bound of every Z_p outside the exceedances: the level plus the rounding
+        slack, or the ceiling without a split."""
+        return min(self.ceiling, self.level + ROUNDING * self.scale)
+
+    def _below_level(self) -> float:
+        """The factor on U of the conditional law below t: F(t) (1 without a split); for Gumbel
+        the term exp(-t / b) added to -ln U instead."""
         if self.noise == "gumbel":
-            return -b * math.log(-math.log(u))
-        return b * math.log(2.0 * u) if u < 0.5 else -b * math.log(2.0 - 2.0 * u)
+            return math.exp(-self.level / self.scale)
+        return 1.0 - 0.5 * math.exp(-self.level / self.scale)
+
+    def noise_of_uniform(self, u: float) -> float:
+        """The noise below the level from the uniform U (inverse CDF of U F(t))."""
+        b, factor = self.scale, self._below_level()
+        if self.noise == "gumbel":
+            return -b * math.log(factor - math.log(u))
+        v = u * factor if factor != 1.0 else u
+        return b * math.log(2.0 * v) if v < 0.5 else -b * math.log(2.0 - 2.0 * v)
 
     def sqlite_function(self, position: int) -> float:
-        """Z_p, for a store without SHA-256 in SQL (SQLite: registered on the connection)."""
+        """Z_p below the level, for a store without SHA-256 in SQL (SQLite: registered on the
+        connection; the exceedances join in SQL as for every store)."""
         digest = hashlib.sha256(self.message(position).encode("ascii")).hexdigest()
         return self.noise_of_uniform((int(digest[:UNIFORM_HEX], 16) + 0.5) / 2.0**UNIFORM_BITS)
 
     def sql(self, uniform: str) -> str:
-        """The noise as SQL over `uniform`, an SQL expression of U_p (a double in (0, 1)).
-        The scale is a Python float printed exactly (repr round-trips); nothing else varies."""
-        b = repr(self.scale)
+        """The noise below the level as SQL over `uniform`, an SQL expression of U_p (a double
+        in (0, 1)). Constants are Python floats printed exactly (repr round-trips)."""
+        b, factor = repr(self.scale), self._below_level()
         if self.noise == "gumbel":
-            return f"(-{b} * ln(-ln({uniform})))"
-        return (
-            f"(CASE WHEN {uniform} < 0.5 THEN {b} * ln(2.0 * {uniform}) "
-            f"ELSE -{b} * ln(2.0 - 2.0 * {uniform}) END)"
+            return f"(-{b} * ln({factor!r} - ln({uniform})))"
+        v = f"({uniform} * {factor!r})" if factor != 1.0 else uniform
+        return f"(CASE WHEN {v} < 0.5 THEN {b} * ln(2.0 * {v}) ELSE -{b} * ln(2.0 - 2.0 * {v}) END)"
+
+    def exceedance_values(self, row: str = "") -> str:
+        """The exceedances as an SQL VALUES list of (position, noise), each row prefixed by
+        `row` (MySQL's ROW); at least one row: a position -1 that no item has when none."""
+        pairs = zip(self.exceed_positions.tolist(), self.exceed_noises.tolist(), strict=True)
+        rows = [f"{row}({int(p)}, {float(z)!r})" for p, z in pairs] or [f"{row}(-1, 0.0)"]
+        return "VALUES " + ", ".join(rows)
+
+
+def split_level(noise: str, scale: float, m: int, above: int) -> float:
+    """The level t >= 0 above which `above` of m noises lie in expectation (fewer where t = 0
+    leaves fewer: Gumbel 63%, Laplace 50%)."""
+    rate = min(1.0, above / m)
+    if noise == "gumbel":  # P(Z > t) = -expm1(-exp(-t / b))
+        t = -scale * math.log(-math.log1p(-rate)) if rate < 1.0 else -math.inf
+    else:  # P(Z > t) = exp(-t / b) / 2 for t >= 0
+        t = -scale * math.log(2.0 * rate)
+    return max(0.0, t)
+
+
+def exceedance_probability(noise: str, scale: float, level: float) -> float:
+    """q = P(Z > level) for the noise at `scale` (level >= 0)."""
+    if noise == "gumbel":
+        return -math.expm1(-math.exp(-level / scale))
+    return 0.5 * math.exp(-level / scale)
+
+
+def oneshot_query(
+    relation: str,
+    position: str,
+    noise_sql: str,
+    exceedances: str,
+    bound: float,
+    k: str,
+    materialized: str = "",
+    search_m: str | None = None,
+) -> str:
+    """SQL of the in-store one-shot (module docstring): the (position, id, score) of the k rows
+    of largest score + noise, best first, ties by smaller position. `relation` has columns
+    `position`, id and score; `noise_sql` is the keyed noise below the level of the row `r`
+    (over r.`position`); `exceedances` a query of (position, noise) rows; `bound`
+    KeyedNoise.bound; `k` the placeholder of k; `materialized` "MATERIALIZED " where the
+    dialect takes it (the exceedances and known rows are read twice).
+
+    `search_m` (the placeholder of m), for a rank table whose scores do not increase with the
+    position and whose `/` divides integers: the rows with score >= the cut are then a prefix
+    of the positions, found by binary search through the position's B-tree (about log2 m
+    probes), so the other rows are not scanned."""
+    pos = position
+    keyed = f"r.score + {noise_sql}"
+    ctes = [
+        f"e(position, z) AS {materialized}({exceedances})",
+        f"known AS {materialized}(SELECT r.{pos} AS position, r.id AS id, r.score AS score, "
+        f"r.score + e.z AS v FROM {relation} r JOIN e ON r.{pos} = e.position "
+        f"UNION ALL SELECT r.{pos}, r.id, r.score, {keyed} FROM {relation} r "
+        f"WHERE r.{pos} < {k} AND r.{pos} NOT IN (SELECT position FROM e))",
+        f"cut AS (SELECT min(best.v) - {float(bound)!r} - 1e-12 * abs(min(best.v)) AS low "
+        f"FROM (SELECT v FROM known ORDER BY v DESC LIMIT {k}) best)",
+    ]
+    rest = f"r.score >= (SELECT low FROM cut) AND r.{pos} >= {k}"
+    if search_m is not None:  # invariant: [k, lo) score >= low, [hi, m) score < low
+        ctes.append(
+            f"prefix(lo, hi) AS (SELECT CAST({k} AS bigint), CAST({search_m} AS bigint) "
+            "UNION ALL SELECT CASE WHEN p.score >= c.low THEN p.mid + 1 ELSE b.lo END, "
+            "CASE WHEN p.score >= c.low THEN b.hi ELSE p.mid END FROM prefix b CROSS JOIN cut c "
+            f"CROSS JOIN LATERAL (SELECT s.score, s.{pos} AS mid FROM {relation} s "
+            f"WHERE s.{pos} = (b.lo + b.hi) / 2) p WHERE b.lo < b.hi)"
         )
-
-
-def cut_sql(relation: str, position: str, value: str, ceiling: float, k: str) -> str:
-    """SQL of the least score a row of `relation` needs to reach the k-th largest noisy score
-    (module docstring): the least `value` (score + noise) of the rows at `position` < k, minus
-    the ceiling; any k rows bound it, a rank table's top k bound it tightly."""
+        rest += f" AND r.{pos} < (SELECT min(hi) FROM prefix)"
     return (
-        f"(SELECT min(top_rows.v) - {float(ceiling)!r} FROM (SELECT {value} AS v FROM {relation} "
-        f"WHERE {position} < {k}) AS top_rows)"
+        f"WITH {'RECURSIVE ' if search_m is not None else ''}{', '.join(ctes)} "
+        "SELECT c.position, c.id, c.score FROM (SELECT position, id, score, v FROM known "
+        f"UNION ALL SELECT r.{pos}, r.id, r.score, {keyed} FROM {relation} r WHERE {rest} "
+        f"AND r.{pos} NOT IN (SELECT position FROM e)) c "
+        f"ORDER BY c.v DESC, c.position ASC LIMIT {k}"
     )
 
 

@@ -9,6 +9,12 @@ from facts that do not involve the noise: m, k, the noise scale b, the store's m
 Like access counts, the choice depends on the data: it is operator information
 (`result.diagnostics.plan`), never part of `result.release()` (DESIGN invariant 7).
 
+The in-store one-shot's cost (in_store_seconds): a round trip, the exceedances' lookups, and the
+keyed hash on the rows that can win, which the top rows count only where they reach below the
+split's level under the k-th score (skewed data); otherwise the model assumes every row (a
+plateau or a spread of scores looks the same in the top rows), so `auto` takes the in-store
+one-shot only where the top rows show it cheap.
+
 The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
 largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
 least about h[k-1] + 0.37 b (the median Gumbel noise, on the k best scores) and at least
@@ -34,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .access import ZONE_MAP_ROWS, CountedAccess, InStoreOneShot, StoreCosts, store_costs
+from .keyed_noise import EXCEEDANCES, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
@@ -90,6 +97,20 @@ def threshold_seconds(
     return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
 
 
+def in_store_seconds(scores: np.ndarray, k: int, m: int, scale: float, costs: StoreCosts) -> float:
+    """Modelled cost of the in-store one-shot (keyed_noise.py): one round trip, a batch of
+    random reads for the exceedances, and the keyed hash on the rows that can win: those within
+    the split's level (and one b) below the k-th top score, counted in the top rows `scores` when
+    they reach below that, else taken as all m (the top rows cannot tell)."""
+    exceedances = min(m, max(EXCEEDANCES, 64 * k))
+    level = split_level("gumbel", scale, m, exceedances)
+    hashed = m
+    if len(scores) >= k and scores[-1] < scores[k - 1] - level - scale:
+        hashed = int(np.count_nonzero(scores >= scores[k - 1] - level - scale))
+    lookups = costs.random_batch_seconds(m) + exceedances * costs.random_row
+    return costs.round_trip + lookups + hashed * costs.oneshot_row
+
+
 def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     """Read the top rows (counted: a threshold run reads them anyway) and choose the method."""
     m = access.m
@@ -107,10 +128,11 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     run_count = access.run_count
     tied_runs = run_count is not None and run_count * 100 < m
     thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=access.ranked)
-    in_store = isinstance(access.source, InStoreOneShot)
-    kind = "oneshot_in_store" if in_store else "oneshot_full_read"
-    one = costs.round_trip + m * (costs.oneshot_row if in_store else costs.full_read_row)
-    if in_store and costs.round_trip + m * costs.full_read_row < one:
-        kind, one = "oneshot_full_read", costs.round_trip + m * costs.full_read_row
+    full = costs.round_trip + m * costs.full_read_row
+    kind, one = "oneshot_full_read", full
+    if isinstance(access.source, InStoreOneShot):
+        in_store = in_store_seconds(scores, k, m, scale, costs)
+        if in_store < full:
+            kind, one = "oneshot_in_store", in_store
     chosen = "threshold" if thr <= one else kind
     return Plan(chosen, steps, probe, thr, one, kind)
