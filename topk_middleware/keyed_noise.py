@@ -33,8 +33,9 @@ Privacy rests on an assumption, stated here and in the README: SHA-256 keyed thi
 key prefixed to the message; no length extension matters, since the output is never extended) is
 a pseudo-random function, so that to anyone without the key the U_p are indistinguishable from
 independent uniforms. Under it the release is (computationally) the one-shot mechanism's, with
-its guarantee (Fact 3.3 for Gumbel, Fact 3.2 for Laplace); the key lives only in the client's
-memory and in the text of one query, and is never reused. The uniforms are on a grid of 2^-52
+its guarantee (Fact 3.3 for Gumbel, Fact 3.2 for Laplace); the key and the exceedances live
+only in the client's memory and in the parameters of one query, and are never reused (like the
+noise of any release, whoever reads that query's parameters learns the noise). The uniforms are on a grid of 2^-52
 (the largest Gumbel noise is b ln(2^53), about 36.7 b, far beyond the maximum of m <= 10^12
 Gumbels with any real probability).
 """
