@@ -35,9 +35,9 @@ a pseudo-random function, so that to anyone without the key the U_p are indistin
 independent uniforms. Under it the release is (computationally) the one-shot mechanism's, with
 its guarantee (Fact 3.3 for Gumbel, Fact 3.2 for Laplace); the key and the exceedances live
 only in the client's memory and in the parameters of one query, and are never reused (like the
-noise of any release, whoever reads that query's parameters learns the noise). The uniforms are on a grid of 2^-52
-(the largest Gumbel noise is b ln(2^53), about 36.7 b, far beyond the maximum of m <= 10^12
-Gumbels with any real probability).
+noise of any release: whoever reads that query's parameters learns the noise). The uniforms are
+on a grid of 2^-52 (the largest keyed Gumbel noise is b ln(2^53), about 36.7 b, far beyond the
+maximum of m <= 10^12 Gumbels with any real probability).
 """
 
 from __future__ import annotations
@@ -114,10 +114,10 @@ class KeyedNoise:
         """Z_p for each position: an exceedance's drawn noise, else the keyed noise below t."""
         positions = np.asarray(positions, dtype=np.int64)
         out = np.array([self.noise_of_uniform(u) for u in self.uniforms(positions)], float)
-        where = np.searchsorted(self.exceed_positions, positions)
-        where = np.minimum(where, max(len(self.exceed_positions) - 1, 0))
-        hit = len(self.exceed_positions) > 0
-        if hit:
+        if len(self.exceed_positions):  # sorted by draw()
+            where = np.minimum(
+                np.searchsorted(self.exceed_positions, positions), len(self.exceed_positions) - 1
+            )
             found = self.exceed_positions[where] == positions
             out[found] = self.exceed_noises[where[found]]
         return out
