@@ -1221,13 +1221,13 @@ class SQLAlchemyTable:
                 driver = conn.connection.driver_connection
                 driver.create_function(name, 1, noise.sqlite_function, deterministic=True)
                 noise_sql = f"{name}(r.{q('rank')})"
-                params: dict[str, Any] = {"k": int(k)}
+                params: dict[str, Any] = {"k": int(k), "m": self.domain_size()}
             else:
                 digits = _KEYED_DIGITS.get(self.dialect)
                 if digits is None:
                     return None
                 noise_sql = noise.sql(uniform_from_hex_sql(digits.format(rank=f"r.{q('rank')}")))
-                params = {"key": noise.key, "k": int(k)}
+                params = {"key": noise.key, "k": int(k), "m": self.domain_size()}
             ranks = conn.dialect.identifier_preparer.format_table(self._ranks)
             materialized = "MATERIALIZED " if self.dialect in ("postgresql", "duckdb") else ""
             text = oneshot_query(
@@ -1240,6 +1240,9 @@ class SQLAlchemyTable:
                 noise.bound,
                 ":k",
                 materialized,
+                # The rows that can win are a prefix of the rank B-tree: binary search where
+                # `/` divides integers.
+                search_m=":m" if self.dialect in ("postgresql", "sqlite") else None,
             )
             query = sa.text(text).columns(
                 sa.column("position"), sa.column("id"), sa.column("score")

@@ -113,7 +113,7 @@ def test_spread_scores_hash_only_the_top_rows(make_sqlalchemy_sqlite_source: Any
     ranked = np.sort(scores)[::-1]
     with source.snapshot():
         for trial in range(3):
-            base = KeyedNoise.draw(np.random.default_rng(trial), "gumbel", scale, m, k)
+            base = KeyedNoise.draw(np.random.default_rng(trial), "gumbel", scale, m, k, 1024)
             keyed = CountingNoise(
                 base.key, "gumbel", scale, base.level, base.exceed_positions, base.exceed_noises
             )
@@ -145,6 +145,22 @@ def test_the_split_keeps_the_noise_law(noise: str) -> None:
             assert np.all(z[inside] > keyed.level) and np.all(z[~inside] <= keyed.bound)
             pooled.append(z)
         assert stats.kstest(np.concatenate(pooled), cdf).pvalue > 1e-3
+
+
+def test_small_tables_are_not_split_by_default() -> None:
+    """By default the split needs m >= SPLIT_MIN_RATIO x max(EXCEEDANCES, 64 k): below, the
+    store hashes every row that the ceiling leaves (no exceedances, level inf); at it, about
+    that many exceedances are drawn (Binomial; 6 standard deviations)."""
+    from topk_middleware.keyed_noise import EXCEEDANCES, SPLIT_MIN_RATIO
+
+    rng = np.random.default_rng(3)
+    for k in (1, 10, 40):
+        above = max(EXCEEDANCES, 64 * k)
+        small = KeyedNoise.draw(rng, "gumbel", 1.0, SPLIT_MIN_RATIO * above - 1, k)
+        assert small.level == math.inf and len(small.exceed_positions) == 0
+        large = KeyedNoise.draw(rng, "laplace", 1.0, SPLIT_MIN_RATIO * above, k)
+        assert abs(len(large.exceed_positions) - above) <= 6 * math.sqrt(above)
+        assert large.level > 0
 
 
 def test_the_ceiling_bounds_every_keyed_noise() -> None:
@@ -372,12 +388,14 @@ def test_synthetic_distinct_family() -> None:
     assert 0.2 * size < result.accesses.sorted < 2 * (size + np.sqrt(m / 2))
 
 
-@pytest.mark.parametrize("store", ["postgres", "duckdb"])
+@pytest.mark.parametrize(
+    "store", ["postgres", "duckdb", "sqlalchemy-sqlite", "sqlalchemy-postgres"]
+)
 def test_a_tie_reaching_the_cut_wins_uniformly(request: pytest.FixtureRequest, store: str):
     """51 items tied at the top, the rest far below, k = 1, no split (the cut at the ceiling
     keeps the whole tie): each tied item wins with probability 1/51, the last of the tie (the
-    last row the cut keeps: on PostgreSQL the end of the prefix its binary search finds)
-    included. Chi-square over the 51 ranks, 2,040 keys
+    last row the cut keeps: on PostgreSQL and SQLite the end of the prefix the binary search
+    finds) included. Chi-square over the 51 ranks, 2,040 keys
     from a fixed seed (p > 1e-3). Fails if the search lost the prefix's last row (checked by
     mutation: the last rank is then never released) or if any tied row were cut."""
     scores = np.concatenate([np.full(51, 10.0), np.zeros(449)])

@@ -195,3 +195,30 @@ def test_freshness_harness(tmp_path: Path) -> None:
             "SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_bench_%_2000%'"
         ).fetchone()[0]
     assert left == 0
+
+
+def test_in_store_harness(tmp_path: Path) -> None:
+    """The SQLAlchemy in-store benchmark: every dialect and family timed, the ratio that of the
+    medians, the plain query the dialect's own random() at the release's Gumbel scale, and the
+    tables (base, rank, runs) dropped afterwards."""
+    from benchmarks import in_store
+
+    out = tmp_path / "in_store"
+    args = ["--m", "3000", "--reps", "2", "--families", "zipf", "uniform", "--name", "tiny"]
+    in_store.main([*args, "--out", str(out)])
+    payload = json.loads((out / "tiny.json").read_text())
+    entries = payload["results"]
+    assert {(e["dialect"], e["family"]) for e in entries} == {
+        (d, f) for d in ("sqlite", "postgresql", "mariadb") for f in ("zipf", "uniform")
+    }
+    for e in entries:
+        assert len(e["in_store_s"]) == len(e["oneshot_sql_s"]) == 2
+        assert e["ratio"] == pytest.approx(e["oneshot_sql_median_s"] / e["in_store_median_s"])
+        assert "DESC LIMIT 10" in e["oneshot_sql_query"]
+    assert (out / "tiny.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| sqlite | zipf |" in (out / "tiny.md").read_text()
+    with psycopg.connect(PG_DSN) as con:
+        left = con.execute(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_in_store_%_3000%'"
+        ).fetchone()[0]
+    assert left == 0

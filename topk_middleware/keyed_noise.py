@@ -21,12 +21,15 @@ uniform sample of that size, and their noises i.i.d. from the law of Z given Z >
 noise comes from its keyed uniform conditioned on Z <= t (U_p F(t) through the inverse CDF F^-1).
 Membership and both conditional laws together are exactly i.i.d. draws of Z, so the release is
 the one-shot law. The level makes the expected number of exceedances max(EXCEEDANCES, 64 k)
-(t >= 0), a function of m and k only. Then any k rows bound the k-th largest noisy score from
-below: the store takes T = the k-th largest of score + noise over the exceedances and its k top
-rows, and a row outside the exceedances can reach T only if its score >= T - t, so it hashes
-those rows alone. Where scores are spread within a few tens of b of the top (the uniform family),
-T - t lies above the top score: nothing but the exceedances and the k top rows is hashed. Without
-a split (t = inf, the default of a bare KeyedNoise) the bound is `ceiling` = b (53 ln 2 + 1): the
+(t >= 0), a function of m and k only; a table smaller than SPLIT_MIN_RATIO times that is not
+split (sending and joining the exceedances would cost more than hashing every row).
+
+Then any k rows bound the k-th largest noisy score from below: the store takes T = the k-th
+largest of score + noise over the exceedances and its k top rows, and a row outside the
+exceedances can reach T only if its score >= T - t, so it hashes those rows alone. Where scores
+are spread within a few tens of b of the top (the uniform family), T - t lies above the top
+score: nothing but the exceedances and the k top rows is hashed. Without a split (t = inf, the
+default of a bare KeyedNoise) the bound is `ceiling` = b (53 ln 2 + 1): the
 uniforms lie on a 2^-52 grid, so no noise exceeds it.
 
 Privacy rests on an assumption, stated here and in the README: SHA-256 keyed this way (a secret
@@ -52,6 +55,7 @@ UNIFORM_BITS = 52
 UNIFORM_HEX = UNIFORM_BITS // 4  # 13 hex digits
 KEY_BYTES = 16
 EXCEEDANCES = 1024  # expected exceedances drawn by the client (at least 64 k; module docstring)
+SPLIT_MIN_RATIO = 64  # by default, split only where m >= 64 x the exceedances (module docstring)
 ROUNDING = 1e-6  # of the scale, and 1e-12 of |T|: slack in the cut for rounding in the store
 
 
@@ -79,13 +83,14 @@ class KeyedNoise:
     ) -> KeyedNoise:
         """A fresh key from the run's generator (secure unless the run is seeded) and, for a
         domain of m items (m > 0), the split: its level (about `exceedances` noises above it,
-        by default max(EXCEEDANCES, 64 k)) and the exceedances."""
+        by default max(EXCEEDANCES, 64 k), and then only where m >= SPLIT_MIN_RATIO times
+        that) and the exceedances."""
         if noise not in ("gumbel", "laplace"):
             raise ValueError(f"noise must be 'gumbel' or 'laplace', got {noise!r}")
         key = rng.bytes(KEY_BYTES).hex()
-        if m <= 0:
-            return cls(key, noise, float(scale))
         above = max(EXCEEDANCES, 64 * k) if exceedances is None else exceedances
+        if m <= 0 or (exceedances is None and m < SPLIT_MIN_RATIO * above):
+            return cls(key, noise, float(scale))  # no split: a small table is hashed whole
         level = split_level(noise, float(scale), m, above)
         q = exceedance_probability(noise, float(scale), level)
         count = int(rng.binomial(m, q))
@@ -207,9 +212,9 @@ def oneshot_query(
     dialect takes it (the exceedances and known rows are read twice).
 
     `search_m` (the placeholder of m), for a rank table whose scores do not increase with the
-    position and whose `/` divides integers: the rows with score >= the cut are then a prefix
-    of the positions, found by binary search through the position's B-tree (about log2 m
-    probes), so the other rows are not scanned."""
+    position, in a dialect whose `/` divides integers and that casts to BIGINT (PostgreSQL,
+    SQLite): the rows with score >= the cut are then a prefix of the positions, found by binary
+    search through the position's B-tree (about 2 log2 m probes), so the others are not scanned."""
     pos = position
     keyed = f"r.score + {noise_sql}"
     ctes = [
@@ -223,12 +228,12 @@ def oneshot_query(
     ]
     rest = f"r.score >= (SELECT low FROM cut) AND r.{pos} >= {k}"
     if search_m is not None:  # invariant: [k, lo) score >= low, [hi, m) score < low
+        mid = "(b.lo + b.hi) / 2"
+        above = f"(SELECT s.score FROM {relation} s WHERE s.{pos} = {mid}) >= (SELECT low FROM cut)"
         ctes.append(
-            f"prefix(lo, hi) AS (SELECT CAST({k} AS bigint), CAST({search_m} AS bigint) "
-            "UNION ALL SELECT CASE WHEN p.score >= c.low THEN p.mid + 1 ELSE b.lo END, "
-            "CASE WHEN p.score >= c.low THEN b.hi ELSE p.mid END FROM prefix b CROSS JOIN cut c "
-            f"CROSS JOIN LATERAL (SELECT s.score, s.{pos} AS mid FROM {relation} s "
-            f"WHERE s.{pos} = (b.lo + b.hi) / 2) p WHERE b.lo < b.hi)"
+            f"prefix(lo, hi) AS (SELECT CAST({k} AS BIGINT), CAST({search_m} AS BIGINT) "
+            f"UNION ALL SELECT CASE WHEN {above} THEN {mid} + 1 ELSE b.lo END, "
+            f"CASE WHEN {above} THEN b.hi ELSE {mid} END FROM prefix b WHERE b.lo < b.hi)"
         )
         rest += f" AND r.{pos} < (SELECT min(hi) FROM prefix)"
     return (

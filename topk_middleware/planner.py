@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .access import ZONE_MAP_ROWS, CountedAccess, InStoreOneShot, StoreCosts, store_costs
-from .keyed_noise import EXCEEDANCES, split_level
+from .keyed_noise import EXCEEDANCES, SPLIT_MIN_RATIO, KeyedNoise, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
@@ -99,15 +99,19 @@ def threshold_seconds(
 
 def in_store_seconds(scores: np.ndarray, k: int, m: int, scale: float, costs: StoreCosts) -> float:
     """Modelled cost of the in-store one-shot (keyed_noise.py): one round trip, a batch of
-    random reads for the exceedances, and the keyed hash on the rows that can win: those within
-    the split's level (and one b) below the k-th top score, counted in the top rows `scores` when
-    they reach below that, else taken as all m (the top rows cannot tell)."""
-    exceedances = min(m, max(EXCEEDANCES, 64 * k))
-    level = split_level("gumbel", scale, m, exceedances)
+    random reads for the exceedances (where the table is split), and the keyed hash on the rows
+    that can win: those within the split's level, or the ceiling, and one b below the k-th top
+    score, counted in the top rows `scores` when they reach below that, else taken as all m
+    (the top rows cannot tell)."""
+    exceedances = max(EXCEEDANCES, 64 * k)
+    if m >= SPLIT_MIN_RATIO * exceedances:
+        level = split_level("gumbel", scale, m, exceedances)
+        lookups = costs.random_batch_seconds(m) + exceedances * costs.random_row
+    else:  # a small table is not split: the grid's ceiling bounds the noise
+        level, lookups = KeyedNoise("", "gumbel", scale).ceiling, 0.0
     hashed = m
     if len(scores) >= k and scores[-1] < scores[k - 1] - level - scale:
         hashed = int(np.count_nonzero(scores >= scores[k - 1] - level - scale))
-    lookups = costs.random_batch_seconds(m) + exceedances * costs.random_row
     return costs.round_trip + lookups + hashed * costs.oneshot_row
 
 
