@@ -719,10 +719,11 @@ def _plain(value: Any) -> Any:
 class InStoreOneShot(Protocol):
     """Optional: the one-shot mechanism run inside the store (Algorithm 2 in one query).
 
-    The store adds to every score the noise its item's position gets from a keyed hash
-    (keyed_noise.KeyedNoise: the key comes from the run's generator, never from the store's
-    random()) and returns the k rows of largest score + noise, best first (ties: smaller
-    position), in one round trip. The store reads all m rows: m sorted accesses."""
+    The store adds to every score the noise its item's position gets (keyed_noise.KeyedNoise:
+    the exceedances drawn by the client, else a keyed hash conditioned below their level; the
+    key and the exceedances come from the run's generator, never from the store's random())
+    and returns the k rows of largest score + noise, best first (ties: smaller position), in
+    one round trip. Counted as a read of all m rows: m sorted accesses."""
 
     def read_oneshot(self, noise: Any, k: int) -> Rows | None:
         """The k best rows under `noise` (a KeyedNoise), or None where this store cannot."""
