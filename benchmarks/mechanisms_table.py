@@ -55,7 +55,7 @@ MECHANISMS: dict[str, tuple[str, str, str, Runner]] = {
         "Wu, Ohrimenko, Wirth 2023, Alg. 2",
         "full read",
         "ranked list (Gumbel)",
-        lambda s, k, seed: private_top_k(s, k, EPSILON, method="oneshot", seed=seed),
+        lambda s, k, seed: private_top_k(s, k, EPSILON, method="oneshot_full_read", seed=seed),
     ),
     "exponential_mechanism": (
         "Wu, Ohrimenko, Wirth 2023, Cor. 4.3 (k = 1)",

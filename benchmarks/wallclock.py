@@ -5,8 +5,8 @@ family (zipf, plateau) it loads a table (id BIGINT, score BIGINT) with shuffled 
 adapter's `prepare()` (the rank table), and then, interleaved rep by rep, times:
 
 * ``threshold``: private_top_k(method="threshold"): Algorithm 3 through the adapter;
-* ``oneshot_scan`` (baseline a): private_top_k(method="oneshot"): every row into the client,
-  noise added there (Algorithm 2);
+* ``oneshot_scan`` (baseline a): private_top_k(method="oneshot_full_read"): every row into the
+  client, noise added there (Algorithm 2);
 * ``oneshot_sql`` (baseline b): the one-shot mechanism pushed into SQL, the fastest thing a user
   could write: ``SELECT id FROM t ORDER BY score - b * ln(-ln(random())) DESC LIMIT k``, i.e.
   score plus Gumbel(b) noise from the database's own random(), with b the same noise scale
@@ -337,7 +337,7 @@ def _methods(
         "threshold": (private("threshold"), cfg.reps),
         "auto": (private("auto"), cfg.reps),
         "oneshot_in_store": (private("oneshot_in_store"), cfg.scan_reps),
-        "oneshot_scan": (private("oneshot"), cfg.scan_reps),
+        "oneshot_scan": (private("oneshot_full_read"), cfg.scan_reps),
         "oneshot_sql": (lambda: (sql_run(), None), cfg.reps),
     }
     if costs is not None:

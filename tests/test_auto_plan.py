@@ -205,16 +205,22 @@ def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, 
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("method", ["oneshot", "oneshot_in_store"])
 @pytest.mark.parametrize("store", ["duckdb", "postgres", "sqlalchemy-sqlite"])
-def test_oneshot_in_store_through_private_top_k(request: pytest.FixtureRequest, store: str):
-    """method="oneshot_in_store": one round trip for the run, m sorted accesses counted, the
-    diagnostics say it ran in the store, and a seed reproduces the release."""
+def test_oneshot_in_store_through_private_top_k(
+    request: pytest.FixtureRequest, store: str, method: str
+):
+    """method="oneshot" (and its synonym "oneshot_in_store") on a SQL store: one round trip for
+    the run, m sorted accesses counted, the diagnostics say it ran in the store, and a seed
+    reproduces the release; "oneshot_full_read" reads every row into the client instead."""
     scores = plateau_histogram(500, 5)
     source = make(request, store, scores)
-    first = private_top_k(source, 5, 1.0, method="oneshot_in_store", seed=3)
-    again = private_top_k(source, 5, 1.0, method="oneshot_in_store", seed=3)
+    first = private_top_k(source, 5, 1.0, method=method, seed=3)
+    again = private_top_k(source, 5, 1.0, method=method, seed=3)
     assert first.items == again.items and len(set(first.items)) == 5
-    assert first.diagnostics.plan["in_store"] is True
+    assert first.method == "oneshot" and first.diagnostics.plan["in_store"] is True
+    full = private_top_k(source, 5, 1.0, method="oneshot_full_read", seed=3)
+    assert full.diagnostics.plan["in_store"] is False and full.accesses.rows_fetched == 500
     assert first.accesses.sorted == 500 and first.accesses.random == 0
     assert first.accesses.round_trips == 2  # m, then the one-shot query
 

@@ -246,7 +246,9 @@ def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
     scores, ids = dataset(data)
     source = make(scores, ids)
     reference = reference_for(source, scores, ids)
-    combos = itertools.product(range(3), (1, 4), ("gumbel", "laplace"), ("threshold", "oneshot"))
+    combos = itertools.product(
+        range(3), (1, 4), ("gumbel", "laplace"), ("threshold", "oneshot_full_read")
+    )
     for seed, k, noise, method in combos:
         for oracle in ORACLES:
             options: dict[str, Any] = dict(

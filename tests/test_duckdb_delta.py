@@ -160,7 +160,11 @@ def test_same_seed_same_release_as_array_source_with_the_same_positions(text: bo
     assert source.refresh().kind == "delta"
     reference = same_positions_reference(source)
     for seed in range(6):
-        for method, oracle in (("threshold", "lazy"), ("threshold", "eager"), ("oneshot", "lazy")):
+        for method, oracle in (
+            ("threshold", "lazy"),
+            ("threshold", "eager"),
+            ("oneshot_full_read", "lazy"),
+        ):
             for noise in ("gumbel", "laplace"):
                 args = dict(k=4, epsilon=1.0, seed=seed, method=method, noise=noise)
                 if method == "threshold":

@@ -225,7 +225,7 @@ def test_live_fallback_gives_the_same_answers(table, make: Make) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for seed in range(3):
-            for method in ("threshold", "oneshot"):
+            for method in ("threshold", "oneshot_full_read"):
                 got = private_top_k(source, k=4, epsilon=2.0, method=method, seed=seed)
                 want = private_top_k(reference, k=4, epsilon=2.0, method=method, seed=seed)
                 assert got.items == want.items
@@ -342,10 +342,12 @@ def test_large_sorted_reads_come_packed(
                 assert got.ids.tolist() == want.ids.tolist()
                 assert got.scores.tolist() == want.scores.tolist()
         for seed in range(2):
-            got = private_top_k(source, k=3, epsilon=1.0, method="oneshot", seed=seed)
+            got = private_top_k(source, k=3, epsilon=1.0, method="oneshot_full_read", seed=seed)
             assert (
                 got.items
-                == private_top_k(reference, k=3, epsilon=1.0, method="oneshot", seed=seed).items
+                == private_top_k(
+                    reference, k=3, epsilon=1.0, method="oneshot_full_read", seed=seed
+                ).items
             )
 
 

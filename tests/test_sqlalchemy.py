@@ -160,7 +160,7 @@ def test_in_lists_are_chunked(make_source: Callable[..., Any]) -> None:
         ("gumbel", "threshold", 0),
         ("gumbel", "threshold", 1),
         ("laplace", "threshold", 11),
-        ("gumbel", "oneshot", 12),
+        ("gumbel", "oneshot_full_read", 12),
     ],
 )
 def test_private_top_k_same_as_array_source(

@@ -23,7 +23,7 @@ from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate, check_neighb
 from .randomness import make_rng
 
 NOISES = ("gumbel", "laplace")
-METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store")
+METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store", "oneshot_full_read")
 ORACLES = ("lazy", "eager")
 
 
@@ -133,7 +133,9 @@ def private_top_k(
     epsilon: float,
     delta: float = 0.0,
     noise: Literal["gumbel", "laplace"] = "gumbel",
-    method: Literal["auto", "threshold", "oneshot", "oneshot_in_store"] = "auto",
+    method: Literal[
+        "auto", "threshold", "oneshot", "oneshot_in_store", "oneshot_full_read"
+    ] = "auto",
     seed: int | np.random.Generator | None = None,
     *,
     oracle: Literal["lazy", "eager"] = "lazy",
@@ -146,11 +148,12 @@ def private_top_k(
 
     `epsilon`, `delta` are the total guarantee of the release; the per-item noise scale is derived
     from them (privacy.calibrate). `method="threshold"` runs the private threshold algorithm
-    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2 over a full read;
-    `"oneshot_in_store"` runs it inside the store where it can (keyed_noise.py: one query, noise
-    from a key drawn from this run's generator; security rests on SHA-256 being a PRF), else
-    over a full read. `"auto"` (the default) picks
-    the cheaper of the two from noise-free facts, after the budget is charged and before any
+    (Algorithm 3) in about sqrt(mk) accesses; `"oneshot"` is Algorithm 2, run inside the store
+    where it can (an InStoreOneShot: keyed_noise.py, one query, noise from this run's generator;
+    security rests on SHA-256 being a PRF), else over a full read; `"oneshot_in_store"` is the
+    same; `"oneshot_full_read"` is Algorithm 2 over a full read always (with the eager oracle
+    and a seed, the threshold run's noise vector). `"auto"` (the default) picks
+    the cheapest from noise-free facts, after the budget is charged and before any
     noise is drawn (planner.py); the choice is in `result.diagnostics.plan`, never in the
     release. All have the same output distribution; with the same seed and the eager oracle,
     threshold and the full-read one-shot give the same output.
@@ -192,11 +195,11 @@ def private_top_k(
         chosen, estimate = method, None
         if method == "auto":  # after the charge, before any noise: planner.py
             estimate = plan_run(access, k, guarantee.scale)
-            chosen = {"oneshot_full_read": "oneshot"}.get(estimate.chosen, estimate.chosen)
+            chosen = estimate.chosen
         items = None
         in_store = False
-        if chosen in ("oneshot", "oneshot_in_store"):
-            if chosen == "oneshot_in_store" and isinstance(source, InStoreOneShot):
+        if chosen in ("oneshot", "oneshot_in_store", "oneshot_full_read"):
+            if chosen != "oneshot_full_read" and isinstance(source, InStoreOneShot):
                 keyed = KeyedNoise.draw(rng, noise, guarantee.scale, access.m, k)
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None
@@ -222,8 +225,9 @@ def private_top_k(
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
+    ran = "threshold" if chosen == "threshold" else "oneshot"  # the mechanism; where: plan
     result = TopKResult(
-        items, guarantee, access.stats, noise == "gumbel", chosen, access.m, seconds, plan
+        items, guarantee, access.stats, noise == "gumbel", ran, access.m, seconds, plan
     )
     log = getattr(budget, "log_release", None)
     if log is not None:

@@ -136,7 +136,7 @@ def demo(
         result = private_top_k(source, k=k, epsilon=epsilon, method="threshold", seed=seed)
         threshold_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        full = private_top_k(source, k=k, epsilon=epsilon, method="oneshot", seed=seed)
+        full = private_top_k(source, k=k, epsilon=epsilon, method="oneshot_full_read", seed=seed)
         oneshot_seconds = time.perf_counter() - started
     finally:
         con.close()
@@ -334,7 +334,8 @@ def add_release_parser(sub: Any) -> None:
         "--method",
         choices=METHODS,
         default=None,
-        help="threshold (sublinear accesses) or oneshot (a full read); default: private_top_k's",
+        help="threshold (sublinear accesses), oneshot (one query in the store where it can, "
+        "else a full read), oneshot_full_read; default: private_top_k's (auto)",
     )
     p.add_argument("--ledger", metavar="URL", default=None, help=LEDGER_URL_HELP)
     p.add_argument(
@@ -362,7 +363,8 @@ def release_command(args: argparse.Namespace) -> int:
     budget = None if ledger is None else principal_budget(ledger, args.principal)
     options = {} if args.method is None else {"method": args.method}
     with _open(args, read_only=True) as source:
-        if args.mode == "copy" and args.method != "oneshot" and not has_copy(source, args):
+        one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
+        if args.mode == "copy" and not one_pass and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
         result = private_top_k(
             source,
