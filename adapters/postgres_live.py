@@ -27,7 +27,8 @@ Each run is one REPEATABLE READ READ ONLY transaction. It learns m and checks th
 query of three index probes (the last position; the largest score, which must be finite and not
 NULL, NaN sorting there too; the smallest, which must be >= 0), never a count(*). Sorted access
 is a server-side cursor over the (score DESC, id) B-tree joined to the position table (FETCH
-FORWARD n per read; any other start falls back to OFFSET); random access by position goes through
+FORWARD n per read, in binary for integer ids, which numpy converts in one step; any other
+start falls back to OFFSET); random access by position goes through
 the position table's primary key and the table's id B-tree (`position = ANY(...)`), one query
 per batch. Concurrent writers are never blocked and never change a run (the snapshot sees one
 state of the table, its positions and its indexes).
@@ -39,10 +40,19 @@ at m = 10^7, the ~10^4 random accesses of a plateau run included).
 Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
 data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
 right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
-per distinct score, stopping past N) and, if the scores were at most N, counts each run but the
-last by index scan, each count stopped at `run_count_rows` / (number of runs) rows; the last
-(lowest score: on count data the one very large run of zeros) is sized as m minus the others, or,
-where another run reached the bound, counted too, that one then sized from m (`_score_runs`).
+per distinct score, stopping past N) and, if the scores were at most N, counts runs by index
+scan, each count stopped at `run_count_rows` / (number of runs) rows: each run but the last, the
+last (lowest score: on count data the one very large run of zeros) sized as m minus the others,
+or, where another run reached the bound, counted too, that one then sized from m (`_sized_runs`).
+Counting costs a heap visit per row once writes have cleared the table's visibility map (about
+0.3-0.5 us a row: 60,000 rows outside the zeros were 18-29 ms of a 1e7 plateau run after 1%
+writes), so only the runs above the first *gap* are counted: down to the first score below
+RUN_GAP_RATIO (1/2) times the one above it. Where two runs or more lie below that gap, the run
+serves the head (`read_score_runs_head`: their first ranks and where the rest begins) and the
+core bounds a score past it between the least score and the first score below the gap, which on
+a plateau above small counts settles every random access there without a read (access.py,
+ScoreRuns); the runs below are counted in the run's snapshot only when a rank there is read
+(`_full_runs`, also `read_score_runs`), in full where two of them are too large for the bound.
 The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE,
 read again every STATISTICS_TTL seconds and at prepare()) put the distinct scores above 2 N: a
 stale estimate changes the cost, never an answer. Then

@@ -447,9 +447,15 @@ class CountedAccess:
             scores = run_scores[run]
             if not self._runs_open:
                 return scores, scores
-            # past a head of runs (its last first rank): between the least score and this run's
-            lower = np.where(run == len(first) - 1, run_scores[-1], scores)
-            return lower, scores
+            # past a head of runs (its last first rank): between the least score and the first
+            # unsized run's, or the prefix's last score if that is lower
+            tail = run == len(first) - 1
+            fetched = self.prefix_fetched
+            if fetched:
+                scores = np.where(
+                    tail, np.minimum(scores, self._prefix.scores[fetched - 1]), scores
+                )
+            return np.where(tail, run_scores[-1], scores), scores
         below, below_score, _, above_score = self._known.neighbours(ranks)
         fetched = self.prefix_fetched
         if fetched:  # the prefix's last row is a neighbour below every rank beyond it
@@ -546,7 +552,8 @@ class CountedAccess:
         if self._rank_rows + pending < count and not self._runs_in_hand:
             return False
         head = getattr(self.source, "read_score_runs_head", None)
-        self._take_runs(*(head() if head is not None else self.source.read_score_runs()))  # type: ignore[attr-defined]
+        read = head if head is not None else self.source.read_score_runs  # type: ignore[attr-defined]
+        self._take_runs(*read())
         return True
 
     def _read_full_runs(self) -> None:
