@@ -460,7 +460,8 @@ END
     def _runs_query(self, head: bool) -> sql.Composable:
         """The skip scan of the distinct scores and the counts of the runs (module docstring):
         rows (score, score as float8, count or NULL, above the first gap); `head`: count the
-        runs above the first gap only."""
+        runs above the first gap only. The gap is found in numeric (float8 arithmetic raises on
+        underflow, e.g. half of 5e-324)."""
         return sql.SQL(
             "WITH RECURSIVE d(s, n) AS ("
             "(SELECT b.{score}, 1 FROM {base} AS b WHERE b.{score} IS NOT NULL "
@@ -469,8 +470,8 @@ END
             "ORDER BY b.{score} DESC LIMIT 1), d.n + 1 FROM d "
             "WHERE d.s IS NOT NULL AND d.n <= {limit}), "
             "g AS (SELECT s, n, lag(s) OVER (ORDER BY n) AS above FROM d WHERE s IS NOT NULL), "
-            "r AS (SELECT s, n, count(*) FILTER (WHERE s::float8 < {ratio} * above::float8) "
-            "OVER (ORDER BY n) = 0 AS head FROM g), "
+            "r AS (SELECT s, n, count(*) FILTER (WHERE s::numeric < {ratio}::numeric * "
+            "above::numeric) OVER (ORDER BY n) = 0 AS head FROM g), "
             "t AS (SELECT count(*) AS runs FROM r) "
             "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} AND r.n < t.runs{only} THEN "
             "(SELECT count(*) FROM (SELECT 1 FROM {base} AS b WHERE b.{score} = r.s "
