@@ -27,7 +27,8 @@ Each run is one REPEATABLE READ READ ONLY transaction. It learns m and checks th
 query of three index probes (the last position; the largest score, which must be finite and not
 NULL, NaN sorting there too; the smallest, which must be >= 0), never a count(*). Sorted access
 is a server-side cursor over the (score DESC, id) B-tree joined to the position table (FETCH
-FORWARD n per read; any other start falls back to OFFSET); random access by position goes through
+FORWARD n per read, in binary for integer ids, which numpy converts in one step; any other
+start falls back to OFFSET); random access by position goes through
 the position table's primary key and the table's id B-tree (`position = ANY(...)`), one query
 per batch. Concurrent writers are never blocked and never change a run (the snapshot sees one
 state of the table, its positions and its indexes).
@@ -39,10 +40,19 @@ at m = 10^7, the ~10^4 random accesses of a plateau run included).
 Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
 data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
 right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
-per distinct score, stopping past N) and, if the scores were at most N, counts each run but the
-last by index scan, each count stopped at `run_count_rows` / (number of runs) rows; the last
-(lowest score: on count data the one very large run of zeros) is sized as m minus the others, or,
-where another run reached the bound, counted too, that one then sized from m (`_score_runs`).
+per distinct score, stopping past N) and, if the scores were at most N, counts runs by index
+scan, each count stopped at `run_count_rows` / (number of runs) rows: each run but the last, the
+last (lowest score: on count data the one very large run of zeros) sized as m minus the others,
+or, where another run reached the bound, counted too, that one then sized from m (`_sized_runs`).
+Counting costs a heap visit per row once writes have cleared the table's visibility map (about
+0.3-0.5 us a row: 60,000 rows outside the zeros were 18-29 ms of a 1e7 plateau run after 1%
+writes), so only the runs above the first *gap* are counted: down to the first score below
+RUN_GAP_RATIO (1/2) times the one above it. Where two runs or more lie below that gap, the run
+serves the head (`read_score_runs_head`: their first ranks and where the rest begins) and the
+core bounds a score past it between the least score and the first score below the gap, which on
+a plateau above small counts settles every random access there without a read (access.py,
+ScoreRuns); the runs below are counted in the run's snapshot only when a rank there is read
+(`_full_runs`, also `read_score_runs`), in full where two of them are too large for the bound.
 The probe is skipped when the planner's statistics (pg_stats.n_distinct, from the last ANALYZE,
 read again every STATISTICS_TTL seconds and at prepare()) put the distinct scores above 2 N: a
 stale estimate changes the cost, never an answer. Then
@@ -117,6 +127,9 @@ RUN_COUNT_ROWS = 1 << 18
 # that estimate (changed by ANALYZE only) is read again after this many seconds, or at prepare().
 DISTINCT_ESTIMATE_SLACK = 2
 STATISTICS_TTL = 60.0
+# The runs are counted down to the first score below this fraction of the one above it (a gap):
+# the runs below, if two or more, are counted only when a rank there is read (module docstring).
+RUN_GAP_RATIO = 0.5
 # A released rank further than this from every start of a walk along its run is named by a draw
 # from the run's unread middle (module docstring: "Deep in a long run").
 RUN_WALK_ROWS = 1024
@@ -130,13 +143,23 @@ DRAW_ROUNDS_MAX = 64
 
 @dataclass
 class _ScoreRuns:
-    """The snapshot's runs of tied scores, in canonical order: first rank, size, score (as
-    float8 for the core, and as the column's own value for index lookups)."""
+    """The snapshot's runs of tied scores, in canonical order: first rank and size of the runs
+    sized so far (all of them, or a head: `complete`), and every run's score (as float8 for the
+    core, and as the column's own value for index lookups)."""
 
     first: np.ndarray
     sizes: np.ndarray
     scores: np.ndarray
     values: list[Any]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.first) == len(self.scores)
+
+    @property
+    def end(self) -> int:
+        """The rank past the runs sized: m when complete, else where the runs not sized begin."""
+        return int(self.first[-1] + self.sizes[-1])
 
 
 @dataclass
@@ -162,6 +185,19 @@ class _LiveRun:
     last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
     middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
     served: set[Any] = field(default_factory=set)  # ids of rows read by rank (never drawn)
+
+
+def _numeric_rows(records: list[tuple[Any, ...]], depth: int | None = None) -> Rows:
+    """Rows from records of integers and a float: (position, id, score), or, with `depth`,
+    (id, score) at ranks depth, depth + 1, ... (numpy converts the tuples in one pass)."""
+    if not records:
+        return rows_from_records([])
+    if depth is None:
+        table = np.array(records, dtype=[("p", np.int64), ("i", np.int64), ("s", np.float64)])
+        return Rows(table["p"].copy(), table["i"].copy(), table["s"].copy())
+    table = np.array(records, dtype=[("i", np.int64), ("s", np.float64)])
+    ranks = np.arange(depth, depth + len(records), dtype=np.int64)
+    return Rows(ranks, table["i"].copy(), table["s"].copy())
 
 
 def _short_name(base: str, suffix: str) -> str:
@@ -386,42 +422,78 @@ END
         return _LiveRun(m, self._score_runs(conn, m) if few else None)
 
     def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
-        """The snapshot's runs of tied scores if they are few and cheap to count, else None.
+        """The snapshot's runs of tied scores if they are few and cheap to count, else None:
+        their head only where a gap in the scores cuts them (module docstring).
 
         One query: a skip scan down the (score DESC, id) B-tree (a recursive CTE, one index
         probe per distinct score, stopping past `max_score_runs`), then, if the scores were
-        few, a count of each run but the last (lowest score) by index scan, each stopped at
-        `run_count_rows` / (number of runs) rows. The last run, on count data the one very
-        large run of zeros, is sized as m minus the others. If instead another run reaches the
-        bound, the last is counted too (a second query) and at most one run may be that large:
-        its size is m minus the others'. So a run costs O(distinct scores + rows outside the
-        largest run) whatever m is."""
+        few, a count by index scan of each run above the first *gap* (a score below
+        RUN_GAP_RATIO times the one above it) but the last run, each count stopped at
+        `run_count_rows` / (number of runs) rows. Where the gap leaves two runs or more below
+        it, they are not counted: the run serves the head (`_ScoreRuns.complete` False), and
+        `_full_runs` counts the rest when a rank there is read. Otherwise (no such gap) every
+        run but the last is counted as `_sized_runs` says."""
         limit = self.max_score_runs
         if limit < 1:
             return None
-        budget = max(self.run_count_rows, 1)
-        query = sql.SQL(
-            "WITH RECURSIVE d(s, n) AS ("
-            "(SELECT b.{score}, 1 FROM {base} AS b WHERE b.{score} IS NOT NULL "
-            "ORDER BY b.{score} DESC LIMIT 1) "
-            "UNION ALL SELECT (SELECT b.{score} FROM {base} AS b WHERE b.{score} < d.s "
-            "ORDER BY b.{score} DESC LIMIT 1), d.n + 1 FROM d "
-            "WHERE d.s IS NOT NULL AND d.n <= {limit}), "
-            "r AS (SELECT s, n FROM d WHERE s IS NOT NULL), "
-            "t AS (SELECT count(*) AS runs FROM r) "
-            "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} AND r.n < t.runs THEN "
-            "(SELECT count(*) FROM (SELECT 1 FROM {base} AS b WHERE b.{score} = r.s "
-            "LIMIT {budget} / t.runs) AS c) END FROM r, t ORDER BY r.n"
-        ).format(
-            score=self._score, base=self._base, limit=sql.Literal(limit), budget=sql.Literal(budget)
-        )
-        records = reader.execute(query).fetchall()
+        records = reader.execute(self._runs_query(head=True)).fetchall()
         if not records or len(records) > limit:
             return None
         values = [r[0] for r in records]
         scores = np.asarray([r[1] for r in records], dtype=np.float64)
         if not bool(np.all(np.diff(scores) < 0)):
             return None  # scores equal as float8
+        head = sum(1 for r in records if r[3])  # the runs above the first gap
+        if head < len(records) - 1:
+            sizes = np.asarray([r[2] for r in records[:head]], dtype=np.int64)
+            if int(sizes.max()) < max(self.run_count_rows, 1) // len(records):
+                first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+                if int(sizes.sum()) + len(records) - head > m:
+                    raise AccessError(
+                        f"{self.where} has more rows by its runs of tied scores than its {m} "
+                        "positions: the position table is out of step (call prepare())"
+                    )
+                return _ScoreRuns(first, sizes, scores, values)
+            records = reader.execute(self._runs_query(head=False)).fetchall()
+        return self._sized_runs(reader, m, records, values, scores)
+
+    def _runs_query(self, head: bool) -> sql.Composable:
+        """The skip scan of the distinct scores and the counts of the runs (module docstring):
+        rows (score, score as float8, count or NULL, above the first gap); `head`: count the
+        runs above the first gap only. The gap is found in numeric (float8 arithmetic raises on
+        underflow, e.g. half of 5e-324)."""
+        return sql.SQL(
+            "WITH RECURSIVE d(s, n) AS ("
+            "(SELECT b.{score}, 1 FROM {base} AS b WHERE b.{score} IS NOT NULL "
+            "ORDER BY b.{score} DESC LIMIT 1) "
+            "UNION ALL SELECT (SELECT b.{score} FROM {base} AS b WHERE b.{score} < d.s "
+            "ORDER BY b.{score} DESC LIMIT 1), d.n + 1 FROM d "
+            "WHERE d.s IS NOT NULL AND d.n <= {limit}), "
+            "g AS (SELECT s, n, lag(s) OVER (ORDER BY n) AS above FROM d WHERE s IS NOT NULL), "
+            "r AS (SELECT s, n, count(*) FILTER (WHERE s::numeric < {ratio}::numeric * "
+            "above::numeric) OVER (ORDER BY n) = 0 AS head FROM g), "
+            "t AS (SELECT count(*) AS runs FROM r) "
+            "SELECT r.s, r.s::float8, CASE WHEN t.runs <= {limit} AND r.n < t.runs{only} THEN "
+            "(SELECT count(*) FROM (SELECT 1 FROM {base} AS b WHERE b.{score} = r.s "
+            "LIMIT {budget} / t.runs) AS c) END, r.head FROM r, t ORDER BY r.n"
+        ).format(
+            score=self._score,
+            base=self._base,
+            limit=sql.Literal(self.max_score_runs),
+            ratio=sql.Literal(RUN_GAP_RATIO),
+            budget=sql.Literal(max(self.run_count_rows, 1)),
+            only=sql.SQL(" AND r.head" if head else ""),
+        )
+
+    def _sized_runs(
+        self, reader: Any, m: int, records: list[Any], values: list[Any], scores: np.ndarray
+    ) -> _ScoreRuns | None:
+        """Every run sized from counts of all runs but the last: the last (lowest score: on
+        count data the one very large run of zeros) is sized as m minus the others. If instead
+        another run reached the bound, the last is counted too (a second query) and at most one
+        run may be that large (else None): its size is m minus the others'. So a run costs
+        O(distinct scores + rows outside the largest run) whatever m is."""
+        budget = max(self.run_count_rows, 1)
         sizes = np.asarray([r[2] or 0 for r in records], dtype=np.int64)
         bound = budget // len(records)
         capped = np.flatnonzero(sizes >= bound)
@@ -446,6 +518,42 @@ END
             )
         first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         return _ScoreRuns(first, sizes, scores, values)
+
+    def _full_runs(self, run: _LiveRun) -> _ScoreRuns:
+        """The run's runs of tied scores, every one sized: after a head, the counts of the runs
+        below the gap are read now (in the run's snapshot); where two of them are too large to
+        count within `run_count_rows`, every run but the last is counted in full (the run
+        already serves ranks: slow, never wrong)."""
+        runs = run.runs
+        if runs is None or runs.complete:
+            return runs  # type: ignore[return-value]
+        with self._reading() as cur:
+            records = cur.execute(self._runs_query(head=False)).fetchall()
+            if [r[0] for r in records] != runs.values:
+                raise AccessError(f"{self.where}: the runs of tied scores changed in a snapshot")
+            full = self._sized_runs(cur, run.m, records, runs.values, runs.scores)
+            if full is None:
+                count = sql.SQL("SELECT count(*) FROM {base} AS b WHERE b.{score} = %s").format(
+                    base=self._base, score=self._score
+                )
+                sizes = np.asarray(
+                    [cur.execute(count, [v]).fetchone()[0] for v in runs.values[:-1]] + [0],
+                    dtype=np.int64,
+                )
+                sizes[-1] = run.m - int(sizes.sum())
+                if sizes[-1] < 1:
+                    raise AccessError(
+                        f"{self.where} has more rows by its runs of tied scores than its "
+                        f"{run.m} positions: the position table is out of step (call prepare())"
+                    )
+                first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+                full = _ScoreRuns(first, sizes, runs.scores, runs.values)
+        if not np.array_equal(full.first[: len(runs.first)], runs.first) or not np.array_equal(
+            full.sizes[: len(runs.sizes)], runs.sizes
+        ):
+            raise AccessError(f"{self.where}: the runs of tied scores changed in a snapshot")
+        run.runs = full
+        return full
 
     # A run serving ranks read its runs with m: the core takes them before any row by rank
     # (a row by rank walks its run: far dearer than the runs).
@@ -553,7 +661,7 @@ END
             with self.snapshot():
                 return self.score_run_count()
         runs = self._run.runs
-        return None if runs is None else len(runs.first)
+        return None if runs is None else len(runs.scores)
 
     def _sorted_live_query(self) -> sql.Composable:
         return sql.SQL(
@@ -595,7 +703,10 @@ END
         if run.cursor is None or run.depth != start:
             if run.cursor is not None:
                 run.cursor.close()
-            run.cursor = self._conn.cursor(name=f"topk_sorted_{id(self):x}")
+            # integer ids come in binary and go to numpy in one step (_numeric_rows)
+            run.cursor = self._conn.cursor(
+                name=f"topk_sorted_{id(self):x}", binary=self._integer_ids
+            )
             ranked = run.runs is not None
             query = self._sorted_ranked_query() if ranked else self._sorted_live_query()
             if start:
@@ -605,9 +716,11 @@ END
         records = run.cursor.fetchmany(stop - start)
         depth, run.depth = run.depth, run.depth + len(records)
         if run.runs is None:
-            return rows_from_records(records)
+            return _numeric_rows(records) if self._integer_ids else rows_from_records(records)
         if records:
             run.last_id = records[-1][0]
+        if self._integer_ids:
+            return _numeric_rows(records, depth)
         ranks = range(depth, depth + len(records))
         return rows_from_records([(r, i, s) for r, (i, s) in zip(ranks, records, strict=True)])
 
@@ -625,10 +738,13 @@ END
 
     def _read_ranks(self, runs: _ScoreRuns, ranks: np.ndarray) -> Rows:
         """Canonical rows at ranks: each is (its run's score, its offset) on the (score DESC, id)
-        B-tree, walked from the nearest start (`_walks`); one query for the batch."""
-        if len(ranks) and (ranks.min() < 0 or ranks.max() >= runs.first[-1] + runs.sizes[-1]):
-            raise AccessError("a rank outside [0, m) was asked for")
+        B-tree, walked from the nearest start (`_walks`); one query for the batch. A rank past
+        a head of runs has the rest of them counted first (`_full_runs`)."""
         run = self._live_state()
+        if len(ranks) and ranks.max() >= runs.end and not runs.complete:
+            runs = self._full_runs(run)
+        if len(ranks) and (ranks.min() < 0 or ranks.max() >= runs.end):
+            raise AccessError("a rank outside [0, m) was asked for")
         j, anchored, front, back = self._walks(runs, ranks)
         forward = front <= back
         mode = np.where(forward, np.where(anchored, 1, 0), 2)
@@ -685,6 +801,8 @@ END
         if run.runs is None or not len(ranks):
             return self.read_positions(ranks)
         runs = run.runs
+        if ranks.max() >= runs.end and not runs.complete:
+            runs = self._full_runs(run)
         j, _, front, back = self._walks(runs, ranks)
         walk = np.minimum(front, back)
         deep = (ranks >= run.depth) & (walk > RUN_WALK_ROWS)
@@ -802,11 +920,24 @@ END
         return scores_in_order(found, wanted, self.where)
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The runs this run learnt in its first queries (no further round trip)."""
+        """Every run's first rank and score: those learnt in the run's first queries, the runs
+        below a gap counted now if they were not (`_full_runs`)."""
+        run = self._live_state()
+        if run.runs is None:
+            raise AccessError("this run serves positions apart from ranks: it keeps no runs")
+        runs = self._full_runs(run)
+        return runs.first.copy(), runs.scores.copy()
+
+    def read_score_runs_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """ScoreRuns' head (access.py): the runs learnt in the run's first queries, with no
+        further round trip; past a gap, the first ranks of the runs above it and the rank where
+        the others begin."""
         runs = self._live_state().runs
         if runs is None:
             raise AccessError("this run serves positions apart from ranks: it keeps no runs")
-        return runs.first.copy(), runs.scores.copy()
+        if runs.complete:
+            return runs.first.copy(), runs.scores.copy()
+        return np.append(runs.first, runs.end).astype(np.int64), runs.scores.copy()
 
     def check(self) -> AccessCheck:
         """How each access kind will be served, from EXPLAIN with sequential scans disabled."""

@@ -152,6 +152,74 @@ def test_runs_do_not_change_answers_or_access_counts() -> None:
             assert (a.accesses.sorted, a.accesses.random) == (b.accesses.sorted, b.accesses.random)
 
 
+class _HeadOfRuns(_RunsCounter):
+    """ArraySource that, like PostgreSQL's live tables, gives a head of its runs first: the first
+    ranks of the runs down to `cut` of them (in hand, the rest unsized), and the full runs only
+    when asked (counted in runs_read)."""
+
+    score_runs_in_hand = True
+
+    def __init__(self, scores: np.ndarray, cut: int) -> None:
+        super().__init__(scores)
+        self.cut = cut
+
+    def read_score_runs_head(self) -> tuple[np.ndarray, np.ndarray]:
+        first, scores = ArraySource.read_score_runs(self)
+        return first[: self.cut + 1], scores
+
+
+def test_a_head_of_runs_bounds_the_rest_and_changes_no_answer() -> None:
+    """A head of runs fixes the scores of its ranks; past it a score lies between the least and
+    the first run not sized, and the full runs are read (once) only where those bounds do not
+    settle a random access. With one seed the items and sequential access counts equal those
+    of the full runs, on histograms whose runs are cut at every place, for both noises; on a
+    plateau above a tail of small counts the full runs are never read and the tail is settled by
+    bounds. Fails if a bound were wrong (another item released or a count changed), or if the
+    full runs were read where the bounds settle everything."""
+    rng = np.random.default_rng(21)
+    settled = completed = 0  # runs settling a bound, runs reading the full runs
+    for trial in range(40):
+        m = int(rng.integers(20, 400))
+        scores = np.floor(rng.pareto(1.0, m) * 3.0)
+        runs = len(np.unique(scores))
+        if runs < 2:
+            continue
+        cut = int(rng.integers(0, runs - 1))
+        k = int(rng.integers(1, min(m, 12) + 1))
+        for noise in ("gumbel", "laplace"):
+            seed = trial * 2 + (noise == "laplace")
+            options = {"noise": noise, "seed": seed, "method": "threshold"}
+            want = private_top_k(_RunsCounter(scores), k, 0.5, **options)
+            source = _HeadOfRuns(scores, cut)
+            got = private_top_k(source, k, 0.5, **options)
+            settled += got.accesses.rows_bounded > 0
+            completed += source.runs_read > 0
+            assert got.items == want.items, (trial, cut, noise)
+            assert (got.accesses.sorted, got.accesses.random) == (
+                want.accesses.sorted,
+                want.accesses.random,
+            )
+    assert settled > 20 and completed > 20, (settled, completed)
+    scores = plateau_histogram(20_000, 5, height=1000.0)
+    zeros = np.flatnonzero(scores == 0)
+    scores[zeros[:600]] = np.arange(600) % 3 + 1  # a tail of 1, 2 and 3 below the plateau
+    for seed in range(5):
+        source = _HeadOfRuns(scores, 1)  # the plateau sized; 3, 2, 1 and 0 not
+        got = private_top_k(source, 5, 1.0, method="threshold", seed=seed)
+        want = private_top_k(ArraySource(scores), 5, 1.0, method="threshold", seed=seed)
+        assert got.items == want.items and source.runs_read == 0
+        assert got.accesses.rows_bounded > 0
+        assert (got.accesses.sorted, got.accesses.random) == (
+            want.accesses.sorted,
+            want.accesses.random,
+        )
+    access = CountedAccess(_HeadOfRuns(scores, 1))
+    truth = canonical_scores(ArraySource(scores))
+    tail = np.arange(200, 1_000)  # every score past the plateau: the full runs, read once
+    np.testing.assert_array_equal(access.random_accesses(tail), truth[tail])
+    assert access.source.runs_read == 1  # type: ignore[attr-defined]
+
+
 class _BadRuns(ArraySource):
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         first, scores = super().read_score_runs()

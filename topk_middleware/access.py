@@ -115,7 +115,14 @@ class ScoreRuns(Protocol):
         ...
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
-        """(first rank of each run, ascending from 0; its score, descending) in one round trip."""
+        """(first rank of each run, ascending from 0; its score, descending) in one round trip.
+
+        A store for which sizing the lower runs costs reads (PostgreSQL's live tables count
+        rows) may also offer `read_score_runs_head()`, which the core then calls first: the
+        same pair, but with first ranks for the leading runs only, its last entry the rank where
+        the rest begins. The runs not given fill [first[-1], m) in order, their starts unknown,
+        so a score there lies in [scores[-1], scores[len(first) - 1]]. Where those bounds do not
+        settle a rank, the core reads the full runs with `read_score_runs()`."""
         ...
 
 
@@ -273,6 +280,7 @@ class CountedAccess:
         self._depth = 0  # next depth served by sorted access
         self._rank_rows = 0  # rows read by rank so far (for scores)
         self._runs: tuple[np.ndarray, np.ndarray] | None = None  # the store's runs, once read
+        self._runs_open = False  # whether _runs is a head only (ScoreRuns.read_score_runs)
         self._zone_map_read = False  # whether tighten_bounds read the zone map
         self._run_count = (
             self.source.score_run_count()
@@ -390,6 +398,10 @@ class CountedAccess:
         if len(read) and self._read_runs_if_due(len(read)):
             inferred, scores = self._infer(wanted)
             read = wanted[~inferred]
+        if len(read) and self._runs_open:  # ranks past a head of runs: read the full runs
+            self._read_full_runs()
+            inferred, scores = self._infer(wanted)
+            read = wanted[~inferred]
         if len(read):
             self._rank_rows += len(read)
             self._read_positions(read)
@@ -426,13 +438,24 @@ class CountedAccess:
 
     def _bounds(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lower, upper) bounds on the scores at ranks beyond the prefix that are not known:
-        exact from the store's runs once read, else the scores of the nearest known ranks above
-        (deeper; -inf if none) and below (shallower, the prefix's last row included; +inf if
-        none). Scores are non-increasing along ranks."""
+        from the store's runs once read (exact, except past a head of runs), else the scores
+        of the nearest known ranks above (deeper; -inf if none) and below (shallower, the
+        prefix's last row included; +inf if none). Scores are non-increasing along ranks."""
         if self._runs is not None:
             first, run_scores = self._runs
-            scores = run_scores[np.searchsorted(first, ranks, side="right") - 1]
-            return scores, scores
+            run = np.searchsorted(first, ranks, side="right") - 1
+            scores = run_scores[run]
+            if not self._runs_open:
+                return scores, scores
+            # past a head of runs (its last first rank): between the least score and the first
+            # unsized run's, or the prefix's last score if that is lower
+            tail = run == len(first) - 1
+            fetched = self.prefix_fetched
+            if fetched:
+                scores = np.where(
+                    tail, np.minimum(scores, self._prefix.scores[fetched - 1]), scores
+                )
+            return np.where(tail, run_scores[-1], scores), scores
         below, below_score, _, above_score = self._known.neighbours(ranks)
         fetched = self.prefix_fetched
         if fetched:  # the prefix's last row is a neighbour below every rank beyond it
@@ -484,8 +507,13 @@ class CountedAccess:
         the end of the prefix to the last rank, in one batch through the normal read path
         (counted as rows_fetched, not as accesses). True if it read either: the caller evaluates
         its bounds again. Ranked access only; each is read at most once a run."""
-        if not self.ranked or self._runs is not None:
+        if not self.ranked:
             return False
+        if self._runs is not None:
+            if not self._runs_open:
+                return False
+            self._read_full_runs()
+            return True
         if self._read_runs_if_due(pending):
             return True
         count = self._run_count
@@ -523,26 +551,41 @@ class CountedAccess:
             return False
         if self._rank_rows + pending < count and not self._runs_in_hand:
             return False
-        first, scores = self.source.read_score_runs()  # type: ignore[attr-defined]
+        head = getattr(self.source, "read_score_runs_head", None)
+        read = head if head is not None else self.source.read_score_runs  # type: ignore[attr-defined]
+        self._take_runs(*read())
+        return True
+
+    def _read_full_runs(self) -> None:
+        """After a head of runs: every run's first rank (ScoreRuns.read_score_runs)."""
+        self._take_runs(*self.source.read_score_runs(), full=True)  # type: ignore[attr-defined]
+
+    def _take_runs(self, first: Any, scores: Any, full: bool = False) -> None:
+        """Check and keep runs read from the store (a head of them unless `full`), counted as
+        one round trip and a row per run."""
+        count = self._run_count
         first = np.asarray(first, dtype=np.int64)
         scores = np.asarray(scores, dtype=np.float64)
+        given = len(first)
         valid = (
-            len(first) == count == len(scores)
-            and count > 0
+            count is not None
+            and len(scores) == count > 0
+            and (given == count or (not full and 0 < given < count))
             and first[0] == 0
-            and first[-1] < self.m
+            and first[-1] <= self.m - (count - given + 1)  # every run not given has a row
             and bool(np.all(np.diff(first) > 0))
             and bool(np.all(np.diff(scores) < 0))
         )
         if not valid:
             raise AccessError(
-                f"the store's runs of tied scores are inconsistent ({len(first)} runs, "
-                f"{count} announced, m = {self.m}): rebuild them with prepare(refresh=True)"
+                f"the store's runs of tied scores are inconsistent ({given} first ranks, "
+                f"{len(scores)} scores, {count} announced, m = {self.m}): rebuild them with "
+                "prepare(refresh=True)"
             )
         self.stats.rows_fetched += count
         self.stats.round_trips += 1
         self._runs = (first, scores)
-        return True
+        self._runs_open = given < count
 
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost)."""
