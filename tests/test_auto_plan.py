@@ -286,6 +286,24 @@ def test_in_store_pricing_counts_the_rows_that_can_win() -> None:
     assert in_store_seconds(plateau, k, m, scale, costs) == m
 
 
+def test_a_run_stopping_in_the_read_prefix_is_priced_without_random_reads() -> None:
+    """Zipf at m = 10^7 with DuckDB's costs and no runs (a pending delta): the estimated run
+    stops within the 64 top rows read, whose bounds settle its random accesses, so the model
+    prices no random batch and the threshold run stays cheaper than the in-store one-shot
+    (whose exceedances cost one batch). Fails if the model priced pruned batches there (it
+    then took the in-store one-shot: 29 ms against the threshold run's 5 ms, measured)."""
+    from adapters.duckdb import STORE_COSTS
+    from topk_middleware.planner import threshold_seconds
+
+    m, k, scale = 10**7, 10, 10.0
+    zipf = np.floor(10**6 / np.arange(1, 65)).astype(float)
+    steps = estimate_steps(zipf, k, m, scale)
+    assert steps <= 64
+    settled = threshold_seconds(steps, k, m, STORE_COSTS, False, pruned=True, prefix_rows=64)
+    unsettled = threshold_seconds(steps, k, m, STORE_COSTS, False, pruned=True, prefix_rows=0)
+    assert settled < in_store_seconds(zipf, k, m, scale, STORE_COSTS) < unsettled
+
+
 def test_auto_picks_the_full_read_when_it_is_cheaper() -> None:
     """Every item tied and m small: the threshold run would read most of the domain in several
     round trips; auto reads it once. Same seed, same release as method="oneshot"."""

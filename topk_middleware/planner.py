@@ -24,7 +24,8 @@ s + 1 = sqrt(mk), the plateau's cost (Theorem 5.4). Past the rows read, the esti
 sqrt(mk), capped by the expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) of Theorem 4.2.
 
 Random reads. Where runs of tied scores answer random access, a threshold run reads no row by
-rank. Where positions are ranks otherwise, block-max pruning (mechanisms/threshold.py) reads the
+rank; where the estimated run stops within the top rows read, none either (their bounds settle
+the random accesses). Otherwise block-max pruning (mechanisms/threshold.py) reads the
 first block's L2 items (nothing bounds them yet), at most the zone map, and the few items near
 the stop: the model takes at most three batches and 2k + 2 ZONE_MAP_ROWS rows. That assumes the
 tail lies below what the noise can lift to the threshold; where it does not (scores spread
@@ -78,7 +79,13 @@ def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
 
 
 def threshold_seconds(
-    steps: int, k: int, m: int, costs: StoreCosts, tied_runs: bool, pruned: bool = False
+    steps: int,
+    k: int,
+    m: int,
+    costs: StoreCosts,
+    tied_runs: bool,
+    pruned: bool = False,
+    prefix_rows: int = 0,
 ) -> float:
     """Modelled cost of a threshold run of `steps` steps: per block a sorted read and a batch
     of random reads, per step a sorted row and a random row. No random reads where runs of tied
@@ -86,13 +93,18 @@ def threshold_seconds(
     batches and 2k + 2 ZONE_MAP_ROWS rows (module docstring). Blocks grow x2 from 2k; where
     batches are flat, two blocks' worth of round trips (the store reads ahead: DuckDB's
     `sorted_read_rows`). Batches are priced as full ones, though a pruned run's are small
-    (DuckDB serves those from its index): an overestimate."""
+    (DuckDB serves those from its index): an overestimate. Where the estimated run stops
+    within the `prefix_rows` already read (skewed data), none: the prefix bounds every unread
+    score below what can still win (measured: a zipf run at 10^7 reads no random row on DuckDB,
+    PostgreSQL or a live table)."""
     blocks = 1 + max(0, math.ceil(math.log(max(steps, 1) / (2 * k), GROWTH)))
     if costs.flat_random_batches(m):
         blocks = min(blocks, 2)
     batches, rows = blocks, steps
     if pruned:
         batches, rows = min(blocks, 3), min(steps, 2 * k + 2 * ZONE_MAP_ROWS)
+        if steps <= prefix_rows:  # the run stops in the rows read: their bounds settle it
+            batches, rows = 0, 0
     random = 0.0 if tied_runs else batches * costs.random_batch_seconds(m) + rows * costs.random_row
     return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
 
@@ -131,7 +143,9 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         steps = estimate_steps(scores, k, m, scale)
     run_count = access.run_count
     tied_runs = run_count is not None and run_count * 100 < m
-    thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=access.ranked)
+    # Block-max pruning bounds unread scores on every store (ranked: known ranks and the zone
+    # map; unranked: the prefix's last score), so the model prices pruned random reads on all.
+    thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=True, prefix_rows=probe)
     full = costs.round_trip + m * costs.full_read_row
     kind, one = "oneshot_full_read", full
     if isinstance(access.source, InStoreOneShot):
