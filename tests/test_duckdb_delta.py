@@ -37,6 +37,15 @@ def make(con: duckdb.DuckDBPyConnection, m: int, text: bool, seed: int = 0) -> D
     return source
 
 
+def pending(con: duckdb.DuckDBPyConnection, m: int, seed: int, text: bool = False) -> DuckDBTable:
+    """A prepared table (`make`) after mixed writes and a delta refresh, never folded."""
+    source = make(con, m, text, seed=seed)
+    source.fold_fraction = 1.0
+    write(con, "mixed", text, m)
+    assert source.refresh().kind == "delta"
+    return source
+
+
 def item(i: int, text: bool) -> Any:
     return f"item-{i:05d}" if text else i * 7
 
@@ -153,11 +162,7 @@ def test_same_seed_same_release_as_array_source_with_the_same_positions(text: bo
     """With one seed the release and its access counts are those of ArraySource over the new
     counts with the same positions: threshold (lazy and eager oracles) and oneshot."""
     con = duckdb.connect()
-    m = 600
-    source = make(con, m, text, seed=3)
-    source.fold_fraction = 1.0
-    write(con, "mixed", text, m)
-    assert source.refresh().kind == "delta"
+    source = pending(con, 600, seed=3, text=text)
     reference = same_positions_reference(source)
     for seed in range(6):
         for method, oracle in (
@@ -183,10 +188,7 @@ def test_in_store_oneshot_over_a_pending_delta(noise: str) -> None:
     from topk_middleware.keyed_noise import KeyedNoise
 
     con = duckdb.connect()
-    source = make(con, 500, text=False, seed=4)
-    source.fold_fraction = 1.0
-    write(con, "mixed", False, 500)
-    assert source.refresh().kind == "delta"
+    source = pending(con, 500, seed=4)
     with source.snapshot():
         m = source.domain_size()
         scores = source.read_positions(np.arange(m)).scores
@@ -209,10 +211,7 @@ def test_a_run_takes_the_delta_sizes_from_its_comment_or_counts_them(comment: st
     comment were read as an empty delta."""
     con = duckdb.connect()
     m = 600
-    source = make(con, m, False, seed=5)
-    source.fold_fraction = 1.0
-    write(con, "mixed", False, m)
-    assert source.refresh().kind == "delta"
+    source = pending(con, m, seed=5)
     delta = quote_identifier(source.delta_table)
     skip = quote_identifier(source.skip_table)
     counted = con.execute(

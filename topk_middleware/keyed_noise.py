@@ -88,8 +88,8 @@ class KeyedNoise:
         if noise not in ("gumbel", "laplace"):
             raise ValueError(f"noise must be 'gumbel' or 'laplace', got {noise!r}")
         key = rng.bytes(KEY_BYTES).hex()
-        above = max(EXCEEDANCES, 64 * k) if exceedances is None else exceedances
-        if m <= 0 or (exceedances is None and m < SPLIT_MIN_RATIO * above):
+        above = default_exceedances(m, k) if exceedances is None else exceedances
+        if m <= 0 or above is None:
             return cls(key, noise, float(scale))  # no split: a small table is hashed whole
         level = split_level(noise, float(scale), m, above)
         q = exceedance_probability(noise, float(scale), level)
@@ -174,6 +174,13 @@ class KeyedNoise:
         pairs = zip(self.exceed_positions.tolist(), self.exceed_noises.tolist(), strict=True)
         rows = [f"{row}({int(p)}, {float(z)!r})" for p, z in pairs] or [f"{row}(-1, 0.0)"]
         return "VALUES " + ", ".join(rows)
+
+
+def default_exceedances(m: int, k: int) -> int | None:
+    """The expected exceedances of a default split, max(EXCEEDANCES, 64 k), or None where m is
+    below SPLIT_MIN_RATIO times that (no split)."""
+    above = max(EXCEEDANCES, 64 * k)
+    return above if m >= SPLIT_MIN_RATIO * above else None
 
 
 def split_level(noise: str, scale: float, m: int, above: int) -> float:

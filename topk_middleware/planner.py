@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .access import ZONE_MAP_ROWS, CountedAccess, InStoreOneShot, StoreCosts, store_costs
-from .keyed_noise import EXCEEDANCES, SPLIT_MIN_RATIO, KeyedNoise, split_level
+from .keyed_noise import KeyedNoise, default_exceedances, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
@@ -89,7 +89,7 @@ def threshold_seconds(
 ) -> float:
     """Modelled cost of a threshold run of `steps` steps: per block a sorted read and a batch
     of random reads, per step a sorted row and a random row. No random reads where runs of tied
-    scores answer them; where `pruned` (positions are ranks: block-max pruning), at most three
+    scores answer them; where `pruned` (block-max pruning, on every store), at most three
     batches and 2k + 2 ZONE_MAP_ROWS rows (module docstring). Blocks grow x2 from 2k; where
     batches are flat, two blocks' worth of round trips (the store reads ahead: DuckDB's
     `sorted_read_rows`). Batches are priced as full ones, though a pruned run's are small
@@ -115,8 +115,8 @@ def in_store_seconds(scores: np.ndarray, k: int, m: int, scale: float, costs: St
     that can win: those within the split's level, or the ceiling, and one b below the k-th top
     score, counted in the top rows `scores` when they reach below that, else taken as all m
     (the top rows cannot tell)."""
-    exceedances = max(EXCEEDANCES, 64 * k)
-    if m >= SPLIT_MIN_RATIO * exceedances:
+    exceedances = default_exceedances(m, k)
+    if exceedances is not None:
         level = split_level("gumbel", scale, m, exceedances)
         lookups = costs.random_batch_seconds(m) + exceedances * costs.random_row
     else:  # a small table is not split: the grid's ceiling bounds the noise
