@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test plpython lint bench-access bench-wallclock clean
+.PHONY: demo test plpython lint docs bench-access bench-wallclock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m topk_middleware demo
+	$(BIN)/topk-middleware demo
 
+# Parallel workers and the grouping of tests that share a server-side singleton come from
+# pyproject.toml's pytest options (tests/conftest.py); plain `pytest` runs the same way.
 test: $(STAMP) plpython
 	$(BIN)/python -m pytest -q
 
@@ -27,6 +29,10 @@ plpython:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The documentation site (mkdocs.yml, docs/) into site/, warnings as errors.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 bench-access: $(STAMP)
 	$(BIN)/python -m benchmarks access
 
@@ -34,4 +40,4 @@ bench-wallclock: $(STAMP)
 	$(BIN)/python -m benchmarks wallclock
 
 clean:
-	rm -rf $(VENV) .pytest_cache demo-data
+	rm -rf $(VENV) .pytest_cache demo-data site benchmarks/scratch

@@ -15,9 +15,19 @@ scan, not a sort: one pass finds the changed rows and keeps them in a small delt
 copy on read, folded into a new copy past `fold_fraction` of m (adapters/duckdb_delta.py).
 Without the copy every read is a full scan of the live table (correct, slow; `check()` says so).
 
+Freshness (docs/freshness.md): DuckDB has no triggers and no cheap proof that a copy is
+current, so unless the table is `frozen=True` (the caller's promise that it does not change
+after `prepare()`/`refresh()`) a run reads the table as it is now: its checks from aggregates
+DuckDB answers without a pass, and the in-store one-shot on the table itself, keyed noise on
+rowids (`_live_oneshot`). Frozen runs read the copy.
+
 Every read of a run happens in one DuckDB transaction on a connection of its own (`snapshot()`):
 writers on other connections, including a concurrent `prepare(refresh=True)`, do not change what
 the run sees.
+
+Size: one class, DuckDBTable, whose methods share one connection, one snapshot and the
+rank table's names; the delta kept after writes is its own module (duckdb_delta.py), and the
+reads of a table that is not frozen another (duckdb_live.py).
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -37,6 +46,7 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.privacy import check_sensitivity
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -50,6 +60,7 @@ from ._sql import (
     rank_table_name,
     scores_in_order,
 )
+from .contributions import check_bounds, clipped_counts_sql, fresh_key, simple_count
 from .duckdb_delta import (
     CACHE_MAX_ROWS,
     FOLD_FRACTION,
@@ -63,6 +74,7 @@ from .duckdb_delta import (
     parse_delta_comment,
     shadow_sql,
 )
+from .duckdb_live import LiveRead, _Run, live_costs
 
 NUMERIC_TYPES = (
     "TINYINT",
@@ -115,27 +127,27 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-@dataclass
-class _Run:
-    """The state of one snapshot: its own connection in one transaction, and what it counted."""
-
-    cursor: duckdb.DuckDBPyConnection
-    ranked: bool
-    m: int
-    indexed: bool = False
-    runs: int | None = None  # runs of tied scores in the runs table, if there is one
-    delta: DeltaView | None = None  # a non-empty delta over the base (adapters/duckdb_delta.py)
-
-
-class DuckDBTable:
+class DuckDBTable(LiveRead):
     """A histogram held in a DuckDB table: one row per item of the public domain.
 
     `table` (in `schema`, default the connection's) has an id column and a numeric score column.
     Names are quoted, never pasted: spaces, quotes, capitals and keywords are fine.
     """
 
-    sorted_read_rows = SORTED_READ_ROWS  # CountedAccess reads ahead this far: it is free here
-    store_costs = STORE_COSTS  # the cost shape: a batch of random reads is about one scan
+    @property
+    def sorted_read_rows(self) -> int:
+        """How far CountedAccess reads ahead: free on the copy (a row-group range); on the
+        table read as it is now every sorted read is a top-N over a scan, so no read-ahead."""
+        run = self._run
+        return 1 if run is not None and run.rowids else SORTED_READ_ROWS
+
+    @property
+    def store_costs(self) -> StoreCosts:
+        """The cost shape: on the copy a batch of random reads is about one scan; on the table
+        read as it is now (not frozen) every sorted read is a scan and a batch of random reads
+        by rank a sort, while the in-store one-shot is about three scans (live_costs)."""
+        run = self._run
+        return live_costs(run.m) if run is not None and run.rowids else STORE_COSTS
 
     def __init__(
         self,
@@ -146,7 +158,13 @@ class DuckDBTable:
         *,
         schema: str | None = None,
         rank_table: str | None = None,
+        sensitivity: float = 1,
+        frozen: bool = False,
     ) -> None:
+        if not isinstance(frozen, bool):
+            raise TypeError(f"frozen must be True or False, got {frozen!r}")
+        self.frozen = frozen  # the caller's promise: the table does not change after prepare()
+        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         if isinstance(connection_or_path, duckdb.DuckDBPyConnection):
             self._con = connection_or_path
             self._owns_connection = False
@@ -198,14 +216,23 @@ class DuckDBTable:
         into: str | None = None,
         schema: str | None = None,
         replace: bool = False,
+        weight: str | None = None,
+        max_per_item: float = 1,
+        max_items_per_client: int | None = None,
     ) -> DuckDBTable:
-        """Count votes per item as COUNT(DISTINCT client) over the public table of all items.
+        """Count votes per item over the public table of all items, each client's contribution
+        bounded (adapters/contributions.py).
 
-        `votes` holds (client, item) rows; `items` is the public domain (column `item_id`). The
-        counts go into the table `into` (default `<votes>_counts`) with columns (id, score); a LEFT
-        JOIN keeps items without votes (score 0), so m is the size of `items`. A vote for an item
-        missing from `items` is an error: the domain must be public and complete.
+        `votes` holds (client, item[, weight]) rows; `items` is the public domain (column
+        `item_id`). A client adds to an item min(its rows for the item, or the sum of their
+        `weight`, `max_per_item`) (COUNT(DISTINCT client) when that is 1 without weight), to at
+        most `max_items_per_client` items chosen by a keyed hash; the source's sensitivity is
+        `max_per_item`. The counts go into the table `into` (default `<votes>_counts`) with
+        columns (id, score); a LEFT JOIN keeps items without votes (score 0), so m is the size of
+        `items`. A vote for an item missing from `items` is an error: the domain must be public
+        and complete; so is a negative, NaN or infinite weight.
         """
+        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
         con = (
             connection_or_path
             if isinstance(connection_or_path, duckdb.DuckDBPyConnection)
@@ -216,7 +243,9 @@ class DuckDBTable:
         into = into or f"{votes}_counts"
         out = prefix + quote_identifier(into)
         vc, vi, ii = quote_identifier(client), quote_identifier(item), quote_identifier(item_id)
-        for name, table, cols in ((votes, v, (vc, vi)), (items, i, (ii,))):
+        vw = None if weight is None else quote_identifier(weight)
+        vote_cols = (vc, vi) if vw is None else (vc, vi, vw)
+        for name, table, cols in ((votes, v, vote_cols), (items, i, (ii,))):
             try:
                 con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             except duckdb.Error as error:
@@ -250,12 +279,41 @@ class DuckDBTable:
                 f"DuckDB table {votes!r} column {item!r} has {stray[0]} vote(s) for items not in "
                 f"the items table {items!r} (e.g. {stray[1]!r}): the domain must list every item"
             )
+        if vw is not None:
+            bad = con.execute(
+                f"SELECT count(*) FROM {v} WHERE {vw} IS NOT NULL AND NOT "
+                f"(CAST({vw} AS DOUBLE) >= 0 AND CAST({vw} AS DOUBLE) < 'infinity'::DOUBLE)"
+            ).fetchone()[0]
+            if bad:
+                raise ValueError(
+                    f"DuckDB table {votes!r} column {weight!r} has {bad} negative, NaN or "
+                    "infinite weight(s): weights must be finite and >= 0"
+                )
         verb = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
-        con.execute(
-            f"{verb} {out} AS SELECT i.{ii}{binary} AS id, count(DISTINCT v.{vc}) AS score "
-            f"FROM {i} AS i LEFT JOIN {v} AS v ON {on} GROUP BY i.{ii}{binary}"
-        )
-        source = cls(con, into, id="id", score="score", schema=schema)
+        if simple_count(weight, bound, max_items):
+            con.execute(
+                f"{verb} {out} AS SELECT i.{ii}{binary} AS id, count(DISTINCT v.{vc}) AS score "
+                f"FROM {i} AS i LEFT JOIN {v} AS v ON {on} GROUP BY i.{ii}{binary}"
+            )
+        else:
+            counted = clipped_counts_sql(
+                votes=v,
+                client=f"v.{vc}",
+                item=f"v.{vi}{binary}",
+                weight=None if vw is None else f"v.{vw}",
+                max_per_item=bound,
+                max_items=max_items,
+                keyed_hash="sha256(? || CAST(it AS VARCHAR))",
+                item_text="CAST(it AS VARCHAR)",
+            )
+            kind_out = "BIGINT" if weight is None else "DOUBLE"
+            con.execute(
+                f"{verb} {out} AS SELECT i.{ii}{binary} AS id, "
+                f"CAST(coalesce(p.score, 0) AS {kind_out}) AS score "
+                f"FROM {i} AS i LEFT JOIN ({counted}) AS p ON p.it{binary} = i.{ii}{binary}",
+                [] if max_items is None else [fresh_key()],
+            )
+        source = cls(con, into, id="id", score="score", schema=schema, sensitivity=bound)
         source._owns_connection = con is not connection_or_path
         return source
 
@@ -266,6 +324,21 @@ class DuckDBTable:
             described = self._con.execute(f"DESCRIBE SELECT * FROM {self._base}").fetchall()
         except duckdb.Error as error:
             raise ValueError(f"{self.where} cannot be read: {first_line(error)}") from None
+        temporary = self._con.execute(
+            "SELECT count(*) FROM (SELECT table_name AS name, schema_name, temporary FROM "
+            "duckdb_tables() UNION ALL SELECT view_name, schema_name, temporary FROM "
+            "duckdb_views()) WHERE temporary AND lower(name) = lower($name) "
+            "AND ($schema IS NULL OR lower(schema_name) = lower($schema))",
+            {"name": self.table, "schema": self.schema},
+        ).fetchone()[0]
+        if temporary:
+            raise ValueError(
+                f"{self.where} is a temporary table or view of this connection (con.register() "
+                "of an Arrow table or a DataFrame makes one): the adapter reads through cursors "
+                "of its own, which do not see it. Copy it into a table (CREATE TABLE name AS "
+                f"SELECT * FROM {self._base}), or release from it in memory with "
+                "ArraySource.from_arrow(table, id=..., score=...) or ArraySource.from_polars"
+            )
         types = {name: kind for name, kind, *_ in described}
         for column in (self.id_column, self.score_column):
             if column not in types:
@@ -277,6 +350,7 @@ class DuckDBTable:
             raise TypeError(
                 f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
             )
+        self._whole_scores = score_type.startswith(NUMERIC_TYPES[:10])  # integers: no NaN
         return types[self.id_column].startswith(TEXT_TYPES)
 
     def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -336,15 +410,23 @@ class DuckDBTable:
         if not self.has_rank_table():
             return True
         try:
-            self._state()
+            self._copy_state(self._con)
         except RankTableMismatchError:
             return True
         return self._copy_differs(self._con)
 
+    def _copy_state(self, con: duckdb.DuckDBPyConnection) -> _Run:
+        """The state of the copy (with its delta), whether or not runs read it (frozen)."""
+        frozen, self.frozen = self.frozen, True
+        try:
+            return self._state(con)
+        finally:
+            self.frozen = frozen
+
     def _copy_differs(self, con: duckdb.DuckDBPyConnection) -> bool:
         """Whether the copy (with its delta, if one is pending) and the table differ: one scan
         of each, joined on (id, score)."""
-        delta = self._state(con).delta
+        delta = self._copy_state(con).delta
         current = self._ranks if delta is None else delta.relation()
         unmatched, live, ranked = con.execute(
             f"SELECT count(*) FILTER (WHERE r.id IS NULL), (SELECT count(*) FROM {self._base}), "
@@ -623,6 +705,14 @@ class DuckDBTable:
         cursor = self._con.cursor()
         try:
             cursor.execute("BEGIN TRANSACTION READ ONLY")
+            if not self.frozen:  # no cheap proof that a copy is current: read the table now
+                self._run = self._live_run(cursor)
+                try:
+                    yield
+                finally:
+                    self._run = None
+                cursor.execute("COMMIT")
+                return
             counted = self._counts_if_prepared(cursor)
             if counted is not None:  # as last seen: rank table, its index and runs table
                 ranked = indexed = True
@@ -670,6 +760,8 @@ class DuckDBTable:
         if self._run is not None:
             return self._run
         con = cursor or self._con
+        if not self.frozen:
+            return self._live_run(con)
         ranked, indexed, with_runs = self._catalog(con)
         if not ranked:
             return _Run(con, ranked, self.validate(con), indexed)
@@ -857,6 +949,11 @@ class DuckDBTable:
     def domain_size(self) -> int:
         return self._state().m
 
+    def serves_copy(self) -> bool:
+        """Whether a run started now reads the rank-ordered copy (only where the table is
+        frozen: DuckDB has no cheap proof that a copy is current) rather than the table."""
+        return self._state().ranked
+
     def read_sorted(self, start: int, count: int) -> Rows:
         run = self._state()
         if run.delta is not None:
@@ -879,11 +976,15 @@ class DuckDBTable:
                 return rows  # stop - start distinct ranks from start to stop - 1: all of them
             query = f"SELECT rank, id, score FROM {self._ranks} WHERE rank >= ? AND rank < ?"
             return _rows(run.cursor.execute(query, [start, stop]).fetchnumpy())
+        # the score at depth stop - 1 first (a top-N on the score alone), then the canonical
+        # order among the rows at or above it only: ties on a plateau are not all sorted by id
         query = (
+            f"WITH cut AS (SELECT {self._score} AS s FROM {self._base} "
+            f"ORDER BY {self._score} DESC LIMIT 1 OFFSET ?) "
             f"SELECT {self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
-            f"ORDER BY {self._order} LIMIT ? OFFSET ?"
+            f"WHERE {self._score} >= (SELECT s FROM cut) ORDER BY {self._order} LIMIT ? OFFSET ?"
         )
-        result = run.cursor.execute(query, [stop - start, start]).fetchnumpy()
+        result = run.cursor.execute(query, [stop - 1, stop - start, start]).fetchnumpy()
         result["rank"] = np.arange(start, start + len(result["score"]), dtype=np.int64)
         return _rows(result)
 
@@ -925,6 +1026,8 @@ class DuckDBTable:
         exceedances are query parameters; SHA-256 of "key:position" gives each item its uniform
         (the PRF assumption)."""
         run = self._state()
+        if run.rowids:
+            return self._live_oneshot(run, noise, k)
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"
         else:
@@ -970,6 +1073,45 @@ class DuckDBTable:
         )
         found = dict(run.cursor.execute(query, [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    # ----- cleanup ------------------------------------------------------------------------------
+    def uninstall(self) -> None:
+        """Drop everything prepare() and refresh() made: the rank table (its ART index and
+        fingerprint go with it), the runs table, and the shadow, delta and skip tables of a
+        refresh by delta. The table of counts is not touched. A rank table that prepare() did
+        not build (no fingerprint) is refused (RankTableMismatchError) and nothing is dropped.
+        Idempotent; runs need prepare() again afterwards."""
+        if self._run is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot()")
+        con = self._con.cursor()
+        try:
+            con.execute("BEGIN TRANSACTION")
+            stored = self._lookup(con, full=False)[0]
+            if self.has_rank_table(con):
+                if stored is None or not str(stored).startswith(FINGERPRINT_TAG + " "):
+                    raise RankTableMismatchError(
+                        f"{self.where}: the table {self.rank_table!r} was not built by prepare() "
+                        "(no fingerprint): uninstall() leaves it alone"
+                    )
+                for name in (
+                    self.runs_table,
+                    self.shadow_table,
+                    self.delta_table,
+                    self.skip_table,
+                    self.rank_table,
+                ):
+                    con.execute(f"DROP TABLE IF EXISTS {self._prefix}{quote_identifier(name)}")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+        self._seen_prepared = False
+        self._proven_oid = None
+        self._delta_tables_seen = False
+        self._delta_sizes = None
+        self._delta_cache = None
 
     def close(self) -> None:
         """Close the connection if this object opened it."""

@@ -1,4 +1,6 @@
-"""ArraySource: a histogram held in numpy arrays."""
+"""ArraySource: a histogram held in numpy arrays, or read from a pyarrow Table or a Polars
+DataFrame (`from_arrow`, `from_polars`: the columns are viewed as numpy arrays without a copy where
+Arrow's layout allows it; the canonical order is one copy, as for arrays)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows
+from topk_middleware.privacy import check_sensitivity
 from topk_middleware.validation import check_ids, check_scores
 
 
@@ -23,10 +26,15 @@ class ArraySource:
     in a rank-ordered copy, and the source keeps the runs of tied scores too (`ScoreRuns`,
     computed on first use). With `positions="input"` an item's position is its index in the
     arrays given, as in a live table: sorted access returns each row with that position
-    (access.py, positions apart from sorted order).
+    (access.py, positions apart from sorted order). `sensitivity` is the most one client adds
+    to or removes from one count (default 1), declared by whoever built the histogram; the noise
+    is scaled by it (topk_middleware/privacy.py).
     """
 
-    def __init__(self, scores: Any, ids: Any = None, *, positions: str = "ranks") -> None:
+    def __init__(
+        self, scores: Any, ids: Any = None, *, positions: str = "ranks", sensitivity: float = 1
+    ) -> None:
+        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         if positions not in ("ranks", "input"):
             raise ValueError(f"positions must be 'ranks' or 'input', got {positions!r}")
         scores = check_scores(np.asarray(scores), where="ArraySource scores")
@@ -48,6 +56,71 @@ class ArraySource:
             self._rank_at[order] = np.arange(m, dtype=np.int64)
         self._rank_of_id: dict[Any, int] | None = None
         self._run_starts: np.ndarray | None = None
+
+    @classmethod
+    def from_arrow(
+        cls, table: Any, id: str = "id", score: str = "score", *, positions: str = "ranks"
+    ) -> ArraySource:
+        """A source over two columns of a pyarrow Table (or RecordBatch): `id` (integer,
+        floating point, string or binary; dictionary-encoded too) and `score` (integer or
+        floating point). A column without nulls in one chunk is read without a copy."""
+        try:
+            import pyarrow as pa
+        except ImportError as error:  # pragma: no cover - the 'arrow' extra
+            raise ImportError(
+                "ArraySource.from_arrow needs pyarrow: pip install 'topk_middleware[arrow]'"
+            ) from error
+        if not isinstance(table, pa.Table | pa.RecordBatch):
+            raise TypeError(
+                f"ArraySource.from_arrow takes a pyarrow Table or RecordBatch, got "
+                f"{type(table).__name__}"
+            )
+        columns = [
+            _arrow_column(table, name, role, pa) for name, role in ((score, "score"), (id, "id"))
+        ]
+        return cls(columns[0], columns[1], positions=positions)
+
+    @classmethod
+    def from_polars(
+        cls, frame: Any, id: str = "id", score: str = "score", *, positions: str = "ranks"
+    ) -> ArraySource:
+        """A source over two columns of a Polars DataFrame: `id` (integer, floating point,
+        string or binary) and `score` (integer or floating point). Numeric columns without
+        nulls are read without a copy."""
+        try:
+            import polars as pl
+        except ImportError as error:  # pragma: no cover - the 'polars' extra
+            raise ImportError(
+                "ArraySource.from_polars needs Polars: pip install 'topk_middleware[polars]'"
+            ) from error
+        if isinstance(frame, pl.LazyFrame):
+            raise TypeError("ArraySource.from_polars takes a DataFrame: collect() the LazyFrame")
+        if not isinstance(frame, pl.DataFrame):
+            raise TypeError(
+                f"ArraySource.from_polars takes a Polars DataFrame, got {type(frame).__name__}"
+            )
+        arrays = []
+        for name, role in ((score, "score"), (id, "id")):
+            if name not in frame.columns:
+                raise ValueError(
+                    f"the DataFrame has no {role} column {name!r} (columns: {frame.columns})"
+                )
+            series = frame.get_column(name)
+            if series.null_count():
+                first = int(series.is_null().arg_max())  # type: ignore[arg-type]
+                raise ValueError(f"{role} column {name!r} has a null at row {first}")
+            dtype = series.dtype
+            numeric = dtype.is_numeric() and dtype != pl.Decimal
+            text = dtype in (pl.Utf8, pl.Binary) or (
+                role == "id" and dtype in (pl.Categorical, pl.Enum)
+            )
+            if not (numeric or (role == "id" and text)):
+                kinds = "integer or floating point" + (", string or binary" if role == "id" else "")
+                raise TypeError(f"{role} column {name!r} is of type {dtype}: it must be {kinds}")
+            if dtype in (pl.Categorical, pl.Enum):
+                series = series.cast(pl.Utf8)
+            arrays.append(series.to_numpy())
+        return cls(arrays[0], arrays[1], positions=positions)
 
     def domain_size(self) -> int:
         return len(self._scores)
@@ -90,3 +163,34 @@ class ArraySource:
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         starts = self._runs()
         return starts.copy(), self._scores[starts]
+
+
+def _arrow_column(table: Any, name: str, role: str, pa: Any) -> np.ndarray:
+    """One column of an Arrow table as a numpy array (no copy for one chunk without nulls of a
+    numeric type), refused in words when missing, null or of another type."""
+    if name not in table.column_names:
+        raise ValueError(
+            f"the Arrow table has no {role} column {name!r} (columns: {table.column_names})"
+        )
+    column = table.column(name)
+    if column.null_count:
+        import pyarrow.compute as pc
+
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise ValueError(f"{role} column {name!r} has a null at row {first}")
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    text = (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
+    if not (numeric or (role == "id" and text)):
+        kinds = "integer or floating point" + (", string or binary" if role == "id" else "")
+        raise TypeError(f"{role} column {name!r} is of Arrow type {kind}: it must be {kinds}")
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column.to_numpy(zero_copy_only=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topk_middleware.validation import first_line
+from topk_middleware.names import first_line, mask_secrets
 
 DUCKDB_SUFFIXES = (".duckdb", ".db")
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -59,9 +59,9 @@ def _hide_password(url: str) -> str:
     import sqlalchemy as sa
 
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        return mask_secrets(sa.make_url(url).render_as_string(hide_password=True))
     except sa.exc.ArgumentError:
-        return url
+        return mask_secrets(url)
 
 
 def parse_store_url(text: str) -> StoreURL:
@@ -71,7 +71,7 @@ def parse_store_url(text: str) -> StoreURL:
     if text.startswith("duckdb:"):
         if not text.startswith("duckdb:///") or text[len("duckdb:///") :] in ("", ":memory:"):
             raise StoreArgumentError(
-                f"{text!r}: a DuckDB URL names a file, duckdb:///relative/path or "
+                f"{mask_secrets(text)!r}: a DuckDB URL names a file, duckdb:///relative/path or "
                 "duckdb:////absolute/path"
             )
         return _duckdb_file(text[len("duckdb:///") :])
@@ -84,17 +84,21 @@ def parse_store_url(text: str) -> StoreURL:
     try:
         url = sa.make_url(text)
     except sa.exc.ArgumentError:
-        raise StoreArgumentError(f"{text!r} is not a store URL: expected {URL_FORMS}") from None
+        raise StoreArgumentError(
+            f"{mask_secrets(text)!r} is not a store URL: expected {URL_FORMS}"
+        ) from None
     if url.get_backend_name() == "sqlite":
         database = url.database or ""
         if database in ("", ":memory:") or database.startswith("file:"):
             raise StoreArgumentError(
-                f"{text!r}: an in-memory SQLite database holds no table; name a file, "
-                "sqlite:///path.sqlite"
+                f"{mask_secrets(text)!r}: an in-memory SQLite database holds no table; "
+                "name a file, sqlite:///path.sqlite"
             )
         if not Path(database).is_file():
-            raise StoreArgumentError(f"no SQLite file at {database!r} (from {text!r})")
-    return StoreURL("sqlalchemy", text, url.render_as_string(hide_password=True))
+            raise StoreArgumentError(
+                f"no SQLite file at {database!r} (from {mask_secrets(text)!r})"
+            )
+    return StoreURL("sqlalchemy", text, _hide_password(text))
 
 
 def _duckdb_file(path: str) -> StoreURL:
@@ -112,7 +116,7 @@ def split_table(text: str, schema: str | None) -> tuple[str, str | None]:
         return text, schema
     schema, table = text.split(".", 1)
     if not schema or not table:
-        raise StoreArgumentError(f"{text!r} is not a table name or schema.table")
+        raise StoreArgumentError(f"{mask_secrets(text)!r} is not a table name or schema.table")
     return table, schema
 
 

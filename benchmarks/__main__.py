@@ -4,8 +4,12 @@
     python -m benchmarks wallclock [--quick] [--stores duckdb postgres] ...   real stores
     python -m benchmarks profile [--store duckdb] [--family plateau] ...   where the time goes
     python -m benchmarks freshness [--quick] [--stores duckdb] ...   the first release after writes
+    python -m benchmarks replot [--out DIR]   redraw the PNGs of the results' JSON, nothing run
+    python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
+    python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
 
-Results (JSON, PNG) go to benchmarks/results/ unless --out says otherwise.
+Results (JSON, PNG) go to benchmarks/results/, and those of a --quick run to the scratch folder
+benchmarks/scratch/ (not kept by git), unless --out says otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from . import common
 
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results, benchmarks/scratch for --quick)",
+    )
     parser.add_argument("--name", default=None, help="file name stem of the results")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cpus)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the runs")
@@ -36,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import access, freshness, wallclock
+    from . import access, freshness, oblivious, wallclock
 
     p_access = sub.add_parser("access", help="access cost against sqrt(mk) and Theorem 4.2")
     _common_arguments(p_access)
@@ -50,11 +59,30 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_prof)
     wallclock.add_profile_arguments(p_prof)
 
-    p_fresh = sub.add_parser("freshness", help="refresh + release after 1% writes vs SQL")
+    p_fresh = sub.add_parser("freshness", help="refresh + release after 1%% writes vs SQL")
     _common_arguments(p_fresh)
     freshness.add_arguments(p_fresh)
 
+    p_replot = sub.add_parser("replot", help="redraw the PNG plots from the JSON results")
+    p_replot.add_argument(
+        "--out", type=Path, default=common.RESULTS_DIR, help="folder of the JSON and PNG files"
+    )
+    p_obliv = sub.add_parser("oblivious", help="oblivious releases vs the store's one-shot query")
+    _common_arguments(p_obliv)
+    oblivious.add_arguments(p_obliv)
+    from . import spark
+
+    p_spark = sub.add_parser("spark", help="a SparkTable release vs Spark's own one-shot query")
+    _common_arguments(p_spark)
+    spark.add_arguments(p_spark)
+
     args = parser.parse_args(argv)
+    if args.command == "replot":
+        files = replot(args.out)
+        print("written: " + ", ".join(str(f) for f in files), file=sys.stderr)
+        return 0
+    if args.out is None:
+        args.out = common.SCRATCH_DIR if getattr(args, "quick", False) else common.RESULTS_DIR
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     jobs = args.jobs or usable or 1
 
@@ -80,17 +108,57 @@ def main(argv: list[str] | None = None) -> int:
         cfg.plots, cfg.quiet = not args.no_plot, args.quiet
         if args.name:
             cfg.name = args.name
-        if args.fold_sweep:
+        if args.rounds:
+            if not args.families:
+                cfg.families = freshness.ROUND_FAMILIES
+            if not args.name:
+                cfg.name = "freshness_rounds"
+            payload = freshness.rounds_run(cfg, args.rounds, args.with_postgres_live)
+            print(freshness.rounds_report(payload))
+        elif args.fold_sweep:
             payload = freshness.fold_sweep(cfg)
             print(freshness.fold_report(payload))
         else:
             payload = freshness.run(cfg)
             print(freshness.report(payload))
+    elif args.command == "oblivious":
+        ocfg = oblivious.config_from_args(args)
+        ocfg.seed, ocfg.out = args.seed, args.out
+        if args.name:
+            ocfg.name = args.name
+        payload = oblivious.run(ocfg)
+        print(oblivious.markdown_table(payload))
+    elif args.command == "spark":
+        cfg = spark.config_from_args(args)
+        cfg.seed, cfg.out = args.seed, args.out
+        cfg.plots, cfg.quiet = not args.no_plot, args.quiet
+        if args.name:
+            cfg.name = args.name
+        payload = spark.run(cfg)
+        print(spark.report(payload))
     else:
         payload = wallclock.profile(args)
         print(json.dumps({k: v for k, v in payload.items() if k != "text"}, indent=2))
     print("written: " + ", ".join(payload.get("files", [])), file=sys.stderr)
     return 0
+
+
+def replot(folder: Path) -> list[Path]:
+    """Redraw the plots of the access, wallclock and freshness results in `folder` from their
+    JSON (the plots' layout changes without a rerun of the measurements)."""
+    from . import access, freshness, wallclock
+
+    files: list[Path] = []
+    for path in sorted(folder.glob("*.json")):
+        payload = json.loads(path.read_text())
+        kind = payload.get("benchmark") if isinstance(payload, dict) else None
+        if kind == "access":
+            files += access.plot(payload, folder, path.stem)
+        elif kind == "wallclock":
+            files.append(wallclock.plot(payload, folder, path.stem))
+        elif kind == "freshness":
+            files.append(freshness.plot(payload, folder, path.stem))
+    return files
 
 
 if __name__ == "__main__":

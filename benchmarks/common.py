@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCRATCH_DIR = Path(__file__).resolve().parent / "scratch"  # quick runs; ignored by git
 FAMILIES = ("zipf", "flat", "uniform", "plateau", "distinct")
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 
@@ -309,3 +310,8 @@ def progress(
     from tqdm import tqdm
 
     yield from tqdm(iterable, total=total, desc=desc, disable=quiet, dynamic_ncols=True)
+
+
+def legend_outside(ax: Any, fontsize: int = 8) -> None:
+    """The legend right of the axes, clear of the bars and lines; fig.tight_layout() keeps it."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from adapters.synthetic import SyntheticSource
+from benchmarks import common
 from topk_middleware import exponential_mechanism
 from topk_middleware.lazy_noise import LazyNoiseList
 from topk_middleware.noise import Gumbel
@@ -114,7 +115,7 @@ def plot(points: list[dict[str, Any]], slope: float, path: Path) -> None:
     runs = min(p["runs"] for p in points)
     ax.set_title(f"Exponential mechanism, plateau family, eps = {EPSILON}, >= {runs} runs/point")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    common.legend_outside(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

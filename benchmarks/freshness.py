@@ -17,6 +17,11 @@ shuffled ids and prepares it, then:
    ``release_today``: today's rank-table run on the same counts (the second copy);
 4. the parts of (a): the refresh alone and the release alone.
 
+`--rounds N` (issue 23): every family of ROUND_FAMILIES on DuckDB, rows in random order: a
+frozen copy against the store's query, then N rounds of 1% writes, each followed by interleaved
+default releases (not frozen: the table read as it is now) and the store's one-shot query;
+`--with-postgres-live` adds PostgreSQL's live mode on zipf (`freshness_rounds.json`).
+
 Targets (issue 10): DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
 rank-table run (release_unchanged / release_today, interleaved).
 """
@@ -75,7 +80,10 @@ class DuckDBEntry:
         self.store.load(table, ids, scores)
 
     def prepare(self, table: str) -> None:
-        self.source = self.store.source(table)
+        from adapters.duckdb import DuckDBTable
+
+        # frozen: this entry refreshes the copy itself before each release (the delta path)
+        self.source = DuckDBTable(self.store.con, table, frozen=True)
         self.source.prepare(refresh=True, full=True)
 
     def write(self, table: str, ids: np.ndarray, steps: np.ndarray) -> int:
@@ -104,7 +112,9 @@ class DuckDBEntry:
         the table, built by a full sort (`self.reference`)."""
         from adapters.duckdb import DuckDBTable
 
-        self.reference = DuckDBTable(self.store.con, table, rank_table=f"{table}_today_rank")
+        self.reference = DuckDBTable(
+            self.store.con, table, rank_table=f"{table}_today_rank", frozen=True
+        )
         self.reference.prepare(refresh=True, full=True)
 
     def refresh(self) -> dict[str, Any]:
@@ -552,7 +562,7 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> Path:
         f"Release after {config['changed_fraction']:.0%} writes, k = {config['k']}, "
         f"epsilon = {config['epsilon']}"
     )
-    ax.legend(fontsize=8)
+    common.legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     path = out / f"{name}.png"
@@ -561,18 +571,287 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> Path:
     return path
 
 
+# ----- write rounds: the default release on a changing table, every family -------------------
+ROUND_FAMILIES = ("zipf", "plateau", "distinct", "uniform", "sparse", "band")
+SPARSE_NONZERO = 0.01  # of the items: the sparse family's non-zero counts (zipf), the rest 0
+TARGET_ROUNDS_VS_SQL = 1.0  # DuckDB after 1% writes: (b) / (a) at least (issue 23)
+TARGET_FROZEN_ZIPF_VS_SQL = 30.0  # a release on a current copy, zipf: (b) / (a) at least
+TARGET_POSTGRES_LIVE_ZIPF = 300.0
+FROZEN_REPS = 9  # reps of the frozen copy against the store's query (releases of a few ms)
+
+
+def round_scores(family: str, m: int, k: int, scale: float) -> np.ndarray:
+    """The counts of a family in canonical order: common.family_scores, plus "sparse" (the
+    first 1% of ranks zipf, the rest 0) and "band" (every score within scale/3 of the top:
+    PLATEAU_HEIGHT minus an even spread over [0, scale/3), all distinct, as DOUBLE)."""
+    if family == "sparse":
+        r = np.arange(m, dtype=np.int64)
+        nonzero = max(k, int(SPARSE_NONZERO * m))
+        return np.where(r < nonzero, np.floor(common.ZIPF_TOP / (r + 1.0)), 0).astype(np.int64)
+    if family == "band":
+        return common.PLATEAU_HEIGHT - (scale / 3.0) * np.arange(m, dtype=np.float64) / m
+    return common.family_scores(family, m, k)
+
+
+def rounds_table(cfg: FreshnessConfig, store: Any, family: str, m: int, rounds: int) -> dict:
+    """One family on DuckDB: the table in random row order; a frozen copy released against the
+    store's query before any write; then `rounds` rounds of 1% writes, each followed by
+    interleaved reps of the default release (auto, not frozen: it reads the table as it is
+    now) and the store's one-shot query."""
+    from adapters.duckdb import DuckDBTable
+    from topk_middleware import private_top_k
+
+    table = table_name(family, m)
+    scale = gumbel_scale(cfg.k, cfg.epsilon, m)
+    scores = round_scores(family, m, cfg.k, scale)
+    ids = common.shuffled_ids(m, seed=cfg.seed)
+    order = np.random.default_rng(cfg.seed + 1).permutation(m)  # rows not in rank order
+    start = time.perf_counter()
+    store.load(table, ids[order], scores[order])
+    load_seconds = time.perf_counter() - start
+    del order
+    reps = cfg.reps_large if m >= 10**7 else cfg.reps
+    seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
+    source = DuckDBTable(store.con, table)
+    frozen = DuckDBTable(store.con, table, frozen=True)
+    prepare_seconds, _ = _time(lambda: frozen.prepare(refresh=True, full=True))
+    oneshot = store.oneshot_sql(table, cfg.k, scale)
+
+    def release(on: Any) -> Any:
+        return private_top_k(on, k=cfg.k, epsilon=cfg.epsilon, seed=next(seeds))
+
+    release(frozen), release(source), oneshot()  # warm-up
+    frozen_runs, sql_before = [], []
+    for _ in range(max(reps, FROZEN_REPS)):  # a few ms each: more reps steady the median
+        frozen_runs.append(_time(lambda: release(frozen))[0])
+        sql_before.append(_time(oneshot)[0])
+    entry = DuckDBEntry.__new__(DuckDBEntry)
+    entry.store = store
+    rng = np.random.default_rng(cfg.seed + m)
+    out_rounds = []
+    for number in range(1, rounds + 1):
+        chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
+        steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice([-1, 1], len(chosen))
+        if scores.dtype.kind == "f":
+            steps = steps * (scale / 100.0)  # the band stays a band
+        written, moves = ids[chosen], steps
+        write_seconds, changed = _time(lambda: entry.write(table, written, moves))  # noqa: B023
+        ours, sql, chosen_plans = [], [], []
+        for _ in range(reps):
+            seconds, result = _time(lambda: release(source))
+            ours.append(seconds)
+            chosen_plans.append(result.plan.get("auto", {}).get("chosen"))
+            sql.append(_time(oneshot)[0])
+        out_rounds.append(
+            {
+                "round": number,
+                "items_written_so_far": number * len(chosen),
+                "write_seconds": write_seconds,
+                "rows_changed": changed,
+                "release": _summary(ours),
+                "oneshot_sql": _summary(sql),
+                "plans": chosen_plans,
+                "sql_vs_release": statistics.median(sql) / statistics.median(ours),
+            }
+        )
+    for name in (frozen.rank_table, frozen.runs_table, frozen.shadow_table, frozen.delta_table):
+        store.con.execute(f'DROP TABLE IF EXISTS "{name}"')
+    store.con.execute(f'DROP TABLE IF EXISTS "{frozen.skip_table}"')
+    store.con.execute(f"DROP TABLE IF EXISTS {table}")
+    return {
+        "store": "duckdb",
+        "family": family,
+        "m": m,
+        "k": cfg.k,
+        "epsilon": cfg.epsilon,
+        "reps": reps,
+        "load_seconds": load_seconds,
+        "prepare_seconds": prepare_seconds,
+        "frozen_release": _summary(frozen_runs),
+        "oneshot_sql_before": _summary(sql_before),
+        "sql_vs_frozen": statistics.median(sql_before) / statistics.median(frozen_runs),
+        "rounds": out_rounds,
+        "worst_sql_vs_release": min(r["sql_vs_release"] for r in out_rounds),
+    }
+
+
+def rounds_postgres_live(cfg: FreshnessConfig, m: int, rounds: int) -> dict:
+    """PostgreSQL live mode on zipf: 1% write rounds, the release against the store's query."""
+    from topk_middleware import private_top_k
+
+    entry = PostgresLiveEntry(Path(tempfile.gettempdir()))
+    family, table = "zipf", table_name("zipf", m)
+    scale = gumbel_scale(cfg.k, cfg.epsilon, m)
+    scores = common.family_scores(family, m, cfg.k)
+    ids = common.shuffled_ids(m, seed=cfg.seed)
+    order = np.random.default_rng(cfg.seed + 1).permutation(m)
+    entry.load(table, ids[order], scores[order])
+    entry.prepare(table)
+    reps = cfg.reps_large if m >= 10**7 else cfg.reps
+    seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
+    oneshot = entry.oneshot_sql(table, cfg.k, scale)
+
+    def release() -> Any:
+        return private_top_k(entry.source, k=cfg.k, epsilon=cfg.epsilon, seed=next(seeds))
+
+    release(), oneshot()
+    rng = np.random.default_rng(cfg.seed + m)
+    out_rounds = []
+    try:
+        for number in range(1, rounds + 1):
+            chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
+            steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice(
+                [-1, 1], len(chosen)
+            )
+            entry.write(table, ids[chosen], steps)
+            ours, sql = [], []
+            for _ in range(reps):
+                ours.append(_time(release)[0])
+                sql.append(_time(oneshot)[0])
+            out_rounds.append(
+                {
+                    "round": number,
+                    "release": _summary(ours),
+                    "oneshot_sql": _summary(sql),
+                    "sql_vs_release": statistics.median(sql) / statistics.median(ours),
+                }
+            )
+    finally:
+        entry.drop(table)
+        entry.close()
+    return {
+        "store": "postgres-live",
+        "family": family,
+        "m": m,
+        "reps": reps,
+        "rounds": out_rounds,
+        "worst_sql_vs_release": min(r["sql_vs_release"] for r in out_rounds),
+    }
+
+
+def rounds_run(cfg: FreshnessConfig, rounds: int, postgres: bool) -> dict[str, Any]:
+    """Every family on DuckDB (and PostgreSQL live zipf if asked) at each m; writes
+    <out>/<name>.json."""
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="topk_rounds_"))
+    store = DuckDBStore(workdir / "rounds.duckdb")
+    results: list[dict[str, Any]] = []
+    try:
+        plan = [(f, m) for m in cfg.ms for f in cfg.families]
+        for family, m in common.progress(plan, desc="duckdb rounds", quiet=cfg.quiet):
+            results.append(rounds_table(cfg, store, family, m, rounds))
+            common.write_json(cfg.out / f"{cfg.name}.json", {"partial": results})
+        version = store.version()
+    finally:
+        store.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if postgres:
+        for m in cfg.ms:
+            results.append(rounds_postgres_live(cfg, m, rounds))
+    targets = []
+    for e in results:
+        if e["store"] == "duckdb":
+            targets.append(
+                {
+                    "what": f"duckdb {e['family']} after 1% writes: SQL / release",
+                    "value": e["worst_sql_vs_release"],
+                    "target": TARGET_ROUNDS_VS_SQL,
+                    "met": e["worst_sql_vs_release"] >= TARGET_ROUNDS_VS_SQL,
+                }
+            )
+            if e["family"] == "zipf":
+                targets.append(
+                    {
+                        "what": "duckdb zipf, frozen copy: SQL / release",
+                        "value": e["sql_vs_frozen"],
+                        "target": TARGET_FROZEN_ZIPF_VS_SQL,
+                        "met": e["sql_vs_frozen"] >= TARGET_FROZEN_ZIPF_VS_SQL,
+                    }
+                )
+        else:
+            targets.append(
+                {
+                    "what": "postgres-live zipf after 1% writes: SQL / release",
+                    "value": e["worst_sql_vs_release"],
+                    "target": TARGET_POSTGRES_LIVE_ZIPF,
+                    "met": e["worst_sql_vs_release"] >= TARGET_POSTGRES_LIVE_ZIPF,
+                }
+            )
+    payload = {
+        "benchmark": "freshness_rounds",
+        "machine": {**common.machine_info(None), "duckdb": version},
+        "config": {
+            **{k: v for k, v in asdict(cfg).items() if k != "out"},
+            "rounds": rounds,
+            "changed_fraction": CHANGED_FRACTION,
+            "max_step": MAX_STEP,
+        },
+        "elapsed_seconds": time.perf_counter() - started,
+        "results": results,
+        "targets": targets,
+    }
+    path = common.write_json(cfg.out / f"{cfg.name}.json", payload)
+    payload["files"] = [str(path)]
+    return payload
+
+
+def rounds_report(payload: dict[str, Any]) -> str:
+    """A Markdown table: per store and family, the release and the store's query per round."""
+    lines = [
+        "| store | data | m | frozen copy | SQL / frozen | round | release (auto) | plan | "
+        "one-shot SQL | SQL / release |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in payload["results"]:
+        for r in e["rounds"]:
+            frozen = e.get("frozen_release")
+            plans = sorted(set(r.get("plans", []) or ["-"]))
+            lines.append(
+                f"| {e['store']} | {e['family']} | {e['m']:.0e} | "
+                + (
+                    f"{_ms(frozen['median'])} | {e['sql_vs_frozen']:.1f}x | "
+                    if frozen
+                    else "- | - | "
+                )
+                + f"{r['round']} | {_ms(r['release']['median'])} | {', '.join(plans)} | "
+                f"{_ms(r['oneshot_sql']['median'])} | {r['sql_vs_release']:.2f}x |"
+            )
+    lines.append("")
+    for t in payload["targets"]:
+        lines.append(
+            f"- {t['what']}: {t['value']:.2f}x (target >= {t['target']}: "
+            f"{'met' if t['met'] else 'MISSED'})"
+        )
+    lines.append(f"\nelapsed: {payload['elapsed_seconds']:.1f} s")
+    return "\n".join(lines)
+
+
 # ----- command line --------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="m = 1e4 and 1e5, 2 reps")
     parser.add_argument("--stores", nargs="+", choices=sorted(STORES), default=None)
     parser.add_argument("--m", type=float, nargs="+", default=None, help="sizes (1e6 1e7)")
-    parser.add_argument("--families", nargs="+", choices=common.FAMILIES, default=None)
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=sorted(set(common.FAMILIES) | set(ROUND_FAMILIES)),
+        default=None,
+    )
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=None, help="timed reps below 10^7 (5)")
     parser.add_argument("--reps-large", type=int, default=None, help="timed reps at 10^7 (3)")
     parser.add_argument(
         "--fold-sweep", action="store_true", help="delta size against a full rebuild (DuckDB)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="write rounds of 1%% between releases, every family (default release, DuckDB)",
+    )
+    parser.add_argument(
+        "--with-postgres-live", action="store_true", help="with --rounds: PostgreSQL live zipf"
     )
 
 

@@ -1,6 +1,6 @@
 """The in-store one-shot on the SQLAlchemy dialects against the store's own one-shot query.
 
-    python -m benchmarks.in_store [--m 1000000] [--dialects sqlite postgresql mariadb]
+    python -m benchmarks.in_store [--m 1000000] [--dialects sqlite postgresql]
                                   [--families zipf plateau distinct uniform] [--reps 7]
 
 For each dialect and family it loads a table (id BIGINT primary key, score DOUBLE; ids a seeded
@@ -15,7 +15,9 @@ table), and in one snapshot times, interleaved rep by rep after one untimed warm
 
 Target (issue 13): the in-store one-shot within 1.5x of the plain query (oneshot_sql / in_store
 >= 0.67). DuckDB and PostgreSQL through their own adapters are in `python -m benchmarks
-wallclock`. Results: benchmarks/results/<--name, default in_store_sqlalchemy>.{json,md,png}.
+wallclock`. MariaDB / MySQL take no in-store path (pymysql would write the key into the
+statement text: docs/security.md). Results: benchmarks/results/<--name, default
+in_store_sqlalchemy>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -38,10 +40,8 @@ from . import common
 from .wallclock import gumbel_scale
 
 TARGET = 1 / 1.5  # oneshot_sql / in_store at least
-DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test?charset=utf8mb4"
 UNIFORM_SQL = {
     "postgresql": "random()",
-    "mysql": "rand()",
     "sqlite": "(random() / 18446744073709551616.0 + 0.5)",
 }
 LOAD_ROWS = 50_000  # rows per INSERT batch
@@ -50,8 +50,6 @@ LOAD_ROWS = 50_000  # rows per INSERT batch
 def engine_for(dialect: str, folder: Path) -> sa.Engine:
     if dialect == "sqlite":
         return sa.create_engine(f"sqlite:///{folder / 'in_store.db'}")
-    if dialect == "mariadb":
-        return sa.create_engine(os.environ.get("TOPK_MARIADB_URL", DEFAULT_MARIADB_URL))
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN))
@@ -88,7 +86,7 @@ def bench(engine: sa.Engine, dialect: str, family: str, args: argparse.Namespace
     source = SQLAlchemyTable(engine, table)
     prepare_s = _time(source.prepare)
     scale = gumbel_scale(k, args.epsilon, m)
-    uniform = UNIFORM_SQL["mysql" if engine.dialect.name == "mysql" else engine.dialect.name]
+    uniform = UNIFORM_SQL[engine.dialect.name]
     plain = f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln({uniform})) DESC LIMIT {k}"
     rng = np.random.default_rng(args.seed)
     in_store: list[float] = []
@@ -148,7 +146,7 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(results)), labels, fontsize=7)
     ax.set_ylabel("one-shot SQL / in-store (higher: in-store faster)")
     ax.set_title(f"In-store one-shot on SQLAlchemy dialects, m = {results[0]['m']:.0e}")
-    ax.legend()
+    common.legend_outside(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -160,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dialects",
         nargs="+",
-        default=["sqlite", "postgresql", "mariadb"],
-        choices=["sqlite", "postgresql", "mariadb"],
+        default=["sqlite", "postgresql"],
+        choices=["sqlite", "postgresql"],
     )
     parser.add_argument("--families", nargs="+", default=["zipf", "plateau", "distinct", "uniform"])
     parser.add_argument("--k", type=int, default=10)

@@ -5,7 +5,7 @@
 Every mechanism runs on an ArraySource through CountedAccess, so `sorted` / `random` are the
 accesses as the paper counts them. Two histograms of m items:
 
-* zipf: topk_middleware.cli.zipf_histogram(m) (10^8 votes falling like 1/rank, shuffled ids);
+* zipf: frontends.cli.zipf_histogram(m) (10^8 votes falling like 1/rank, shuffled ids);
 * plateau: the lower-bound instance of Wu et al. Theorem 5.4 (benchmarks.common), the hard case
   for sublinear access.
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from adapters.memory import ArraySource
 from benchmarks import common
+from frontends.cli import zipf_histogram
 from topk_middleware import (
     exponential_mechanism,
     joint_top_k,
@@ -37,7 +38,6 @@ from topk_middleware import (
     private_top_k,
     stable_top_k,
 )
-from topk_middleware.cli import zipf_histogram
 
 EPSILON, DELTA, K_BAR, RHO, DELTA_T = 1.0, 1e-6, 100, 0.05, 1e-6
 

@@ -4,7 +4,7 @@
 
 It loads a table (id BIGINT, score BIGINT; ids a seeded permutation, counts of
 benchmarks/common.py) into the server of TOPK_PG_DSN, installs the schema topk
-(topk_middleware/sql_function.py; from this checkout and virtual environment) and registers the
+(frontends/sql_function.py; from this checkout and virtual environment) and registers the
 table (live-mode preparation, timed; --keep, then --reuse, skip loading it again). Then,
 interleaved rep by rep (the order turning each rep, so that each method follows the 3-second
 one-shot query as often) after one untimed warm-up of each, all with k, epsilon, no seed (the
@@ -39,7 +39,8 @@ import psycopg
 import sqlalchemy as sa
 
 from adapters.postgres import PostgresTable
-from topk_middleware import PrivacyLedger, private_top_k, sql_function
+from frontends import sql_function
+from topk_middleware import PrivacyLedger, private_top_k
 from topk_middleware.accounting import oneshot_cost
 
 from . import common

@@ -636,7 +636,7 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> Path:
     ax.set_ylabel("median seconds per release (log)")
     config = payload["config"]
     ax.set_title(f"Wall clock, k = {config['k']}, epsilon = {config['epsilon']}")
-    ax.legend(fontsize=8)
+    common.legend_outside(ax)
     ax.grid(True, axis="y", which="major", alpha=0.3)
     fig.tight_layout()
     path = out / f"{name}.png"

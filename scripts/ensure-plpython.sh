@@ -2,7 +2,7 @@
 # Make PL/Python (plpython3u) available to every PostgreSQL server installed from Debian's packages
 # (postgresql-<major>): installs postgresql-plpython3-<major> where it is missing. Idempotent and
 # quiet when already installed; called by `make test` (the SQL function's tests need it) and by
-# `make install-sql`. Needs root (or password-less sudo) only when something is missing.
+# `make plpython`. Needs root (or password-less sudo) only when something is missing.
 set -eu
 
 missing=""

@@ -185,7 +185,8 @@ class RefreshAfterTheRun:
     """A refresh started by a writer in the middle of a run, on a thread of its own.
 
     A PostgreSQL refresh swaps its new tables in only once no run reads the old ones (it waits
-    for them: adapters/postgres.py `prepare()`), so a writer inside a run cannot finish it there.
+    for them: adapters/postgres/copy_mode.py `prepare()`), so a writer inside a run cannot
+    finish it there.
     Truthy once the refresh has committed (it waits for the thread; the thread's error, if any,
     is raised), so `if visible:` after the run sees the refresh done."""
 
@@ -219,3 +220,51 @@ def plackett_luce(weights: np.ndarray, ranking: tuple[int, ...]) -> float:
         p *= weights[i] / remaining
         remaining -= weights[i]
     return p
+
+
+def threshold_run(source: Any, k: int, epsilon: float, *, oracle: str = "lazy", **options: Any):
+    """private_top_k with the threshold method (Algorithm 3) pinned, failing loudly unless the
+    threshold algorithm ran with this oracle: a test about the threshold algorithm or an oracle
+    must not test the one-shot mechanism the default planner (method="auto") may pick instead."""
+    result = private_top_k(source, k, epsilon, method="threshold", oracle=oracle, **options)
+    assert result.method == "threshold", f"the {result.method} mechanism ran, not the threshold"
+    assert result.diagnostics.plan["oracle"] == oracle, result.diagnostics.plan
+    return result
+
+
+def assert_varies(sample: Sequence[float], what: str = "sample") -> None:
+    """A statistical test of a quantity that cannot vary cannot fail: refuse a constant sample."""
+    assert float(np.var(np.asarray(sample, dtype=np.float64))) > 0.0, f"{what} is constant"
+
+
+def laplace_set_law(h: Sequence[float], k: int, scale: float) -> dict[tuple[int, ...], float]:
+    """Exact law of the one-shot Laplace release (Algorithm 2: the set of the k largest of
+    h + Z, Z i.i.d. Laplace(0, scale)), by quadrature: the set S wins when its smallest noisy
+    score, item i at x, has the rest of S above x and every other item below it:
+    P(S) = integral over x of sum_{i in S} f_i(x) prod_{j in S - i} S_j(x) prod_{l not in S} F_l(x).
+    """
+    from itertools import combinations
+
+    from scipy import integrate
+
+    h = [float(v) for v in h]
+
+    def cdf(z: float) -> float:
+        return 0.5 * math.exp(z / scale) if z < 0 else 1.0 - 0.5 * math.exp(-z / scale)
+
+    def pdf(z: float) -> float:
+        return 0.5 * math.exp(-abs(z) / scale) / scale
+
+    def integrand(x: float, chosen: tuple[int, ...]) -> float:
+        below = math.prod(cdf(x - h[o]) for o in range(len(h)) if o not in chosen)
+        return below * sum(
+            pdf(x - h[i]) * math.prod(1.0 - cdf(x - h[j]) for j in chosen if j != i) for i in chosen
+        )
+
+    span = (min(h) - 60 * scale, max(h) + 60 * scale)
+    return {
+        chosen: integrate.quad(integrand, *span, args=(chosen,), points=sorted(set(h)), limit=200)[
+            0
+        ]
+        for chosen in combinations(range(len(h)), k)
+    }

@@ -56,7 +56,7 @@ def make_duckdb_source(
     def make(scores: Any, ids: Any = None) -> DuckDBTable:
         name = TABLE.format(next(made))
         create_table(duckdb_connection, name, scores, ids)
-        source = DuckDBTable(duckdb_connection, name, id=ID_COLUMN, score=SCORE_COLUMN)
+        source = DuckDBTable(duckdb_connection, name, id=ID_COLUMN, score=SCORE_COLUMN, frozen=True)
         source.prepare()
         return source
 
@@ -75,9 +75,9 @@ def write_duckdb_source(
                 f"WHERE {quote_identifier(ID_COLUMN)} = ?",
                 [score, item],
             )
-            DuckDBTable(writer, source.table, id=ID_COLUMN, score=SCORE_COLUMN).prepare(
-                refresh=True
-            )
+            DuckDBTable(
+                writer, source.table, id=ID_COLUMN, score=SCORE_COLUMN, frozen=True
+            ).prepare(refresh=True)
         finally:
             writer.close()
         return True

@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 
 from adapters.postgres import PostgresTable
-from adapters.postgres_live import MAX_SCORE_RUNS
+from adapters.postgres.live_mode import MAX_SCORE_RUNS
 from tests.helpers import RefreshAfterTheRun
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
@@ -106,8 +106,8 @@ def make_postgres_source(
     def make(scores: Any, ids: Any = None) -> PostgresTable:
         name = TABLE.format(uuid.uuid4().hex[:8])
         create_table(conn, pg_schema, name, scores, ids)
-        source = PostgresTable(
-            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema
+        source = PostgresTable(  # frozen: these tests are of the copy (test_freshness.py: not)
+            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, frozen=True
         )
         made.append(source)
         source.prepare()

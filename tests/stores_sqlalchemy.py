@@ -155,6 +155,7 @@ def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
         name = unique_name()
         create_counts_table(engine, name, scores, ids)
         created.append(name)
+        options.setdefault("frozen", True)  # tests of the copy (test_freshness.py: not frozen)
         source = SQLAlchemyTable(engine, name, id="id", score="score", **options)
         created.extend([source.rank_table_name, source.runs_table_name])
         source.prepare()

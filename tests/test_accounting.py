@@ -20,7 +20,6 @@ from topk_middleware.accounting import (
     PrivacyBudget,
     PrivacyCost,
     advanced_composition_epsilon,
-    budgeted_private_top_k,
     gaussian_rdp,
     laplace_rdp,
     limited_domain_epsilon,
@@ -30,6 +29,7 @@ from topk_middleware.accounting import (
     rdp_to_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
+from topk_middleware.api import budgeted_private_top_k
 from topk_middleware.mechanisms.joint import joint_cost, joint_top_k
 from topk_middleware.mechanisms.limited_domain import limited_domain_top_k
 from topk_middleware.mechanisms.pay_what_you_get import PayWhatYouGet
@@ -242,6 +242,11 @@ def test_budget_pure_only_and_exact_fit() -> None:
     assert budget.spent().epsilon == pytest.approx(1.0)
     with pytest.raises(BudgetExceeded, match="over the total"):
         budget.charge(peeling_cost(1, 1e-3))
+    assert len(budget.releases) == 2
+    # Used up: a cost too small to move the float sum (1 + 1e-17 == 1) is refused all the same.
+    for _ in range(3):
+        with pytest.raises(BudgetExceeded, match="used up"):
+            budget.charge(peeling_cost(1, 1e-17))
     assert len(budget.releases) == 2
     # An approximate-only release cannot be charged to a pure budget.
     with pytest.raises(BudgetExceeded):

@@ -15,7 +15,7 @@ import pytest
 
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
-from topk_middleware.export import BOTTOM_KEY, GUARANTEE_KEY, RANKED_KEY
+from topk_middleware.release import BOTTOM_KEY, GUARANTEE_KEY, RANKED_KEY
 
 SCORES = np.random.default_rng(11).integers(0, 1000, size=500)
 

@@ -27,7 +27,6 @@ from benchmarks.common import family_scores
 from tests.helpers import CountingSource, RunsKept, plackett_luce, reference_like
 from topk_middleware import Batching, private_top_k
 from topk_middleware.access import ZONE_MAP_ROWS, AccessStats, CountedAccess
-from topk_middleware.api import unranked_order
 from topk_middleware.lazy_noise import LazyNoiseList
 from topk_middleware.mechanisms.threshold import private_threshold_top_k
 from topk_middleware.noise import make_noise
@@ -35,6 +34,7 @@ from topk_middleware.noise_list import EagerNoiseList
 from topk_middleware.planner import plan_run, threshold_seconds
 from topk_middleware.privacy import calibrate
 from topk_middleware.randomness import make_rng
+from topk_middleware.release import unranked_order
 
 FAMILIES = ("zipf", "plateau", "distinct", "uniform", "flat")
 BATCHINGS = [None, Batching.sequential(), Batching(first=3, growth=1.5)]

@@ -3,7 +3,7 @@ stores: a DuckDB file, PostgreSQL through psycopg (postgresql://), and SQLAlchem
 MariaDB, postgresql+psycopg://), in copy and live mode where the store has it.
 
 Most runs go through `main(argv)` with captured output; the exit-code and no-traceback checks run
-the console entry point as a subprocess (`python -m topk_middleware`), as a user would.
+the console entry point as a subprocess (`python -m frontends`), as a user would.
 
 The table holds m = 300 items with ids 10000 + 7 i (never positions) and distinct scores 1000
 apart; with epsilon = 30 and k = 3 the Gumbel noise has scale k / epsilon = 0.1, so the release
@@ -29,8 +29,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from topk_middleware import calibrate
-from topk_middleware.cli import (
+from frontends.cli import (
     EXIT_BUDGET,
     EXIT_FAILED,
     EXIT_OK,
@@ -38,9 +37,13 @@ from topk_middleware.cli import (
     elapsed_progress,
     main,
 )
+from topk_middleware import calibrate
+from topk_middleware.mechanisms.oblivious import oblivious_depth, oblivious_guarantee
 from topk_middleware.privacy import PrivacyGuarantee
 
 M, K, EPSILON = 300, 3, 30.0
+# epsilon 30 makes the oblivious guarantee's (1 + e^eps) delta_pad vacuous: adaptive releases
+ADAPTIVE = ("--epsilon", EPSILON, "--adaptive")
 IDS = 10_000 + 7 * np.arange(M)
 SCORES = np.random.default_rng(5).permutation(M) * 1000
 TOP = [int(i) for i in IDS[np.argsort(-SCORES)[:K]]]
@@ -59,12 +62,12 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 
 def run_process(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m topk_middleware argv` as a separate process (this worktree's code first)."""
+    """`python -m frontends argv` as a separate process (this worktree's code first)."""
     root = Path(__file__).resolve().parents[1]
     paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run(
-        [sys.executable, "-m", "topk_middleware", *[str(a) for a in argv]],
+        [sys.executable, "-m", "frontends", *[str(a) for a in argv]],
         capture_output=True,
         text=True,
         timeout=300,
@@ -225,7 +228,7 @@ def test_prepare_check_release_and_budget_on_every_store(
     charged = ["--ledger", ledger, "--principal", "ana"]
 
     # Before prepare: refused, saying to prepare, and nothing charged.
-    code, out, err = run(["release", *store.args("--k", K, "--epsilon", EPSILON, *charged)], capsys)
+    code, out, err = run(["release", *store.args("--k", K, *ADAPTIVE, *charged)], capsys)
     assert code == EXIT_FAILED and out == ""
     assert "prepare" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert json.loads(run(["budget", *charged, "--json"], capsys)[1])["releases"] == 0
@@ -248,9 +251,7 @@ def test_prepare_check_release_and_budget_on_every_store(
     assert checked["prepared"] is (True if store.mode == "copy" else None)
 
     # The release, charged to ana: only items and guarantee on stdout, nothing on stderr.
-    code, out, err = run(
-        ["release", *store.args("--k", K, "--epsilon", EPSILON, "--json", *charged)], capsys
-    )
+    code, out, err = run(["release", *store.args("--k", K, *ADAPTIVE, "--json", *charged)], capsys)
     assert (code, err) == (EXIT_OK, "")
     release = json.loads(out)
     assert set(release) == RELEASE_KEYS
@@ -261,43 +262,39 @@ def test_prepare_check_release_and_budget_on_every_store(
 
     # The total is 2 epsilon: a second release fits exactly, a third is refused.
     assert (
-        run(["release", *store.args("--k", K, "--epsilon", EPSILON, "--json", *charged)], capsys)[0]
-        == EXIT_OK
+        run(["release", *store.args("--k", K, *ADAPTIVE, "--json", *charged)], capsys)[0] == EXIT_OK
     )
-    code, out, err = run(
-        ["release", *store.args("--k", K, "--epsilon", EPSILON, "--json", *charged)], capsys
-    )
+    code, out, err = run(["release", *store.args("--k", K, *ADAPTIVE, "--json", *charged)], capsys)
     assert code == EXIT_BUDGET and out == ""
     assert "budget exceeded" in err and "nothing was read or released" in err
     assert json.loads(run(["budget", *charged, "--json"], capsys)[1])["releases"] == 2
 
     # The readable table, and the diagnostics apart (stderr) only when asked for.
-    code, out, err = run(
-        ["release", *store.args("--k", K, "--epsilon", EPSILON, "--diagnostics")], capsys
-    )
+    code, out, err = run(["release", *store.args("--k", K, *ADAPTIVE, "--diagnostics")], capsys)
     assert code == EXIT_OK
     assert [int(line.split()[1]) for line in out.splitlines() if line.strip()[:1].isdigit()] == TOP
     assert "(30, 0)-DP" in out and "Fact 3.3" in out
     assert "accesses" not in out and "Operator diagnostics" in err and "accesses" in err
 
 
-def test_writes_are_seen_after_refresh_in_copy_mode_and_at_once_in_live_mode(
+def test_writes_are_seen_at_once_in_copy_and_live_mode(
     store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert run(["prepare", *store.args()], capsys)[0] == EXIT_OK
     store.set_score(LOWEST, 10**9)  # the last item becomes the first
-    release = ["release", *store.args("--k", K, "--epsilon", EPSILON, "--json")]
-    if store.mode == "copy":
-        assert json.loads(run(release, capsys)[1])["items"] == TOP  # the copy of the last prepare
+    release = ["release", *store.args("--k", K, *ADAPTIVE, "--json")]
+    new_top = [LOWEST, *TOP[:-1]]
+    if store.mode == "copy":  # the copy is stale, the release is not (docs/freshness.md)
         code, out, _ = run(["check", *store.args("--stale", "--json")], capsys)
         assert code == EXIT_OK and json.loads(out)["stale"] is True
+        assert json.loads(run(release, capsys)[1])["items"] == new_top
         code, out, err = run(["prepare", *store.args("--refresh")], capsys)
         assert code == EXIT_OK and out.startswith("refreshed") and err == ""
         assert (
             json.loads(run(["check", *store.args("--stale", "--json")], capsys)[1])["stale"]
             is False
         )
-    assert json.loads(run(release, capsys)[1])["items"] == [LOWEST, *TOP[:-1]]
+    assert json.loads(run(release, capsys)[1])["items"] == new_top
 
 
 def test_release_methods_and_laplace(
@@ -307,7 +304,9 @@ def test_release_methods_and_laplace(
     code, out, _ = run(
         [
             "release",
-            *duckdb_store.args("--k", K, "--epsilon", EPSILON, "--method", "oneshot", "--json"),
+            *duckdb_store.args(
+                "--k", K, "--epsilon", EPSILON, "--method", "oneshot", "--adaptive", "--json"
+            ),
         ],
         capsys,
     )
@@ -316,7 +315,9 @@ def test_release_methods_and_laplace(
     code, out, _ = run(
         [
             "release",
-            *duckdb_store.args("--k", K, "--epsilon", EPSILON, "--noise", "laplace", "--json"),
+            *duckdb_store.args(
+                "--k", K, "--epsilon", EPSILON, "--noise", "laplace", "--adaptive", "--json"
+            ),
         ],
         capsys,
     )
@@ -332,6 +333,34 @@ def test_release_methods_and_laplace(
     assert code == EXIT_OK and set(json.loads(out)) == RELEASE_KEYS
     diagnostics = json.loads(err)["diagnostics"]
     assert diagnostics["m"] == M and diagnostics["accesses"]["sorted"] > 0
+
+
+def test_release_is_oblivious_by_default(
+    duckdb_store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --adaptive: the oblivious guarantee (eps, (1 + e^eps) 1e-9), charged as such (a
+    pure budget refuses it), a fixed read (2d rows); --method oneshot
+    (a data-dependent in-store cut) needs --adaptive; a bad --delta-pad is a usage error."""
+    assert run(["prepare", *duckdb_store.args()], capsys)[0] == EXIT_OK
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    pure, approx = (["--ledger", ledger, "--principal", who] for who in ("pure", "approx"))
+    assert run(["budget", *pure, "--grant", 5], capsys)[0] == EXIT_OK
+    assert run(["budget", *approx, "--grant", 5, "--grant-delta", 1e-6], capsys)[0] == EXIT_OK
+    code, out, err = run(["release", *duckdb_store.args("--k", K, "--epsilon", 1, *pure)], capsys)
+    assert code == EXIT_BUDGET and out == ""
+    release = ["release", *duckdb_store.args("--k", K, "--epsilon", 1, "--json")]
+    code, out, err = run([*release, *approx, "--diagnostics"], capsys)
+    assert code == EXIT_OK and json.loads(out)["items"] == TOP
+    guarantee = PrivacyGuarantee(**json.loads(out)["guarantee"])
+    assert guarantee == oblivious_guarantee(calibrate("gumbel", K, M, 1.0, 0.0), 1e-9)
+    plan = json.loads(err)["diagnostics"]["plan"]
+    depth = oblivious_depth(M, K, 1e-9)
+    assert plan["oblivious"] is True and plan["depth"] == depth and not plan["full_read"]
+    assert json.loads(err)["diagnostics"]["accesses"]["rows_fetched"] == 2 * depth + 1  # top row
+    code, _, err = run([*release, "--method", "oneshot"], capsys)
+    assert code == EXIT_USAGE and "--adaptive" in err
+    code, _, err = run([*release, "--delta-pad", 0], capsys)
+    assert code == EXIT_USAGE and "delta_pad must be in (0, 1)" in err
 
 
 def test_duckdb_url_form_and_schema_option(
@@ -634,7 +663,18 @@ def test_store_failures_exit_1_in_one_line(
             "has no column 'votez'",
         ),
         (
-            ["release", db, "--table", "votes", "--k", 11, "--epsilon", 1, "--method", "oneshot"],
+            [
+                "release",
+                db,
+                "--table",
+                "votes",
+                "--k",
+                11,
+                "--epsilon",
+                1,
+                "--method",
+                "oneshot_full_read",
+            ],
             "k = 11 exceeds the number of items m = 10",
         ),
         (["release", db, "--table", "votes", "--k", 3, "--epsilon", 1], "is not prepared"),
@@ -684,3 +724,21 @@ def test_progress_indicator_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> No
     with elapsed_progress("preparing the table"):
         time.sleep(0.6)
     assert piped.getvalue() == ""
+
+
+def test_release_with_sensitivity_and_counts(
+    duckdb_store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--sensitivity scales the noise and is stated; --with-counts adds a count column and the
+    95% half-width (JSON: counts aligned with items, count_error)."""
+    base = duckdb_store.args("--k", K, "--epsilon", EPSILON, "--method", "oneshot", "--adaptive")
+    code, out, _ = run(["release", *base, "--sensitivity", 4, "--with-counts", "--json"], capsys)
+    release = json.loads(out)
+    assert code == EXIT_OK and release["guarantee"]["sensitivity"] == 4
+    assert release["guarantee"]["scale"] == pytest.approx(4 * (1 - 0.5) ** -1 * K / EPSILON)
+    assert len(release["counts"]) == K and isinstance(release["count_error"], int)
+    code, out, _ = run(["release", *base, "--sensitivity", 4, "--with-counts"], capsys)
+    assert code == EXIT_OK and "assumes each client changes each count by at most 4" in out
+    assert "count" in out.splitlines()[2] and f"+/- {release['count_error']}" in out
+    code, _, err = run(["release", *base, "--sensitivity", 0], capsys)
+    assert code == 2 and "--sensitivity must be finite and > 0" in err

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
-from tests.helpers import CountingSource, plateau_histogram, random_histograms
-from topk_middleware import Batching, CostModel, private_top_k
-from topk_middleware.cli import zipf_histogram
+from frontends.cli import zipf_histogram
+from tests.helpers import CountingSource, plateau_histogram, random_histograms, threshold_run
+from topk_middleware import Batching, CostModel
 
 COSTS = [CostModel(1, 1, 0), CostModel(1, 4, 0), CostModel(1, 50, 0), CostModel(1, 1, 500)]
 
@@ -25,9 +25,9 @@ def test_same_answer_as_the_plain_algorithm(costs: CostModel, positions: str) ->
         source = ArraySource(h, positions=positions)
         seed = int(rng.integers(1 << 30))
         for noise in ("gumbel", "laplace"):
-            plain = private_top_k(source, k, 0.5, noise=noise, seed=seed, oracle="eager")
+            plain = threshold_run(source, k, 0.5, noise=noise, seed=seed, oracle="eager")
             for batching in (None, Batching.sequential()):
-                aware = private_top_k(
+                aware = threshold_run(
                     source,
                     k,
                     0.5,
@@ -51,9 +51,11 @@ def test_expensive_random_access_is_traded_for_sorted(family: str, histogram) ->
     costs = CostModel(sorted=1, random=20)
     plain_random, aware_random, plain_cost, aware_cost = [], [], [], []
     for seed in range(30):
-        plain = private_top_k(source, 10, 1.0, seed=seed, oracle="eager").accesses
+        plain = threshold_run(source, 10, 1.0, seed=seed, oracle="eager").accesses
         counter = CountingSource(source)
-        aware = private_top_k(counter, 10, 1.0, seed=seed, oracle="eager", costs=costs).accesses
+        aware = threshold_run(counter, 10, 1.0, seed=seed, oracle="eager", costs=costs)
+        assert aware.diagnostics.plan["cost_aware"] is True
+        aware = aware.accesses
         assert aware.rows_fetched == counter.rows and aware.round_trips == counter.calls
         plain_random.append(plain.random)
         aware_random.append(aware.random)
@@ -71,7 +73,7 @@ def test_schedule_follows_the_cost_of_a_round_trip() -> None:
     assert (cheap.first or 2 * k) < (dear.first or 2 * k)
     source = ArraySource(plateau_histogram(10**5, k))
     trips = {
-        name: private_top_k(source, k, 1.0, seed=1, oracle="eager", costs=c).accesses.round_trips
+        name: threshold_run(source, k, 1.0, seed=1, oracle="eager", costs=c).accesses.round_trips
         for name, c in [("cheap", CostModel(1, 1, 0)), ("dear", CostModel(1, 1, 10_000))]
     }
     assert trips["dear"] < trips["cheap"]

@@ -1,4 +1,4 @@
-"""`python -m topk_middleware demo` end to end, on a small m in a temporary directory."""
+"""`python -m frontends demo` end to end, on a small m in a temporary directory."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
+from frontends.cli import DEMO_TABLE, create_zipf_table, main
 from topk_middleware import private_top_k
-from topk_middleware.cli import DEMO_TABLE, create_zipf_table, main
 
 
 def test_zipf_table_is_a_permutation_with_zipf_counts() -> None:
@@ -61,7 +61,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_demo_as_a_module(tmp_path: Path) -> None:
     """What `make demo` runs, as a separate process."""
     done = subprocess.run(
-        [sys.executable, "-m", "topk_middleware", "demo", "--m", "2000", "--data-dir", tmp_path],
+        [sys.executable, "-m", "frontends", "demo", "--m", "2000", "--data-dir", tmp_path],
         capture_output=True,
         text=True,
         check=True,

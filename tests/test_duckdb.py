@@ -37,7 +37,9 @@ def test_awkward_names_work(name: str) -> None:
     table = f"{q(name + ' schema')}.{q(name)}"
     con.execute(f"CREATE TABLE {table} ({q(name + ' id')} VARCHAR, {q(name)} INTEGER)")
     con.execute(f"INSERT INTO {table} VALUES ('x', 3), ('y', 9), ('z', 1)")
-    source = DuckDBTable(con, name, id=name + " id", score=name, schema=name + " schema")
+    source = DuckDBTable(
+        con, name, id=name + " id", score=name, schema=name + " schema", frozen=True
+    )
     source.prepare()
     assert not source.check().full_scan and source.has_rank_index() and not source.is_stale()
     result = private_top_k(source, k=1, epsilon=1e6, seed=0)  # almost no noise
@@ -73,8 +75,11 @@ def test_bad_contents_are_refused_before_anything_is_released(
         source.prepare()
     assert "DuckDB table 'votes'" in str(error.value)
     assert not source.has_rank_table()
+    with pytest.raises(ValueError, match=match):
+        private_top_k(source, k=1, epsilon=1.0)  # a run on the table as it is now checks it
+    frozen = DuckDBTable(con, "votes", frozen=True)
     with pytest.warns(UserWarning, match="no rank table"), pytest.raises(ValueError, match=match):
-        private_top_k(source, k=1, epsilon=1.0)  # the live fallback validates every run
+        private_top_k(frozen, k=1, epsilon=1.0)  # the live fallback validates every run
 
 
 def test_missing_table_column_and_non_numeric_score(con: duckdb.DuckDBPyConnection) -> None:
@@ -89,7 +94,7 @@ def test_missing_table_column_and_non_numeric_score(con: duckdb.DuckDBPyConnecti
 
 
 def test_prepare_is_idempotent_and_refresh_rebuilds(con: duckdb.DuckDBPyConnection) -> None:
-    source = DuckDBTable(con, "votes")
+    source = DuckDBTable(con, "votes", frozen=True)
     assert source.check().full_scan and source.is_stale()
     source.prepare()
     assert not source.check().full_scan and not source.is_stale()
@@ -118,7 +123,7 @@ def test_live_fallback_gives_the_same_answers() -> None:
     con.execute(
         "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score", [ids, scores.tolist()]
     )
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     reference = reference_like(source, scores, np.asarray(ids, dtype=object))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -144,7 +149,7 @@ def test_live_run_sees_one_snapshot_under_a_concurrent_writer() -> None:
         [list(range(1000)), scores.tolist()],
     )
     loser = int(np.flatnonzero(scores == 0)[0])
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     writer = con.cursor()
 
     class Hook(CountingSource):
@@ -193,11 +198,11 @@ def test_a_database_file_path(tmp_path: Path) -> None:
         con.execute(
             "CREATE TABLE c AS SELECT range AS id, (range * 37) % 101 AS score FROM range(100)"
         )
-    source = DuckDBTable(path, "c")
+    source = DuckDBTable(path, "c", frozen=True)
     source.prepare()
     assert private_top_k(source, k=2, epsilon=1e6, seed=1).items == [30, 60]
     source.close()
-    reopened = DuckDBTable(str(path), "c")
+    reopened = DuckDBTable(str(path), "c", frozen=True)
     assert reopened.has_rank_table()  # prepare() persisted the rank-ordered copy
     reopened.close()
 
@@ -208,7 +213,7 @@ def test_rank_index_is_optional_and_prepare_restores_it() -> None:
     con = duckdb.connect()
     scores = np.arange(5000) % 97
     con.execute("CREATE TABLE t AS SELECT range AS id, range % 97 AS score FROM range(5000)")
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     source.prepare()
     reference = ArraySource(scores)
     ranks = np.sort(np.random.default_rng(0).choice(5000, 300, replace=False))
@@ -233,7 +238,7 @@ def test_rank_index_is_optional_and_prepare_restores_it() -> None:
 
 
 def test_an_error_inside_a_run_leaves_the_source_usable(con: duckdb.DuckDBPyConnection) -> None:
-    source = DuckDBTable(con, "votes")
+    source = DuckDBTable(con, "votes", frozen=True)
     source.prepare()
     with pytest.raises(duckdb.Error), source.snapshot():
         source.read_ids(["not an integer"])  # a conversion error aborts the run's transaction
@@ -249,7 +254,7 @@ def test_byte_order_whatever_the_default_collation() -> None:
     con.execute("SET default_collation = 'nocase'")
     ids = ["a", "B", "b", "A", "é", "z", "ä", "Z"]
     con.execute("CREATE TABLE t AS SELECT unnest(?) AS id, 1 AS score", [ids])
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     for prepared in (False, True):
         if prepared:
             source.prepare()
@@ -284,7 +289,7 @@ def test_sorted_reads_need_no_row_id_order_and_runs_match_array_source() -> None
         "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score",
         [list(range(5000)), scores.tolist()],
     )
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     source.prepare()
     reference = ArraySource(scores)
     with source.snapshot():
@@ -325,7 +330,7 @@ def test_a_prepared_source_skips_the_catalog_until_a_table_is_gone() -> None:
         "CREATE TABLE t AS SELECT unnest(?) AS id, unnest(?) AS score",
         [list(range(3000)), scores.tolist()],
     )
-    source = DuckDBTable(con, "t")
+    source = DuckDBTable(con, "t", frozen=True)
     source.prepare()
     want = private_top_k(
         reference_like(source, scores), k=4, epsilon=1.0, method="threshold", seed=2

@@ -32,7 +32,7 @@ def make(con: duckdb.DuckDBPyConnection, m: int, text: bool, seed: int = 0) -> D
     scores = rng.integers(0, 30, size=m)
     ids = np.array([f"item-{i:05d}" for i in range(m)]) if text else np.arange(m) * 7
     create_table(con, TABLE, scores, ids)
-    source = DuckDBTable(con, TABLE, id=ID_COLUMN, score=SCORE_COLUMN)
+    source = DuckDBTable(con, TABLE, id=ID_COLUMN, score=SCORE_COLUMN, frozen=True)
     source.prepare()
     return source
 
@@ -328,7 +328,7 @@ def test_a_run_keeps_its_snapshot_while_a_writer_refreshes() -> None:
         head = source.read_sorted(0, 5)
         writer.execute(f"UPDATE {Q_TABLE} SET {Q_SCORE} = 1000 WHERE {Q_ID} = 70")
         writer.execute(f"INSERT INTO {Q_TABLE} VALUES (123456, 999)")
-        DuckDBTable(writer, TABLE, id=ID_COLUMN, score=SCORE_COLUMN).refresh()
+        DuckDBTable(writer, TABLE, id=ID_COLUMN, score=SCORE_COLUMN, frozen=True).refresh()
         rest = source.read_sorted(5, len(old) - 5)
         assert source.domain_size() == len(old)
     got = np.concatenate([head.ids, rest.ids]).tolist()
@@ -342,7 +342,7 @@ def test_a_view_refreshes_by_a_full_rebuild() -> None:
     con = duckdb.connect()
     make(con, 50, text=False)
     con.execute(f'CREATE VIEW "counts view" AS SELECT * FROM {Q_TABLE}')
-    source = DuckDBTable(con, "counts view", id=ID_COLUMN, score=SCORE_COLUMN)
+    source = DuckDBTable(con, "counts view", id=ID_COLUMN, score=SCORE_COLUMN, frozen=True)
     source.prepare()
     con.execute(f"UPDATE {Q_TABLE} SET {Q_SCORE} = 500 WHERE {Q_ID} = 21")
     assert source.refresh().kind == "build"
@@ -356,7 +356,7 @@ def test_a_table_in_a_schema_refreshes_by_delta() -> None:
     con.execute(
         'CREATE TABLE "My Schema"."t" AS SELECT range AS id, range % 7 AS score FROM range(300)'
     )
-    source = DuckDBTable(con, "t", schema="My Schema")
+    source = DuckDBTable(con, "t", schema="My Schema", frozen=True)
     source.prepare()
     con.execute('UPDATE "My Schema"."t" SET score = 99 WHERE id = 5')
     con.execute('INSERT INTO "My Schema"."t" VALUES (1000, 50)')

@@ -115,7 +115,7 @@ def test_plateau_reads_everything_and_is_uniform() -> None:
 
 
 def test_large_skewed_domain() -> None:
-    from topk_middleware.cli import zipf_histogram
+    from frontends.cli import zipf_histogram
 
     h = zipf_histogram(10**5)
     result = joint_top_k(ArraySource(h), 10, 1.0, seed=0)

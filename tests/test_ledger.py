@@ -6,8 +6,11 @@ after the release (or not at all) is lost when the process is killed."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -15,12 +18,14 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import sqlalchemy as sa
 
 from adapters.memory import ArraySource
+from frontends.cli import main as cli_main
 from tests.stores_sqlalchemy import postgres_url_and_args
 from topk_middleware import (
     BudgetExceeded,
@@ -32,23 +37,33 @@ from topk_middleware import (
     stable_top_k,
 )
 from topk_middleware.accounting import PrivacyCost, oneshot_cost, rdp_to_dp_epsilon
-from topk_middleware.ledger import CHARGES, PRINCIPALS
+from topk_middleware.ledger import (
+    CHARGES,
+    PRINCIPALS,
+    UnknownRecipe,
+    cost_from_json,
+    cost_to_json,
+)
+from topk_middleware.mechanisms.stable import stable_cost
 
 SCORES = np.array([50, 40, 30, 20, 10, 5, 3, 2, 1, 0], dtype=float)
 COST = oneshot_cost("gumbel", 1, len(SCORES), 0.1, 0.0)  # what exponential_mechanism(0.1) costs
 
 
-def postgres_url() -> str:
+@pytest.fixture(scope="session")
+def postgres_url(pg_schema: str) -> str:
+    """The server at TOPK_PG_DSN, its ledger tables in this session's schema (search_path):
+    parallel workers and earlier runs never share them, and they go with the schema."""
     _, params = postgres_url_and_args()
-    return str(
-        sa.URL.create(
-            "postgresql+psycopg",
-            username=params.get("user", os.environ.get("USER", "root")),
-            host=params.get("host"),
-            port=int(params.get("port", 5432)),
-            database=params.get("dbname"),
-        )
+    url = sa.URL.create(
+        "postgresql+psycopg",
+        username=params.get("user", os.environ.get("USER", "root")),
+        host=params.get("host"),
+        port=int(params.get("port", 5432)),
+        database=params.get("dbname"),
+        query={"options": f"-csearch_path={pg_schema}"},
     )
+    return url.render_as_string(hide_password=False)
 
 
 @pytest.fixture(params=["sqlite", "duckdb", "postgres"])
@@ -58,7 +73,7 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     elif request.param == "duckdb":
         yield f"duckdb:///{tmp_path / 'ledger.duckdb'}"
     else:
-        yield postgres_url()
+        yield request.getfixturevalue("postgres_url")
 
 
 def fresh_principal() -> str:
@@ -154,10 +169,15 @@ def run_child(url: str, principal: str, mode: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_four_processes_never_exceed_the_total(backend: str, tmp_path: Path) -> None:
+def test_four_processes_never_exceed_the_total(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """4 processes charging one principal concurrently: the exact sequential allowance in all.
     (DuckDB admits one writing process per file; its ledger is shared by threads.)"""
-    url = postgres_url() if backend == "postgres" else f"sqlite:///{tmp_path / 'l.db'}"
+    if backend == "postgres":
+        url = request.getfixturevalue("postgres_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'l.db'}"
     principal = fresh_principal()
     PrivacyLedger(url).budget(principal, 1.0, 1e-6)
     children = [run_child(url, principal, "race") for _ in range(4)]
@@ -167,14 +187,18 @@ def test_four_processes_never_exceed_the_total(backend: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "duckdb", "postgres"])
-def test_kill_after_charge_leaves_it_charged(backend: str, tmp_path: Path) -> None:
+def test_kill_after_charge_leaves_it_charged(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """kill -9 right after a charge: a restarted ledger sees the spend."""
-    urls = {
-        "sqlite": f"sqlite:///{tmp_path / 'l.db'}",
-        "duckdb": f"duckdb:///{tmp_path / 'l.duckdb'}",
-        "postgres": postgres_url(),
-    }
-    url, principal = urls[backend], fresh_principal()
+    if backend == "postgres":
+        url = request.getfixturevalue("postgres_url")
+    else:
+        url = {
+            "sqlite": f"sqlite:///{tmp_path / 'l.db'}",
+            "duckdb": f"duckdb:///{tmp_path / 'l.duckdb'}",
+        }[backend]
+    principal = fresh_principal()
     child = run_child(url, principal, "kill")
     out, _ = child.communicate(timeout=120)
     assert out.strip() == "charged" and child.returncode == -signal.SIGKILL
@@ -234,3 +258,93 @@ def test_releases_export_as_dp_events(tmp_path: Path) -> None:
     ours, _ = rdp_to_dp_epsilon(lambda alpha: alpha * 5 * 0.5**2 / 8, 1e-6)
     assert theirs == pytest.approx(ours, rel=1e-3)
     assert ledger.spent(principal).epsilon <= theirs
+
+
+def plant(ledger: PrivacyLedger, principal: str, recipe: Any) -> None:
+    """Write a charge row as someone with write access to the ledger would: a recipe of theirs."""
+    row = {"mechanism": "planted", "recipe": recipe}
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            ledger.charges.insert().values(
+                principal=principal,
+                seq=99,
+                charged_at=dt.datetime(2026, 1, 1),
+                mechanism="planted",
+                cost=json.dumps(row),
+                epsilon_after=0.0,
+                delta_after=0.0,
+                rule="basic",
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        ["os:system", [["command", "touch {marker}"]]],
+        ["subprocess:getoutput", [["cmd", "touch {marker}"]]],
+        ["topk_middleware.mechanisms.stable:stable_cost", [["rho", "__import__('os')"]]],
+        ["topk_middleware.mechanisms.stable:stable_cost", [["command", "touch {marker}"]]],
+        "not a pair",
+    ],
+)
+def test_a_planted_recipe_is_refused_and_never_run(
+    ledger_url: str, tmp_path: Path, recipe: Any
+) -> None:
+    """A charge naming a function outside the project's registry (ledger.RECIPES) is refused on
+    the next charge and on `spent`, and nothing it names runs (the marker file never appears)."""
+    marker = tmp_path / f"ran-{uuid.uuid4().hex}"
+    planted = json.loads(json.dumps(recipe).replace("{marker}", str(marker)))
+    ledger = PrivacyLedger(ledger_url)
+    principal = fresh_principal()
+    budget = ledger.budget(principal, 10.0)
+    plant(ledger, principal, planted)
+    with pytest.raises(UnknownRecipe, match="not run"):
+        exponential_mechanism(ArraySource(SCORES), 0.1, budget=budget)
+    with pytest.raises(UnknownRecipe, match="not run"):
+        ledger.spent(principal)
+    assert not marker.exists()
+    assert [r["mechanism"] for r in ledger.log(principal)] == ["planted"]  # nothing charged
+
+
+def test_the_registry_rebuilds_the_project_recipe(tmp_path: Path) -> None:
+    cost = stable_cost(0.05, 1e-7, "gaussian", True)
+    again = cost_from_json(cost_to_json(cost))
+    assert (again.mechanism, again.delta, again.rho) == (cost.mechanism, cost.delta, cost.rho)
+    assert again.rdp is not None and cost.rdp is not None
+    assert again.rdp(4.0) == cost.rdp(4.0)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb"])
+def test_ledger_files_are_created_owner_only(kind: str, tmp_path: Path) -> None:
+    """A new SQLite / DuckDB ledger file (and a DuckDB write-ahead log) is mode 0600 whatever the
+    umask; the CLI's `budget --grant` creates its ledger the same way."""
+    name = tmp_path / f"ledger.{kind}"
+    old = os.umask(0o022)
+    try:
+        ledger = PrivacyLedger(f"{kind}:///{name}")
+        budget = ledger.budget(fresh_principal(), 5.0)
+        exponential_mechanism(ArraySource(SCORES), 0.1, budget=budget)
+        cli_file = tmp_path / f"cli.{kind}"
+        url = str(cli_file) if kind == "duckdb" else f"sqlite:///{cli_file}"
+        code = cli_main(["budget", "--ledger", url, "--principal", "a", "--grant", "1"])
+    finally:
+        os.umask(old)
+    assert code == 0
+    made = [p for p in tmp_path.iterdir() if p.is_file()]
+    assert {name, cli_file} <= set(made)
+    for path in made:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_used_up_ledger_budget_refuses_the_smallest_release(ledger_url: str) -> None:
+    """Spent to its total, a principal's next release at epsilon 1e-17 (which would not move the
+    float sum) is refused and not recorded, on every ledger."""
+    ledger = PrivacyLedger(ledger_url)
+    principal = fresh_principal()
+    budget = ledger.budget(principal, 0.5)
+    exponential_mechanism(ArraySource(SCORES), 0.5, budget=budget)
+    for _ in range(2):
+        with pytest.raises(BudgetExceeded, match="used up"):
+            exponential_mechanism(ArraySource(SCORES), 1e-17, budget=budget)
+    assert len(ledger.log(principal)) == 1

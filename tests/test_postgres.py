@@ -193,10 +193,12 @@ def test_prepare_is_idempotent_and_check_reads_the_plans(
         )
     )
     assert source.is_stale()
-    source.prepare()  # kept: runs read the data as of the last (re)build
-    assert source.read_sorted(0, 1).ids.tolist() == [12]
+    source.prepare()  # kept; the write counter tells runs to read the table itself
+    assert not source.serves_copy() and source.read_sorted(0, 1).ids.tolist() == [0]
+    frozen = PostgresTable(source._conn, name, schema=source.schema, frozen=True)
+    assert frozen.serves_copy() and frozen.read_sorted(0, 1).ids.tolist() == [12]  # as promised
     source.prepare(refresh=True)
-    assert source.read_sorted(0, 1).ids.tolist() == [0]
+    assert source.serves_copy() and source.read_sorted(0, 1).ids.tolist() == [0]
     assert not source.is_stale()
 
     # Without the index on id, random access by id falls back to a scan, and check() says so;
@@ -320,7 +322,7 @@ def test_large_sorted_reads_come_packed(
 ) -> None:
     """Large sorted reads with integer ids come packed in one bytea per column, unpacked by numpy:
     the rows must be exactly the canonical ones (the path is forced here on a small table)."""
-    import adapters.postgres
+    import adapters.postgres.copy_mode
 
     rng = np.random.default_rng(2)
     scores = rng.integers(0, 50, 3000)
@@ -332,7 +334,7 @@ def test_large_sorted_reads_come_packed(
     if prepared:
         source.prepare()
     reference = ArraySource(scores, ids)
-    monkeypatch.setattr(adapters.postgres, "PACKED_MIN_ROWS", 1)
+    monkeypatch.setattr(adapters.postgres.copy_mode, "PACKED_MIN_ROWS", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with source.snapshot():
@@ -355,7 +357,7 @@ def test_an_unreachable_server_fails_in_ci_and_skips_with_advice_outside() -> No
     """The PostgreSQL fixtures: with CI set an unreachable server is a failure; without it, a
     skip that says how to provide a server (or a throwaway pgserver when that is installed)."""
     env = dict(os.environ, TOPK_PG_DSN="host=127.0.0.1 port=1 dbname=test connect_timeout=2")
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0"]
     command += ["tests/test_postgres.py::test_awkward_names_work", "-k", "select"]
     root = Path(__file__).resolve().parent.parent
     ci = subprocess.run(command, env={**env, "CI": "1"}, cwd=root, capture_output=True, text=True)
@@ -393,7 +395,7 @@ def test_runs_are_those_of_array_source(
 ) -> None:
     """After prepare() the snapshot counts the runs with m and reads them in one query (plain,
     or packed in bytea when they are many): exactly ArraySource's runs of the same data."""
-    import adapters.postgres
+    import adapters.postgres.copy_mode
 
     scores, ids = RUNS_CASES[case]
     source = make_postgres_source(scores, ids)
@@ -402,7 +404,7 @@ def test_runs_are_those_of_array_source(
     with source.snapshot():
         assert source.score_run_count() == len(first)
         plain = source.read_score_runs()
-        monkeypatch.setattr(adapters.postgres, "PACKED_MIN_ROWS", 1)
+        monkeypatch.setattr(adapters.postgres.copy_mode, "PACKED_MIN_ROWS", 1)
         packed = source.read_score_runs()
     for got_first, got_scores in (plain, packed):
         assert got_first.dtype == np.int64 and got_scores.dtype == np.float64
@@ -421,7 +423,12 @@ def test_a_rank_table_prepared_before_runs_tables_existed(
     source = make_postgres_source(scores, None)
     conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(source.schema, source.runs_table)))
     fresh = PostgresTable(
-        pg_conninfo, source.table, id=ID_COLUMN, score=SCORE_COLUMN, schema=source.schema
+        pg_conninfo,
+        source.table,
+        id=ID_COLUMN,
+        score=SCORE_COLUMN,
+        schema=source.schema,
+        frozen=True,
     )
     try:
         for store in (source, fresh):

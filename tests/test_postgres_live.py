@@ -17,9 +17,9 @@ import pytest
 from psycopg import sql
 from scipy import stats
 
-from adapters import postgres_live
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
+from adapters.postgres import live_mode as postgres_live
 from tests.helpers import CountingSource, plateau_histogram
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 from topk_middleware import private_top_k
@@ -97,10 +97,17 @@ def reference(conninfo: str, source: PostgresTable, positions: str | None = None
 
 def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:
     for seed in range(4):
-        for options in ({}, {"oracle": "eager"}, {"method": "oneshot"}, {"noise": "laplace"}):
+        for options in (
+            {},  # the default planner, priced with the store's costs on both sides
+            {"method": "threshold"},
+            {"method": "threshold", "oracle": "eager"},
+            {"method": "oneshot"},
+            {"method": "threshold", "noise": "laplace"},
+        ):
             got = private_top_k(source, k, 1.0, seed=seed, **options)
             ref = private_top_k(want, k, 1.0, seed=seed, **options)
             assert got.items == ref.items, (seed, options)
+            assert got.method == ref.method == options.get("method", ref.method), options
             assert (got.accesses.sorted, got.accesses.random) == (
                 ref.accesses.sorted,
                 ref.accesses.random,

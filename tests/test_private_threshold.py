@@ -11,9 +11,17 @@ import pytest
 from scipy import stats
 
 from adapters.memory import ArraySource
-from tests.helpers import CountingSource, plackett_luce, plateau_histogram, random_histograms
+from tests.helpers import (
+    CountingSource,
+    laplace_set_law,
+    plackett_luce,
+    plateau_histogram,
+    random_histograms,
+    threshold_run,
+)
 from topk_middleware import Batching, private_top_k
 from topk_middleware.access import ZONE_MAP_ROWS
+from topk_middleware.privacy import calibrate
 
 BATCHINGS = [Batching(), Batching.sequential(), Batching(first=3, growth=1.5)]
 # How items are named: by rank (a rank-ordered copy) or by their index in the input (a live
@@ -32,9 +40,11 @@ def test_same_noise_same_answer_as_oneshot(noise: str, positions: str) -> None:
     for h, k in random_histograms(rng):
         source = ArraySource(h, positions=positions)
         seed = int(rng.integers(1 << 30))
-        expected = private_top_k(source, k, 1.0, noise=noise, method="oneshot", seed=seed).items
+        expected = private_top_k(
+            source, k, 1.0, noise=noise, method="oneshot_full_read", seed=seed
+        ).items
         for batching in BATCHINGS:
-            got = private_top_k(
+            got = threshold_run(
                 source, k, 1.0, noise=noise, seed=seed, oracle="eager", batching=batching
             )
             assert got.items == expected, (len(h), k, batching)
@@ -47,7 +57,7 @@ def test_batching_changes_round_trips_not_counts(positions: str) -> None:
     h = plateau_histogram(20_000, 10)
     source = ArraySource(h, positions=positions)
     runs = {
-        str(b): private_top_k(source, 10, 1.0, seed=5, oracle="eager", batching=b)
+        str(b): threshold_run(source, 10, 1.0, seed=5, oracle="eager", batching=b)
         for b in BATCHINGS
     }
     first = next(iter(runs.values()))
@@ -75,17 +85,18 @@ def test_batching_changes_round_trips_not_counts(positions: str) -> None:
 
 @pytest.mark.parametrize(("positions", "oracle"), [("ranks", "eager"), ("input", "lazy")])
 def test_gumbel_threshold_follows_plackett_luce(positions: str, oracle: str) -> None:
-    """The ranked Gumbel output follows Plackett-Luce with weights exp(h / scale) (Remark 3.5 and
-    the Gumbel-max equivalence): chi-square over all 60 ranked triples of 5 items, 30,000 runs,
-    fixed seeds. A biased stopping rule or wrong noise scale fails it (p < 1e-3); so does, with
-    positions apart from ranks, a noise tied to an item's depth instead of its position (the
-    ids are in input order, so the law would follow the wrong weights)."""
+    """The ranked Gumbel output of the threshold algorithm (pinned) follows Plackett-Luce with
+    weights exp(h / scale) (Remark 3.5 and the Gumbel-max equivalence): chi-square over all 60
+    ranked triples of 5 items, 30,000 runs, fixed seeds. A biased stopping rule or wrong noise
+    scale fails it (p < 1e-3); so does, with positions apart from ranks, a noise tied to an
+    item's depth instead of its position (the ids are in input order, so the law would follow
+    the wrong weights)."""
     h = np.array([5.0, 6.0, 0.0, 5.0, 3.0])
     k, epsilon = 3, 1.5
     source = ArraySource(h, positions=positions)
     runs = 30_000
     counts = Counter(
-        tuple(private_top_k(source, k, epsilon, seed=s, oracle=oracle).items) for s in range(runs)
+        tuple(threshold_run(source, k, epsilon, seed=s, oracle=oracle).items) for s in range(runs)
     )
     scale = k / epsilon
     weights = np.exp(h / scale)
@@ -97,36 +108,28 @@ def test_gumbel_threshold_follows_plackett_luce(positions: str, oracle: str) -> 
 
 
 def test_laplace_threshold_matches_laplace_oneshot() -> None:
-    """Laplace threshold vs Laplace one-shot (independent seeds): a two-sample chi-square test on
-    the released sets of 2 out of 6 items, 20,000 runs each. A threshold run that stopped early or
-    late would shift mass between the 15 possible sets (p < 1e-3)."""
+    """Laplace threshold runs (pinned, eager oracle) against the one-shot law computed exactly
+    (tests.helpers.laplace_set_law, quadrature): chi-square over the 15 possible sets of 2 out
+    of 6 items, 10,000 runs. A threshold run that stopped early or late would shift mass between
+    the sets (p < 1e-3). Same power as the two-sample test it replaces (20,000 threshold runs
+    against 20,000 one-shot runs): both have 14 degrees of freedom and, for a shift d of the
+    cell probabilities p, noncentrality 10,000 x sum d^2 / p (two samples of N: N / 2 x ...),
+    at a quarter of the runs."""
     h = np.array([9.0, 8.0, 8.0, 5.0, 1.0, 0.0])
     source = ArraySource(h)
-    runs = 20_000
-    outcomes = list(itertools.combinations(range(6), 2))
-
-    def histogram(method: str, offset: int) -> list[int]:
-        c = Counter(
-            tuple(
-                sorted(
-                    private_top_k(
-                        source,
-                        2,
-                        1.0,
-                        noise="laplace",
-                        method=method,
-                        seed=offset + s,
-                        oracle="eager",
-                    ).items
-                )
-            )
-            for s in range(runs)
-        )
-        return [c[o] for o in outcomes]
-
-    table = np.array([histogram("threshold", 0), histogram("oneshot", 10**6)])
-    table = table[:, table.sum(axis=0) > 0]
-    assert stats.chi2_contingency(table).pvalue > 1e-3
+    runs = 10_000
+    scale = calibrate("laplace", 2, len(h), 1.0, 0.0).scale
+    law = laplace_set_law(h, 2, scale)
+    assert abs(sum(law.values()) - 1.0) < 1e-9
+    counts = Counter(
+        tuple(sorted(threshold_run(source, 2, 1.0, noise="laplace", seed=s, oracle="eager").items))
+        for s in range(runs)
+    )
+    outcomes = sorted(law)
+    observed = np.array([counts[o] for o in outcomes])
+    assert observed.sum() == runs
+    expected = np.array([law[o] for o in outcomes]) * runs
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("m", [10**3, 10**4, 10**5])

@@ -10,14 +10,16 @@ import pytest
 
 from adapters.memory import ArraySource
 from topk_middleware import limited_domain_top_k, private_top_k
-from topk_middleware.api import Diagnostics, Release
+from topk_middleware.release import Diagnostics, Release
 
 
 def test_release_holds_items_and_guarantee_only() -> None:
     result = private_top_k(ArraySource(np.arange(100.0)), 3, 1.0, method="threshold", seed=1)
     release = result.release()
     assert isinstance(release, Release)
-    assert {f.name for f in dataclasses.fields(release)} == {"items", "privacy", "ranked", "bottom"}
+    fields = {f.name for f in dataclasses.fields(release)}
+    assert fields == {"items", "privacy", "ranked", "bottom", "counts", "count_error"}
+    assert release.counts is None and release.count_error is None  # with_counts=False
     assert release.items == tuple(result.items) and release.privacy == result.privacy
     with pytest.raises(dataclasses.FrozenInstanceError):
         release.items = ()  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""topk.private_top_k inside the real PostgreSQL (topk_middleware/sql_function.py).
+"""topk.private_top_k inside the real PostgreSQL (frontends/sql_function.py).
 
 `make test` installs PL/Python first (scripts/ensure-plpython.sh); these tests install the schema
 topk into the test database (install-sql, idempotent), register tables of the session's schema
@@ -25,24 +25,31 @@ import pytest
 from psycopg import sql
 from scipy import stats
 
-from topk_middleware import cli, sql_function
-from topk_middleware.accounting import PrivacyCost, compose, oneshot_cost
+from frontends import cli, sql_function
+from topk_middleware.accounting import PrivacyCost, compose, oblivious_cost, oneshot_cost
 from topk_middleware.ledger import cost_from_json
 from topk_middleware.mechanisms.joint import joint_cost
 from topk_middleware.mechanisms.limited_domain import limited_domain_cost
+from topk_middleware.mechanisms.oblivious import oblivious_depth
 from topk_middleware.mechanisms.peeling import peeling_cost
 from topk_middleware.privacy import calibrate
 
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 
-FUNCTION = "topk.private_top_k(regclass, integer, double precision, double precision, text)"
+# The schema topk and its one settings row are one per database: these tests share one worker.
+pytestmark = pytest.mark.xdist_group("topk-schema")
+
+FUNCTION = (
+    "topk.private_top_k(regclass, integer, double precision, double precision, text, boolean)"
+)
 # What an analyst role is granted EXECUTE on: the releases (install.sql revokes it from PUBLIC).
 ANALYST_FUNCTIONS = (
     FUNCTION,
-    "topk.exponential_mechanism(regclass, double precision)",
-    "topk.peeling_top_k(regclass, integer, double precision)",
-    "topk.joint_top_k(regclass, integer, double precision)",
-    "topk.limited_domain_top_k(regclass, integer, integer, double precision, double precision)",
+    "topk.exponential_mechanism(regclass, double precision, boolean)",
+    "topk.peeling_top_k(regclass, integer, double precision, boolean)",
+    "topk.joint_top_k(regclass, integer, double precision, boolean)",
+    "topk.limited_domain_top_k(regclass, integer, integer, double precision, double precision, "
+    "boolean)",
 )
 
 
@@ -76,13 +83,13 @@ def zipf_table(register: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="module")
 def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Callable[..., str]]:
-    """(epsilon=None, delta=0, functions=ANALYST_FUNCTIONS) -> the DSN of a new analyst role,
+    """(epsilon=None, delta=1e-6, functions=ANALYST_FUNCTIONS) -> the DSN of a new analyst role,
     with EXECUTE on `functions` and that budget if given."""
     made: list[str] = []
 
     def make(
         epsilon: float | None = None,
-        delta: float = 0.0,
+        delta: float = 1e-6,  # the oblivious default carries (1 + e^eps) 1e-9
         functions: tuple[str, ...] = ANALYST_FUNCTIONS,
     ) -> str:
         role = f"topk_analyst_{uuid.uuid4().hex[:8]}"
@@ -144,7 +151,9 @@ def test_a_checkout_the_server_cannot_read_is_staged(
 ) -> None:
     """A checkout in a directory other users cannot enter (a clone in /root, mode 0700) is
     copied where the server's OS user can read it, and the release runs from the copy. Fails
-    without sql_function.stage: the server's import of the project is refused."""
+    without sql_function.stage: the server's import of the project is refused. Afterwards a
+    default install records again what the other tests use: the checkout itself where the server
+    can read it, else its staged copy (a clone under `mktemp -d`)."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     project, _ = sql_function.default_paths()
@@ -161,7 +170,12 @@ def test_a_checkout_the_server_cannot_read_is_staged(
         assert len(release(analyst, zipf_table, 3, 1.0)) == 3
     finally:
         sql_function.install(pg_conninfo)  # back to the checkout the other tests use
-    assert sql_function.install(pg_conninfo).project_path == project
+    restored = sql_function.install(pg_conninfo).project_path
+    assert restored == installed.project_path != done.project_path
+    if sql_function._unreadable(project) is None:
+        assert restored == project
+    else:
+        assert restored.startswith(sql_function.SERVER_DIR)
 
 
 def test_analyst_releases_and_cannot_read_the_counts(
@@ -190,8 +204,10 @@ def test_analyst_releases_and_cannot_read_the_counts(
             [role],
         ).fetchone()
     facts = json.loads(diagnostics)
-    assert released_at is not None and facts["m"] == 5000 and facts["method"] == "threshold"
-    assert 0 < facts["accesses"]["rows_fetched"] < 500
+    assert released_at is not None and facts["m"] == 5000 and facts["method"] == "oneshot"
+    # the oblivious default: two batches of d rows, whatever the counts
+    assert facts["accesses"]["rows_fetched"] == 2 * oblivious_depth(5000, 5, 1e-9) + 1
+    assert facts["accesses"]["round_trips"] == 4  # the top row, then the two batches
 
 
 def test_a_role_without_budget_is_refused(
@@ -273,7 +289,13 @@ def test_concurrent_sessions_never_overspend(
     [
         (0, 1.0, (), psycopg.errors.InvalidParameterValue, "k must be >= 1, got 0"),
         (-2, 1.0, (), psycopg.errors.InvalidParameterValue, "k must be >= 1"),
-        (5001, 1.0, (), psycopg.errors.InvalidParameterValue, "exceeds the number of items"),
+        (
+            5001,
+            1.0,
+            (),
+            psycopg.errors.InvalidParameterValue,
+            "refused for a reason in the table's data",
+        ),
         (3, 0.0, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite and > 0"),
         (3, -1.0, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite and > 0"),
         (3, math.nan, (), psycopg.errors.InvalidParameterValue, "epsilon must be finite"),
@@ -471,7 +493,7 @@ def test_output_law_is_plackett_luce(
     scores = np.array([3.0, 2.0, 1.0, 0.0])
     k, epsilon, calls = 2, 1.0, 600
     table = register(scores)
-    analyst = make_role(epsilon=1e6)
+    analyst = make_role(epsilon=1e6, delta=0.5)  # 600 oblivious releases of (1 + e) 1e-9 each
     scale = calibrate("gumbel", k, len(scores), epsilon, 0.0).scale
     law = plackett_luce(scores, scale, k)
     seen: Counter[tuple[int, ...]] = Counter()
@@ -504,7 +526,7 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
     probe = sql.Identifier(pg_schema, "spi_probe")
     body = (
         "import json\n"
-        "from adapters.plpython import SPITable\n"
+        "from frontends.plpython import SPITable\n"
         "from topk_middleware import private_top_k\n"
         "f = GD['topk']._registration(plpy, GD, source)\n"
         "t = SPITable(plpy, f['relation'], f['id_column'], f['score_column'], f['id_type'], "
@@ -512,9 +534,9 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
         "with t.snapshot():\n"
         "    pages = [t.read_sorted(d, 7) for d in range(0, t.domain_size(), 7)]\n"
         "order = [(int(p), i) for r in pages for p, i in zip(r.positions, r.ids)]\n"
-        "a = private_top_k(t, 10, 2.0, seed=seed, oracle='eager')\n"
-        "b = private_top_k(t, 10, 2.0, seed=seed, method='oneshot')\n"
-        "return json.dumps([order, a.items, b.items])\n"
+        "a = private_top_k(t, 10, 2.0, seed=seed, method='threshold', oracle='eager')\n"
+        "b = private_top_k(t, 10, 2.0, seed=seed, method='oneshot_full_read')\n"
+        "return json.dumps([order, a.items, b.items, a.method, a.diagnostics.plan['oracle']])\n"
     )
     with _connect(pg_conninfo) as conn:
         conn.execute(
@@ -544,8 +566,9 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
             (text,) = conn.execute(
                 sql.SQL("SELECT {}(%s, %s)").format(probe), [table, seed]
             ).fetchone()
-            order, threshold, oneshot = json.loads(text)
+            order, threshold, oneshot, method, oracle = json.loads(text)
             assert [tuple(r) for r in order] == canonical
+            assert (method, oracle) == ("threshold", "eager")
             assert threshold == oneshot and len(set(threshold)) == 10
 
 
@@ -555,22 +578,22 @@ M = 5000  # rows of zipf_table
 MECHANISMS: dict[str, tuple[str, Callable[..., tuple[Any, ...]], Callable[..., PrivacyCost]]] = {
     # name: (the SQL call, (k, epsilon) -> its arguments after the source, (k, epsilon) -> cost)
     "exponential": (
-        "topk.exponential_mechanism(%s::regclass, %s)",
+        "topk.exponential_mechanism(%s::regclass, %s)",  # oblivious: the default
         lambda k, epsilon: (epsilon,),
-        lambda k, epsilon: oneshot_cost("gumbel", 1, M, epsilon),
+        lambda k, epsilon: oblivious_cost("gumbel", 1, M, epsilon),
     ),
     "peeling": (
-        "topk.peeling_top_k(%s::regclass, %s, %s)",
+        "topk.peeling_top_k(%s::regclass, %s, %s, false)",  # cannot be oblivious
         lambda k, epsilon: (k, epsilon),
         lambda k, epsilon: peeling_cost(k, epsilon),
     ),
     "joint": (
-        "topk.joint_top_k(%s::regclass, %s, %s)",
+        "topk.joint_top_k(%s::regclass, %s, %s, false)",
         lambda k, epsilon: (k, epsilon),
         lambda k, epsilon: joint_cost(epsilon),
     ),
     "limited_domain": (  # k_bar = 20, delta = 1e-6; epsilon is the per-item Gumbel parameter
-        "topk.limited_domain_top_k(%s::regclass, %s, %s, %s, %s)",
+        "topk.limited_domain_top_k(%s::regclass, %s, %s, %s, %s, false)",
         lambda k, epsilon: (k, 20, epsilon, 1e-6),
         lambda k, epsilon: limited_domain_cost(k, epsilon, 1e-6),
     ),
@@ -643,17 +666,18 @@ BAD_MECHANISM_ARGUMENTS = [
     ("exponential", (math.nan,), "22023", "epsilon must be finite and > 0"),
     ("exponential", (None,), "22004", "epsilon must not be NULL"),
     ("peeling", (0, 1.0), "22023", "k must be >= 1"),
-    ("peeling", (M + 1, 1.0), "22023", "exceeds the number of items"),
+    ("peeling", (M + 1, 1.0), "22023", "refused for a reason in the table's data"),
     ("peeling", (3, -1.0), "22023", "epsilon must be finite and > 0"),
     ("peeling", (None, 1.0), "22004", "k must not be NULL"),
     ("joint", (0, 1.0), "22023", "k must be >= 1"),
-    ("joint", (M + 1, 1.0), "22023", "exceeds the number of items"),
+    ("joint", (M + 1, 1.0), "22023", "is too much work"),  # k > 64: before m is read
+    ("joint", (65, 1.0), "22023", "at most k = 64"),
     ("joint", (3, math.inf), "22023", "epsilon must be finite and > 0"),
     ("joint", (3, None), "22004", "epsilon must not be NULL"),
     ("limited_domain", (3, 20, 1.0, 0.0), "22023", "delta must be in (0, 1)"),
     ("limited_domain", (3, 20, 1.0, 1.0), "22023", "delta must be in [0, 1)"),
     ("limited_domain", (3, 2, 1.0, 1e-6), "22023", "k_bar must be >= k"),
-    ("limited_domain", (3, M, 1.0, 1e-6), "22023", "must be < m = 5000"),
+    ("limited_domain", (3, M, 1.0, 1e-6), "22023", "refused for a reason in the table's data"),
     ("limited_domain", (0, 20, 1.0, 1e-6), "22023", "k must be >= 1"),
     ("limited_domain", (3, None, 1.0, 1e-6), "22004", "k_bar must not be NULL"),
     ("limited_domain", (3, 20, 1.0, None), "22004", "delta must not be NULL"),
@@ -681,8 +705,9 @@ def test_mechanism_bad_arguments_get_clear_errors_and_charge_nothing(
 def test_mechanisms_are_not_executable_by_public(
     pg_conninfo: str, make_role: Callable[..., str]
 ) -> None:
-    """install.sql revokes EXECUTE from PUBLIC on every function of schema topk: a role granted
-    nothing cannot call any of them (nor the PL/Python bodies behind the fronts)."""
+    """install.sql revokes EXECUTE from PUBLIC on every function of schema topk but
+    topk.my_budget() (a role's own budget): a role granted nothing cannot call any other (nor the
+    PL/Python bodies behind the fronts)."""
     nobody = psycopg.conninfo.conninfo_to_dict(make_role(epsilon=1.0, functions=()))["user"]
     with _connect(pg_conninfo) as conn:
         callable_ = conn.execute(
@@ -697,7 +722,7 @@ def test_mechanisms_are_not_executable_by_public(
                 "SELECT proname::text FROM pg_proc WHERE pronamespace = 'topk'::regnamespace"
             )
         }
-    assert callable_ == []
+    assert callable_ == [("topk.my_budget()",)]
     assert {"exponential_mechanism", "_peeling_top_k", "joint_top_k", "_spent"} <= names
 
 
@@ -733,7 +758,7 @@ def test_exponential_mechanism_law(
     scores = np.array([3.0, 2.0, 1.0, 0.0])
     epsilon, calls = 1.0, 600
     table = register(scores)
-    analyst = make_role(epsilon=1e6)
+    analyst = make_role(epsilon=1e6, delta=0.5)  # 600 oblivious releases of (1 + e) 1e-9 each
     seen: Counter[int] = Counter()
     with _connect(analyst) as conn:
         for _ in range(calls):
@@ -745,3 +770,41 @@ def test_exponential_mechanism_law(
     observed = np.array([seen[i] for i in range(len(scores))])
     assert observed.sum() == calls and (law * calls).min() > 10
     assert stats.chisquare(observed, law * calls).pvalue > 1e-3
+
+
+def test_with_counts_and_a_declared_sensitivity(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str]
+) -> None:
+    """A table registered with sensitivity 5 (install-sql --sensitivity): the counts function
+    releases (position, item, count, count_error) with the counts' scale for D = 5, and the
+    ledger is charged once, the composed cost (noisy_counts.with_counts_cost)."""
+    from topk_middleware.noisy_counts import CountsPlan, with_counts_cost
+
+    name = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 501)), None)
+    table = sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
+    )
+    function = "topk.private_top_k_with_counts(regclass, integer, double precision, "
+    function += "double precision, text, double precision, boolean)"
+    analyst = make_role(epsilon=10.0, functions=(function,))
+    with _connect(analyst) as conn:
+        rows = conn.execute(
+            "SELECT * FROM topk.private_top_k_with_counts(%s::regclass, 3, 2.0, "
+            "oblivious => false)",
+            [table],
+        ).fetchall()
+    plan = CountsPlan.make(3, 1.0, 5)
+    assert [r[0] for r in rows] == [1, 2, 3]
+    assert {int(r[1]) for r in rows} == {0, 1, 2}  # counts 1e5/r are far apart
+    assert all(r[3] == plan.half_width for r in rows)
+    true = np.floor(1e5 / (np.array([int(r[1]) for r in rows]) + 1))
+    assert (np.abs(np.array([r[2] for r in rows]) - true) <= 20 * float(plan.scale)).all()
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    with _connect(pg_conninfo) as conn:
+        stored = conn.execute(
+            "SELECT cost FROM topk.topk_ledger_charges WHERE principal = %s", [role]
+        ).fetchall()
+    selection = oneshot_cost("gumbel", 3, 500, 1.0, 0.0, sensitivity=5)
+    assert [cost_from_json(s) for (s,) in stored] == [with_counts_cost(selection, plan)]

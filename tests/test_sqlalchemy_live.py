@@ -1,6 +1,6 @@
 """SQLAlchemyTable(mode="live") on the real SQLite, PostgreSQL and MariaDB.
 
-adapters/sqlalchemy_live.py.
+adapters/sqlalchemy/live_mode.py.
 
 After UPDATE, INSERT and DELETE of counts, with no prepare() in between, a run releases from the new
 counts: the reference is ArraySource(scores, ids, positions="input") over the rows read back from
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
-from adapters.sqlalchemy_live import SQLAlchemyLiveTable
+from adapters.sqlalchemy.live_mode import SQLAlchemyLiveTable
 from tests.helpers import CountingSource, plateau_histogram
 from tests.stores_sqlalchemy import (
     create_counts_table,

@@ -25,12 +25,15 @@ counts every row that passes, every random access it can answer without a row be
 sorted order already fixes the score (`AccessStats.rows_inferred`), and every random access a
 mechanism settled from bounds on the score alone (`AccessStats.rows_bounded`: block-max pruning,
 `CountedAccess.score_bounds`).
+
+Size: the access protocols and CountedAccess, the one door every mechanism reads
+through; its bounds (tied runs, block-max) must stay beside the counting they change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -294,6 +297,7 @@ class CountedAccess:
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
+        self._top_row_only = 0  # 1 once top_score fetched the first row by itself
 
     @property
     def run_count(self) -> int | None:
@@ -318,7 +322,7 @@ class CountedAccess:
         start = self.prefix_fetched
         if min(end, self.m) <= start:
             return
-        if start:
+        if start > self._top_row_only:  # the top row alone (top_score) is not a first read
             end = max(end, start + self._sorted_read_rows)
         end = min(end, self.m)
         rows = self.source.read_sorted(start, end - start)
@@ -335,6 +339,15 @@ class CountedAccess:
             self._known.add(positions[new], np.asarray(rows.scores, dtype=np.float64)[new])
             depths = np.arange(start, end, dtype=np.float64)
             self._depth_of.add(positions, depths)
+
+    def top_score(self) -> float:
+        """The largest score: the first row of the canonical order, fetched (one row, counted in
+        rows_fetched) if it was not; no sorted access is counted (the run's own first sorted
+        access is served from it). privacy.check_resolution needs it before the charge."""
+        if self.prefix_fetched == 0:
+            self.fetch_sorted_until(1)
+            self._top_row_only = 1
+        return float(self._prefix.scores[0])
 
     def _checked_positions(self, rows: Rows) -> np.ndarray:
         positions = np.asarray(rows.positions, dtype=np.int64)
@@ -588,17 +601,49 @@ class CountedAccess:
         self._runs_open = given < count
 
     def read_all(self) -> Rows:
-        """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost)."""
-        rows = self.source.read_sorted(0, self.m)
-        if len(rows) != self.m:
+        """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost).
+        Rows already fetched (the top row of the resolution check) are not read again."""
+        start = self.prefix_fetched
+        rows = self.source.read_sorted(start, self.m - start)
+        if len(rows) != self.m - start:
             raise AccessError(f"store returned {len(rows)} rows for a full read of m = {self.m}")
         self._count_fetch(rows)
         self.stats.sorted += self.m
         self._depth = self.m
-        self._prefix = _Prefix(keep_positions=not self.ranked)
         self._prefix.append(rows)
         if not self.ranked:
             self._checked_positions(rows)
+        if start == 0:
+            return rows
+        prefix = self._prefix
+        return Rows(prefix.positions.copy(), prefix.ids.copy(), prefix.scores.copy())
+
+    def read_sorted_batch(self, count: int) -> Rows:
+        """Oblivious reads (mechanisms/oblivious.py): the top `count` rows of the canonical order
+        in one batch, as the store serves them: no read-ahead, inference or runs, so the rows
+        fetched are exactly `count` whatever the data. Counted as `count` sorted accesses."""
+        count = min(int(count), self.m)
+        rows = self.source.read_sorted(0, count)
+        if len(rows) != count:
+            raise AccessError(f"store returned {len(rows)} rows for sorted depths [0, {count})")
+        self._checked_positions(rows)
+        self._count_fetch(rows)
+        self.stats.sorted += count
+        return rows
+
+    def read_positions_batch(self, positions: np.ndarray) -> Rows:
+        """Oblivious reads: the rows at `positions` (distinct) in one batch, every one read even
+        where its score is known or could be inferred. Counted as len(positions) random
+        accesses."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
+            raise AccessError(f"position out of range [0, {self.m})")
+        rows = self.source.read_positions(positions)
+        if len(rows) != len(positions):
+            raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
+        self._checked_positions(rows)
+        self._count_fetch(rows)
+        self.stats.random += len(positions)
         return rows
 
     def _count_fetch(self, rows: Rows) -> None:
@@ -724,7 +769,7 @@ class CountedAccess:
         """The one-shot mechanism run by the store (InStoreOneShot): the ids of the k best items
         under `noise`, best first, or None if the store cannot run it. Counted as the store
         read: m sorted accesses and m rows, in one round trip."""
-        if not isinstance(self.source, InStoreOneShot):
+        if not offers_in_store(self.source):
             return None
         rows = self.source.read_oneshot(noise, k)
         if rows is None:
@@ -773,6 +818,12 @@ class InStoreOneShot(Protocol):
         ...
 
 
+def offers_in_store(source: Any) -> bool:
+    """Whether `source` runs the in-store one-shot: an InStoreOneShot whose read_oneshot is not
+    None (an instance can take it away: a dialect that would put the key in the statement text)."""
+    return isinstance(source, InStoreOneShot) and getattr(source, "read_oneshot", None) is not None
+
+
 @dataclass(frozen=True)
 class StoreCosts:
     """What a store's reads cost, in seconds (measured on the store; the planner's input).
@@ -780,8 +831,10 @@ class StoreCosts:
     `random_batch` is the fixed cost of one batch of random reads and `random_row` its cost per
     row: where the fixed part dominates (DuckDB's rank table: a semi-join over the whole rank
     column, about one scan whatever the batch's size) fewer, larger batches win. `oneshot_row`
-    is the in-store one-shot's cost per hashed row (InStoreOneShot), `full_read_row` a full
-    read into the client per item (the fallback one-shot)."""
+    is the in-store one-shot's cost per hashed row (InStoreOneShot), `oneshot_fixed` its cost
+    besides (where it is not a round trip and a batch of random reads: a store reading its table
+    as it is now scans it), `full_read_row` a full read into the client per item (the fallback
+    one-shot)."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7
@@ -790,6 +843,7 @@ class StoreCosts:
     random_batch_item: float = 0.0  # per item of the domain: a batch that scans a column
     oneshot_row: float = 5e-7
     full_read_row: float = 5e-7
+    oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
 
     def random_batch_seconds(self, m: int) -> float:
         """The fixed cost of one batch of random reads over a domain of m items."""
@@ -805,3 +859,21 @@ def store_costs(source: Any) -> StoreCosts:
     """The store's own `store_costs` (an optional StoreCosts attribute), else a generic guess."""
     costs = getattr(source, "store_costs", None)
     return costs if isinstance(costs, StoreCosts) else StoreCosts()
+
+
+@runtime_checkable
+class ObliviousReads(Protocol):
+    """Optional: a store whose reads take data-dependent shortcuts by default (PostgreSQL's live
+    tables probe the runs of tied scores when a run opens) turns them off for an oblivious
+    release (mechanisms/oblivious.py), entered before `snapshot()`."""
+
+    def oblivious_reads(self) -> AbstractContextManager[Any]:
+        """A context in which every read has a size fixed by public facts."""
+        ...
+
+
+def oblivious_reads(source: Any) -> AbstractContextManager[Any]:
+    """The store's ObliviousReads context, or a context that does nothing."""
+    if isinstance(source, ObliviousReads):
+        return source.oblivious_reads()
+    return nullcontext()

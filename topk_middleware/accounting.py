@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from .access import Source
-from .api import TopKResult, private_top_k
+from .mechanisms.oblivious import check_delta_pad, oblivious_guarantee
 from .privacy import calibrate, range_bounded_composition_epsilon
+from .release import TopKResult
 
 RdpCurve = Callable[[float], float]
 
@@ -324,8 +324,9 @@ class PrivacyBudget:
     def charge(self, cost: PrivacyCost) -> ComposedGuarantee:
         """Check and record under one lock: threads sharing the budget never overspend it."""
         with self._lock:
+            before = compose(list(self.releases), self.delta) if self.releases else None
             after = compose([*self.releases, cost], self.delta)
-            refuse_if_over(after, self.epsilon, self.delta, cost)
+            refuse_if_over(after, self.epsilon, self.delta, cost, before)
             self.releases.append(cost)
             return after
 
@@ -341,16 +342,42 @@ def check_budget_total(epsilon: Any, delta: Any) -> None:
         raise ValueError(f"budget delta must be in [0, 1), got {delta}")
 
 
+EXHAUSTED = 1e-12  # relative: a composition this close to its total has used it up
+
+
 def refuse_if_over(
-    after: ComposedGuarantee, epsilon: float, delta: float, cost: PrivacyCost
+    after: ComposedGuarantee,
+    epsilon: float,
+    delta: float,
+    cost: PrivacyCost,
+    before: ComposedGuarantee | None = None,
 ) -> None:
-    """BudgetExceeded when the composition `after` passes the total (epsilon, delta)."""
-    if after.epsilon > epsilon * (1 + 1e-12):
+    """BudgetExceeded when the composition `after` passes the total (epsilon, delta), or when
+    the releases `before` it have used the total up (within EXHAUSTED): a cost too small to
+    move a float sum (epsilon 1e-17 on a spent total of 1) is still refused, never accepted
+    without end."""
+    if before is not None and before.epsilon >= epsilon * (1 - EXHAUSTED):
+        raise BudgetExceeded(
+            f"the budget is used up (epsilon = {before.epsilon:.6g} spent): {cost.mechanism} "
+            f"would go over the total epsilon = {epsilon:g}; nothing was read or released"
+        )
+    if after.epsilon > epsilon * (1 + EXHAUSTED):
         raise BudgetExceeded(
             f"{cost.mechanism} would take the budget to epsilon = {after.epsilon:.6g} "
             f"(best rule: {after.rule}) at delta <= {delta:g}, over the total "
             f"epsilon = {epsilon:g}; nothing was read or released"
         )
+
+
+def precheck(budget: Any, cost: PrivacyCost) -> None:
+    """Refuse (BudgetExceeded) a cost the budget cannot pay, without charging it: for a release
+    that must read a row before its charge (the resolution check), so that an exhausted budget
+    still refuses before any row is read. The charge itself checks again, atomically."""
+    releases = getattr(budget, "releases", None)
+    if releases is None:
+        return
+    after = compose([*releases, cost], budget.delta)
+    refuse_if_over(after, budget.epsilon, budget.delta, cost)
 
 
 def charge(budget: Any, cost: PrivacyCost) -> None:
@@ -370,7 +397,13 @@ def record(budget: Any, result: Any) -> Any:
 
 # ----- the costs of the mechanisms of api.py ---------------------------------------------------
 def oneshot_cost(
-    noise: str, k: int, m: int, epsilon: float, delta: float = 0.0, neighbours: str = "add_remove"
+    noise: str,
+    k: int,
+    m: int,
+    epsilon: float,
+    delta: float = 0.0,
+    neighbours: str = "add_remove",
+    sensitivity: float = 1.0,
 ) -> PrivacyCost:
     """The guarantee of private_top_k (Algorithm 2 or 3: one output distribution) and so of
     exponential_mechanism (k = 1, Gumbel), from the calibration of privacy.calibrate.
@@ -380,9 +413,10 @@ def oneshot_cost(
     k/(8 b^2)-zCDP (Cesar & Rogers 2021); plus the (epsilon, delta) pair of Fact 3.3 when the
     calibration used it. Laplace(b): 2k/b-DP and, when calibrated so, Fact 3.2's pair only.
     """
-    guarantee = calibrate(noise, k, m, epsilon, delta, neighbours)
-    # per-step eta for this relation: replace doubled the scale to keep eta = the add/remove one
-    eps0 = (2.0 if neighbours == "replace" else 1.0) / guarantee.scale
+    guarantee = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
+    # per-step eta for this relation: replace doubled the scale to keep eta = the add/remove one;
+    # sensitivity D multiplied it (the counts h / D have unit steps: privacy.py)
+    eps0 = (2.0 if neighbours == "replace" else 1.0) * guarantee.sensitivity / guarantee.scale
     approx = ((guarantee.epsilon, guarantee.delta),) if guarantee.delta > 0 else ()
     if noise == "gumbel":
         return PrivacyCost(
@@ -401,14 +435,6 @@ def oneshot_cost(
     )
 
 
-def budgeted_private_top_k(
-    budget: PrivacyBudget, source: Source, k: int, epsilon: float, delta: float = 0.0, **kwargs: Any
-) -> TopKResult:
-    """private_top_k, charged to `budget` first: refused (BudgetExceeded) before any row is read.
-    Only the domain size m is asked of the store before the charge (the calibration needs it)."""
-    return private_top_k(source, k, epsilon, delta, budget=budget, **kwargs)
-
-
 # ----- results ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MechanismResult(TopKResult):
@@ -423,3 +449,32 @@ class MechanismResult(TopKResult):
     k_chosen: int | None = None
     cost: PrivacyCost | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def oblivious_cost(
+    noise: str,
+    k: int,
+    m: int,
+    epsilon: float,
+    delta: float = 0.0,
+    neighbours: str = "add_remove",
+    delta_pad: float = 1e-9,
+    sensitivity: float = 1.0,
+) -> PrivacyCost:
+    """The guarantee of an oblivious release (mechanisms/oblivious.py): the one-shot release with
+    the server's view of its reads, (eps, delta + (1 + e^eps) delta_pad)-DP for each (eps, delta)
+    pair of the one-shot release (oneshot_cost). Only (epsilon, delta) pairs are claimed: the
+    miss event is correlated with the noise, so the range-bounded and zCDP forms of the one-shot
+    release are not carried over (basic composition applies)."""
+    delta_pad = check_delta_pad(delta_pad)
+    base = oneshot_cost(noise, k, m, epsilon, delta, neighbours, sensitivity)
+    guarantee = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
+    pairs = [(eps, d + (1.0 + math.exp(min(eps, 700.0))) * delta_pad) for eps, d in base.dp_pairs()]
+    first, rest = pairs[-1], tuple(pairs[:-1])
+    return PrivacyCost(
+        mechanism=f"oblivious {base.mechanism}",
+        epsilon=first[0],
+        delta=min(1.0, first[1]),
+        approx=tuple((eps, min(1.0, d)) for eps, d in rest),
+        sources=(oblivious_guarantee(guarantee, delta_pad).derivation,),
+    )

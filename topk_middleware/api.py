@@ -3,128 +3,54 @@
 from __future__ import annotations
 
 import math
-import numbers
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from .access import AccessStats, CountedAccess, InStoreOneShot, Source
+from .access import (
+    CountedAccess,
+    Source,
+    oblivious_reads,
+    offers_in_store,
+    store_costs,
+)
+from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, precheck, record
 from .keyed_noise import KeyedNoise
 from .lazy_noise import LazyNoiseList
 from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
+from .mechanisms.oblivious import (
+    DEADLINES,
+    check_delta_pad,
+    oblivious_deadline,
+    oblivious_depth,
+    oblivious_guarantee,
+    oblivious_top_k,
+    pad_to,
+)
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
+from .names import METHODS, NOISES, OBLIVIOUS_METHODS, ORACLES
 from .noise import make_noise
 from .noise_list import EagerNoiseList
+from .noisy_counts import (
+    CountsPlan,
+    check_counts_share,
+    split_epsilon,
+    with_counts_cost,
+    with_counts_guarantee,
+)
 from .planner import plan_run
-from .privacy import MIN_ITEM_EPSILON, PrivacyGuarantee, calibrate, check_neighbours
+from .privacy import (
+    MIN_ITEM_EPSILON,
+    calibrate,
+    check_neighbours,
+    check_resolution,
+    source_sensitivity,
+)
 from .randomness import make_rng
-
-NOISES = ("gumbel", "laplace")
-METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store", "oneshot_full_read")
-ORACLES = ("lazy", "eager")
-
-
-@dataclass(frozen=True)
-class Release:
-    """What an analyst receives: the items and the guarantee, nothing else data-dependent.
-
-    `ranked` says whether the order of `items` is part of the release; when it is not (Laplace,
-    joint, StableTopK sets) the items come in a data-independent order. `bottom`: the mechanism
-    released the bottom symbol (limited domain, StableTopK), itself covered by the guarantee.
-    """
-
-    items: tuple[Any, ...]
-    privacy: PrivacyGuarantee
-    ranked: bool
-    bottom: bool = False
-
-    def to_arrow(self) -> Any:
-        """The release as a pyarrow Table (position, item; the guarantee in the schema
-        metadata): export.release_to_arrow. Needs the `arrow` extra."""
-        from .export import release_to_arrow
-
-        return release_to_arrow(self)
-
-
-@dataclass(frozen=True)
-class Diagnostics:
-    """Operator-side facts about a run: data-dependent and outside the privacy guarantee (the
-    access counts of the threshold algorithm depend on the counts; DESIGN invariant 7)."""
-
-    accesses: AccessStats
-    method: str
-    m: int
-    timings: dict[str, float]
-    plan: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TopKResult:
-    """A private top-k run: the release (`release()`, for the analyst) and the operator's
-    diagnostics (`diagnostics`; `accesses` stays for the operator's convenience)."""
-
-    items: list[Any]  # item ids: best first when ranked; else in a data-independent order
-    privacy: PrivacyGuarantee
-    accesses: AccessStats  # operator-side: data-dependent, outside the guarantee
-    ranked: bool  # True when the order of `items` is part of the release (Gumbel, Remark 3.5)
-    method: str
-    m: int
-    timings: dict[str, float] = field(default_factory=dict, compare=False)
-    plan: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @property
-    def diagnostics(self) -> Diagnostics:
-        return Diagnostics(self.accesses, self.method, self.m, dict(self.timings), dict(self.plan))
-
-    def release(self) -> Release:
-        """The analyst's view: items, guarantee, whether ranked (and bottom, where it applies)."""
-        return Release(
-            tuple(self.items), self.privacy, self.ranked, bool(getattr(self, "bottom", False))
-        )
-
-    def to_arrow(self) -> Any:
-        """The release only (never the diagnostics) as a pyarrow Table: `release().to_arrow()`."""
-        return self.release().to_arrow()
-
-
-def unranked_order(items: list[Any]) -> list[Any]:
-    """A set's items in a data-independent order: sorted by id (ids of one store share a type)."""
-    try:
-        return sorted(items)
-    except TypeError:
-        return sorted(items, key=repr)
-
-
-def check_common(k: Any, epsilon: Any, delta: Any) -> None:
-    """Refuse bad (k, epsilon, delta) before anything is read or drawn."""
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an integer, got {k!r}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
-        raise TypeError(f"epsilon must be a real number, got {epsilon!r}")
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
-    if epsilon / k < MIN_ITEM_EPSILON:
-        raise ValueError(
-            f"epsilon = {epsilon:g} is below the floor k * {MIN_ITEM_EPSILON:g} = "
-            f"{k * MIN_ITEM_EPSILON:g}: the noise scale would not be a finite number; nothing "
-            "was read or charged"
-        )
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
-        raise TypeError(f"delta must be a real number, got {delta!r}")
-    if not (0.0 <= delta < 1.0):
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
-
-
-def check_k_within(k: int, m: int) -> None:
-    if m < 1:
-        raise ValueError("the source is empty: there is no item to select")
-    if k > m:
-        raise ValueError(f"k = {k} exceeds the number of items m = {m}")
+from .release import TopKResult, unranked_order
+from .validation import check_common, check_k_within
 
 
 def private_top_k(
@@ -143,6 +69,11 @@ def private_top_k(
     costs: CostModel | None = None,
     budget: Any = None,
     neighbours: Literal["add_remove", "replace"] = "add_remove",
+    with_counts: bool = False,
+    counts_share: float = 0.5,
+    oblivious: bool = False,
+    delta_pad: float = 1e-9,
+    deadline: float | None = None,
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
 
@@ -161,7 +92,9 @@ def private_top_k(
     function of the data (no privacy for anyone who knows it). Without it (production) the noise
     comes from ChaCha20 keyed by the operating system (randomness.make_rng).
     `oracle` is the noise list of the threshold method: "lazy" (Algorithm 4, samples only the
-    noises it reads) or "eager" (draws all m noises; the same noise vector as the one-shot run).
+    noises it reads) or "eager" (draws all m noises; the same noise vector as the one-shot run);
+    `oracle`, `batching` and `costs` act only when the threshold method runs (pin
+    `method="threshold"`): `diagnostics.plan["oracle"]` names the oracle used, None otherwise.
     `costs` (a CostModel) selects the cost-aware threshold algorithm (mechanisms/cost_aware.py)
     and, unless `batching` is given, the block schedule with the least modelled cost.
     `budget` (a PrivacyBudget or a PrivacyLedger's budget) is charged the release's cost once m is
@@ -169,6 +102,21 @@ def private_top_k(
     The guarantee is for add/remove-one-client neighbours (every count moves by at most 1, all in
     the same direction); `neighbours="replace"` (counts move by at most 1 either way) doubles the
     noise scale for the same guarantee (Laplace: pure only; privacy.py).
+    The noise scale is multiplied by the source's declared `sensitivity` D (the most one client
+    changes one count; privacy.py), and the guarantee states it. Scores too large for score +
+    noise to be resolved in a double are refused (privacy.check_resolution: the top row is
+    read, and counted, before the charge).
+    `with_counts=True` also releases each selected item's count plus exact discrete Laplace
+    noise (`result.counts`, `result.count_error` the 95% half-width): `counts_share` of epsilon
+    goes to the counts, the rest (and delta) to the selection; noisy_counts.py.
+    `oblivious=True` (mechanisms/oblivious.py) reads a fixed depth of both lists, so that what a
+    server observer sees (queries, their sizes, rows read, the wall time, padded to a deadline
+    from the store's cost model) depends on public facts only, except with probability
+    `delta_pad`; the guarantee is then (epsilon, delta + (1 + e^epsilon) delta_pad). The release
+    has the one-shot law; `method` may be "auto", "threshold" or "oneshot_full_read" (a full
+    read); the in-store one-shot and `costs` (cost-aware reads) are refused. `deadline`: the
+    seconds an oblivious release is padded to (None: from the store's cost model; 0: no padding,
+    for statistical tests only: the wall time then tells the data).
     """
     check_common(k, epsilon, delta)
     if noise not in NOISES:
@@ -177,20 +125,72 @@ def private_top_k(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if oracle not in ORACLES:
         raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+    delta_pad = check_delta_pad(delta_pad)
+    if not isinstance(oblivious, bool | np.bool_):
+        raise TypeError(f"oblivious must be True or False, got {oblivious!r}")
+    if oblivious and method not in OBLIVIOUS_METHODS:
+        raise ValueError(
+            f"method {method!r} cannot run obliviously (its reads depend on the data): use one of "
+            f"{OBLIVIOUS_METHODS}, or oblivious=False"
+        )
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int | float)
+        or not (math.isfinite(deadline) and deadline >= 0)
+    ):
+        raise ValueError(f"deadline must be a finite number of seconds >= 0, got {deadline!r}")
+    if oblivious and costs is not None:
+        raise ValueError(
+            "the cost-aware threshold algorithm (costs=) cannot run obliviously: its reads depend "
+            "on the scores it reads; drop costs= or pass oblivious=False"
+        )
     check_neighbours(neighbours)
+    if not isinstance(with_counts, bool):
+        raise TypeError(f"with_counts must be True or False, got {with_counts!r}")
+    share = check_counts_share(counts_share) if with_counts else 0.0
+    sensitivity = source_sensitivity(source)
     k = int(k)
+    select_epsilon, counts_epsilon = split_epsilon(float(epsilon), share)
+    if with_counts and select_epsilon / k < MIN_ITEM_EPSILON:
+        check_common(k, select_epsilon, delta)
     rng = make_rng(seed)
     started = time.perf_counter()
+    if oblivious:
+        counts_plan = CountsPlan.make(k, counts_epsilon, sensitivity) if with_counts else None
+        return _oblivious_release(
+            source,
+            k,
+            select_epsilon,
+            float(delta),
+            noise,
+            method,
+            rng,
+            budget,
+            neighbours,
+            delta_pad,
+            started,
+            deadline,
+            sensitivity,
+            counts_plan,
+        )
     with source.snapshot():
         access = CountedAccess(source, rng=rng)
         check_k_within(k, access.m)
-        guarantee = calibrate(noise, k, access.m, float(epsilon), float(delta), neighbours)
+        guarantee = calibrate(
+            noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
+        )
+        counts_plan = CountsPlan.make(k, counts_epsilon, sensitivity) if with_counts else None
+        cost = None
         if budget is not None:
-            from .accounting import oneshot_cost  # accounting builds on this module
-
-            budget.charge(
-                oneshot_cost(noise, k, access.m, float(epsilon), float(delta), neighbours)
+            cost = oneshot_cost(
+                noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
             )
+            cost = cost if counts_plan is None else with_counts_cost(cost, counts_plan)
+            precheck(budget, cost)  # an exhausted budget refuses before any row is read
+        # the top row (one row, counted) is read before the charge: a refusal charges nothing
+        check_resolution(access.top_score(), guarantee.scale, f"{noise} top-{k}")
+        if cost is not None:
+            budget.charge(cost)
         distribution = make_noise(noise, guarantee.scale)
         chosen, estimate = method, None
         if method == "auto":  # after the charge, before any noise: planner.py
@@ -199,8 +199,9 @@ def private_top_k(
         items = None
         in_store = False
         if chosen in ("oneshot", "oneshot_in_store", "oneshot_full_read"):
-            if chosen != "oneshot_full_read" and isinstance(source, InStoreOneShot):
-                keyed = KeyedNoise.draw(rng, noise, guarantee.scale, access.m, k)
+            if chosen != "oneshot_full_read" and offers_in_store(source):
+                positions = getattr(source, "oneshot_positions", lambda: access.m)()
+                keyed = KeyedNoise.draw(rng, noise, guarantee.scale, positions, k)
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None
             if items is None:
@@ -218,18 +219,127 @@ def private_top_k(
                 positions = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
         if items is None:
             items = access.ids_of(positions)
-    if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
-        items = unranked_order(items)
-    plan: dict[str, Any] = {"oracle": oracle, "cost_aware": costs is not None}
+        if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
+            items = unranked_order(items)
+        counts = None
+        if counts_plan is not None:  # k random accesses on the winners, then exact noise
+            counts = counts_plan.release(rng, access.random_access_ids(items))
+            guarantee = with_counts_guarantee(guarantee, counts_plan)
+    # The oracle and the cost model are the threshold run's: None / False when it did not run.
+    threshold_ran = chosen == "threshold"
+    plan: dict[str, Any] = {
+        "oracle": oracle if threshold_ran else None,
+        "cost_aware": threshold_ran and costs is not None,
+    }
     plan["requested"], plan["in_store"] = method, in_store
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
-    ran = "threshold" if chosen == "threshold" else "oneshot"  # the mechanism; where: plan
+    ran = "threshold" if threshold_ran else "oneshot"  # the mechanism; where: plan
     result = TopKResult(
-        items, guarantee, access.stats, noise == "gumbel", ran, access.m, seconds, plan
+        items,
+        guarantee,
+        access.stats,
+        noise == "gumbel",
+        ran,
+        access.m,
+        seconds,
+        plan,
+        counts=counts,
+        count_error=None if counts_plan is None else counts_plan.half_width,
     )
-    log = getattr(budget, "log_release", None)
-    if log is not None:
-        log(result)
-    return result
+    return record(budget, result)
+
+
+def _oblivious_release(
+    source: Source,
+    k: int,
+    epsilon: float,
+    delta: float,
+    noise: str,
+    method: str,
+    rng: np.random.Generator,
+    budget: Any,
+    neighbours: str,
+    delta_pad: float,
+    started: float,
+    deadline: float | None,
+    sensitivity: float = 1.0,
+    counts_plan: CountsPlan | None = None,
+) -> TopKResult:
+    """private_top_k(..., oblivious=True): charge, read at a fixed depth (or in full), pad the
+    reads and their computation to the deadline, all from public facts
+    (mechanisms/oblivious.py)."""
+    with oblivious_reads(source), source.snapshot():
+        access = CountedAccess(source, rng=rng)
+        check_k_within(k, access.m)
+        m = access.m
+        base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
+        guarantee = oblivious_guarantee(base, delta_pad)
+        cost = None
+        if budget is not None:
+            cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
+            cost = cost if counts_plan is None else with_counts_cost(cost, counts_plan)
+            precheck(budget, cost)  # an exhausted budget refuses before any row is read
+        # one row, whatever the data, before the charge: a refusal charges nothing
+        check_resolution(access.top_score(), guarantee.scale, f"{noise} top-{k}")
+        if cost is not None:
+            budget.charge(cost)
+        distribution = make_noise(noise, guarantee.scale)
+        depth = m if method == "oneshot_full_read" else oblivious_depth(m, k, delta_pad)
+        if deadline is None:
+            deadline = oblivious_deadline(store_costs(source), m, depth)
+        # The padded window starts after the charge: its time follows the budget's history,
+        # not the table's counts.
+        reading = time.perf_counter()
+        if method == "oneshot_full_read":
+            positions = oneshot_top_k(access, distribution.sample(rng, m), k)
+            items = access.ids_of(positions)
+            run = None
+        else:
+            run = oblivious_top_k(access, distribution, rng, k, delta_pad)
+            items = run.items
+        if noise == "laplace":
+            items = unranked_order(items)
+        counts = None
+        if counts_plan is not None:  # k random accesses on the winners (k: public), exact noise
+            counts = counts_plan.release(rng, access.random_access_ids(items))
+            guarantee = with_counts_guarantee(guarantee, counts_plan)
+        took, overran = pad_to(reading, deadline)
+    DEADLINES.record(overran)
+    plan: dict[str, Any] = {
+        "requested": method,
+        "in_store": False,
+        "oblivious": True,
+        "delta_pad": delta_pad,
+        "depth": depth,
+        "full_read": run is None or run.full_read,
+        "overlap": None if run is None else run.overlap,
+        "miss": False if run is None else run.missed,
+        "deadline": deadline,
+        "work_seconds": took,
+        "deadline_missed": overran,
+        "deadline_misses": DEADLINES.as_dict(),
+    }
+    seconds = {"total": time.perf_counter() - started, "work": took}
+    result = TopKResult(
+        items,
+        guarantee,
+        access.stats,
+        noise == "gumbel",
+        "oneshot",
+        m,
+        seconds,
+        plan,
+        counts=counts,
+        count_error=None if counts_plan is None else counts_plan.half_width,
+    )
+    return record(budget, result)
+
+
+def budgeted_private_top_k(
+    budget: PrivacyBudget, source: Source, k: int, epsilon: float, delta: float = 0.0, **kwargs: Any
+) -> TopKResult:
+    """private_top_k, charged to `budget` first: refused (BudgetExceeded) before any row is read.
+    Only the domain size m is asked of the store before the charge (the calibration needs it)."""
+    return private_top_k(source, k, epsilon, delta, budget=budget, **kwargs)

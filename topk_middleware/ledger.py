@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -58,12 +60,59 @@ def cost_to_json(cost: PrivacyCost) -> str:
     return json.dumps(fields)
 
 
+class UnknownRecipe(ValueError):
+    """A stored charge names a recipe outside the project's registry (RECIPES): never run."""
+
+
+def _stable_cost(**kwargs: Any) -> PrivacyCost:
+    from .mechanisms.stable import stable_cost
+
+    return stable_cost(**kwargs)
+
+
+# The only functions a stored charge may name to rebuild its cost (a cost whose RDP curve is a
+# function cannot be stored as data): a fixed table of the project's own cost functions, with the
+# parameters each takes and their types. A stored name is looked up here and nowhere else; nothing
+# a row says is imported or called.
+RECIPES: dict[str, tuple[Callable[..., PrivacyCost], dict[str, tuple[type, ...]]]] = {
+    "topk_middleware.mechanisms.stable:stable_cost": (
+        _stable_cost,
+        {"rho": (float, int), "delta_t": (float, int), "test": (str,), "target": (bool,)},
+    ),
+}
+
+
+def _from_recipe(recipe: Any) -> PrivacyCost:
+    """The cost a stored recipe names, from RECIPES only; anything else is UnknownRecipe."""
+    try:
+        name, pairs = recipe
+        kwargs = dict(pairs)
+    except (TypeError, ValueError):
+        raise UnknownRecipe("a ledger charge holds a malformed recipe; it was not run") from None
+    entry = RECIPES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        shown = name if isinstance(name, str) and len(name) <= 80 else "(not shown)"
+        raise UnknownRecipe(
+            f"a ledger charge names the recipe {shown!r}, which is not one of the project's cost "
+            f"functions ({', '.join(sorted(RECIPES))}); it was not run: the ledger was written by "
+            "something else than this project"
+        )
+    function, parameters = entry
+    for key, value in kwargs.items():
+        allowed = parameters.get(key) if isinstance(key, str) else None
+        if allowed is None or not isinstance(value, allowed):
+            raise UnknownRecipe(
+                f"a ledger charge gives the recipe {name!r} a parameter it does not take or of "
+                "the wrong type; it was not run"
+            )
+    return function(**kwargs)
+
+
 def cost_from_json(text: str) -> PrivacyCost:
+    """A stored cost; a recipe is rebuilt through the registry RECIPES, never imported."""
     data = json.loads(text)
     if data.get("recipe"):
-        path, kwargs = data["recipe"]
-        module, name = path.split(":")
-        return getattr(importlib.import_module(module), name)(**dict(kwargs))
+        return _from_recipe(data["recipe"])
     data["range_bounded"] = tuple(data["range_bounded"])
     data["approx"] = tuple(tuple(pair) for pair in data["approx"])
     data["sources"] = tuple(data["sources"])
@@ -82,6 +131,9 @@ class PrivacyLedger:
             url = sa.make_url(url_or_engine)
             engine = None
         self.dialect = url.get_backend_name()
+        self._file = _ledger_file(url)
+        if self._file is not None:
+            _create_private(self._file, self.dialect)
         if engine is None:
             kwargs: dict[str, Any] = {}
             if self.dialect == "sqlite":
@@ -123,7 +175,10 @@ class PrivacyLedger:
         for attempt in range(DUCKDB_RETRIES):
             try:
                 with self.engine.begin() as conn:
-                    return work(conn)
+                    done = work(conn)
+                if self._file is not None and self.dialect == "duckdb":
+                    _owner_only(Path(f"{self._file}.wal"))
+                return done
             except sa.exc.DBAPIError as error:
                 conflict = "conflict" in str(error).lower() or "already exists" in str(error)
                 if self.dialect != "duckdb" or not conflict or attempt == DUCKDB_RETRIES - 1:
@@ -190,8 +245,10 @@ class PrivacyLedger:
             conn.execute(
                 p.update().where(p.c.principal == principal).values(charges=p.c.charges + 1)
             )
-            after = compose([*self._costs(conn, principal), cost], float(row.delta))
-            refuse_if_over(after, float(row.epsilon), float(row.delta), cost)
+            costs = self._costs(conn, principal)
+            before = compose(costs, float(row.delta)) if costs else None
+            after = compose([*costs, cost], float(row.delta))
+            refuse_if_over(after, float(row.epsilon), float(row.delta), cost, before)
             seq = int(row.charges) + 1
             conn.execute(
                 self.charges.insert().values(
@@ -307,6 +364,52 @@ class LedgerBudget:
     def releases(self) -> list[PrivacyCost]:
         with self.ledger.engine.connect() as conn:
             return self.ledger._costs(conn, self.principal)
+
+
+def _ledger_file(url: sa.URL) -> Path | None:
+    """The database file of a SQLite / DuckDB ledger URL (None: a server, or in memory)."""
+    if url.get_backend_name() not in ("sqlite", "duckdb"):
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or database.startswith("md:"):
+        return None
+    return Path(database)
+
+
+def _owner_only(path: Path) -> None:
+    """chmod 0600 a file this process owns, if it exists (a DuckDB write-ahead log, which DuckDB
+    creates with the process umask; it holds charges until the next checkpoint)."""
+    try:
+        if path.stat().st_uid == os.geteuid():
+            path.chmod(0o600)
+    except FileNotFoundError:
+        pass
+
+
+def _create_private(path: Path, dialect: str) -> None:
+    """Create a new ledger file readable and writable by its owner only (0600): SQLite accepts
+    an empty file as a new database (its journals take the database file's mode); DuckDB does
+    not, so it creates the file itself under the umask 077. An existing file is left as it is."""
+    if path.exists():
+        return
+    if dialect == "sqlite":
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        return
+    import duckdb
+
+    with _UMASK_LOCK:
+        old = os.umask(0o077)
+        try:
+            duckdb.connect(str(path)).close()
+        finally:
+            os.umask(old)
+    _owner_only(path)
+
+
+_UMASK_LOCK = threading.Lock()
 
 
 def _immediate_transactions(engine: sa.Engine) -> None:

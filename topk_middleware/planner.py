@@ -13,7 +13,9 @@ The in-store one-shot's cost (in_store_seconds): a round trip, the exceedances' 
 keyed hash on the rows that can win, which the top rows count only where they reach below the
 split's level under the k-th score (skewed data); otherwise the model assumes every row (a
 plateau or a spread of scores looks the same in the top rows), so `auto` takes the in-store
-one-shot only where the top rows show it cheap.
+one-shot only where the top rows show it cheap. A store whose every sorted read is a scan (its
+StoreCosts name `oneshot_fixed`: DuckDB reading its table as it is now) gets the in-store
+one-shot without a read: its probe would cost as much as the one-shot itself.
 
 The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
 largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
@@ -40,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .access import ZONE_MAP_ROWS, CountedAccess, InStoreOneShot, StoreCosts, store_costs
+from .access import ZONE_MAP_ROWS, CountedAccess, StoreCosts, offers_in_store, store_costs
 from .keyed_noise import KeyedNoise, default_exceedances, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
@@ -109,7 +111,14 @@ def threshold_seconds(
     return blocks * 2 * costs.round_trip + steps * costs.sorted_row + random
 
 
-def in_store_seconds(scores: np.ndarray, k: int, m: int, scale: float, costs: StoreCosts) -> float:
+def in_store_seconds(
+    scores: np.ndarray,
+    k: int,
+    m: int,
+    scale: float,
+    costs: StoreCosts,
+    count_at_least: Any = None,
+) -> float:
     """Modelled cost of the in-store one-shot (keyed_noise.py): one round trip, a batch of
     random reads for the exceedances (where the table is split), and the keyed hash on the rows
     that can win: those within the split's level, or the ceiling, and one b below the k-th top
@@ -124,6 +133,11 @@ def in_store_seconds(scores: np.ndarray, k: int, m: int, scale: float, costs: St
     hashed = m
     if len(scores) >= k and scores[-1] < scores[k - 1] - level - scale:
         hashed = int(np.count_nonzero(scores >= scores[k - 1] - level - scale))
+    elif len(scores) >= k and count_at_least is not None:  # the store counts them (zone maps)
+        counted = count_at_least(float(scores[k - 1] - level - scale))
+        hashed = m if counted is None else int(counted)
+    if costs.oneshot_fixed is not None:
+        return costs.oneshot_fixed + hashed * costs.oneshot_row
     return costs.round_trip + lookups + hashed * costs.oneshot_row
 
 
@@ -131,11 +145,18 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     """Read the top rows (counted: a threshold run reads them anyway) and choose the method."""
     m = access.m
     costs = store_costs(access.source)
+    if costs.oneshot_fixed is not None and offers_in_store(access.source):
+        # A store that reads its table as it is now (DuckDB, not frozen): every sorted read is
+        # a scan as dear as the one-shot's own, so the one-shot, without reading first.
+        fixed = costs.oneshot_fixed
+        return Plan("oneshot_in_store", 0, 0, math.inf, fixed, "oneshot_in_store")
     probe = min(m, max(2 * k, 64))
     access.fetch_sorted_until(probe)
     scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
     steps = estimate_steps(scores, k, m, scale)
-    if steps > probe and steps < m:  # read on towards the estimate (never past sqrt(mk))
+    # read on towards the estimate (never past sqrt(mk)), unless the store's one-shot is a
+    # few scans (`oneshot_fixed`: a table read as it is now, where each sorted read is a scan)
+    if steps > probe and steps < m and costs.oneshot_fixed is None:
         more = min(m, math.ceil(math.sqrt(m * k)), 4 * probe)
         access.fetch_sorted_until(more)
         scores = np.asarray(access.prefix_scores()[:more], dtype=np.float64)
@@ -146,11 +167,19 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     # Block-max pruning bounds unread scores on every store (ranked: known ranks and the zone
     # map; unranked: the prefix's last score), so the model prices pruned random reads on all.
     thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=True, prefix_rows=probe)
-    full = costs.round_trip + m * costs.full_read_row
-    kind, one = "oneshot_full_read", full
-    if isinstance(access.source, InStoreOneShot):
-        in_store = in_store_seconds(scores, k, m, scale, costs)
-        if in_store < full:
-            kind, one = "oneshot_in_store", in_store
+    kind, one = _oneshot_choice(access, scores, k, m, scale, costs)
     chosen = "threshold" if thr <= one else kind
     return Plan(chosen, steps, probe, thr, one, kind)
+
+
+def _oneshot_choice(
+    access: CountedAccess, scores: np.ndarray, k: int, m: int, scale: float, costs: StoreCosts
+) -> tuple[str, float]:
+    """The cheaper one-shot (in the store where it can run, or over a full read) and its cost."""
+    full = costs.round_trip + m * costs.full_read_row
+    if offers_in_store(access.source):
+        counter = getattr(access.source, "count_at_least", None)
+        in_store = in_store_seconds(scores, k, m, scale, costs, counter)
+        if in_store < full:
+            return "oneshot_in_store", in_store
+    return "oneshot_full_read", full

@@ -26,6 +26,12 @@ the pure bound is kept under replace, with twice the scale: a replace pair (h, h
 two add/remove pairs through (max(h, h')) at half the distance each in units of the doubled
 scale, and the pure bound is linear in 1/scale (group privacy of two add/remove steps).
 
+Sensitivity. A source declares `sensitivity` D: the most one client adds to or removes from one
+item's count (default 1; `from_votes` sets it to its `max_per_item`). Every statement above is
+about the counts h / D, whose add/remove neighbours move each count by at most 1, all in the same
+direction; top-k of h / D + Z equals top-k of h + D Z, so the noise scale for sensitivity D is D
+times the unit scale, and the guarantee is unchanged. The derivation text states the assumption.
+
 The private threshold algorithm (Algorithm 3) and the lazy oracle (Algorithm 4) have exactly the
 one-shot output distribution, so they inherit these guarantees.
 """
@@ -33,6 +39,7 @@ one-shot output distribution, so they inherit these guarantees.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,10 +65,60 @@ class PrivacyGuarantee:
     noise: str
     scale: float  # per-item noise scale b
     derivation: str
+    sensitivity: float = 1.0  # the most one client changes one count (declared by the source)
+    counts_epsilon: float = 0.0  # of `epsilon`, what the noisy counts spent (noisy_counts.py)
+    counts_scale: float | None = None  # the counts' discrete Laplace scale, when released
+
+    def __post_init__(self) -> None:
+        # Every guarantee states its assumptions (DESIGN invariant 13), whoever built it.
+        if "assumes each client" not in self.derivation:
+            text = f"{self.derivation}; {assumption_text(self.sensitivity)}"
+            object.__setattr__(self, "derivation", text)
 
     @property
     def per_item_epsilon(self) -> float:
-        return 1.0 / self.scale
+        """eps0 of Facts 3.2 / 3.3 for the counts h / sensitivity (module docstring)."""
+        return self.sensitivity / self.scale
+
+
+def assumption_text(sensitivity: float) -> str:
+    """The assumption every guarantee states: the neighbour relation and the sensitivity."""
+    return (
+        f"assumes each client changes each count by at most {sensitivity:g} "
+        "(add/remove-one-client neighbours; sensitivity declared by the source)"
+    )
+
+
+def _without_assumption(derivation: str) -> str:
+    return derivation.split("; assumes each client")[0]
+
+
+def check_sensitivity(sensitivity: object, where: str = "sensitivity") -> float:
+    """A declared sensitivity: a finite real number > 0 (bools refused), as a float."""
+    if isinstance(sensitivity, bool) or not isinstance(sensitivity, numbers.Real):
+        raise TypeError(f"{where} must be a positive number, got {sensitivity!r}")
+    value = float(sensitivity)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{where} must be finite and > 0, got {sensitivity!r}")
+    return value
+
+
+def source_sensitivity(source: object) -> float:
+    """The sensitivity a source declares (`sensitivity` attribute; 1 when it declares none)."""
+    return check_sensitivity(getattr(source, "sensitivity", 1.0), "the source's sensitivity")
+
+
+def require_unit_sensitivity(source: object, mechanism: str) -> None:
+    """Refuse a source whose declared sensitivity is not 1, for a mechanism whose calibration
+    relies on unit steps (DESIGN invariant 8: limited domain's +1, StableTopK's gap test, the
+    joint and peeling mechanisms' exp(eps h)); checked before anything is read or charged."""
+    sensitivity = source_sensitivity(source)
+    if sensitivity != 1.0:
+        raise ValueError(
+            f"{mechanism} is calibrated for counts that one client changes by at most 1; this "
+            f"source declares sensitivity {sensitivity:g}: use private_top_k (which scales its "
+            "noise by the sensitivity); nothing was read or charged"
+        )
 
 
 def range_bounded_composition_epsilon(etas: Sequence[float], delta_prime: float) -> float:
@@ -84,6 +141,28 @@ def gumbel_topk_epsilon(k: int, eps0: float, delta: float) -> float:
     this delta, Durfee & Rogers 2019 Lemma 4.4 with k steps of eps0 (Corollary 4.1 + its third
     term)."""
     return range_bounded_composition_epsilon([eps0] * k, delta)
+
+
+# Resolution: a double carries 52 bits after its leading one. Score + noise is told from the score
+# only if the noise scale spans at least 2^RESOLUTION_BITS units in the last place of the largest
+# score; beyond that the selection is decided by rounding, not by the noise (issue: 1e300 scores,
+# 2^60 + 256 j counts), and the release is refused.
+RESOLUTION_BITS = 10
+
+
+def check_resolution(top_score: float, scale: float, where: str = "the source") -> None:
+    """Refuse scores that score + noise cannot resolve: ulp(max |score|) * 2^RESOLUTION_BITS >
+    scale, i.e. max |score| beyond about 2^(52 - RESOLUTION_BITS) = 2^42 noise scales. The refusal
+    says only that the largest score is beyond that public bound (one bit about the data, the
+    same kind of fact as a refused negative score), never the score."""
+    if math.ulp(abs(float(top_score))) * 2.0**RESOLUTION_BITS > scale:
+        bound = scale * 2.0 ** (52 - RESOLUTION_BITS)
+        raise ValueError(
+            f"{where}: the largest score is beyond what a double resolves against noise of "
+            f"scale {scale:.6g} (about {bound:.3g}: score + noise would round back to the score, "
+            "and the selection would be decided by rounding, not by the noise); lower epsilon, "
+            "or rescale / shift the scores; nothing was released or charged"
+        )
 
 
 def check_scale(scale: float, what: str) -> None:
@@ -115,26 +194,45 @@ def check_neighbours(neighbours: str) -> None:
 
 
 def calibrate(
-    noise: str, k: int, m: int, epsilon: float, delta: float, neighbours: str = "add_remove"
+    noise: str,
+    k: int,
+    m: int,
+    epsilon: float,
+    delta: float,
+    neighbours: str = "add_remove",
+    sensitivity: float = 1.0,
 ) -> PrivacyGuarantee:
     """The smallest per-item noise whose one-shot top-k meets (epsilon, delta) for this neighbour
-    relation (module docstring: "replace" doubles the scale; Laplace then pure only).
+    relation (module docstring: "replace" doubles the scale; Laplace then pure only) and this
+    sensitivity D (the unit scale times D: module docstring).
 
     When the approximate-DP bound does not beat the pure one (or its conditions fail), the pure
     calibration is used and the reported delta is 0: the release is then epsilon-DP.
     """
     check_neighbours(neighbours)
+    sensitivity = check_sensitivity(sensitivity)
     if neighbours == "add_remove":
-        return _calibrate_add_remove(noise, k, m, epsilon, delta)
-    base = _calibrate_add_remove(noise, k, m, epsilon, delta if noise == "gumbel" else 0.0)
-    check_scale(2.0 * base.scale, f"{noise} calibration (replace-one neighbours)")
+        base = _calibrate_add_remove(noise, k, m, epsilon, delta)
+        factor, how = 1.0, _without_assumption(base.derivation)
+    else:
+        base = _calibrate_add_remove(noise, k, m, epsilon, delta if noise == "gumbel" else 0.0)
+        factor = 2.0
+        how = (
+            _without_assumption(base.derivation).replace("(add/remove one client)", "")
+            + " (replace one client: twice the scale, Durfee & Rogers Lemma 4.3 non-monotone)"
+        )
+    scale = factor * sensitivity * base.scale
+    check_scale(scale, f"{noise} calibration (sensitivity {sensitivity:g})")
+    assumption = assumption_text(sensitivity)
+    if neighbours == "replace":
+        assumption = assumption.replace("add/remove-one-client", "replace-one-client")
     return PrivacyGuarantee(
         base.epsilon,
         base.delta,
         noise,
-        2.0 * base.scale,
-        base.derivation.replace("(add/remove one client)", "")
-        + " (replace one client: twice the scale, Durfee & Rogers Lemma 4.3 non-monotone)",
+        scale,
+        f"{how}; scale = {sensitivity:g} x the unit scale; {assumption}",
+        sensitivity,
     )
 
 
@@ -158,13 +256,13 @@ def _calibrate_add_remove(
             high = 2.0 * eps0
             while excess(high) <= 0.0:
                 high *= 2.0
-            advanced = brentq(
-                excess,
-                eps0,
-                high,
-                xtol=1e-300,
-                rtol=1e-14,
-            ) * (1.0 - 1e-12)  # err below the root: never exceed the requested epsilon
+            # excess(eps0) can round to >= 0 when the pure term is the minimum (k eps0 = epsilon
+            # up to an ulp): then no advanced eps0 beats the pure one
+            advanced = (
+                brentq(excess, eps0, high, xtol=1e-300, rtol=1e-14) * (1.0 - 1e-12)
+                if excess(eps0) < 0.0
+                else eps0
+            )  # err below the root: never exceed the requested epsilon
             if advanced > eps0 * (1 + 1e-12):
                 eps0 = advanced
                 used_delta = delta

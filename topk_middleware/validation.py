@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
+from typing import Any
 
 import numpy as np
+
+from .names import first_line, mask_secrets  # noqa: F401  (re-exported: callers import them here)
+from .privacy import MIN_ITEM_EPSILON
 
 
 def check_scores(scores: np.ndarray, where: str) -> np.ndarray:
@@ -64,6 +70,8 @@ def check_ids(ids: object, m: int, where: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1:
             raise ValueError(f"{where} must be 1-D, got shape {ids.shape}")
+        if ids.dtype.kind in "US" and len(ids) == m:  # already fixed-width: sort it as it is
+            return _sorted_text_ids(ids, where)
         values = ids.tolist()
     elif isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{where} must be a sequence of ids, got {type(ids).__name__}")
@@ -74,6 +82,9 @@ def check_ids(ids: object, m: int, where: str) -> tuple[np.ndarray, np.ndarray]:
             f"{where} must be a 1-D array of the same length as scores ({m}), got {len(values)} "
             "id(s)"
         )
+    text = _check_text_ids(values, where)
+    if text is not None:
+        return text
     kinds = []
     for i, item in enumerate(values):
         kind = _id_kind(item)
@@ -96,6 +107,62 @@ def check_ids(ids: object, m: int, where: str) -> tuple[np.ndarray, np.ndarray]:
             )
     out = np.empty(m, dtype=object)
     out[:] = plain
+    return out, key
+
+
+# A text id array is sorted as fixed-width numpy strings when that takes at most this many bytes.
+TEXT_SORT_MAX_BYTES = 1 << 28
+
+
+def _check_text_ids(values: list[Any], where: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """check_ids for ids that are all str (or all bytes), vectorised: None if they are not, or
+    if a fixed-width copy would be too large or lose a trailing NUL (then the general path).
+
+    The type check is one pass of the C-level `map(type, ...)`; order and duplicates come from
+    numpy's sort of a fixed-width copy ('U': code points, as Python compares str; 'S': bytes),
+    which equals Python's order as long as no id ends in NUL (numpy strips those: checked by
+    comparing lengths)."""
+    kinds = set(map(type, values))
+    if kinds <= {str, np.str_} and kinds:
+        dtype = "U"
+    elif kinds <= {bytes, np.bytes_} and kinds:
+        dtype = "S"
+    else:
+        return None
+    m = len(values)
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=m)
+    widest = int(lengths.max()) if m else 0
+    if m * max(widest, 1) * (4 if dtype == "U" else 1) > TEXT_SORT_MAX_BYTES:
+        return None
+    fixed = np.array(values, dtype=f"{dtype}{max(widest, 1)}")
+    if not np.array_equal(np.char.str_len(fixed), lengths):
+        return None  # an id ends in NUL, which a fixed-width string drops
+    return _sorted_text_ids(fixed, where, values if kinds <= {str, bytes} else None)
+
+
+def _sorted_text_ids(
+    fixed: np.ndarray, where: str, values: list[Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, key) of fixed-width text ids `fixed` (numpy 'U' or 'S'): order and duplicates from
+    numpy's sort. `values`: the same ids as plain str or bytes, returned as they are (else they
+    are made plain from `fixed`)."""
+    m = len(fixed)
+    order = np.argsort(fixed)  # equal ids are refused below: stability is not needed
+    ordered = fixed[order]
+    same = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(same):
+        a, b = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+        raise ValueError(
+            f"{where} has duplicate ids, e.g. {fixed[a].item()!r} at indexes {a} and {b}: each "
+            "item must appear once"
+        )
+    key = np.empty(m, dtype=np.int64)
+    key[order] = np.arange(m, dtype=np.int64)
+    if values is not None:
+        out = np.empty(m, dtype=object)
+        out[:] = values
+    else:  # numpy scalars made plain, as on the general path (no NUL was dropped: checked)
+        out = fixed.astype(object)
     return out, key
 
 
@@ -129,8 +196,30 @@ def _check_numeric_ids(ids: np.ndarray, m: int, where: str) -> tuple[np.ndarray,
     return ids.astype(np.int64), key
 
 
-def first_line(error: BaseException) -> str:
-    """An error's message as one line (its first), or its type's name when it has none: how
-    the CLI, install-sql and the adapters quote a store's or a driver's error in their own."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+def check_common(k: Any, epsilon: Any, delta: Any) -> None:
+    """Refuse bad (k, epsilon, delta) before anything is read or drawn."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k must be an integer, got {k!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
+        raise TypeError(f"epsilon must be a real number, got {epsilon!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if epsilon / k < MIN_ITEM_EPSILON:
+        raise ValueError(
+            f"epsilon = {epsilon:g} is below the floor k * {MIN_ITEM_EPSILON:g} = "
+            f"{k * MIN_ITEM_EPSILON:g}: the noise scale would not be a finite number; nothing "
+            "was read or charged"
+        )
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+        raise TypeError(f"delta must be a real number, got {delta!r}")
+    if not (0.0 <= delta < 1.0):
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
+
+
+def check_k_within(k: int, m: int) -> None:
+    if m < 1:
+        raise ValueError("the source is empty: there is no item to select")
+    if k > m:
+        raise ValueError(f"k = {k} exceeds the number of items m = {m}")

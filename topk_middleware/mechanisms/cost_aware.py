@@ -35,6 +35,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from ..access import AccessStats, CountedAccess
+from ..interrupts import check as check_interrupts
 from ..noise_list import NoiseList
 from ..threshold import TopKTracker
 from .threshold import Batching, NoisePlan
@@ -185,6 +186,7 @@ def cost_aware_threshold_top_k(
         )
         access.fetch_sorted_until(end)
         for step, (z_sorted_item, noise_position, noise) in enumerate(plan):
+            check_interrupts()
             position, score = access.sorted_access()
             if position in pending.noise:
                 pending.take(position)  # completed for free by sorted access

@@ -29,6 +29,8 @@ def exponential_mechanism(
     batching: Batching | None = None,
     budget: Any = None,
     neighbours: str = "add_remove",
+    oblivious: bool = False,
+    delta_pad: float = 1e-9,
 ) -> TopKResult:
     """One item, drawn with probability proportional to exp(epsilon * count) (Corollary 4.3).
 
@@ -36,6 +38,8 @@ def exponential_mechanism(
     oracle="lazy")`: nothing more. `result.items` holds the one selected id. `seed` is for tests
     only (module randomness). epsilon-DP for add/remove-one-client neighbours;
     `neighbours="replace"`: the same epsilon for replace-one-client neighbours (scale 2/epsilon).
+    `oblivious=True`: read at a fixed depth (mechanisms/oblivious.py), the guarantee then
+    (epsilon, (1 + e^epsilon) delta_pad) for the release with the server's view of its reads.
     """
     return private_top_k(
         source,
@@ -49,4 +53,6 @@ def exponential_mechanism(
         batching=batching,
         budget=budget,
         neighbours=neighbours,  # type: ignore[arg-type]
+        oblivious=oblivious,
+        delta_pad=delta_pad,
     )

@@ -32,9 +32,9 @@ from ..accounting import (
     limited_domain_epsilon,
     record,
 )
-from ..api import check_common
-from ..privacy import PrivacyGuarantee, check_neighbours
+from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
 from ..randomness import make_rng
+from ..validation import check_common
 
 
 def check_limited_domain(
@@ -105,6 +105,9 @@ def limited_domain_top_k(
     """
     check_limited_domain(k, k_bar, epsilon, delta, sensitivity)
     check_neighbours(neighbours)
+    require_unit_sensitivity(
+        source, "limited_domain_top_k (Algorithm 1 of Durfee & Rogers: its threshold adds 1)"
+    )
     if neighbours == "replace":
         raise ValueError(
             "limited_domain_top_k is calibrated for add/remove-one-client neighbours only (its "

@@ -23,7 +23,7 @@ from ..accounting import (
     charge,
     limited_domain_epsilon,
 )
-from ..api import check_common
+from ..validation import check_common
 from .limited_domain import check_limited_domain, limited_domain_top_k
 
 

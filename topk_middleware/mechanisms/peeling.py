@@ -25,9 +25,10 @@ from ..accounting import (
     range_bounded_zcdp,
     record,
 )
-from ..api import check_common, check_k_within
-from ..privacy import PrivacyGuarantee, check_neighbours
+from ..interrupts import check as check_interrupts
+from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
 from ..randomness import make_rng
+from ..validation import check_common, check_k_within
 
 SOURCE = "Durfee & Rogers 2019, Section 4.1 (peeling EM), Lemmas 4.1-4.3; basic composition"
 
@@ -59,6 +60,7 @@ def peel(scores: np.ndarray, k: int, step_epsilon: float, rng: np.random.Generat
     alive = np.ones(len(logits), dtype=bool)
     chosen: list[int] = []
     for _ in range(k):
+        check_interrupts()
         candidates = np.flatnonzero(alive)
         weights = np.exp(logits[candidates] - logits[candidates].max())
         cumulative = np.cumsum(weights)
@@ -69,6 +71,21 @@ def peel(scores: np.ndarray, k: int, step_epsilon: float, rng: np.random.Generat
         chosen.append(pick)
         alive[pick] = False
     return chosen
+
+
+# Work known to be excessive, refused before anything is charged: peeling makes k passes over
+# the m scores (each a numpy pass: about 0.1 s at m = 10^7), so k * m is its work.
+PEELING_MAX_WORK = 2_000_000_000
+
+
+def check_peeling_size(k: int, m: int) -> None:
+    """Refuse a peeling_top_k of more than PEELING_MAX_WORK score visits (k passes over m); the
+    message names k only."""
+    if k * m > PEELING_MAX_WORK:
+        raise ValueError(
+            f"peeling_top_k with k = {k} is too much work on this table (k passes over every "
+            "item); use a smaller k or private_top_k"
+        )
 
 
 def peeling_top_k(
@@ -86,6 +103,7 @@ def peeling_top_k(
     quality (Lemmas 4.1, 4.3): the same guarantee. `seed` is for tests only."""
     check_common(k, epsilon, 0.0)
     check_neighbours(neighbours)
+    require_unit_sensitivity(source, "peeling_top_k")
     factor = 2.0 if neighbours == "replace" else 1.0
     k, epsilon = int(k), float(epsilon)
     cost = peeling_cost(k, epsilon)
@@ -93,6 +111,7 @@ def peeling_top_k(
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
+        check_peeling_size(k, access.m)
         charge(budget, cost)
         rows = access.read_all()
         ranks = peel(rows.scores, k, epsilon / (factor * k), rng)

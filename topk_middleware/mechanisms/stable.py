@@ -51,9 +51,10 @@ from ..accounting import (
     rdp_to_dp_epsilon,
     record,
 )
-from ..api import check_k_within, private_top_k
-from ..privacy import PrivacyGuarantee, check_neighbours
+from ..api import private_top_k
+from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
 from ..randomness import make_rng
+from ..validation import check_k_within
 
 TESTS = ("gaussian", "laplace")
 PURE_SOURCE = "pure: A1 eps-DP + A5 (eps2, delta_t)-DP (Corollary 19), basic composition"
@@ -218,6 +219,7 @@ def stable_top_k(
     """
     _check(rho, delta_t, k, k_bar, test, lam)
     check_neighbours(neighbours)
+    require_unit_sensitivity(source, "stable_top_k (StableTopK: its gap test assumes unit steps)")
     if neighbours == "replace":
         raise ValueError(
             "stable_top_k is calibrated for add/remove-one-client neighbours only: under "

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..access import CountedAccess
+from ..interrupts import check as check_interrupts
 from ..noise_list import NoiseList
 from .oneshot import top_k_ranks
 
@@ -266,6 +267,7 @@ def private_threshold_top_k(
     plan = NoisePlan(noise_list, k, access)
     start = 0
     for block in batching.blocks(k):
+        check_interrupts()
         end = min(m, start + block)
         plan.extend_to(end)
         access.fetch_sorted_until(end)

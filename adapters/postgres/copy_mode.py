@@ -38,6 +38,15 @@ reads them in one query when the core asks. A rank table built before the runs t
 one from the next `prepare()`, computed from the rank table (not the live table); until then
 `score_run_count()` is None and runs read rows, as before. A refresh swaps the runs table with
 the rank table.
+
+Freshness (docs/freshness.md). Unless the table is `frozen=True`, a run serves the copy only
+where it is proven current: `prepare()` installs a statement-level trigger that counts writes to
+the table (`topk_write_counts`, one row per table) and records the count its snapshot saw on the
+rank table (the second line of its comment); the run's first query compares the two. Any write
+since, or no trigger, and the run reads the table itself in its snapshot.
+
+Size: one class, PostgresTable, whose methods share one connection, one snapshot and the
+rank table's names and fingerprint; live mode is its own module (live_mode.py).
 """
 
 from __future__ import annotations
@@ -55,11 +64,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from topk_middleware.access import Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
-from topk_middleware.validation import first_line
-
-from ._sql import (
+from adapters._sql import (
     FINGERPRINT_TAG,
     MAX_IDENTIFIER_BYTES,
     AccessCheck,
@@ -73,6 +78,12 @@ from ._sql import (
     rows_from_records,
     scores_in_order,
 )
+from topk_middleware.access import Rows, StoreCosts
+from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.privacy import check_sensitivity
+from topk_middleware.validation import first_line
+
+from ..contributions import check_bounds, clipped_counts_sql, fresh_key, simple_count
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
@@ -97,6 +108,7 @@ class _Run:
     ranked: bool
     m: int
     runs: int | None = None  # runs of tied scores in the runs table, if there is one
+    stale: bool = False  # the copy is not proven current: the run reads the table itself
 
 
 def runs_table_name(rank_table: str) -> str:
@@ -112,6 +124,10 @@ def runs_table_name(rank_table: str) -> str:
 
 
 MODES = ("copy", "live")
+# The write counter that proves a copy current (module docstring, "Freshness").
+WRITES_TABLE = "topk_write_counts"
+WRITES_FUNCTION = "topk_count_write"
+WRITES_TAG = "topk-writes"
 # Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): 20,000 rows by
 # rank range in about 20 ms, 10^4 random ranks in about 80 ms, a packed full read 3.5 s, the
 # in-store one-shot's keyed hash (SHA-256) about 0.6 us a hashed row.
@@ -133,18 +149,18 @@ class PostgresTable:
     Identifiers are composed with psycopg.sql, never pasted. `mode="copy"` (the default) serves
     runs from the rank table `prepare()` writes (module docstring); `mode="live"` reads the table
     itself, through its B-trees and a position table kept current by triggers, with no rebuild
-    after writes (adapters/postgres_live.py).
+    after writes (adapters/postgres/live_mode.py).
     """
 
     store_costs = STORE_COSTS
+    # The class serving each mode other than "copy" (live_mode.py registers itself).
+    mode_classes: dict[str, type[PostgresTable]] = {}  # noqa: RUF012
 
     def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> PostgresTable:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if cls is PostgresTable and mode == "live":
-            from .postgres_live import LivePostgresTable
-
-            return super().__new__(LivePostgresTable)
+        if cls is PostgresTable and mode in cls.mode_classes:
+            return super().__new__(cls.mode_classes[mode])
         return super().__new__(cls)
 
     def __init__(
@@ -157,8 +173,15 @@ class PostgresTable:
         schema: str | None = None,
         rank_table: str | None = None,
         mode: str = "copy",
+        sensitivity: float = 1,
+        frozen: bool = False,
     ) -> None:
+        if not isinstance(frozen, bool):
+            raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.mode = mode
+        self.frozen = frozen  # the caller's promise: the table does not change after prepare()
+        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
+        self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -190,6 +213,11 @@ class PostgresTable:
         self.where = "PostgreSQL table " + (
             repr(table) if schema is None else f"{schema!r}.{table!r}"
         )
+        # the write counter (module docstring): a table and a trigger function in the table's
+        # schema, one row per counted table, bumped by a statement-level trigger
+        self._writes = qualify(WRITES_TABLE)
+        self._writes_function = qualify(WRITES_FUNCTION)
+        self._writes_trigger = sql.Identifier(f"topk_{digest}_writes")
         self._run: _Run | None = None
         text_ids = self._text_ids = self._check_columns()
         id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
@@ -210,14 +238,23 @@ class PostgresTable:
         schema: str | None = None,
         replace: bool = False,
         mode: str = "copy",
+        weight: str | None = None,
+        max_per_item: float = 1,
+        max_items_per_client: int | None = None,
     ) -> PostgresTable:
-        """Count votes per item as COUNT(DISTINCT client) over the public table of all items.
+        """Count votes per item over the public table of all items, each client's contribution
+        bounded (adapters/contributions.py).
 
-        `votes` holds (client, item) rows; `items` is the public domain (column `item_id`). The
-        counts go into the table `into` (default `<votes>_counts`) with columns (id, score); a LEFT
-        JOIN keeps items without votes (score 0), so m is the size of `items`. A vote for an item
-        missing from `items` is an error: the domain must be public and complete.
+        `votes` holds (client, item[, weight]) rows; `items` is the public domain (column
+        `item_id`). A client adds to an item min(its rows for the item, or the sum of their
+        `weight`, `max_per_item`) (COUNT(DISTINCT client) when that is 1 without weight), to at
+        most `max_items_per_client` items chosen by a keyed hash; the source's sensitivity is
+        `max_per_item`. The counts go into the table `into` (default `<votes>_counts`) with
+        columns (id, score); a LEFT JOIN keeps items without votes (score 0), so m is the size of
+        `items`. A vote for an item missing from `items` is an error: the domain must be public
+        and complete; so is a negative, NaN or infinite weight.
         """
+        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
         if isinstance(conninfo_or_connection, psycopg.Connection):
             conn, owned = conninfo_or_connection, False
         else:
@@ -230,7 +267,9 @@ class PostgresTable:
         v, i, out = name(votes), name(items), name(into)
         vc, vi, ii = sql.Identifier(client), sql.Identifier(item), sql.Identifier(item_id)
         with conn.transaction():
-            for table, label, cols in ((v, votes, [vc, vi]), (i, items, [ii])):
+            vw = None if weight is None else sql.Identifier(weight)
+            vote_cols = [vc, vi] if vw is None else [vc, vi, vw]
+            for table, label, cols in ((v, votes, vote_cols), (i, items, [ii])):
                 try:
                     with conn.transaction():
                         columns = sql.SQL(", ").join(cols)
@@ -263,15 +302,62 @@ class PostgresTable:
                     f"not in the items table {items!r} (e.g. {stray[1]!r}): the domain must list "
                     "every item"
                 )
+            if vw is not None:
+                try:
+                    with conn.transaction():
+                        bad = conn.execute(
+                            sql.SQL(
+                                "SELECT count(*) FROM {v} WHERE {w} IS NOT NULL AND NOT "
+                                "({w}::float8 >= 0 AND {w}::float8 < 'infinity'::float8)"
+                            ).format(v=v, w=vw)
+                        ).fetchone()[0]
+                except psycopg.Error:
+                    raise TypeError(
+                        f"PostgreSQL table {votes!r} column {weight!r} is not numeric: weights "
+                        "must be numbers"
+                    ) from None
+                if bad:
+                    raise ValueError(
+                        f"PostgreSQL table {votes!r} column {weight!r} has {bad} negative, NaN or "
+                        "infinite weight(s): weights must be finite and >= 0"
+                    )
             if replace:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(out))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {out} AS SELECT i.{ii} AS id, count(DISTINCT v.{vc}) AS score "
-                    "FROM {i} AS i LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
-                ).format(out=out, i=i, v=v, ii=ii, vi=vi, vc=vc)
-            )
-        source = cls(conn, into, id="id", score="score", schema=schema, mode=mode)
+            if simple_count(weight, bound, max_items):
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {out} AS SELECT i.{ii} AS id, "
+                        "count(DISTINCT v.{vc}) AS score FROM {i} AS i "
+                        "LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
+                    ).format(out=out, i=i, v=v, ii=ii, vi=vi, vc=vc)
+                )
+            else:
+
+                def text(part: sql.Composable) -> str:  # % doubled: the query has parameters
+                    return part.as_string(conn).replace("%", "%%")
+
+                counted = clipped_counts_sql(
+                    votes=text(v),
+                    client="v." + text(vc),
+                    item="v." + text(vi),
+                    weight=None if vw is None else "v." + text(vw),
+                    max_per_item=bound,
+                    max_items=max_items,
+                    keyed_hash="sha256(convert_to(%s || it::text, 'UTF8'))",
+                    item_text="it::text",
+                )
+                kind_out = "bigint" if weight is None else "float8"
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {out} AS SELECT i.{ii} AS id, "
+                        "coalesce(p.score, 0)::" + kind_out + " AS score "
+                        "FROM {i} AS i LEFT JOIN (" + counted + ") AS p ON p.it = i.{ii}"
+                    ).format(out=out, i=i, ii=ii),
+                    [] if max_items is None else [fresh_key()],
+                )
+        source = cls(
+            conn, into, id="id", score="score", schema=schema, mode=mode, sensitivity=bound
+        )
         source._owns_connection = owned
         return source
 
@@ -365,10 +451,19 @@ class PostgresTable:
     def _catalog(self) -> tuple[bool, bool]:
         """Whether the rank table and the runs table exist: one catalog lookup (a query on a
         missing table would abort the transaction)."""
-        names = [self._ranks.as_string(self._conn), self._runs.as_string(self._conn)]
+        names = [
+            self._ranks.as_string(self._conn),
+            self._runs.as_string(self._conn),
+            self._writes.as_string(self._conn),
+        ]
         with self._reading() as cur:
-            cur.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL", names)
-            ranks, runs = cur.fetchone()
+            cur.execute(
+                "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+                "to_regclass(%s) IS NOT NULL",
+                names,
+            )
+            ranks, runs, counter = cur.fetchone()
+        self._has_counter = bool(counter)  # the write counter's table (freshness)
         return bool(ranks), bool(runs)
 
     def has_rank_table(self) -> bool:
@@ -514,17 +609,22 @@ class PostgresTable:
                     "not build it (no fingerprint): drop it, pass another rank_table name, or "
                     "call prepare(refresh=True) to replace it"
                 )
-            refresh = stored != current  # built from an earlier table of this name: rebuild
+            refresh = (
+                stored.split("\n")[0] != current
+            )  # built from an earlier table of this name: rebuild
         if not ranked or refresh:
             self.validate()
             names = self._build_names() if ranked else None
             target = (self._ranks, self._runs) if names is None else names[:2]
             indexes = (self._rank_index, self._id_index) if names is None else names[2:]
+            self._install_counter(conn)
             self._build(conn, *target, *indexes)
             if names is not None:
                 self._swap(conn, names, swap_timeout)
             self._record_fingerprint(conn)
+            self._stamp_writes(conn)
             return True
+        self._install_counter(conn)  # a copy built before it: unproven until a refresh
         for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
             conn.execute(
                 sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
@@ -677,7 +777,9 @@ class PostgresTable:
         conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(current)))
 
     def _check_fingerprint(self, stored: str | None, current: str) -> None:
-        """Raise RankTableMismatchError unless the rank table was built from this table."""
+        """Raise RankTableMismatchError unless the rank table was built from this table (the
+        first line of its comment; the second is the write counter's stamp)."""
+        stored = None if stored is None else stored.split("\n")[0]
         if stored != current:
             why = (
                 "prepare() did not build it"
@@ -802,6 +904,8 @@ class PostgresTable:
         runs = None
         if ranked:
             m, runs = self._counts(conn, with_runs)
+            if not self._current:  # writes since the copy, or no proof: read the table now
+                return _Run(False, self.validate(), None, stale=True)
         else:
             warnings.warn(
                 f"{self.where} has no rank table: sampling reads the whole table; call prepare()",
@@ -813,6 +917,16 @@ class PostgresTable:
     def _close_run(self) -> None:
         self._run = None
 
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside do not probe the runs of tied scores (the
+        probe's plan follows the number of distinct scores, which pg_stat_user_tables shows)."""
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
+
     def _state(self) -> _Run:
         if self._run is not None:
             return self._run
@@ -820,7 +934,10 @@ class PostgresTable:
         ranked, with_runs = self._catalog()
         if ranked:
             with self._reading() as cur:
-                return _Run(True, *self._counts(cur, with_runs))
+                counted = self._counts(cur, with_runs)
+            if self._current:
+                return _Run(True, *counted)
+            return _Run(False, self.validate(), None, stale=True)
         return _Run(False, self.validate())
 
     def _counts(
@@ -831,17 +948,107 @@ class PostgresTable:
         in the same query, the rank table's fingerprint, checked (RankTableMismatchError)."""
         runs = (
             sql.SQL("(SELECT run + 1 FROM {} ORDER BY first_rank DESC LIMIT 1)").format(self._runs)
-            if with_runs
+            if with_runs and not self._oblivious
             else sql.SQL("NULL::bigint")
         )
         stored, current = self._fingerprint_sql(self._conn)
-        query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {}, {}, {} FROM {}").format(
-            runs, stored, current, self._ranks
+        query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {}, {}, {}, {} FROM {}").format(
+            runs, stored, current, self._writes_sql(), self._ranks
         )
-        m, count, stored_print, current_print = reader.execute(query).fetchone()
+        m, count, stored_print, current_print, current_writes = reader.execute(query).fetchone()
         self._check_fingerprint(stored_print, current_print)
+        self._current = current_writes is not None and current_writes.startswith(WRITES_TAG)
         # No row (a runs table created after this snapshot began) is no runs table.
         return int(m), None if count is None else int(count)
+
+    # ----- freshness: a write counter kept by a statement-level trigger -------------------------
+    def _install_counter(self, conn: psycopg.Connection[Any]) -> None:
+        """In prepare()'s transaction: the counter table, its trigger function and the trigger
+        on the table (AFTER INSERT, UPDATE, DELETE or TRUNCATE, once per statement), unless they
+        exist. Needs the right to create a trigger on the table (its owner); without it the
+        copy stays unproven and runs read the table itself."""
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (relid oid PRIMARY KEY, writes bigint NOT NULL)"
+            ).format(self._writes)
+        )
+        function = conn.execute(
+            "SELECT to_regprocedure(%s)", [self._writes_function.as_string(conn) + "()"]
+        ).fetchone()[0]
+        if function is None:
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                    "BEGIN INSERT INTO {writes} AS w (relid, writes) VALUES (TG_RELID, 1) "
+                    "ON CONFLICT (relid) DO UPDATE SET writes = w.writes + 1; RETURN NULL; END $$"
+                ).format(function=self._writes_function, writes=self._writes)
+            )
+        exists = conn.execute(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s",
+            [self._base.as_string(conn), self._writes_trigger.as_string(conn).strip('"')],
+        ).fetchone()[0]
+        if exists:
+            return
+        try:
+            with conn.transaction():  # a savepoint: without the right, prepare() goes on
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+                        "ON {base} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+                    ).format(
+                        trigger=self._writes_trigger,
+                        base=self._base,
+                        function=self._writes_function,
+                    )
+                )
+        except psycopg.errors.InsufficientPrivilege as error:
+            warnings.warn(
+                f"{self.where}: no trigger to count writes ({first_line(error)}): runs cannot "
+                "prove the copy current and read the table itself; its owner can run prepare()",
+                stacklevel=4,
+            )
+
+    def _writes_text(self) -> sql.Composable:
+        """SQL of the counter's text for the table as this snapshot sees it."""
+        return sql.SQL(
+            "{tag} || ' ' || to_regclass({base})::oid || ' ' || coalesce((SELECT writes FROM "
+            "{writes} WHERE relid = to_regclass({base})), 0)"
+        ).format(
+            tag=sql.Literal(WRITES_TAG),
+            base=sql.Literal(self._base.as_string(self._conn)),
+            writes=self._writes,
+        )
+
+    def _writes_sql(self) -> sql.Composable:
+        """SQL that is the counter's text where the runs table's comment (written by prepare()
+        in the snapshot it copied) equals it and the trigger is in place, else NULL: the copy
+        is proven current in the run's first query (two key lookups and a comment)."""
+        if self.frozen:
+            return sql.SQL("{}").format(sql.Literal(WRITES_TAG))
+        if not getattr(self, "_has_counter", False):
+            return sql.SQL("NULL::text")
+        ranks = sql.Literal(self._ranks.as_string(self._conn))
+        return sql.SQL(
+            "(SELECT c.t FROM (SELECT {text} AS t) AS c "
+            "WHERE c.t = split_part(obj_description(to_regclass({ranks}), 'pg_class'), E'\\n', 2) "
+            "AND to_regclass({writes}) IS NOT NULL "
+            "AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass({base}) "
+            "AND tgname = {trigger}))"
+        ).format(
+            text=self._writes_text(),
+            ranks=ranks,
+            writes=sql.Literal(self._writes.as_string(self._conn)),
+            base=sql.Literal(self._base.as_string(self._conn)),
+            trigger=sql.Literal(self._writes_trigger.as_string(self._conn).strip('"')),
+        )
+
+    def _stamp_writes(self, conn: psycopg.Connection[Any]) -> None:
+        """Write the counter as prepare()'s snapshot sees it on the rank table: the second line
+        of its comment, after the fingerprint."""
+        stored, _ = self._fingerprints(conn)
+        text = conn.execute(sql.SQL("SELECT {}").format(self._writes_text())).fetchone()[0]
+        comment = (stored or "").split("\n")[0] + "\n" + text
+        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(comment)))
 
     def _ranked_source(self, ranked: bool) -> sql.Composable:
         if ranked:
@@ -876,6 +1083,11 @@ class PostgresTable:
 
     def domain_size(self) -> int:
         return self._state().m
+
+    def serves_copy(self) -> bool:
+        """Whether a run started now reads the rank-ordered copy (proven current by the write
+        counter, or the table is frozen) rather than the table itself."""
+        return self._state().ranked
 
     def read_sorted(self, start: int, count: int) -> Rows:
         run = self._state()
@@ -997,6 +1209,57 @@ class PostgresTable:
         with self._reading() as cur:
             found = dict(cur.execute(self._ids_query(run.ranked), [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    # ----- cleanup ------------------------------------------------------------------------------
+    def uninstall(self) -> None:
+        """Drop everything prepare() made: the rank table (its B-trees on rank and id and its
+        fingerprint go with it) and the runs table, in one transaction. The table of counts is
+        not touched. A rank table that prepare() did not build (no fingerprint) is refused
+        (RankTableMismatchError) and nothing is dropped. Idempotent; runs need prepare() again
+        afterwards. Waits for runs still reading the rank table (DROP TABLE's lock)."""
+        if self._run is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot()")
+        conn = self._usable_connection()
+        ranks = self._ranks.as_string(conn)
+        with conn.transaction():
+            exists, stored = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL, obj_description(to_regclass(%s), 'pg_class')",
+                [ranks, ranks],
+            ).fetchone()
+            if not exists:
+                return
+            if stored is None or not stored.startswith(FINGERPRINT_TAG):
+                raise RankTableMismatchError(
+                    f"{self.where}: the table {self.rank_table!r} was not built by prepare() "
+                    "(no fingerprint): uninstall() leaves it alone"
+                )
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._runs, self._ranks))
+            self._uninstall_counter(conn)
+
+    def _uninstall_counter(self, conn: psycopg.Connection[Any]) -> None:
+        """The write counter of this table (its trigger and row); the counter table and its
+        function too once no trigger of the schema calls the function any more."""
+        conn.execute(
+            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(self._writes_trigger, self._base)
+        )
+        writes = self._writes.as_string(conn)
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", [writes]).fetchone()[0]:
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE relid = to_regclass(%s)").format(self._writes),
+                [self._base.as_string(conn)],
+            )
+        function = conn.execute(
+            "SELECT to_regprocedure(%s)", [self._writes_function.as_string(conn) + "()"]
+        ).fetchone()[0]
+        users = 0
+        if function is not None:
+            users = conn.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgfoid = to_regprocedure(%s)",
+                [self._writes_function.as_string(conn) + "()"],
+            ).fetchone()[0]
+        if users == 0:
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(self._writes_function))
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._writes))
 
     def close(self) -> None:
         """Close the connection if this object opened it."""

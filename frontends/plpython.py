@@ -1,7 +1,7 @@
 """SPITable: a live PostgreSQL table read from inside the server, through PL/Python's SPI.
 
-What `topk.private_top_k(...)` (topk_middleware/sql_function.py) reads. The table was prepared in
-live mode (adapters/postgres_live.py: a B-tree on (score DESC, id), the position table
+What `topk.private_top_k(...)` (frontends/sql_function.py) reads. The table was prepared in
+live mode (adapters/postgres/live_mode.py: a B-tree on (score DESC, id), the position table
 `<table>_topk_pos` kept dense by triggers) and registered; this adapter reads those same
 structures with SQL run by the server process itself (`plpy.execute`, no network round trip).
 Every read is counted by CountedAccess like any store's (`round_trips` counts SPI queries).
@@ -27,9 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from adapters._sql import plain_values, rows_from_records, scores_in_order
+from topk_middleware.access import AccessError, Rows, StoreCosts
 
-from ._sql import plain_values, rows_from_records, scores_in_order
+# What SPI reads cost inside the server (rows come back as Python dicts, a few microseconds
+# each): the oblivious deadline's model (mechanisms/oblivious.py), generous on a busy server.
+SPI_COSTS = StoreCosts(
+    round_trip=5e-4,
+    sorted_row=1e-5,
+    random_batch=2e-3,
+    random_row=2e-5,
+    full_read_row=1e-5,
+)
 
 
 class SPITable:
@@ -41,6 +50,7 @@ class SPITable:
     """
 
     positions_are_ranks = False
+    store_costs = SPI_COSTS
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 -- topk_middleware inside PostgreSQL: the schema `topk` (installed by `topk-middleware install-sql`,
--- topk_middleware/sql_function.py; idempotent).
--- The PL/Python bodies call topk_middleware.sql_function; their first lines (sql_function.BOOT,
+-- frontends/sql_function.py; idempotent).
+-- The PL/Python bodies call frontends.sql_function; their first lines (sql_function.BOOT,
 -- put in by install-sql) make the project importable once per session (topk.settings: the checkout and the virtual environment's site-packages).
 CREATE EXTENSION IF NOT EXISTS plpython3u;
 CREATE SCHEMA IF NOT EXISTS topk;
@@ -21,9 +21,22 @@ CREATE TABLE IF NOT EXISTS topk.sources (
     score_column name NOT NULL,
     position_table regclass NOT NULL,  -- live mode (adapters/postgres_live.py)
     trigger_prefix text NOT NULL,
-    registered_at timestamptz NOT NULL DEFAULT now()
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    -- the most one client adds to or removes from one count, declared at registration
+    sensitivity double precision NOT NULL DEFAULT 1 CHECK (sensitivity > 0)
 );
-REVOKE ALL ON topk.settings, topk.sources FROM PUBLIC;
+-- The operator's log of refusals whose reason is a fact of the data (NULL, negative or
+-- non-finite scores, k above the number of items, ...): the analyst is told only the reference.
+CREATE TABLE IF NOT EXISTS topk.refusals (
+    reference text PRIMARY KEY,
+    refused_at timestamptz NOT NULL DEFAULT now(),
+    role text NOT NULL,
+    source text NOT NULL,
+    detail text NOT NULL
+);
+ALTER TABLE topk.sources ADD COLUMN IF NOT EXISTS
+    sensitivity double precision NOT NULL DEFAULT 1 CHECK (sensitivity > 0);
+REVOKE ALL ON topk.settings, topk.sources, topk.refusals FROM PUBLIC;
 
 -- A dropped table (or its position table) leaves the registry at once: an OID reused by a later
 -- table must never find a registration.

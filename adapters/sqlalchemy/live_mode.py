@@ -53,6 +53,9 @@ sorted order and no runs of tied scores are kept. Scores are validated by `prepa
 then checks every score it reads and raises AccessError on a NULL, NaN or negative one. Writes
 that bypass row triggers (MariaDB TRUNCATE, SQLite REPLACE without recursive_triggers) leave the
 position table behind: runs then fail with AccessError until `prepare()` runs again.
+
+Size: one class, SQLAlchemyLiveTable, with each dialect's triggers and index reads
+next to the statement they serve.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from adapters._sql import AccessCheck, AccessPath, plain_values
-from adapters.sqlalchemy import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit
 from topk_middleware.access import AccessError, Rows
+
+from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
@@ -511,9 +515,11 @@ $topk$"""
                 conn.exec_driver_sql(f"CREATE TRIGGER {prefix}{self._trigger(event)} {body}")
 
     def uninstall(self) -> None:
-        """Drop what prepare() installed apart from the indexes: the triggers (and PostgreSQL's
-        trigger function), the position table and the count table. Runs fail afterwards until
-        prepare() runs again."""
+        """Drop everything prepare() installed: the triggers (and PostgreSQL's trigger
+        function), the position table and the count table in one transaction, then the index
+        on (score DESC, id) and the unique index on id if prepare() made it (PostgreSQL: DROP
+        INDEX CONCURRENTLY). The table and its rows are not touched; an index it had before is
+        kept. Idempotent; runs fail afterwards until prepare() runs again."""
         preparer = self.engine.dialect.identifier_preparer
         schema = self._pos.schema
         prefix = "" if schema is None else f"{preparer.quote_schema(schema)}."
@@ -533,6 +539,28 @@ $topk$"""
                 conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {prefix}{function}()")
             for table in (self._pos, self._count):
                 table.drop(conn, checkfirst=True)
+        self._drop_indexes()
+
+    def _drop_indexes(self) -> None:
+        """The indexes _create_indexes() made on the table, where they exist."""
+        if self._source is None or not sa.inspect(self.engine).has_table(
+            self.table_name, schema=self._pos.schema
+        ):
+            return
+        concurrently = {"postgresql_concurrently": True}
+        made = [
+            sa.Index(self._order_index_name, self._score_column, **concurrently),
+            sa.Index(self._id_index_name, self._id_column, **concurrently),
+        ]
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            existing = {
+                i["name"]
+                for i in sa.inspect(conn).get_indexes(self.table_name, schema=self._pos.schema)
+            }
+            for index in made:
+                if index.name in existing:
+                    index.drop(conn)
 
     # ----- what a run reads -----------------------------------------------------------------
     def is_stale(self) -> bool:
@@ -805,3 +833,6 @@ $topk$"""
         full = any(row["type"] == "ALL" and row["table"] in tables for row in rows)
         kinds = ", ".join(f"{row['table']}: {row['type']} via {row['key']}" for row in rows)
         return full, f"access type {kinds}"
+
+
+SQLAlchemyTable.mode_classes["live"] = SQLAlchemyLiveTable

@@ -5,16 +5,16 @@ mechanisms of topk_middleware/mechanisms that fit one table-function call), each
 module's own cost through `budget=`; a bottom symbol (limited domain) is a last row with item NULL.
 
 Installed by `topk-middleware install-sql --dsn ...` (`install`), from the SQL in
-topk_middleware/sql/install.sql and the function pairs of SQL_FUNCTIONS (`function_sql`). Two
+frontends/sql/install.sql and the function pairs of SQL_FUNCTIONS (`function_sql`). Two
 halves live here:
 
 * client side (`install`, `register_source`): create plpython3u and the schema `topk`, record
   where the server's Python finds the project (this checkout, first on sys.path) and its
   dependencies (this virtual environment's site-packages, through site.addsitedir, which honours
   the .pth files of an editable install), check from inside the server that it imports them and
-  reaches the ledger, and register tables prepared in live mode (adapters/postgres_live.py).
+  reaches the ledger, and register tables prepared in live mode (adapters/postgres/live_mode.py).
 * server side (`server_*`, called by the PL/Python bodies): the release reads the table through
-  SPI (adapters/plpython.py, counted by CountedAccess like every store) in the calling statement's
+  SPI (frontends/plpython.py, counted by CountedAccess like every store) in the calling statement's
   snapshot, and charges the caller through a PrivacyLedger whose connection is the server's own
   connection to itself over the local socket (`topk.settings.ledger_dsn`). The charge is
   therefore an autonomous transaction: committed (row lock FOR UPDATE, composition, insert) before
@@ -22,10 +22,19 @@ halves live here:
   serialised by the ledger's row lock and never overspend. Only the release (position, item) is
   returned; access counts, method and m go to the ledger's log (topk.topk_ledger_charges).
 
+Against an analyst who watches the server (docs/security.md): every function pins the settings
+that would show its internal queries or count its reads (PINNED_SETTINGS); its long loops answer
+cancel, statement_timeout and terminate (topk_middleware/interrupts.py, a SPI round trip); a
+refusal whose reason is a fact of the data goes to topk.refusals and the analyst gets only its
+reference; topk.my_budget() shows a role its own budget.
+
 Who pays: `session_user`, the role that logged in. SET ROLE cannot change it (only a superuser's
 SET SESSION AUTHORIZATION can), so a member of several roles cannot draw on several budgets by
 switching between them; inside the SECURITY DEFINER function current_user is the owner, so it
 could not name the caller anyway. A role without a budget row is refused.
+
+Size: the installer, the registration of tables and the PL/Python entry points share
+the schema's names and the ledger connection; the SPI store is plpython.py.
 """
 
 from __future__ import annotations
@@ -36,17 +45,21 @@ import os
 import re
 import shutil
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .validation import first_line
+from topk_middleware.names import first_line, mask_secrets
 
 SCHEMA = "topk"
 SERVER_DIR = "/var/lib/topk_middleware"  # where a copy readable by the server goes (`stage`)
-PROJECT_PACKAGES = ("topk_middleware", "adapters")  # what the server's Python imports of ours
+PROJECT_PACKAGES = (
+    "topk_middleware",
+    "adapters",
+    "frontends",
+)  # what the server's Python imports of ours
 LOCK_TIMEOUT = "10s"  # the ledger connection's wait for a principal's row (an open grant_budget)
 APPLICATION_NAME = "topk_middleware ledger"
 
@@ -58,8 +71,40 @@ BOOT = """if "topk" not in GD:
         plpy.error("topk: not installed (no row in topk.settings): run topk-middleware install-sql")
     sys.path.insert(0, _where[0]["project_path"])
     site.addsitedir(_where[0]["site_packages"])
-    from topk_middleware import sql_function
+    from frontends import sql_function
     GD["topk"] = sql_function"""
+
+# Settings every SQL function pins for its own duration (function-level SET clauses, applied as
+# the superuser owner of these SECURITY DEFINER functions), so that an analyst's session settings
+# cannot make the server show it the internal queries, their plans or bound values, and so that
+# the function's reads stay out of the statistics views any role reads (track_counts off:
+# pg_stat_user_tables and pg_stat_xact_user_tables see none of them). Those absent from a
+# server (an extension not loaded) are left out at install time (install_sql_text).
+PINNED_SETTINGS = (
+    ("debug_print_parse", "off"),
+    ("debug_print_rewritten", "off"),
+    ("debug_print_plan", "off"),
+    ("client_min_messages", "error"),
+    ("log_min_messages", "warning"),
+    ("log_statement", "none"),
+    ("log_duration", "off"),
+    ("log_min_duration_statement", "-1"),
+    ("log_min_duration_sample", "-1"),
+    ("log_parser_stats", "off"),
+    ("log_planner_stats", "off"),
+    ("log_executor_stats", "off"),
+    ("log_statement_stats", "off"),
+    ("log_parameter_max_length_on_error", "0"),
+    ("trace_sort", "off"),
+    ("trace_notify", "off"),
+    ("plan_cache_mode", "auto"),
+    ("track_counts", "off"),
+    ("track_io_timing", "off"),
+    ("track_functions", "none"),
+    ("auto_explain.log_min_duration", "-1"),
+    ("pg_stat_statements.track", "none"),
+    ("jit", "off"),
+)
 
 INVALID = "22023"  # invalid_parameter_value
 NULL_ARGUMENT = "22004"  # null_value_not_allowed
@@ -96,6 +141,7 @@ class SqlFunction:
     server: str
     volatility: str = "STABLE"
     comment: str = ""
+    public: bool = False  # EXECUTE granted to PUBLIC (what every role may ask about itself)
 
 
 RELEASE = 'TABLE("position" integer, item text)'
@@ -104,24 +150,40 @@ SQL_FUNCTIONS = (
         "private_top_k",
         "_release",
         "source regclass, k integer, epsilon double precision, "
-        "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel'",
+        "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel', "
+        "oblivious boolean DEFAULT true",
         RELEASE,
         "server_release",
         comment="Private top-k (Wu, Ohrimenko, Wirth 2023): best first with Gumbel noise, a set "
-        "in id order with Laplace; charged to session_user.",
+        "in id order with Laplace; charged to session_user. oblivious (the default): reads and "
+        "wall time fixed by m, k, epsilon and delta, guarantee (epsilon, delta + (1 + e^epsilon) "
+        "* 1e-9).",
+    ),
+    SqlFunction(
+        "private_top_k_with_counts",
+        "_release_with_counts",
+        "source regclass, k integer, epsilon double precision, "
+        "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel', "
+        "counts_share double precision DEFAULT 0.5, oblivious boolean DEFAULT true",
+        'TABLE("position" integer, item text, count bigint, count_error bigint)',
+        "server_release_with_counts",
+        comment="Private top-k with each item's noisy count (exact discrete Laplace noise; "
+        "count_error: the half-width of a 95% interval); counts_share of epsilon goes to the "
+        "counts; charged to session_user; oblivious reads by default.",
     ),
     SqlFunction(
         "exponential_mechanism",
         "_exponential_mechanism",
-        "source regclass, epsilon double precision",
+        "source regclass, epsilon double precision, oblivious boolean DEFAULT true",
         RELEASE,
         "server_exponential",
-        comment="The exponential mechanism (k = 1), charged to session_user.",
+        comment="The exponential mechanism (k = 1), charged to session_user; oblivious reads "
+        "by default.",
     ),
     SqlFunction(
         "peeling_top_k",
         "_peeling_top_k",
-        "source regclass, k integer, epsilon double precision",
+        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true",
         RELEASE,
         "server_peeling",
         comment="Peeling: k exponential mechanisms, best first, charged to session_user.",
@@ -129,7 +191,7 @@ SQL_FUNCTIONS = (
     SqlFunction(
         "joint_top_k",
         "_joint_top_k",
-        "source regclass, k integer, epsilon double precision",
+        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true",
         RELEASE,
         "server_joint",
         comment="The joint exponential mechanism: an unordered set, so position is the order of "
@@ -139,11 +201,21 @@ SQL_FUNCTIONS = (
         "limited_domain_top_k",
         "_limited_domain_top_k",
         "source regclass, k integer, k_bar integer, epsilon double precision, "
-        "delta double precision",
+        "delta double precision, oblivious boolean DEFAULT true",
         RELEASE,
         "server_limited_domain",
         comment="Limited domain: at most k rows; when fewer than k items beat the threshold, a "
         "last row whose item is NULL stands for the bottom symbol.",
+    ),
+    SqlFunction(
+        "my_budget",
+        "_my_budget",
+        "",
+        "TABLE(epsilon double precision, delta double precision, rule text, releases integer, "
+        "epsilon_total double precision, delta_total double precision)",
+        "server_my_budget",
+        comment="What the calling role (session_user) has spent (composed) and its total.",
+        public=True,
     ),
     SqlFunction(
         "grant_budget",
@@ -166,64 +238,142 @@ SQL_FUNCTIONS = (
 )
 
 
+# Signatures of earlier installs, dropped first: a release function with one parameter fewer
+# would make every call that omits `oblivious` ambiguous.
+SUPERSEDED = (
+    "private_top_k(regclass, integer, double precision, double precision, text)",
+    "_release(regclass, integer, double precision, double precision, text)",
+    "exponential_mechanism(regclass, double precision)",
+    "_exponential_mechanism(regclass, double precision)",
+    "peeling_top_k(regclass, integer, double precision)",
+    "_peeling_top_k(regclass, integer, double precision)",
+    "joint_top_k(regclass, integer, double precision)",
+    "_joint_top_k(regclass, integer, double precision)",
+    "limited_domain_top_k(regclass, integer, integer, double precision, double precision)",
+    "_limited_domain_top_k(regclass, integer, integer, double precision, double precision)",
+    "private_top_k_with_counts(regclass, integer, double precision, double precision, text, "
+    "double precision)",
+    "_release_with_counts(regclass, integer, double precision, double precision, text, "
+    "double precision)",
+)
+
+
 def _parameters(params: str) -> tuple[str, str]:
     """(the parameters without their defaults, their names) of a parameter list."""
+    if not params.strip():
+        return "", ""
     bare = [re.sub(r"\s+DEFAULT\s+.*$", "", p.strip()) for p in params.split(",")]
     return ", ".join(bare), ", ".join(p.split()[0] for p in bare)
 
 
-def function_sql(f: SqlFunction) -> str:
-    """The SQL that installs one SqlFunction (body, front, revokes, comment)."""
-    bare, args = _parameters(f.params)
-    call = (
-        f"PERFORM topk.{f.body}({args});"
-        if f.returns == "void"
-        else f"RETURN QUERY SELECT * FROM topk.{f.body}({args});"
+def pinned_clauses(available: Collection[str] | None = None) -> str:
+    """The SET clauses of PINNED_SETTINGS (those in `available`, the server's pg_settings)."""
+    return " ".join(
+        f"SET {name} = '{value}'"
+        for name, value in PINNED_SETTINGS
+        if available is None or name in available
     )
-    comment = f.comment.replace("'", "''")
-    return f"""
-CREATE OR REPLACE FUNCTION topk.{f.body}({bare})
-RETURNS {f.returns}
-LANGUAGE plpython3u {f.volatility} SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp SET jit = off
-AS $$
-{BOOT}
-return GD["topk"].{f.server}(plpy, GD, {args})
-$$;
 
-CREATE OR REPLACE FUNCTION topk.{f.name}({f.params})
+
+def _front(f: SqlFunction, params: str, call: str, pins: str, search_path: bool = True) -> str:
+    """The plpgsql front: the project's refusals (plpy.Error "topk: ...") raised again as plain
+    SQL errors by a RAISE in the front itself, which PL/pgSQL reports without a CONTEXT line;
+    anything else as it came. Every name in it is qualified or syntax, so it is safe without
+    the pinned search_path (`search_path=False`: a text name resolved in the caller's path)."""
+    path = "SET search_path = pg_catalog, pg_temp " if search_path else ""
+    return f"""
+CREATE OR REPLACE FUNCTION topk.{f.name}({params})
 RETURNS {f.returns}
 LANGUAGE plpgsql {f.volatility} SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+{path}{pins}
 AS $$
 DECLARE
-    state text;
-    message text;
-    hint text;
+    state pg_catalog.text;
+    message pg_catalog.text;
+    hint pg_catalog.text;
 BEGIN
     {call}
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
         hint = PG_EXCEPTION_HINT;
-    PERFORM topk._plain_refusal(state, message, hint);
+    IF message OPERATOR(pg_catalog.~~) 'plpy.Error: topk: %' THEN
+        IF coalesce(hint, '') OPERATOR(pg_catalog.=) '' THEN
+            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = pg_catalog.substr(message, 13);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = pg_catalog.substr(message, 13),
+            HINT = hint;
+    END IF;
     RAISE;  -- not one of ours: as it came
 END
 $$;
-
-REVOKE EXECUTE ON FUNCTION topk.{f.body}({bare}), topk.{f.name}({bare}) FROM PUBLIC;
-COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
 """
 
 
-def install_sql_text() -> str:
-    """install.sql (schema, tables, helpers) followed by every SqlFunction."""
+def function_sql(f: SqlFunction, available: Collection[str] | None = None) -> str:
+    """The SQL that installs one SqlFunction (body, front, revokes, comment). A function whose
+    first parameter is `source regclass` gets a second front taking the name as text, resolved
+    inside (an analyst without USAGE on the table's schema gets the project's refusal, not the
+    cast's "permission denied for schema")."""
+    bare, args = _parameters(f.params)
+    pins = pinned_clauses(available)
+
+    def call(arguments: str) -> str:
+        return (
+            f"PERFORM topk.{f.body}({arguments});"
+            if f.returns == "void"
+            else f"RETURN QUERY SELECT * FROM topk.{f.body}({arguments});"
+        )
+
+    comment = f.comment.replace("'", "''")
+    grant = "PUBLIC" if f.public else None
+    text = f"""
+CREATE OR REPLACE FUNCTION topk.{f.body}({bare})
+RETURNS {f.returns}
+LANGUAGE plpython3u {f.volatility} SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp {pins}
+AS $$
+{BOOT}
+return GD["topk"].{f.server}(plpy, GD{", " if args else ""}{args})
+$$;
+{_front(f, f.params, call(args), pins)}
+REVOKE EXECUTE ON FUNCTION topk.{f.body}({bare}), topk.{f.name}({bare}) FROM PUBLIC;
+COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
+"""
+    if grant:
+        text += f"GRANT EXECUTE ON FUNCTION topk.{f.name}({bare}) TO {grant};\n"
+    if f.params.startswith("source regclass"):
+        by_name = f.params.replace("source regclass", "source text", 1)
+        bare_name, _ = _parameters(by_name)
+        resolved = args.replace(
+            "source",
+            "CASE WHEN source IS NULL THEN NULL "
+            "ELSE coalesce(pg_catalog.to_regclass(source), 0::pg_catalog.regclass) END",
+            1,
+        )
+        # The name is resolved in the caller's search_path (no search_path clause here: every
+        # name below is qualified or syntax), as the superuser owner, so no "permission denied
+        # for schema"; the regclass front then refuses in the project's words.
+        text += _front(f, by_name, call(resolved), pins, search_path=False)
+        text += (
+            f"REVOKE EXECUTE ON FUNCTION topk.{f.name}({bare_name}) FROM PUBLIC;\n"
+            f"COMMENT ON FUNCTION topk.{f.name}({bare_name}) IS '{comment}';\n"
+        )
+    return text
+
+
+def install_sql_text(available: Collection[str] | None = None) -> str:
+    """install.sql (schema, tables, helpers) followed by every SqlFunction; `available` the
+    server's setting names (pg_settings), which PINNED_SETTINGS are filtered by."""
     static = (
-        resources.files("topk_middleware")
+        resources.files("frontends")
         .joinpath("sql/install.sql")
         .read_text(encoding="utf-8")
         .replace("{BOOT}", BOOT)
     )
-    return static + "".join(function_sql(f) for f in SQL_FUNCTIONS)
+    # each superseded front also had a twin taking the table's name as text
+    superseded = [*SUPERSEDED, *(f.replace("(regclass", "(text", 1) for f in SUPERSEDED)]
+    drops = "".join(f"\nDROP FUNCTION IF EXISTS {SCHEMA}.{f};" for f in dict.fromkeys(superseded))
+    return static + drops + "".join(function_sql(f, available) for f in SQL_FUNCTIONS)
 
 
 def default_paths() -> tuple[str, str]:
@@ -317,7 +467,9 @@ def install(
     try:
         conn = psycopg.connect(dsn, autocommit=True)
     except psycopg.Error as error:
-        raise InstallError(f"cannot connect to {dsn!r}: {first_line(error)}") from None
+        raise InstallError(
+            f"cannot connect to {mask_secrets(repr(dsn))}: {first_line(error)}"
+        ) from None
     with conn:
         available = conn.execute(
             "SELECT count(*) FROM pg_available_extensions WHERE name = 'plpython3u'"
@@ -337,7 +489,8 @@ def install(
             )
         try:
             with conn.transaction():
-                conn.execute(install_sql_text())
+                settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
+                conn.execute(install_sql_text(settings))
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -361,16 +514,29 @@ def install(
             )
             raise InstallError(
                 f"the server's Python cannot run the project: {first_line(error)} (project "
-                f"{project_path}, site-packages {site_packages}, ledger {ledger_dsn!r}){why}"
+                f"{project_path}, site-packages {site_packages}, ledger "
+                f"{mask_secrets(repr(ledger_dsn))}){why}"
             ) from None
     return Installed(project_path, site_packages, ledger_dsn, server)
 
 
-def register_source(dsn: str, table: str, id: str, score: str, *, schema: str | None = None) -> str:
-    """Prepare `table` in live mode (adapters/postgres_live.py: its B-trees, position table and
-    triggers; idempotent) and register it for topk.private_top_k with its id and score columns.
+def register_source(
+    dsn: str,
+    table: str,
+    id: str,
+    score: str,
+    *,
+    schema: str | None = None,
+    sensitivity: float = 1,
+) -> str:
+    """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
+    triggers; idempotent) and register it for topk.private_top_k with its id and score columns
+    and its declared sensitivity (the most one client changes one count; scales the noise).
     Returns the table's name as regclass prints it."""
     from adapters.postgres import PostgresTable
+    from topk_middleware.privacy import check_sensitivity
+
+    sensitivity = check_sensitivity(sensitivity, "--sensitivity")
 
     source = PostgresTable(dsn, table, id=id, score=score, schema=schema, mode="live")
     try:
@@ -381,12 +547,12 @@ def register_source(dsn: str, table: str, id: str, score: str, *, schema: str | 
         with conn.transaction():
             conn.execute(
                 "INSERT INTO topk.sources (source, id_column, score_column, position_table, "
-                "trigger_prefix) VALUES (%s::regclass, %s, %s, %s::regclass, %s) "
+                "trigger_prefix, sensitivity) VALUES (%s::regclass, %s, %s, %s::regclass, %s, %s) "
                 "ON CONFLICT (source) DO UPDATE SET id_column = excluded.id_column, "
                 "score_column = excluded.score_column, position_table = "
                 "excluded.position_table, trigger_prefix = excluded.trigger_prefix, "
-                "registered_at = now()",
-                [base, id, score, position_table, source.trigger_function],
+                "sensitivity = excluded.sensitivity, registered_at = now()",
+                [base, id, score, position_table, source.trigger_function, sensitivity],
             )
             return conn.execute("SELECT %s::regclass::text", [base]).fetchone()[0]
     finally:
@@ -401,7 +567,7 @@ def _ledger(plpy: Any, GD: dict[str, Any]) -> Any:
         import psycopg
         import sqlalchemy as sa
 
-        from .ledger import PrivacyLedger
+        from topk_middleware.ledger import PrivacyLedger
 
         dsn = plpy.execute("SELECT ledger_dsn FROM topk.settings")[0]["ledger_dsn"]
         options = f"-c search_path={SCHEMA} -c lock_timeout={LOCK_TIMEOUT}"
@@ -427,20 +593,27 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
         plan = GD["topk_registration"] = plpy.prepare(
             "SELECT session_user::text AS role, s.source::text AS relation, s.id_column, "
             "s.score_column, "
-            "s.position_table::text AS position_table, s.trigger_prefix, "
+            "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
-            "format_type(c.atttypid, c.atttypmod) AS score_type "
-            "FROM topk.sources AS s "
+            "format_type(c.atttypid, c.atttypmod) AS score_type, "
+            "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named "
+            "FROM topk.sources AS s JOIN pg_class AS r ON r.oid = s.source "
             "JOIN pg_attribute AS i ON i.attrelid = s.source AND i.attname = s.id_column "
             "JOIN pg_attribute AS c ON c.attrelid = s.source AND c.attname = s.score_column "
             "WHERE s.source = $1::regclass",
             ["text"],
         )
-    rows = plpy.execute(plan, [source])
-    if not len(rows):
+    try:
+        rows = plpy.execute(plan, [source])
+    except plpy.SPIError:  # not a name or OID regclass takes back
+        rows = []
+    if not len(rows) or not rows[0]["named"]:
+        # One refusal for an unregistered table, a dangling OID, and a table in a schema the
+        # caller has no USAGE on: which of them it is would tell the caller about the catalog.
         _refuse(
             plpy,
-            f"table {source} is not registered for private top-k",
+            f"table {source} is not registered for private top-k, or this role may not name "
+            "it (USAGE on its schema)",
             UNDEFINED,
             hint="an administrator registers it: topk-middleware install-sql --dsn ... "
             "--source <table> --id <id column> --score <score column>",
@@ -451,10 +624,10 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
 def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     """The SPI source of a registration, kept for the session with its prepared plans (a new
     registration, or a changed column type, makes a new one)."""
-    from adapters.plpython import SPITable
+    from frontends.plpython import SPITable
 
     tables = GD.setdefault("topk_tables", {})
-    key = tuple(found[c] for c in sorted(found) if c != "role")
+    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named"))
     table = tables.get(key)
     if table is None:
         table = tables[key] = SPITable(
@@ -468,6 +641,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
             found["trigger_prefix"],
             bool(found["text_ids"]),
         )
+        table.sensitivity = float(found["sensitivity"])  # declared at registration
     return table
 
 
@@ -485,32 +659,58 @@ def _checked(plpy: Any, check: Callable[..., None], *arguments: Any) -> None:
         _refuse(plpy, str(error), INVALID)
 
 
+def _not_oblivious(plpy: Any, mechanism: str, oblivious: Any) -> None:
+    """Refuse a mechanism that cannot be made oblivious (mechanisms/oblivious.py) under the
+    functions' oblivious default, before anything is read or charged."""
+    if oblivious:
+        _refuse(
+            plpy,
+            f"{mechanism} cannot run obliviously: which rows and how many it reads depend on "
+            "the counts, and anyone who can watch the server could see them; nothing was read "
+            "or charged",
+            INVALID,
+            hint="pass oblivious => false to accept that, or use topk.private_top_k",
+        )
+
+
 def _charged_release(
-    plpy: Any, GD: dict[str, Any], source: Any, run: Callable[[Any, Any], Any]
-) -> list[tuple[int, str | None]]:
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    run: Callable[[Any, Any], Any],
+    with_counts: bool = False,
+) -> list[tuple[Any, ...]]:
     """The common half of every release function: the source's registration, then `run(table,
     budget)` (a mechanism given the SPI source and session_user's LedgerBudget as `budget=`: it
     charges the ledger before reading any row, and logs its diagnostics there), its refusals in
     the project's words; the rows (position, item) of the release."""
     import sqlalchemy as sa
 
-    from .accounting import BudgetExceeded
-    from .ledger import LedgerBudget
+    from topk_middleware.accounting import BudgetExceeded
+    from topk_middleware.interrupts import checking
+    from topk_middleware.ledger import LedgerBudget
 
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
     role = found["role"]
     table = _spi_table(plpy, GD, found)
     budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
+    ping = GD.get("topk_ping")
+    if ping is None:
+        ping = GD["topk_ping"] = plpy.prepare("SELECT 1")
     try:
-        try:
-            result = run(table, budget)
-        except sa.exc.DBAPIError as error:
-            if not error.connection_invalidated:
-                raise
-            # The ledger's connection had died (idle too long, server restart): once more on a
-            # new one. Had the lost charge committed, it stays charged (never undercounted).
-            result = run(table, budget)
+        # The core's long loops call interrupts.check(); a server round trip there lets the
+        # server raise a pending cancel, statement_timeout or terminate (PL/Python does not).
+        with checking(lambda: plpy.execute(ping)):
+            try:
+                result = run(table, budget)
+            except sa.exc.DBAPIError as error:
+                if not error.connection_invalidated:
+                    raise
+                # The ledger's connection had died (idle too long, server restart): once more
+                # on a new one. Had the lost charge committed, it stays charged (never
+                # undercounted).
+                result = run(table, budget)
     except KeyError as error:
         if "has no budget" not in str(error):
             raise
@@ -522,8 +722,18 @@ def _charged_release(
         )
     except BudgetExceeded as error:
         _refuse(plpy, f"role {role}: {error}", REFUSED)
-    except ValueError as error:  # k > m, an empty table, bad scores
-        _refuse(plpy, str(error), INVALID)
+    except ValueError as error:  # k > m, an empty table, bad scores: facts of the data
+        charged = getattr(budget._pending, "seq", None) is not None
+        reference = _log_refusal(ledger, role, found["relation"], str(error))
+        _refuse(
+            plpy,
+            f"the release was refused for a reason in the table's data, which only an "
+            f"administrator may see (reference {reference}); "
+            + ("the budget was charged" if charged else "nothing was charged, read or released"),
+            INVALID,
+            hint=f"an administrator reads it: SELECT * FROM topk.refusals WHERE reference = "
+            f"'{reference}'",
+        )
     except Exception as error:
         if _is_lock_timeout(error):
             _refuse(
@@ -534,7 +744,13 @@ def _charged_release(
             )
         raise
     release = result.release()
-    rows: list[tuple[int, str | None]] = [
+    if with_counts:  # (position, item, count, count_error): noisy counts beside the items
+        counts = release.counts or ()
+        return [
+            (position, str(item), int(count), release.count_error)
+            for position, (item, count) in enumerate(zip(release.items, counts, strict=True), 1)
+        ]
+    rows: list[tuple[Any, ...]] = [
         (position, str(item)) for position, item in enumerate(release.items, 1)
     ]
     if release.bottom:  # limited domain: fewer than k items beat the threshold
@@ -543,12 +759,24 @@ def _charged_release(
 
 
 def server_release(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, delta: Any, noise: Any
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    k: Any,
+    epsilon: Any,
+    delta: Any,
+    noise: Any,
+    oblivious: Any = True,
 ) -> list[tuple[int, str | None]]:
-    """topk.private_top_k: check, charge session_user, release; the rows (position, item)."""
-    from .api import NOISES, check_common, private_top_k
+    """topk.private_top_k: check, charge session_user, release; the rows (position, item).
+    `oblivious` (default true): reads and wall time fixed by public facts
+    (mechanisms/oblivious.py), charged oblivious_cost."""
+    from topk_middleware.api import NOISES, private_top_k
+    from topk_middleware.validation import check_common
 
-    _no_nulls(plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise)
+    _no_nulls(
+        plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise, oblivious=oblivious
+    )
 
     def check() -> None:
         check_common(k, epsilon, delta)
@@ -560,71 +788,156 @@ def server_release(
         plpy,
         GD,
         source,
-        lambda table, budget: private_top_k(table, k, epsilon, delta, noise, budget=budget),
+        lambda table, budget: private_top_k(
+            table, k, epsilon, delta, noise, budget=budget, oblivious=bool(oblivious)
+        ),
+    )
+
+
+def server_release_with_counts(
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    k: Any,
+    epsilon: Any,
+    delta: Any,
+    noise: Any,
+    counts_share: Any,
+    oblivious: Any = True,
+) -> list[tuple[Any, ...]]:
+    """topk.private_top_k_with_counts: topk.private_top_k plus each item's noisy count and the
+    95% half-width (private_top_k(..., with_counts=True))."""
+    from topk_middleware.api import NOISES, private_top_k
+    from topk_middleware.noisy_counts import check_counts_share
+    from topk_middleware.validation import check_common
+
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise)
+    _no_nulls(plpy, counts_share=counts_share, oblivious=oblivious)
+
+    def check() -> None:
+        check_common(k, epsilon, delta)
+        check_counts_share(counts_share)
+        if noise not in NOISES:
+            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
+
+    _checked(plpy, check)
+    return _charged_release(
+        plpy,
+        GD,
+        source,
+        lambda table, budget: private_top_k(
+            table,
+            k,
+            epsilon,
+            delta,
+            noise,
+            budget=budget,
+            with_counts=True,
+            counts_share=counts_share,
+            oblivious=bool(oblivious),
+        ),
+        with_counts=True,
     )
 
 
 def server_exponential(
-    plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any
+    plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any, oblivious: Any = True
 ) -> list[tuple[int, str | None]]:
     """topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i) (mechanisms/exponential.py;
     charged accounting.oneshot_cost("gumbel", 1, m, epsilon), as its `budget=` does)."""
-    from .api import check_common
-    from .mechanisms.exponential import exponential_mechanism
+    from topk_middleware.mechanisms.exponential import exponential_mechanism
+    from topk_middleware.validation import check_common
 
-    _no_nulls(plpy, source=source, epsilon=epsilon)
+    _no_nulls(plpy, source=source, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, 1, epsilon, 0.0)
     return _charged_release(
-        plpy, GD, source, lambda table, budget: exponential_mechanism(table, epsilon, budget=budget)
+        plpy,
+        GD,
+        source,
+        lambda table, budget: exponential_mechanism(
+            table, epsilon, budget=budget, oblivious=bool(oblivious)
+        ),
     )
 
 
 def server_peeling(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, oblivious: Any = True
 ) -> list[tuple[int, str | None]]:
     """topk.peeling_top_k: k exponential-mechanism steps of epsilon/k (mechanisms/peeling.py;
     charged peeling_cost(k, epsilon))."""
-    from .api import check_common
-    from .mechanisms.peeling import peeling_top_k
+    from topk_middleware.mechanisms.peeling import peeling_top_k
+    from topk_middleware.validation import check_common
 
-    _no_nulls(plpy, source=source, k=k, epsilon=epsilon)
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, k, epsilon, 0.0)
+    _not_oblivious(plpy, "peeling", oblivious)
     return _charged_release(
         plpy, GD, source, lambda table, budget: peeling_top_k(table, k, epsilon, budget=budget)
     )
 
 
 def server_joint(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any
+    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, oblivious: Any = True
 ) -> list[tuple[int, str | None]]:
     """topk.joint_top_k: a k-set from the joint exponential mechanism, in random order
     (mechanisms/joint.py; charged joint_cost(epsilon))."""
-    from .api import check_common
-    from .mechanisms.joint import joint_top_k
+    from topk_middleware.mechanisms.joint import check_joint_size, joint_top_k
+    from topk_middleware.validation import check_common
 
-    _no_nulls(plpy, source=source, k=k, epsilon=epsilon)
+    _no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, k, epsilon, 0.0)
+    _not_oblivious(plpy, "joint", oblivious)
+    _checked(plpy, check_joint_size, k)  # work known to be excessive, before anything
     return _charged_release(
         plpy, GD, source, lambda table, budget: joint_top_k(table, k, epsilon, budget=budget)
     )
 
 
 def server_limited_domain(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, k_bar: Any, epsilon: Any, delta: Any
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    k: Any,
+    k_bar: Any,
+    epsilon: Any,
+    delta: Any,
+    oblivious: Any = True,
 ) -> list[tuple[int, str | None]]:
     """topk.limited_domain_top_k: Durfee-Rogers Algorithm 1 (mechanisms/limited_domain.py;
     charged limited_domain_cost(k, epsilon, delta)); a bottom symbol is a last row with item
     NULL."""
-    from .mechanisms.limited_domain import check_limited_domain, limited_domain_top_k
+    from topk_middleware.mechanisms.limited_domain import check_limited_domain, limited_domain_top_k
 
-    _no_nulls(plpy, source=source, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta)
+    _no_nulls(
+        plpy, source=source, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta, oblivious=oblivious
+    )
     _checked(plpy, check_limited_domain, k, k_bar, epsilon, delta, None)
+    _not_oblivious(plpy, "limited_domain", oblivious)
     return _charged_release(
         plpy,
         GD,
         source,
         lambda table, budget: limited_domain_top_k(table, k, k_bar, epsilon, delta, budget=budget),
     )
+
+
+def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
+    """Record a refusal's data facts in topk.refusals (the operator's log, through the ledger's
+    own connection: committed although the caller's statement fails); its reference."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    reference = "R-" + uuid.uuid4().hex[:12]
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {SCHEMA}.refusals (reference, role, source, detail) "
+                "VALUES (:reference, :role, :source, :detail)"
+            ),
+            {"reference": reference, "role": role, "source": relation, "detail": detail},
+        )
+    return reference
 
 
 def _is_lock_timeout(error: Exception) -> bool:
@@ -644,8 +957,8 @@ def _role_name(plpy: Any, role: str) -> str:
 def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, delta: Any) -> None:
     """topk.grant_budget: set the role's total (created, or changed) in the caller's transaction;
     what the role has spent is kept."""
-    from .accounting import check_budget_total
-    from .ledger import PRINCIPALS
+    from topk_middleware.accounting import check_budget_total
+    from topk_middleware.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role, epsilon=epsilon, delta=delta)
     try:
@@ -665,7 +978,7 @@ def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, 
 def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ...]]:
     """topk.spent: the composition of the role's releases (the ledger's, committed charges) and
     its total."""
-    from .ledger import PRINCIPALS
+    from topk_middleware.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role)
     name = _role_name(plpy, role)
@@ -682,6 +995,12 @@ def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ..
     return [
         (spent.epsilon, spent.delta, spent.rule, total["charges"], total["epsilon"], total["delta"])
     ]
+
+
+def server_my_budget(plpy: Any, GD: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """topk.my_budget: topk.spent of the calling role (session_user), which any role may ask."""
+    role = plpy.execute("SELECT session_user::text AS role")[0]["role"]
+    return server_spent(plpy, GD, plpy.quote_ident(role))
 
 
 def server_check(plpy: Any, GD: dict[str, Any]) -> str:
@@ -716,6 +1035,12 @@ def add_install_sql_parser(sub: Any) -> None:
     p.add_argument("--source", help="a table to prepare (live mode) and register, [schema.]table")
     p.add_argument("--id", default="id", help="the source's id column (default id)")
     p.add_argument("--score", default="score", help="the source's score column (default score)")
+    p.add_argument(
+        "--sensitivity",
+        type=float,
+        default=1.0,
+        help="the most one client adds to or removes from one of the source's counts (default 1)",
+    )
     p.set_defaults(handler=run_install_sql)
 
 
@@ -724,9 +1049,19 @@ def run_install_sql(args: Any) -> int:
     line, without a traceback: cli.run_reporting_errors)."""
     done = install(args.dsn, args.ledger_dsn)
     print(f"installed schema topk: server {done.server}")
-    print(f"  ledger connection: {done.ledger_dsn}")
+    print(f"  ledger connection: {mask_secrets(done.ledger_dsn)}")
     if args.source:
         schema, _, table = args.source.rpartition(".")
-        name = register_source(args.dsn, table, args.id, args.score, schema=schema or None)
-        print(f"registered {name} (id {args.id}, score {args.score})")
+        name = register_source(
+            args.dsn,
+            table,
+            args.id,
+            args.score,
+            schema=schema or None,
+            sensitivity=args.sensitivity,
+        )
+        print(
+            f"registered {name} (id {args.id}, score {args.score}, sensitivity "
+            f"{args.sensitivity:g})"
+        )
     return 0

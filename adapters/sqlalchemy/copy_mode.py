@@ -26,6 +26,9 @@ the primary key), and reads them in one query when the core asks. A rank table b
 runs table existed gets one from the next `prepare()`; until then `score_run_count()` is None.
 
 All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, never pasted.
+
+Size: one class, SQLAlchemyTable, with the dialect differences (PostgreSQL, MariaDB /
+MySQL, SQLite, DuckDB) next to the statement each one changes; live mode is live_mode.py.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ from adapters._sql import (
 )
 from topk_middleware.access import AccessError, Rows
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.privacy import check_sensitivity
+
+from ..contributions import check_bounds, fresh_key, simple_count
 
 # The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
 # the run's secret key, a bound parameter.
@@ -65,9 +71,19 @@ _KEYED_DIGITS = {
     "duckdb": (
         "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE"
     ),
-    "mysql": "(CONV(SUBSTRING(SHA2(CONCAT(:key, ':', {rank}), 256), 1, 13), 16, 10) + 0)",
 }
-_KEYED_DIGITS["mariadb"] = _KEYED_DIGITS["mysql"]
+# The exceedances (position, noise) as bound arrays, per dialect: never literals in the statement
+# text, which pg_stat_activity and the server's logs show. SQLite (in-process, no server) reads
+# them from two bound JSON arrays. MySQL / MariaDB have no such path: pymysql interpolates every
+# parameter into the text on the client, key included, so there the one-shot runs in the client.
+_EXCEEDANCES = {
+    "postgresql": "SELECT * FROM unnest(CAST(:positions AS bigint[]), CAST(:noises AS float8[]))",
+    "duckdb": "SELECT unnest(CAST(:positions AS BIGINT[])), unnest(CAST(:noises AS DOUBLE[]))",
+    "sqlite": (
+        "SELECT CAST(p.value AS INTEGER), z.value FROM json_each(:positions) AS p "
+        "JOIN json_each(:noises) AS z ON z.key = p.key"
+    ),
+}
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
@@ -96,6 +112,9 @@ LASTING_IDENTITY = ("postgresql", "mysql", "mariadb")
 
 class StaleRankTableError(RuntimeError):
     """The counts table changed after `prepare()` built the rank table."""
+
+
+REFRESH_TRIES = 3  # copy mode, not frozen: refreshes of a changing copy before a run gives up
 
 
 def _digest(*parts: str | None) -> str:
@@ -139,14 +158,15 @@ class SQLAlchemyTable:
     `mode="copy"` (the default) serves runs from the rank table built by `prepare()`.
     `mode="live"` reads the table itself through an index, with item positions kept by
     triggers, so that writes need no rebuild (PostgreSQL, MariaDB / MySQL, SQLite; see
-    adapters/sqlalchemy_live.py).
+    adapters/sqlalchemy/live_mode.py).
     """
 
-    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> SQLAlchemyTable:
-        if mode == "live" and cls is SQLAlchemyTable:
-            from adapters.sqlalchemy_live import SQLAlchemyLiveTable
+    # The class serving each mode other than "copy" (live_mode.py registers itself).
+    mode_classes: dict[str, type[SQLAlchemyTable]] = {}  # noqa: RUF012
 
-            return super().__new__(SQLAlchemyLiveTable)
+    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> SQLAlchemyTable:
+        if cls is SQLAlchemyTable and mode in cls.mode_classes:
+            return super().__new__(cls.mode_classes[mode])
         return super().__new__(cls)
 
     def __init__(
@@ -160,13 +180,21 @@ class SQLAlchemyTable:
         rank_table: str | None = None,
         max_params: int | None = None,
         mode: str = "copy",
+        sensitivity: float = 1,
+        frozen: bool = False,
     ) -> None:
         if mode not in ("copy", "live"):
             raise ValueError(f"mode must be 'copy' or 'live', got {mode!r}")
+        if not isinstance(frozen, bool):
+            raise TypeError(f"frozen must be True or False, got {frozen!r}")
+        self.frozen = frozen  # the caller's promise: the table does not change after prepare()
+        self.last_freshness: str | None = None  # how the last run knew its copy current
+        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         self.engine = engine
         self.dialect = engine.dialect.name
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
             raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
+        self._no_keyed_sql()
         if isinstance(table, sa.Table):
             schema = table.schema
             table = table.name
@@ -218,18 +246,35 @@ class SQLAlchemyTable:
         schema: str | None = None,
         rank_table: str | None = None,
         max_params: int | None = None,
+        weight: str | None = None,
+        max_per_item: float = 1,
+        max_items_per_client: int | None = None,
     ) -> SQLAlchemyTable:
-        """Counts from raw votes: score = COUNT(DISTINCT client) per item of the public domain.
+        """Counts from raw votes with bounded contributions (adapters/contributions.py): a
+        client adds to an item min(its rows for the item, or the sum of their `weight`,
+        `max_per_item`) (COUNT(DISTINCT client) when that is 1 without weight), to at most
+        `max_items_per_client` items chosen by a keyed hash (MD5 of a fresh secret key and the
+        item, a bound parameter; PostgreSQL, MariaDB / MySQL and DuckDB: SQLite has no hash
+        function and refuses it); the source's sensitivity is `max_per_item`.
 
         `items_table` lists the public item domain (column `item_id`); `votes_table` holds
-        (client, item) rows. An outer join keeps the items without votes (score 0), so m is the
-        size of the public domain, not the number of items that happen to have votes. NULL
-        clients are not counted; a vote for an item missing from the domain is an error raised
-        by prepare() (the domain must be public and complete).
+        (client, item[, weight]) rows. An outer join keeps the items without votes (score 0), so
+        m is the size of the public domain, not the number of items that happen to have votes.
+        NULL clients are not counted; a vote for an item missing from the domain is an error
+        raised by prepare() (the domain must be public and complete); a negative, NaN or
+        infinite weight is refused here.
         """
+        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
+        if max_items is not None and engine.dialect.name == "sqlite":
+            raise ValueError(
+                "max_items_per_client needs a hash function in the database (md5): SQLite has "
+                "none; use PostgreSQL, MariaDB / MySQL or DuckDB, or leave it None"
+            )
         self = cls.__new__(cls)
+        self.sensitivity = check_sensitivity(bound)
         self.engine = engine
         self.dialect = engine.dialect.name
+        self._no_keyed_sql()
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
             raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
         items_where = f"table {items_table!r}"
@@ -240,6 +285,7 @@ class SQLAlchemyTable:
             (items_where, items, item_id),
             (votes_where, votes, client),
             (votes_where, votes, item),
+            *([] if weight is None else [(votes_where, votes, weight)]),
         ):
             if name not in tab.c:
                 raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
@@ -255,15 +301,22 @@ class SQLAlchemyTable:
         # collation (MariaDB's default) 'apple' and 'Apple' are still two items.
         item_key = self._id_key(items.c[item_id])
         match = self._id_key(votes.c[item]) == item_key
-        counts = (
-            sa.select(
-                sa.func.min(items.c[item_id]).label("id"),
-                sa.func.count(sa.distinct(votes.c[client])).label("score"),
+        if simple_count(weight, bound, max_items):
+            counts = (
+                sa.select(
+                    sa.func.min(items.c[item_id]).label("id"),
+                    sa.func.count(sa.distinct(votes.c[client])).label("score"),
+                )
+                .select_from(items.outerjoin(votes, match))
+                .group_by(item_key)
+                .subquery("topk_counts")
             )
-            .select_from(items.outerjoin(votes, match))
-            .group_by(item_key)
-            .subquery("topk_counts")
-        )
+        else:
+            if weight is not None:
+                self._refuse_bad_weights(votes.c[weight], votes_where, weight)
+            counts = self._clipped_counts(
+                items.c[item_id], votes, client, item, weight, bound, max_items
+            )
         self._stray_votes = (
             sa.select(sa.func.count(), sa.func.min(votes.c[item]))
             .select_from(votes.outerjoin(items, match))
@@ -281,9 +334,77 @@ class SQLAlchemyTable:
         self._id_type = items.c[item_id].type
         digest = _digest(schema, votes_table, items_table, client, item, item_id)
         name = rank_table or _fit(f"{votes_table}__{items_table}", f"__topk_votes_{digest}")
-        self._init_ranks(name, schema, max_params, score_type=sa.BigInteger())
+        score_type = sa.BigInteger() if weight is None else sa.Double()  # 8 bytes everywhere
+        self._init_ranks(name, schema, max_params, score_type=score_type)
         self._source_indexes = []
         return self
+
+    def _refuse_bad_weights(self, column: Any, where: str, name: str) -> None:
+        """A negative, NaN or infinite weight is refused before the counts are defined."""
+        as_float = sa.cast(column, sa.Float())
+        bad = sa.select(sa.func.count()).where(
+            column.is_not(None),
+            sa.not_(sa.and_(as_float >= 0, as_float < 1e308, as_float == as_float)),
+        )
+        with self.engine.connect() as conn:
+            found = conn.execute(bad).scalar()
+        if found:
+            raise ValueError(
+                f"{where} column {name!r} has {found} negative, NaN or infinite weight(s): "
+                "weights must be finite and >= 0"
+            )
+
+    def _clipped_counts(
+        self,
+        item_ids: Any,
+        votes: sa.Table,
+        client: str,
+        item: str,
+        weight: str | None,
+        bound: float,
+        max_items: int | None,
+    ) -> Any:
+        """The counts with each client's contribution clipped (adapters/contributions.py)."""
+        who, what = votes.c[client], votes.c[item]
+        what_key = self._id_key(what)
+        amount = (
+            sa.func.count() if weight is None else sa.func.sum(sa.func.coalesce(votes.c[weight], 0))
+        )
+        limit = sa.literal(bound)
+        pairs = (
+            sa.select(
+                who.label("c"),
+                sa.func.min(what).label("it"),
+                sa.case((amount > limit, limit), else_=amount).label("contrib"),
+            )
+            .where(who.is_not(None), what.is_not(None))
+            .group_by(who, what_key)
+            .subquery("topk_pairs")
+        )
+        if max_items is not None:
+            key = sa.bindparam("topk_contribution_key", fresh_key(), type_=sa.String())
+            as_text = sa.cast(pairs.c.it, sa.String())
+            rank = (
+                sa.func.row_number()
+                .over(partition_by=pairs.c.c, order_by=(sa.func.md5(key + as_text), as_text))
+                .label("r")
+            )
+            ranked = sa.select(pairs.c.c, pairs.c.it, pairs.c.contrib, rank).subquery("topk_r")
+            pairs = (
+                sa.select(ranked.c.c, ranked.c.it, ranked.c.contrib)
+                .where(ranked.c.r <= max_items)
+                .subquery("topk_kept")
+            )
+        item_key = self._id_key(item_ids)
+        return (
+            sa.select(
+                sa.func.min(item_ids).label("id"),
+                sa.func.coalesce(sa.func.sum(pairs.c.contrib), 0).label("score"),
+            )
+            .select_from(item_ids.table.outerjoin(pairs, self._id_key(pairs.c.it) == item_key))
+            .group_by(item_key)
+            .subquery("topk_counts")
+        )
 
     def _init_ranks(
         self,
@@ -612,6 +733,42 @@ class SQLAlchemyTable:
         self._analyze()
         with self.engine.connect() as conn:
             self._proof = self._proof_now(conn)
+
+    def uninstall(self) -> None:
+        """Drop everything prepare() made: the rank table and its runs table (their indexes go
+        with them), this rank table's row in topk_rank_fingerprints (and that table once no
+        rank table is left in it), and the indexes prepare() put on the table of counts. The
+        table's rows are not touched. A filled rank table with no fingerprint (not built by
+        prepare()) is refused (RankTableMismatchError) and nothing is dropped. Idempotent;
+        runs need prepare() again afterwards."""
+        if self._conn is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot() of the same table")
+        schema, f = self._ranks.schema, self._fingerprints
+        with self.engine.begin() as conn:
+            inspector = sa.inspect(conn)
+            with_marks = inspector.has_table(f.name, schema=schema)
+            if inspector.has_table(self._ranks.name, schema=schema):
+                filled = conn.execute(sa.select(self._ranks.c.rank).limit(1)).first()
+                marked = (
+                    with_marks
+                    and conn.execute(
+                        sa.select(f.c.mark).where(f.c.rank_table == self._ranks.name)
+                    ).first()
+                )
+                if filled is not None and not marked:
+                    raise RankTableMismatchError(
+                        f"{self.where}: the table {self._ranks.name!r} was not built by "
+                        "prepare() (no fingerprint): uninstall() leaves it alone"
+                    )
+            for table in (self._runs, self._ranks):
+                table.drop(conn, checkfirst=True)
+            if with_marks:
+                conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
+                if conn.execute(sa.select(f.c.rank_table).limit(1)).first() is None:
+                    f.drop(conn)
+            for index in self._source_indexes:
+                index.drop(conn, checkfirst=True)
+        self._proof = None
 
     @contextmanager
     def _writing(self, locked: Connection | None) -> Iterator[Connection]:
@@ -1032,6 +1189,7 @@ class SQLAlchemyTable:
             transaction = self._begin(conn)
             try:
                 transaction = self._open_run(conn, transaction)  # the first read: the snapshot
+                transaction = self._current_copy(conn, transaction)
                 self._conn = conn
                 yield
             finally:
@@ -1044,18 +1202,46 @@ class SQLAlchemyTable:
         number of runs of tied scores, the fingerprint check); returns the transaction (a new
         one if the run had to start again)."""
         try:
-            counts = self._counts(conn, self._runs_exist(conn))
+            counts = self._counts(conn, not self._oblivious and self._runs_exist(conn))
         except _RunsTableMissing:
             # Dropped since it was last seen: start again without it (nothing was read).
             self._end(conn, transaction)
             self._with_runs = False
             transaction = self._begin(conn)
-            counts = self._counts(conn, self._runs_exist(conn))
+            counts = self._counts(conn, not self._oblivious and self._runs_exist(conn))
         self._m, self._run_count = counts
         return transaction
 
     def _close_run(self) -> None:
         self._m = self._run_count = None
+
+    def _current_copy(
+        self, conn: Connection, transaction: sa.RootTransaction
+    ) -> sa.RootTransaction:
+        """Copy mode, not frozen: prove the copy current in the run's snapshot by comparing it
+        with the table (`_copy_differs`: one join over both), and where they differ refresh the
+        copy (prepare(refresh=True), outside the snapshot) and take a new snapshot, until the
+        copy is the table's state at the snapshot (at most REFRESH_TRIES times). The run then
+        never reads a state older than its start. (A write counter, as on PostgresTable, would
+        make the proof a key lookup; these dialects do not have one yet.)"""
+        frozen = getattr(self, "frozen", False)  # from_votes() builds without __init__
+        if frozen or isinstance(self, tuple(self.mode_classes.values())):
+            self.last_freshness = "frozen" if frozen else None
+            return transaction
+        for attempt in range(REFRESH_TRIES):
+            if not self._copy_differs(conn):
+                self.last_freshness = "refreshed" if attempt else "compared"
+                return transaction
+            self._end(conn, transaction)
+            self._close_run()
+            self.prepare(refresh=True)
+            transaction = self._begin(conn)
+            transaction = self._open_run(conn, transaction)
+        self._end(conn, transaction)
+        raise RuntimeError(
+            f"{self.where} kept changing while its copy was refreshed ({REFRESH_TRIES} times): "
+            "try again, or use mode='live'"
+        )
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn`."""
@@ -1135,6 +1321,18 @@ class SQLAlchemyTable:
         count = runs[0] if runs else None
         return int(high) + 1, None if count is None else int(count)
 
+    _oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
+
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside do not read the runs of tied scores (their
+        number is the number of distinct scores)."""
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
+
     def domain_size(self) -> int:
         if self._m is not None:
             return self._m
@@ -1211,9 +1409,16 @@ class SQLAlchemyTable:
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
         keyed_noise.py), best first, ties by smaller rank, in one query. The uniform of rank p
-        is the first 52 bits of SHA-256("key:p"): sha256 in PostgreSQL and DuckDB, SHA2 in
-        MariaDB / MySQL; SQLite calls a function registered on the run's connection. None on
-        another dialect (the client-side one-shot runs)."""
+        is the first 52 bits of SHA-256("key:p"): sha256 in PostgreSQL and DuckDB; SQLite calls
+        a function registered on the run's connection. The key and the exceedances are bound
+        parameters (_EXCEEDANCES). None on another dialect (the client-side one-shot runs);
+        MySQL / MariaDB tables are not InStoreOneShot at all (__init__), so the planner never
+        prices it there."""
+        exceedances = _EXCEEDANCES.get(self.dialect)
+        if exceedances is None:
+            return None
+        positions = noise.exceed_positions.tolist() or [-1]  # -1: a position no item has
+        noises = noise.exceed_noises.tolist() or [0.0]
         with self._connection() as conn:
             q = conn.dialect.identifier_preparer.quote
             if self.dialect == "sqlite":
@@ -1228,15 +1433,17 @@ class SQLAlchemyTable:
                     return None
                 noise_sql = noise.sql(uniform_from_hex_sql(digits.format(rank=f"r.{q('rank')}")))
                 params = {"key": noise.key, "k": int(k), "m": self.domain_size()}
+            if self.dialect == "sqlite":
+                params |= {"positions": json.dumps(positions), "noises": json.dumps(noises)}
+            else:
+                params |= {"positions": positions, "noises": noises}
             ranks = conn.dialect.identifier_preparer.format_table(self._ranks)
             materialized = "MATERIALIZED " if self.dialect in ("postgresql", "duckdb") else ""
             text = oneshot_query(
                 ranks,
                 q("rank"),
                 noise_sql,
-                # Literals (exact floats: repr), under no driver's parameter limit; MySQL's
-                # VALUES takes ROW(...) rows.
-                noise.exceedance_values("ROW" if self._plain_mysql(conn) else ""),
+                exceedances,
                 noise.bound,
                 ":k",
                 materialized,
@@ -1260,8 +1467,11 @@ class SQLAlchemyTable:
         )
 
     # ----- helpers ----------------------------------------------------------------------------
-    def _plain_mysql(self, conn: Connection) -> bool:
-        return self.dialect == "mysql" and not getattr(conn.dialect, "is_mariadb", False)
+    def _no_keyed_sql(self) -> None:
+        """Where the key and exceedances cannot stay out of the statement text (no entry in
+        _EXCEEDANCES: pymysql's client-side interpolation), the table is no InStoreOneShot."""
+        if self.dialect not in _EXCEEDANCES:
+            self.read_oneshot = None  # type: ignore[assignment,method-assign]
 
     def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:
         for i in range(0, len(values), self.max_params):

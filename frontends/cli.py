@@ -1,4 +1,4 @@
-"""Command line: `topk-middleware` (or `python -m topk_middleware`) COMMAND.
+"""Command line: `topk-middleware` (or `python -m frontends`) COMMAND.
 
 `release`, `prepare`, `check` and `budget` work on a table of counts in any store named by a URL
 (adapters/url.py: a DuckDB file, postgresql://, any SQLAlchemy URL) and, for budgets, a
@@ -11,6 +11,9 @@ synthetic Zipf table of per-item vote counts inside DuckDB and prepares it (adap
 then it releases a private top-k with the private threshold algorithm (Wu, Ohrimenko, Wirth 2023,
 Algorithm 3) and, for comparison, with the one-shot mechanism (Algorithm 2, a full scan), and
 prints the items, the privacy guarantee, and the wall time and rows read of both.
+
+Size: one argparse parser per command with its handler beside it; the SQL functions'
+installer is sql_function.py.
 """
 
 from __future__ import annotations
@@ -28,37 +31,34 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from adapters.url import (
     DUCKDB_SUFFIXES,
     POSTGRES_SCHEMES,
     StoreArgumentError,
     StoreConnectionError,
-    open_table,
     parse_store_url,
     split_table,
 )
 from adapters.url import (
     MODES as STORE_MODES,
 )
-
-from . import sql_function
-from .accounting import BudgetExceeded, check_budget_total
-from .api import METHODS, NOISES, Diagnostics, Release, TopKResult, check_common, private_top_k
-from .export import plain, release_dict
-from .ledger import PRINCIPALS as LEDGER_PRINCIPALS
-from .ledger import LedgerBudget, PrivacyLedger
-from .validation import first_line
+from frontends import sql_function
+from topk_middleware.names import METHODS, NOISES, OBLIVIOUS_METHODS, first_line, mask_secrets
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from adapters._sql import AccessCheck
+    from topk_middleware.ledger import LedgerBudget, PrivacyLedger
+    from topk_middleware.release import Diagnostics, Release, TopKResult
 
 DEMO_TABLE = "item_votes"
 
 
 def zipf_histogram(m: int, exponent: float = 1.0, total_votes: float = 1e8) -> np.ndarray:
     """Integer vote counts falling like 1 / rank^exponent, items shuffled so ids carry no order."""
+    import numpy as np
+
     ranks = np.arange(1, m + 1, dtype=np.float64)
     weights = ranks**-exponent
     counts = np.floor(total_votes * weights / weights.sum())
@@ -107,6 +107,7 @@ def demo(
     import duckdb
 
     from adapters.duckdb import DuckDBTable
+    from topk_middleware.api import private_top_k
 
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / f"votes-{m}.duckdb"
@@ -122,7 +123,8 @@ def demo(
             print(f"  created in {time.perf_counter() - started:.1f} s")
         else:
             print(f"Using {path} (m = {m:,} items; delete it to start afresh)")
-        source = DuckDBTable(con, DEMO_TABLE, id="item", score="votes")
+        # the demo writes its table once and never again: its copy is current by construction
+        source = DuckDBTable(con, DEMO_TABLE, id="item", score="votes", frozen=True)
         if not source.has_rank_table():
             print("Preparing sublinear access (a rank-ordered copy with an index on rank) ...")
             started = time.perf_counter()
@@ -190,7 +192,7 @@ class UsageError(ValueError):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console script `topk-middleware` and `python -m topk_middleware`."""
+    """The console script `topk-middleware` and `python -m frontends`."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -198,15 +200,28 @@ def main(argv: list[str] | None = None) -> int:
     return run_reporting_errors(args.handler, args)
 
 
+def version() -> str:
+    """The installed package's version (its metadata; no module of the package is imported)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("topk_middleware")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Differentially private top-k straight from the table that holds the counts.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_demo_parser(sub)
     add_release_parser(sub)
     add_prepare_parser(sub)
+    add_unprepare_parser(sub)
     add_check_parser(sub)
     add_budget_parser(sub)
     sql_function.add_install_sql_parser(sub)
@@ -216,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any) -> int:
     """Run one subcommand: warnings and errors as one line each on stderr, no traceback, and
     the exit code of the failure (module constants)."""
+    from topk_middleware.accounting import BudgetExceeded
+
     name = f"{PROG} {args.command}"
     caught: list[warnings.WarningMessage] = []
     problem: tuple[int, str] | None = None
@@ -238,7 +255,7 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
     for warning in caught:
         print(f"{name}: warning: {first_line(warning.message)}", file=sys.stderr)  # type: ignore[arg-type]
     if problem is not None:
-        print(f"{name}: error: {problem[1]}", file=sys.stderr)
+        print(f"{name}: error: {mask_secrets(problem[1])}", file=sys.stderr)
         return problem[0]
     return code
 
@@ -290,6 +307,8 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
 
 def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
     """The table named by the command line, as a context manager (adapters/url.py)."""
+    from adapters.url import open_table
+
     store = parse_store_url(args.url)
     table, schema = split_table(args.table, args.schema)
     return open_table(
@@ -337,6 +356,34 @@ def add_release_parser(sub: Any) -> None:
         help="threshold (sublinear accesses), oneshot (one query in the store where it can, "
         "else a full read), oneshot_full_read; default: private_top_k's (auto)",
     )
+    p.add_argument(
+        "--sensitivity",
+        type=float,
+        default=None,
+        help="the most one client adds to or removes from one count (default 1); scales the noise",
+    )
+    p.add_argument(
+        "--with-counts", action="store_true", help="also release each item's count, noised"
+    )
+    p.add_argument(
+        "--counts-share", type=float, default=0.5, help="share of epsilon for the counts (0.5)"
+    )
+    p.add_argument(
+        "--adaptive",
+        "--no-oblivious",
+        dest="oblivious",
+        action="store_false",
+        help="read adaptively (fewer rows on skewed data, but what the store's observers see "
+        "then depends on the counts); default: an oblivious release, whose reads and wall time "
+        "depend only on m, k, epsilon, delta and the store (docs/oblivious.md)",
+    )
+    p.add_argument(
+        "--delta-pad",
+        type=float,
+        default=1e-9,
+        help="oblivious releases: the chance that the reads depart from the fixed ones, added "
+        "to delta as (1 + e^epsilon) * delta_pad (default 1e-9)",
+    )
     p.add_argument("--ledger", metavar="URL", default=None, help=LEDGER_URL_HELP)
     p.add_argument(
         "--principal", default=None, help="whose budget in --ledger pays for the release"
@@ -351,18 +398,39 @@ def add_release_parser(sub: Any) -> None:
 
 def release_command(args: argparse.Namespace) -> int:
     """private_top_k over the table, charged to --principal's budget in --ledger if given."""
+    from topk_middleware.api import private_top_k
+    from topk_middleware.mechanisms.oblivious import check_delta_pad
+    from topk_middleware.noisy_counts import check_counts_share
+    from topk_middleware.privacy import check_sensitivity
+    from topk_middleware.release import release_dict
+    from topk_middleware.validation import check_common
+
     parse_store_url(args.url)
     split_table(args.table, args.schema)
     try:
         check_common(args.k, args.epsilon, args.delta)
+        if args.sensitivity is not None:
+            check_sensitivity(args.sensitivity, "--sensitivity")
+        if args.with_counts:
+            check_counts_share(args.counts_share)
+        check_delta_pad(args.delta_pad)
     except (TypeError, ValueError) as error:
         raise UsageError(first_line(error)) from None
+    if args.oblivious and args.method not in (None, *OBLIVIOUS_METHODS):
+        raise UsageError(
+            f"--method {args.method} reads a data-dependent number of rows: add --adaptive to "
+            "accept that, or use oneshot_full_read"
+        )
     if (args.ledger is None) != (args.principal is None):
         raise UsageError("--ledger and --principal go together: whose budget, in which ledger")
     ledger = None if args.ledger is None else open_ledger(args.ledger, create=False)
     budget = None if ledger is None else principal_budget(ledger, args.principal)
     options = {} if args.method is None else {"method": args.method}
+    if args.with_counts:
+        options.update(with_counts=True, counts_share=args.counts_share)
     with _open(args, read_only=True) as source:
+        if args.sensitivity is not None:  # declared by whoever knows how the table was made
+            source.sensitivity = float(args.sensitivity)
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
         if args.mode == "copy" and not one_pass and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
@@ -373,6 +441,8 @@ def release_command(args: argparse.Namespace) -> int:
             delta=args.delta,
             noise=args.noise,
             budget=budget,
+            oblivious=args.oblivious,
+            delta_pad=args.delta_pad,
             **options,
         )
         where = source.where
@@ -393,16 +463,29 @@ def _release_text(release: Release, where: str) -> str:
     lines += [
         "",
         f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
-        f"{p.noise} noise of per-item scale {p.scale:.6g}",
+        f"{p.noise} noise of per-item scale {p.scale:.6g}; assumes each client changes each "
+        f"count by at most {p.sensitivity:g}",
         f"  derived from {p.derivation}",
     ]
+    if release.counts is not None:
+        lines.append(
+            f"Counts: each within +/- {release.count_error} of the true count with "
+            "probability 95% (discrete Laplace noise)"
+        )
     return "\n".join(lines)
 
 
 def _items_table(release: Release) -> str:
+    from topk_middleware.release import plain
+
     header = ("position" if release.ranked else "#", "item")
     rows = [(str(i), str(plain(item))) for i, item in enumerate(release.items, 1)]
     width = max(len(header[0]), *(len(r[0]) for r in rows))
+    if release.counts is not None:  # a third column: the noisy counts
+        names = max(len(header[1]), *(len(r[1]) for r in rows))
+        counts = [str(c) for c in release.counts]
+        table = [(*header, "count"), *((a, b, c) for (a, b), c in zip(rows, counts, strict=True))]
+        return "\n".join(f"  {a:>{width}}  {b:<{names}}  {c}" for a, b, c in table)
     return "\n".join(f"  {a:>{width}}  {b}" for a, b in [header, *rows])
 
 
@@ -504,6 +587,29 @@ def elapsed_progress(description: str, enabled: bool = True) -> Iterator[None]:
         bar.close()
 
 
+# ----- unprepare ---------------------------------------------------------------------------------
+def add_unprepare_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "unprepare",
+        help="remove everything prepare made (the copy, or a live table's index, positions and "
+        "triggers); the table of counts is kept",
+    )
+    _add_table_options(p)
+    p.set_defaults(handler=unprepare_command)
+
+
+def unprepare_command(args: argparse.Namespace) -> int:
+    """The adapter's uninstall(): drops what prepare() made for this table and mode."""
+    with _open(args, read_only=False) as source:
+        source.uninstall()
+        where = source.where
+    if args.json:
+        print(_json({"unprepared": where, "mode": args.mode}))
+    else:
+        print(f"removed what prepare made for {where} (mode {args.mode})")
+    return EXIT_OK
+
+
 # ----- check -------------------------------------------------------------------------------------
 def add_check_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -571,6 +677,8 @@ def add_budget_parser(sub: Any) -> None:
 
 def budget_command(args: argparse.Namespace) -> int:
     """The principal's total and what the releases charged to it compose to (accounting.py)."""
+    from topk_middleware.accounting import check_budget_total
+
     if args.grant is not None:
         try:
             check_budget_total(args.grant, args.grant_delta)
@@ -620,6 +728,9 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
     table is created by a command that only reads or charges it."""
     import sqlalchemy as sa
 
+    from topk_middleware.ledger import PRINCIPALS as LEDGER_PRINCIPALS
+    from topk_middleware.ledger import PrivacyLedger
+
     try:
         url = sa.make_url(ledger_url(text))
     except sa.exc.ArgumentError:
@@ -631,6 +742,8 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
             raise UsageError(f"--ledger {shown!r}: an in-memory ledger keeps nothing; name a file")
         if not create and not Path(database).is_file():
             raise UsageError(f"no ledger file at {database!r} (grant a budget first)")
+        if not Path(database).exists():
+            return PrivacyLedger(url)  # a new file, created 0600 by the ledger itself
     try:
         engine = sa.create_engine(url)
     except (ImportError, sa.exc.ArgumentError) as error:
@@ -671,6 +784,7 @@ def principal_budget(ledger: PrivacyLedger, principal: str) -> LedgerBudget:
 
 def _json(value: Any) -> str:
     """JSON text; non-finite numbers as the strings "inf", "-inf", "nan" (JSON has none)."""
+    from topk_middleware.release import plain
 
     def clean(x: Any) -> Any:
         if isinstance(x, float) and not math.isfinite(x):

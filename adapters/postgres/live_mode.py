@@ -3,7 +3,7 @@
 `PostgresTable(conninfo, table, mode="live")` reads the table itself in each run's snapshot, so
 writes need no rebuild: UPDATE, INSERT and DELETE of counts are seen by the next run.
 
-What `prepare()` installs, once (adapters/postgres.py builds nothing else in this mode):
+What `prepare()` installs, once (adapters/postgres/copy_mode.py builds nothing else in this mode):
 
 * a B-tree on the table's (score DESC, id) (`COLLATE "C"` for text ids: the canonical order of
   topk_middleware/access.py), and a unique B-tree on id unless the table has one, both with
@@ -83,6 +83,9 @@ except for items deep in a tied run, which are the same in law.
 
 Zero-vote items are rows with score 0 (a `from_votes` counts table has them): they count in m
 and come last in sorted access.
+
+Size: one class, LivePostgresTable, whose methods share the run's snapshot, the position
+table and the runs of tied scores; what it shares with copy mode stays in copy_mode.py.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,9 +105,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from topk_middleware.access import AccessError, Rows
-
-from ._sql import (
+from adapters._sql import (
     MAX_IDENTIFIER_BYTES,
     AccessCheck,
     AccessPath,
@@ -111,7 +113,9 @@ from ._sql import (
     rows_from_records,
     scores_in_order,
 )
-from .postgres import PostgresTable, _seq_scans
+from topk_middleware.access import AccessError, Rows
+
+from .copy_mode import PostgresTable, _seq_scans
 
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
 # run reads a small fraction of the table, so the cursor walks the B-tree instead of sorting.
@@ -234,6 +238,18 @@ class LivePostgresTable(PostgresTable):
         self._estimate_read_at: float | None = None  # ... this time.monotonic(), if read
         self._setup_live()
 
+    @contextmanager  # type: ignore[override]
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: no runs of tied scores for the runs opened inside (their probe
+        and their walks read as many rows as the data has runs): positions come from the
+        position table, read in batches of a fixed size."""
+        saved, self.max_score_runs = self.max_score_runs, 0
+        try:
+            with super().oblivious_reads():
+                yield
+        finally:
+            self.max_score_runs = saved
+
     def _setup_live(self) -> None:
         schema, table = self.schema, self.table
         self.position_table = _short_name(table, "_topk_pos")
@@ -293,6 +309,43 @@ class LivePostgresTable(PostgresTable):
                 conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(self._pos))
             finally:
                 conn.autocommit = saved
+
+    def uninstall(self) -> None:
+        """Drop everything prepare() made in this mode: the three triggers on the table, their
+        function, the position table (one transaction), then the B-tree on (score DESC, id) and
+        the unique B-tree on id if prepare() made it (DROP INDEX CONCURRENTLY: writers are not
+        blocked). The table and its rows are not touched; an index the table had before is
+        kept. Idempotent; runs need prepare() again afterwards."""
+        if self._run is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot()")
+        conn = self._conn
+        if not conn.autocommit and conn.info.transaction_status != TransactionStatus.IDLE:
+            raise RuntimeError(
+                f"{self.where}: uninstall() needs a connection outside a transaction"
+            )
+        with conn.transaction():
+            base = self._base.as_string(conn)
+            if conn.execute("SELECT to_regclass(%s) IS NOT NULL", [base]).fetchone()[0]:
+                for suffix in ("_items", "_ids", "_truncate"):
+                    name = sql.Identifier(self.trigger_function + suffix)
+                    conn.execute(
+                        sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(name, self._base)
+                    )
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(self._function))
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._pos))
+        saved = conn.autocommit
+        conn.autocommit = True  # DROP INDEX CONCURRENTLY cannot run inside a transaction
+        try:
+            for index in (self.order_index, self.live_id_index):
+                name = (
+                    sql.Identifier(index)
+                    if self.schema is None
+                    else sql.Identifier(self.schema, index)
+                )
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+        finally:
+            conn.autocommit = saved
+        self._estimate_read_at = None
 
     def _has_unique_id_index(self) -> bool:
         """Whether a valid unique B-tree has exactly the id column as its key."""
@@ -978,3 +1031,6 @@ END
                 how = f"sequential scan of {', '.join(scans)}" if scans else "index scan"
                 paths.append(AccessPath(access, bool(scans), how + " (live table)"))
         return AccessCheck(self.where, paths)
+
+
+PostgresTable.mode_classes["live"] = LivePostgresTable

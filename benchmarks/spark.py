@@ -1,0 +1,285 @@
+"""Spark benchmark: a private top-k release from a SparkTable against Spark's own one-shot query.
+
+    python -m benchmarks spark [--ms 10000000 100000000] [--families zipf plateau] [--reps 3]
+
+For each m and family (benchmarks/common.py: zipf, plateau) a Parquet table (id, score) is
+written by Spark in id order (ids a seeded permutation of the ranks), and `SparkTable.prepare()`
+builds its rank-ordered copy (timed: one validation job and one sort). Then, interleaved, per
+repetition:
+
+* `release`: private_top_k(source, k, epsilon), method "auto" (the planner priced with Spark's
+  costs, adapters/spark/layout.py STORE_COSTS), a fresh snapshot each time;
+* `threshold`: the private threshold algorithm forced (Wu, Ohrimenko, Wirth 2023, Algorithm 3);
+* `spark_oneshot`: Spark's own query over the table, `ORDER BY score - b * ln(-ln(rand()))
+  DESC LIMIT k` (the one-shot mechanism with Spark's random(), b the calibrated Gumbel scale);
+* `in_store`: the in-store one-shot with keyed noise (keyed_noise.py through `sha2`).
+
+One local session (local[2] unless --master) serves everything; its start is timed apart.
+Results: benchmarks/results/spark.json and spark.png; `report()` prints the table that
+docs/benchmarks-spark.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+METHODS = ("release", "threshold", "spark_oneshot", "in_store")
+
+
+@dataclass
+class SparkConfig:
+    ms: tuple[int, ...] = (10**7, 10**8)
+    families: tuple[str, ...] = ("zipf", "plateau")
+    k: int = 10
+    epsilon: float = 1.0
+    reps: int = 3
+    master: str = "local[2]"
+    driver_memory: str = "6g"
+    data: Path = Path("/tmp/topk-spark-bench")
+    reuse: bool = False  # keep tables (and copies) already written
+    in_store: bool = True
+    seed: int = 0
+    out: Path = common.RESULTS_DIR
+    name: str = "spark"
+    plots: bool = True
+    quiet: bool = False
+    only: tuple[str, ...] = field(default_factory=tuple)  # "m:family" pairs to run, if given
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ms", type=float, nargs="+", default=[1e7, 1e8])
+    parser.add_argument("--families", nargs="+", default=["zipf", "plateau"])
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--data", type=Path, default=Path("/tmp/topk-spark-bench"))
+    parser.add_argument("--reuse", action="store_true", help="keep tables already written")
+    parser.add_argument("--no-in-store", action="store_true", help="skip the keyed one-shot")
+    parser.add_argument("--quick", action="store_true", help="m = 10^6, one repetition")
+
+
+def config_from_args(args: argparse.Namespace) -> SparkConfig:
+    cfg = SparkConfig(
+        ms=tuple(int(m) for m in args.ms),
+        families=tuple(args.families),
+        k=args.k,
+        epsilon=args.epsilon,
+        reps=args.reps,
+        master=args.master,
+        driver_memory=args.driver_memory,
+        data=args.data,
+        reuse=args.reuse,
+        in_store=not args.no_in_store,
+    )
+    if args.quick:
+        cfg.ms, cfg.reps = (10**6,), 1
+    return cfg
+
+
+def start_session(cfg: SparkConfig) -> Any:
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(cfg.master)
+        .appName("topk-middleware-benchmark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", cfg.driver_memory)
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.local.dir", str(cfg.data / "tmp"))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def score_sql(family: str, m: int, k: int, rank: str) -> str:
+    """The family's count at canonical rank `rank` (benchmarks/common.py family_scores)."""
+    if family == "zipf":
+        return f"CAST(floor({common.ZIPF_TOP}D / ({rank} + 1)) AS BIGINT)"
+    if family == "plateau":
+        tau = common.plateau_size(m, k)
+        high = tau - tau // k
+        n = common.PLATEAU_HEIGHT
+        return (
+            f"CAST(CASE WHEN {rank} < {high} THEN {n} WHEN {rank} < {tau} THEN {n - 1} "
+            "ELSE 0 END AS BIGINT)"
+        )
+    raise ValueError(f"the Spark benchmark runs zipf and plateau, not {family!r}")
+
+
+def write_table(spark: Any, path: Path, family: str, m: int, k: int, seed: int) -> float:
+    """The family's table (id, score) in id order: rank = a * (id - c) mod m, a bijection (a
+    coprime to m), so ids carry no order. Returns the seconds it took."""
+    a = 7_919 + 2 * seed
+    while math.gcd(a, m) != 1:
+        a += 2
+    c = 1_234_567 % m
+    rank = f"pmod((id - {c}) * {a}, {m})"
+    started = time.perf_counter()
+    (
+        spark.range(0, m, 1, max(2, m // 2_000_000))
+        .selectExpr("id", f"{score_sql(family, m, k, rank)} AS score")
+        .write.mode("overwrite")
+        .parquet(str(path))
+    )
+    return time.perf_counter() - started
+
+
+def spark_oneshot(spark: Any, path: Path, k: int, scale: float) -> list[int]:
+    """Spark's own one-shot: ORDER BY score + Gumbel(scale) noise from rand(), LIMIT k."""
+    rows = (
+        spark.read.parquet(str(path))
+        .selectExpr("id", f"score - {scale!r}D * ln(-ln(rand())) AS v")
+        .orderBy("v", ascending=False)
+        .limit(k)
+        .collect()
+    )
+    return [int(r["id"]) for r in rows]
+
+
+def run(cfg: SparkConfig) -> dict[str, Any]:
+    from adapters.spark import SparkTable
+    from topk_middleware import private_top_k
+    from topk_middleware.privacy import calibrate
+
+    started = time.perf_counter()
+    spark = start_session(cfg)
+    session_seconds = time.perf_counter() - started
+    payload: dict[str, Any] = {
+        "benchmark": "spark",
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("out",)},
+        "machine": common.machine_info(),
+        "pyspark": spark.version,
+        "session_start_seconds": session_seconds,
+        "cases": [],
+        "files": [],
+    }
+    cfg.data.mkdir(parents=True, exist_ok=True)
+    for m in cfg.ms:
+        for family in cfg.families:
+            if cfg.only and f"{m}:{family}" not in cfg.only:
+                continue
+            path = cfg.data / f"{family}_{m:.0e}".replace("+", "")
+            source_copy = str(path) + "-copy"
+            case: dict[str, Any] = {"m": m, "family": family}
+            if not (cfg.reuse and path.exists()):
+                shutil.rmtree(source_copy, ignore_errors=True)
+                case["write_seconds"] = write_table(spark, path, family, m, cfg.k, cfg.seed)
+            source = SparkTable(spark, str(path), copy=source_copy)
+            t = time.perf_counter()
+            case["version"] = source.prepare()
+            case["prepare_seconds"] = time.perf_counter() - t
+            scale = float(calibrate("gumbel", cfg.k, m, cfg.epsilon, 0.0).scale)
+            case["scale"] = scale
+            timings: dict[str, list[float]] = {name: [] for name in METHODS}
+            details: dict[str, list[Any]] = {"release": [], "threshold": []}
+            spark_oneshot(spark, path, cfg.k, scale)  # warm-up: file listing, code generation
+            private_top_k(source, k=cfg.k, epsilon=cfg.epsilon, seed=cfg.seed, method="threshold")
+            for rep in common.progress(
+                range(cfg.reps), desc=f"spark m={m:.0e} {family}", quiet=cfg.quiet
+            ):
+                seed = cfg.seed + 100 + rep
+                for name in METHODS:
+                    if name == "in_store" and not cfg.in_store:
+                        continue
+                    t = time.perf_counter()
+                    if name == "spark_oneshot":
+                        spark_oneshot(spark, path, cfg.k, scale)
+                    else:
+                        method = {"release": "auto", "threshold": "threshold"}.get(
+                            name, "oneshot_in_store"
+                        )
+                        result = private_top_k(
+                            source, k=cfg.k, epsilon=cfg.epsilon, seed=seed, method=method
+                        )
+                    timings[name].append(time.perf_counter() - t)
+                    if name in details:
+                        a = result.accesses
+                        details[name].append(
+                            {
+                                "method": result.method,
+                                "plan": result.diagnostics.plan.get("auto"),
+                                "sorted": a.sorted,
+                                "random": a.random,
+                                "rows_fetched": a.rows_fetched,
+                                "round_trips": a.round_trips,
+                            }
+                        )
+            case["seconds"] = {n: v for n, v in timings.items() if v}
+            case["median"] = {n: statistics.median(v) for n, v in timings.items() if v}
+            med = case["median"]
+            case["ratio_release_vs_spark"] = med["spark_oneshot"] / med["release"]
+            case["ratio_threshold_vs_spark"] = med["spark_oneshot"] / med["threshold"]
+            case["details"] = details
+            payload["cases"].append(case)
+            common.write_json(cfg.out / f"{cfg.name}.json", payload)  # after every case
+            print(case_line(case), flush=True)
+    spark.stop()
+    payload["files"].append(str(cfg.out / f"{cfg.name}.json"))
+    if cfg.plots:
+        payload["files"].append(str(plot(payload, cfg.out / f"{cfg.name}.png")))
+    common.write_json(cfg.out / f"{cfg.name}.json", payload)
+    return payload
+
+
+def case_line(case: dict[str, Any]) -> str:
+    med = case["median"]
+    trips = [d["round_trips"] for d in case["details"]["release"]]
+    in_store = f"{med['in_store']:7.2f}" if "in_store" in med else "      -"
+    return (
+        f"| {case['m']:.0e} | {case['family']:<7} | {med['release']:7.2f} | "
+        f"{med['threshold']:7.2f} | {med['spark_oneshot']:7.2f} | {in_store} | "
+        f"{case['ratio_release_vs_spark']:5.1f}x | {statistics.median(trips):4.0f} | "
+        f"{case['prepare_seconds']:6.0f} |"
+    )
+
+
+def report(payload: dict[str, Any]) -> str:
+    lines = [
+        f"Spark {payload['pyspark']}, {payload['config']['master']}, k = "
+        f"{payload['config']['k']}, epsilon = {payload['config']['epsilon']}; medians of "
+        f"{payload['config']['reps']} interleaved repetitions, seconds; session start "
+        f"{payload['session_start_seconds']:.0f} s",
+        "",
+        "| m | family | release (auto) | threshold | Spark one-shot | in-store keyed one-shot "
+        "| Spark / release | queries a release | prepare |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [case_line(c) for c in payload["cases"]]
+    return "\n".join(lines)
+
+
+def plot(payload: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = payload["cases"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.2
+    labels = [f"{c['family']}\nm={c['m']:.0e}" for c in cases]
+    for j, name in enumerate(METHODS):
+        values = [c["median"].get(name, float("nan")) for c in cases]
+        ax.bar([i + (j - 1.5) * width for i in range(len(cases))], values, width, label=name)
+    ax.set_xticks(range(len(cases)), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (median)")
+    ax.set_title(f"Spark {payload['pyspark']} {payload['config']['master']}: release vs one-shot")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,148 @@
+"""The command line's front door: a fast --help and --version, and `unprepare`.
+
+--help and --version import no heavy module (numpy, scipy, drivers, store adapters): checked
+with `python -X importtime`, which lists every module a process imports (no wall-clock
+assertion). `topk-middleware unprepare` removes what `prepare` made, on a DuckDB file and on
+PostgreSQL in copy and live mode, checked against the store's catalog before prepare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pytest
+
+from tests.stores_postgres import DEFAULT_PG_DSN
+from tests.test_cli import postgres_uri, run
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("numpy", "scipy", "sqlalchemy", "duckdb", "psycopg", "tqdm", "pyarrow", "polars")
+PG_DSN = os.environ.get("TOPK_PG_DSN", DEFAULT_PG_DSN)
+
+
+def _imported(args: list[str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "frontends", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    modules = {
+        line.split("|")[-1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return done, modules
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["release", "--help"], ["unprepare", "--help"]]
+)
+def test_help_and_version_import_nothing_heavy(args: list[str]) -> None:
+    done, modules = _imported(args)
+    assert done.returncode == 0, done.stderr
+    assert "frontends.cli" in modules  # the listing works
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy, f"{args} imported {heavy[:5]}"
+    ours = sorted(m for m in modules if m.split(".")[0] in ("adapters", "topk_middleware"))
+    assert ours == ["adapters", "adapters.url", "topk_middleware", "topk_middleware.names"]
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    done, _ = _imported(["--version"])
+    assert done.stdout.strip() == f"topk-middleware {version('topk_middleware')}"
+
+
+def test_help_lists_unprepare() -> None:
+    done, _ = _imported(["--help"])
+    assert "unprepare" in done.stdout
+
+
+def _duckdb_objects(path: Path) -> set[Any]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        tables = con.execute("SELECT 'table', table_name FROM duckdb_tables()").fetchall()
+        indexes = con.execute("SELECT 'index', index_name FROM duckdb_indexes()").fetchall()
+        return set(tables) | set(indexes)
+    finally:
+        con.close()
+
+
+def test_unprepare_a_duckdb_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "votes.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE votes AS SELECT range AS id, (range * 7) % 101 AS score FROM range(500)"
+    )
+    con.close()
+    before = _duckdb_objects(path)
+    assert run(["prepare", path, "--table", "votes", "--no-progress"], capsys)[0] == 0
+    assert _duckdb_objects(path) > before
+    code, out, err = run(["unprepare", path, "--table", "votes"], capsys)
+    assert (code, err) == (0, "")
+    assert "removed what prepare made" in out
+    assert _duckdb_objects(path) == before
+    code, _, err = run(["release", path, "--table", "votes", "--k", "3", "--epsilon", "1"], capsys)
+    assert code != 0 and "prepare" in err  # a release needs prepare again
+
+
+def _pg_objects(conn: psycopg.Connection[Any], schema: str) -> set[Any]:
+    relations = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s",
+        [schema],
+    ).fetchall()
+    triggers = conn.execute(
+        "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal",
+        [schema],
+    ).fetchall()
+    functions = conn.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s",
+        [schema],
+    ).fetchall()
+    return (
+        {("rel", *r) for r in relations}
+        | {("trg", *t) for t in triggers}
+        | {("fn", *f) for f in functions}
+    )
+
+
+@pytest.mark.parametrize("mode", ["copy", "live"])
+def test_unprepare_on_postgres(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    conn = psycopg.connect(PG_DSN, autocommit=True)
+    schema = f"unprep_{uuid.uuid4().hex[:10]}"
+    conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        conn.execute(
+            f"CREATE TABLE {schema}.votes AS SELECT g AS id, (g * 7) % 101 AS score "
+            "FROM generate_series(1, 500) AS g"
+        )
+        before = _pg_objects(conn, schema)
+        url = postgres_uri(PG_DSN)
+        table = ["--table", "votes", "--schema", schema, "--mode", mode]
+        assert run(["prepare", url, *table, "--no-progress"], capsys)[0] == 0
+        assert _pg_objects(conn, schema) > before
+        code, out, err = run(["unprepare", url, *table, "--json"], capsys)
+        assert (code, err) == (0, "")
+        assert json.loads(out) == {
+            "unprepared": f"PostgreSQL table {schema!r}.'votes'",
+            "mode": mode,
+        }
+        assert _pg_objects(conn, schema) == before
+    finally:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        conn.close()

@@ -1,0 +1,137 @@
+"""The layers of the house, checked from the source text (ast), so that anyone can see them with
+`pytest tests/test_layers.py -q`:
+
+    frontends/        the CLI and the SQL functions (above everything)
+    adapters/         one package or module per store (speaks to its store and to the core)
+    topk_middleware/  the core: access model, noise, mechanisms, privacy, accounting, planner
+
+A package may import from the layers below it, never from one above; no module imports itself
+back through a circle of imports (imports inside functions count too); a module over
+MAX_LINES lines says why in its docstring (a paragraph starting "Size:").
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("topk_middleware", "adapters", "frontends")  # bottom to top
+ABOVE_ALL = ("benchmarks", "tests")
+MAX_LINES = 600
+
+
+def project_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every module this file imports, anywhere in it (relative imports resolved)."""
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            names.add(target)
+            names.update(f"{target}.{alias.name}" for alias in node.names)
+    return names
+
+
+def project_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in imported_names(path, module):
+            # the longest project module that `name` is or lies inside
+            parts = name.split(".")
+            for cut in range(len(parts), 0, -1):
+                candidate = ".".join(parts[:cut])
+                if candidate in modules:
+                    if candidate != module:
+                        targets.add(candidate)
+                    break
+        graph[module] = targets
+    return graph
+
+
+def layer_of(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    modules = project_modules()
+    upward = []
+    for module, path in modules.items():
+        for name in imported_names(path, module):
+            top = name.split(".")[0]
+            if top in ABOVE_ALL or (top in LAYERS and LAYERS.index(top) > layer_of(module)):
+                upward.append(f"{module} imports {name}")
+    assert upward == [], "imports that run up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_no_circle_of_imports() -> None:
+    graph = project_graph()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            # a package's own modules may import the package's __init__ names only through
+            # their real modules; importing the parent package itself is not an edge back
+            if node.startswith(target + "."):
+                continue
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert circles == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: an import of an adapter inside a core function is found."""
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from adapters.duckdb import DuckDBTable\n    return 1\n")
+    assert "adapters.duckdb.DuckDBTable" in imported_names(source, "topk_middleware.probe")
+    relative = tmp_path / "rel.py"
+    relative.write_text("from ..access import Rows\n")
+    assert "topk_middleware.access" in imported_names(relative, "topk_middleware.mechanisms.rel")
+
+
+@pytest.mark.parametrize("module", sorted(project_modules()))
+def test_a_long_module_says_why(module: str) -> None:
+    path = project_modules()[module]
+    lines = len(path.read_text().splitlines())
+    if lines <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert "Size:" in doc, (
+        f"{path.relative_to(ROOT)} has {lines} lines (> {MAX_LINES}) and its docstring has no "
+        "'Size:' paragraph saying why it is one module"
+    )

@@ -1,0 +1,304 @@
+"""Oblivious releases (topk_middleware/mechanisms/oblivious.py) on every store.
+
+What is checked: the depth is the hypergeometric bound (computed here from exact log-binomials,
+not scipy.stats.hypergeom); the release has the one-shot law (Gumbel: Plackett-Luce exact
+probabilities, chi-square; Laplace, k = 1: the exact law by numerical integration); the miss
+rate is the hypergeometric tail (binomial test) and a miss still releases the one-shot answer;
+every store serves the same numbers of rows and round trips for neighbouring tables; the
+guarantee and its charge are (eps, delta + (1 + e^eps) delta_pad); bad arguments are refused
+before anything is read or charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from adapters.memory import ArraySource
+from tests.helpers import plackett_luce
+from tests.test_duckdb_delta import pending
+from topk_middleware import PrivacyBudget, private_top_k
+from topk_middleware.accounting import BudgetExceeded, oblivious_cost
+from topk_middleware.mechanisms.exponential import exponential_mechanism
+from topk_middleware.mechanisms.oblivious import miss_probability, oblivious_depth
+
+
+def log_binomial(n: int, r: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
+
+
+def tail_below(m: int, d: int, k: int) -> float:
+    """P(Hypergeometric(m, d, d) < k) from its pmf C(d, j) C(m - d, d - j) / C(m, d)."""
+    total = log_binomial(m, d)
+    return sum(math.exp(log_binomial(d, j) + log_binomial(m - d, d - j) - total) for j in range(k))
+
+
+class CountingSource:
+    """ArraySource that counts the rows it served by kind (what a store observer would see)."""
+
+    def __init__(self, inner: ArraySource) -> None:
+        self.inner = inner
+        self.log: list[tuple[str, int]] = []
+
+    def domain_size(self) -> int:
+        return self.inner.domain_size()
+
+    def snapshot(self) -> Any:
+        return self.inner.snapshot()
+
+    def read_sorted(self, start: int, count: int) -> Any:
+        rows = self.inner.read_sorted(start, count)
+        self.log.append(("sorted", len(rows)))
+        return rows
+
+    def read_positions(self, positions: np.ndarray) -> Any:
+        rows = self.inner.read_positions(positions)
+        self.log.append(("positions", len(rows)))
+        return rows
+
+    def read_ids(self, ids: Any) -> np.ndarray:
+        self.log.append(("ids", len(ids)))
+        return self.inner.read_ids(ids)
+
+
+def test_depth_is_the_hypergeometric_bound() -> None:
+    """k = 10, delta_pad = 1e-9, m = 10^7: 20,414 (about 2 sqrt(mk) = 20,000, below Theorem
+    4.2's expected-cost bound 2 (sqrt(mk) + sqrt(m/2)) = 24,472), the least depth whose tail is
+    within delta_pad."""
+    m, k, pad = 10**7, 10, 1e-9
+    d = oblivious_depth(m, k, pad)
+    assert d == 20_414
+    assert tail_below(m, d, k) <= pad < tail_below(m, d - 1, k)
+    assert d < 2 * (math.sqrt(m * k) + math.sqrt(m / 2))
+    for m, k, pad in ((10**5, 1, 1e-6), (10**6, 20, 1e-9), (5_000, 3, 0.1)):
+        d = oblivious_depth(m, k, pad)
+        assert tail_below(m, d, k) <= pad < tail_below(m, d - 1, k)
+        assert miss_probability(m, k, d) == pytest.approx(tail_below(m, d, k), rel=1e-6)
+
+
+def test_reads_are_fixed_by_public_facts_alone() -> None:
+    """Neighbouring histograms (one client apart at the head, as 26 vs 27 in the issue) and
+    different data families: the same reads (kind and size, in order), the same counts."""
+    m, k = 20_000, 10
+    rng = np.random.default_rng(5)
+    zipf = np.minimum(rng.zipf(1.3, size=m), 10**6).astype(float)
+    plateau = np.full(m, 3.0)
+    plateau[:50] = 26.0
+    neighbour = plateau.copy()
+    neighbour[0] += 1.0
+    distinct = rng.permutation(m).astype(float)
+    d = oblivious_depth(m, k, 1e-9)
+    logs = []
+    for scores in (zipf, plateau, neighbour, distinct):
+        for seed in (1, 2):
+            source = CountingSource(ArraySource(scores))
+            result = private_top_k(source, k, 1.0, oblivious=True, seed=seed)
+            assert not result.plan["miss"]
+            assert result.accesses.rows_fetched == 2 * d + 1  # and the top row (resolution check)
+            assert result.accesses.round_trips == 4
+            assert len(set(result.items)) == k
+            logs.append(source.log)
+    assert all(log == [("sorted", 1), ("sorted", d), ("positions", d)] for log in logs)
+
+
+def test_gumbel_release_is_plackett_luce() -> None:
+    """Ranked top-2 over m = 400 (2d < m: the fixed-depth path), chi-square against the exact
+    Plackett-Luce law with weights exp(h / b) (Gumbel-max trick), 4,000 fixed-seed runs; misses
+    are frequent here (delta_pad = 0.2) and must not change the law."""
+    m, k, eps = 400, 2, 1.0
+    scores = np.zeros(m)
+    scores[:4] = [6.0, 5.0, 4.0, 3.0]
+    source = ArraySource(scores)
+    rng = np.random.default_rng(11)
+    runs = 4_000
+    got: Counter[tuple[int, ...]] = Counter()
+    misses = 0
+    for _ in range(runs):
+        result = private_top_k(source, k, eps, oblivious=True, delta_pad=0.2, seed=rng, deadline=0)
+        got[tuple(result.items)] += 1
+        misses += result.plan["miss"]
+        assert not result.plan["full_read"]
+    scale = result.privacy.scale
+    weights = np.exp(scores / scale)
+    top = range(4)
+    cells = [(a, b) for a in top for b in top if a != b]
+    expected = [runs * plackett_luce(weights, c) for c in cells]
+    observed = [got[c] for c in cells]
+    expected.append(runs - sum(expected))
+    observed.append(runs - sum(observed))
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    assert misses > 0  # the miss path ran and kept the law
+
+
+def test_laplace_release_is_the_one_shot_law() -> None:
+    """k = 1 with Laplace(b): P(i wins) = integral of f(z - h_i) prod_{j != i} F(z - h_j) dz
+    (numerical integration), chi-square over 3,000 fixed-seed oblivious runs."""
+    m = 300
+    scores = np.zeros(m)
+    scores[:3] = [4.0, 3.0, 2.0]
+    source = ArraySource(scores)
+    first = private_top_k(source, 1, 1.0, noise="laplace", oblivious=True, delta_pad=0.1, seed=0)
+    b = first.privacy.scale
+    law = stats.laplace(scale=b)
+
+    def win(i: int) -> float:
+        others = np.delete(scores, i)
+        levels, counts = np.unique(others, return_counts=True)
+
+        def density(z: float) -> float:
+            return law.pdf(z - scores[i]) * np.prod(law.cdf(z - levels) ** counts)
+
+        return integrate.quad(density, -60 * b, 60 * b, points=[0, 2, 3, 4], limit=400)[0]
+
+    exact = [win(i) for i in range(3)]
+    runs = 3_000
+    rng = np.random.default_rng(3)
+    got = Counter(
+        private_top_k(
+            source, 1, 1.0, noise="laplace", oblivious=True, delta_pad=0.1, seed=rng, deadline=0
+        ).items[0]
+        for _ in range(runs)
+    )
+    observed = [got[i] for i in range(3)] + [runs - sum(got[i] for i in range(3))]
+    expected = [runs * p for p in exact] + [runs * (1 - sum(exact))]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_miss_rate_is_the_hypergeometric_tail() -> None:
+    """A large delta_pad makes misses frequent: their rate over 600 runs on each of two tables
+    P(Hypergeom(m, d, d) < k) (two-sided binomial test), whatever the data, and a miss reads
+    the whole table once (2d + m rows) and is flagged."""
+    m, k, pad = 2_000, 5, 0.4
+    d = oblivious_depth(m, k, pad)
+    p = tail_below(m, d, k)
+    rng = np.random.default_rng(7)
+    for scores in (np.arange(m, dtype=float), np.full(m, 2.0)):
+        source = ArraySource(scores)
+        misses = 0
+        runs = 600
+        for _ in range(runs):
+            result = private_top_k(
+                source, k, 1.0, oblivious=True, delta_pad=pad, seed=rng, deadline=0
+            )
+            if result.plan["miss"]:
+                misses += 1
+                assert result.accesses.rows_fetched == 2 * d + m  # the top row is in the full read
+            else:
+                assert (
+                    result.accesses.rows_fetched == 2 * d + 1
+                )  # and the top row (resolution check)
+        assert stats.binomtest(misses, runs, p).pvalue > 1e-3
+
+
+def test_small_domains_read_everything() -> None:
+    """When 2d >= m a full read (m rows, also fixed) replaces the two batches."""
+    scores = np.arange(50, dtype=float)
+    result = private_top_k(ArraySource(scores), 5, 1.0, oblivious=True, seed=1)
+    assert result.plan["full_read"] and result.accesses.rows_fetched == 50
+
+
+def test_guarantee_and_charge() -> None:
+    """(eps, delta + (1 + e^eps) delta_pad), stated in the guarantee and charged to a budget
+    before any row is read; the exponential mechanism (k = 1) too."""
+    scores = np.arange(5_000, dtype=float)
+    pad = 1e-7
+    result = private_top_k(ArraySource(scores), 3, 0.5, 1e-6, oblivious=True, delta_pad=pad)
+    assert result.privacy.epsilon <= 0.5
+    base = private_top_k(ArraySource(scores), 3, 0.5, 1e-6, method="oneshot").privacy
+    assert result.privacy.delta == pytest.approx(
+        base.delta + (1 + math.exp(base.epsilon)) * pad, rel=1e-12
+    )
+    assert "delta_pad" in result.privacy.derivation
+    cost = oblivious_cost("gumbel", 3, 5_000, 0.5, 0.0, delta_pad=pad)
+    assert cost.epsilon == pytest.approx(0.5) and cost.delta == pytest.approx(
+        (1 + math.exp(0.5)) * pad
+    )
+    budget = PrivacyBudget(0.5, (1 + math.exp(0.5)) * pad * 0.99)
+    source = CountingSource(ArraySource(scores))
+    with pytest.raises(BudgetExceeded):
+        private_top_k(source, 3, 0.5, oblivious=True, delta_pad=pad, budget=budget)
+    assert source.log == []
+    one = exponential_mechanism(ArraySource(scores), 1.0, seed=4, oblivious=True)
+    assert len(one.items) == 1 and one.plan["oblivious"]
+    assert one.privacy.delta == pytest.approx((1 + math.e) * 1e-9)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"delta_pad": 0.0}, "delta_pad must be in (0, 1)"),
+        ({"delta_pad": 1.0}, "delta_pad must be in (0, 1)"),
+        ({"delta_pad": float("nan")}, "delta_pad must be in (0, 1)"),
+        ({"delta_pad": "small"}, "delta_pad must be a number"),
+        ({"delta_pad": True}, "delta_pad must be a number"),
+        ({"oblivious": True, "method": "oneshot_in_store"}, "cannot run obliviously"),
+        ({"oblivious": True, "method": "oneshot"}, "cannot run obliviously"),
+        ({"oblivious": "yes"}, "oblivious must be True or False"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_read(kwargs: dict, message: str) -> None:
+    source = CountingSource(ArraySource(np.arange(100, dtype=float)))
+    with pytest.raises(
+        (ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        private_top_k(source, 3, 1.0, **kwargs)
+    assert source.log == []
+
+
+def test_cost_aware_is_refused() -> None:
+    from topk_middleware import CostModel
+
+    source = CountingSource(ArraySource(np.arange(100, dtype=float)))
+    with pytest.raises(ValueError, match="cannot run obliviously"):
+        private_top_k(source, 3, 1.0, method="threshold", oblivious=True, costs=CostModel())
+    assert source.log == []
+
+
+def test_duckdb_copy_and_pending_delta_read_fixed_sizes() -> None:
+    """DuckDB's rank-ordered copy and a copy with a pending delta (positions apart from ranks):
+    the same rows and round trips for neighbouring tables, seeds and data."""
+    counts = set()
+    for seed in (1, 2):
+        con = duckdb.connect()
+        try:
+            source = pending(con, 6_000, seed)
+            for run_seed in (3, 4):
+                result = private_top_k(source, 5, 1.0, oblivious=True, seed=run_seed)
+                assert not result.plan["miss"] and not result.plan["full_read"]
+                assert not source.positions_are_ranks
+                d = oblivious_depth(result.m, 5, 1e-9)
+                assert (
+                    result.accesses.rows_fetched == 2 * d + 1
+                )  # and the top row (resolution check)
+                counts.add((result.m, result.accesses.rows_fetched, result.accesses.round_trips))
+        finally:
+            con.close()
+    assert len(counts) == 1
+
+
+def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
+    """Every store of the conformance suite (memory, DuckDB, PostgreSQL copy and live, SQLite,
+    MariaDB and DuckDB through SQLAlchemy, live SQLAlchemy tables): neighbouring tables (26 vs
+    27 at the head over a tied plateau) read 2d rows in 3 round trips (m, two batches)."""
+    m, k = 3_000, 3
+    low = np.full(m, 2.0)
+    low[:20] = 20.0
+    low[0] = 26.0
+    high = low.copy()
+    high[0] = 27.0
+    d = oblivious_depth(m, k, 1e-9)
+    assert 2 * d < m
+    seen = set()
+    for scores in (low, high):
+        source = make_store(scores, None)
+        for seed in (1, 2):
+            result = private_top_k(source, k, 1.0, oblivious=True, seed=seed, deadline=0)
+            assert not result.plan["miss"] and len(set(result.items)) == k
+            seen.add((result.accesses.rows_fetched, result.accesses.round_trips))
+    assert seen == {(2 * d + 1, 4)}

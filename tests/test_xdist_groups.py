@@ -1,0 +1,30 @@
+"""The parallel scheduler's groups (tests/xdist_groups.py) are the marks written in the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.xdist_groups import group_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_suites_groups_are_found() -> None:
+    assert group_of(ROOT, "tests/test_sql_function.py::test_install_sql_command") == "topk-schema"
+    assert group_of(ROOT, "tests/test_benchmarks.py::test_x[a-1]") == "bench-harness"
+    assert group_of(ROOT, "tests/test_noise_laws.py::test_the_classes_hold_their_scale") is None
+
+
+def test_function_and_class_marks_are_found(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.xdist_group('one')\n"
+        "def test_a(): pass\n"
+        "@pytest.mark.xdist_group(name='two')\n"
+        "class TestB:\n"
+        "    def test_c(self): pass\n"
+        "def test_d(): pass\n"
+    )
+    assert group_of(tmp_path, "test_sample.py::test_a[1]") == "one"
+    assert group_of(tmp_path, "test_sample.py::TestB::test_c") == "two"
+    assert group_of(tmp_path, "test_sample.py::test_d") is None

@@ -1,0 +1,268 @@
+"""Oblivious releases: the one-shot top-k read through an access pattern fixed by public facts.
+
+Threat: a *server observer* (DESIGN invariant 12) sees what the store does for a release (rows
+and buffers read, the number and shape of queries, parameter sizes, the wall time). The private
+threshold algorithm (Wu, Ohrimenko, Wirth 2023, Algorithm 3) stops at a data-dependent depth, so
+that transcript tells neighbouring tables apart. Here every read has a size fixed by
+(m, k, delta_pad) and the wall time is padded to a deadline fixed by the store's cost model.
+
+Algorithm (fixed depth d, two batches):
+
+1. Draw the d largest of the m i.i.d. noises and the positions holding them (`top_noises`:
+   exponential spacings, as the lazy noise oracle of Algorithm 4 draws them): by Lemma 4.1 of
+   Wu et al. the set R of those positions is a uniformly random d-subset of 0..m-1, whatever
+   the data.
+2. Read the top d rows by sorted access (S: one batch of d rows) and the d rows at R (one batch
+   of d rows; on a rank-ordered copy ranks of R below d are read again, so that the row count is
+   2d exactly, not 2d minus an overlap that is a function of the noise).
+3. If |S ∩ R| >= k: every item outside S ∪ R has score <= every item of S and noise < every noise
+   of R, so its h + Z is below that of each of the >= k items of S ∩ R (continuous noise: noise
+   ties have probability 0). The exact one-shot answer (top-k of h + Z, Algorithm 2) is therefore
+   among S ∪ R; the noises of S \\ R are drawn i.i.d. conditioned below the d-th largest
+   (`noises_below`), and the top-k of the candidates is released (ties: smaller position).
+4. Otherwise (a *miss*) the whole table is read and the one-shot answer computed from the same
+   noise: never a wrong answer, only an access pattern that differs. The miss is flagged in the
+   operator's diagnostics.
+
+Depth rule. |S ∩ R| ~ Hypergeometric(m, d, d) for every histogram (R is a uniform d-subset,
+independent of S in law), so P(miss) = P(Hypergeom(m, d, d) < k) whatever the data; d is the
+least depth with that probability <= delta_pad (`oblivious_depth`; about 2 sqrt(mk) for
+delta_pad = 1e-9: 20,414 at m = 10^7, k = 10, below Theorem 4.2's expected-cost bound). When
+2d >= m a full read (m rows, also fixed) is cheaper and is used.
+
+Guarantee (proof sketch). Let out be the released items: in every case the exact one-shot answer
+for the drawn noise, so out is (eps, delta)-DP by Fact 3.3 / Fact 3.2 (privacy.calibrate). Let T
+be the observable transcript (number, shape and row counts of the queries, parameter sizes, the
+padded wall time). Off the miss event E, T = t0, a function of public facts; P(E) <= delta_pad
+for every histogram. For neighbours h, h' and any set W of (transcript, release) pairs, with
+W0 = {o : (t0, o) in W}:
+    P[(T, out) in W | h] <= P[out in W0 | h] + P(E)
+                         <= e^eps P[out in W0 | h'] + delta + delta_pad
+                         <= e^eps (P[(T, out) in W | h'] + P(E)) + delta + delta_pad,
+so the pair is (eps, delta + (1 + e^eps) delta_pad)-DP. Assumptions: add/remove-one-client
+neighbours (the calibration's), the observer sees sizes and times but not the values bound to
+the queries (positions are bind parameters: the SQL functions pin the debug settings that would
+print them), and the wall time stays under the deadline (a missed deadline is counted in the
+diagnostics, `deadline_misses`).
+
+Not oblivious: mechanisms whose reads depend on the data by design (peeling and the joint
+exponential mechanism read every item; limited_domain, stable and pay_what_you_get stop at a
+data-dependent depth or read a data-dependent set; cost_aware chooses blocks from the scores
+read). The in-store one-shot hashes a data-dependent number of rows (its cut). Those are refused
+in oblivious mode.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy.stats import hypergeom
+
+from ..access import CountedAccess, StoreCosts
+from ..noise import NoiseDistribution
+from ..privacy import PrivacyGuarantee
+from .oneshot import top_k_ranks
+
+# Mechanisms that cannot be made oblivious (module docstring): refused in oblivious mode.
+NOT_OBLIVIOUS = ("peeling", "joint", "limited_domain", "stable", "pay_what_you_get", "cost_aware")
+
+# The deadline: DEADLINE_MARGIN times the modelled cost of the two batches and the noise, plus a
+# floor (scheduling jitter of a loaded machine); the client-side work per candidate row.
+DEADLINE_MARGIN = 2.0
+DEADLINE_FLOOR = 0.02
+CLIENT_ROW_SECONDS = 2e-6
+
+
+def check_delta_pad(delta_pad: Any) -> float:
+    """delta_pad must be a number in (0, 1): the chance the access pattern departs from the one
+    fixed by public facts."""
+    if isinstance(delta_pad, bool) or not isinstance(delta_pad, int | float | np.floating):
+        raise TypeError(f"delta_pad must be a number in (0, 1), got {delta_pad!r}")
+    value = float(delta_pad)
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"delta_pad must be in (0, 1), got {delta_pad!r}")
+    return value
+
+
+def miss_probability(m: int, k: int, d: int) -> float:
+    """P(Hypergeometric(m, d, d) < k): the chance that fewer than k of the top-d rows by score
+    are among the d positions holding the d largest noises (Lemma 4.1: a uniform d-subset)."""
+    if d >= m:
+        return 0.0
+    return float(hypergeom.cdf(k - 1, m, d, d))
+
+
+@lru_cache(maxsize=256)
+def oblivious_depth(m: int, k: int, delta_pad: float) -> int:
+    """The least d in [k, m] with P(Hypergeometric(m, d, d) < k) <= delta_pad (binary search:
+    the miss probability falls as d grows)."""
+    low, high = k, m
+    while low < high:
+        mid = (low + high) // 2
+        if miss_probability(m, k, mid) <= delta_pad:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuarantee:
+    """The guarantee of the release and its transcript: (eps, delta + (1 + e^eps) delta_pad)
+    (module docstring)."""
+    pad = (1.0 + math.exp(min(base.epsilon, 700.0))) * delta_pad
+    return PrivacyGuarantee(
+        base.epsilon,
+        min(1.0, base.delta + pad),
+        base.noise,
+        base.scale,
+        base.derivation
+        + f"; oblivious access (fixed depth, Lemma 4.1 and a hypergeometric tail bound): the "
+        f"release with the server's view of its reads is (eps, delta + (1 + e^eps) * delta_pad)"
+        f"-DP, delta_pad = {delta_pad:g}",
+    )
+
+
+def oblivious_deadline(costs: StoreCosts, m: int, d: int) -> float:
+    """Seconds a release may take, from public facts only: the store's cost model for a sorted
+    batch of d rows and a random batch of d rows (or a full read when 2d >= m), with a margin."""
+    if 2 * d >= m:
+        modelled = 2 * costs.round_trip + m * (costs.full_read_row + CLIENT_ROW_SECONDS)
+    else:
+        modelled = (
+            3 * costs.round_trip
+            + d * costs.sorted_row
+            + costs.random_batch_seconds(m)
+            + d * costs.random_row
+            + 2 * d * CLIENT_ROW_SECONDS
+        )
+    return DEADLINE_MARGIN * modelled + DEADLINE_FLOOR
+
+
+@dataclass
+class DeadlineLog:
+    """How many oblivious releases ran in this process and how many overran their deadline (an
+    operator diagnostic: an overrun shows the observer a data-independent but longer time)."""
+
+    releases: int = 0
+    missed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, missed: bool) -> None:
+        with self.lock:
+            self.releases += 1
+            self.missed += int(missed)
+
+    def as_dict(self) -> dict[str, int]:
+        with self.lock:
+            return {"releases": self.releases, "missed": self.missed}
+
+
+DEADLINES = DeadlineLog()
+
+
+def deadline_misses() -> dict[str, int]:
+    """{"releases", "missed"}: oblivious releases of this process and their missed deadlines."""
+    return DEADLINES.as_dict()
+
+
+def pad_to(started: float, deadline: float) -> tuple[float, bool]:
+    """Sleep until `deadline` seconds after `started` (time.perf_counter); (the seconds the work
+    took, whether it overran the deadline)."""
+    took = time.perf_counter() - started
+    while True:
+        left = started + deadline - time.perf_counter()
+        if left <= 0:
+            break
+        time.sleep(left)
+    return took, took > deadline
+
+
+@dataclass(frozen=True)
+class ObliviousRun:
+    """What an oblivious run read and found (operator diagnostics)."""
+
+    items: list[Any]
+    depth: int
+    overlap: int
+    missed: bool
+    full_read: bool
+
+
+def top_noises(
+    distribution: NoiseDistribution, rng: np.random.Generator, m: int, d: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The d largest of m i.i.d. noises and the positions holding them, and the d-th largest's
+    survival probability v_d. Survivals of the sorted noises are the smallest uniforms,
+    V_(j) = S_j / (S_d + G) with S_j partial sums of d standard exponentials and G ~ Gamma(m + 1
+    - d) (exponential spacings, as Algorithm 4 draws them); their positions are a uniformly
+    random d-subset in random order, independent of the values (Lemma 4.1)."""
+    sums = np.cumsum(rng.standard_exponential(d))
+    v = sums / (sums[-1] + rng.standard_gamma(m + 1 - d))
+    positions = rng.choice(m, size=d, replace=False, shuffle=True).astype(np.int64)
+    return positions, np.asarray(distribution.from_survival(v), np.float64), float(v[-1])
+
+
+def noises_below(
+    distribution: NoiseDistribution, rng: np.random.Generator, v_d: float, size: int
+) -> np.ndarray:
+    """`size` i.i.d. noises conditioned below the d-th largest: given the top d, the others are
+    i.i.d. from the law truncated to survival > v_d (order statistics of i.i.d. draws)."""
+    return np.asarray(distribution.from_survival(v_d + (1.0 - v_d) * rng.random(size)), np.float64)
+
+
+def oblivious_top_k(
+    access: CountedAccess,
+    distribution: NoiseDistribution,
+    rng: np.random.Generator,
+    k: int,
+    delta_pad: float,
+) -> ObliviousRun:
+    """The exact one-shot top-k (Algorithm 2) of h + Z read at a fixed depth (module docstring):
+    the ids, best first (ties: smaller position)."""
+    m = access.m
+    d = oblivious_depth(m, k, delta_pad)
+    if 2 * d >= m:
+        rows = access.read_all()
+        positions = np.asarray(rows.positions, dtype=np.int64)
+        noises = distribution.sample(rng, m)[positions]
+        best = top_k_ranks(rows.scores + noises, k, positions)
+        return ObliviousRun(_ids(np.asarray(rows.ids, object)[best]), d, m, False, True)
+    top_positions, top_values, v_d = top_noises(distribution, rng, m, d)
+    head = access.read_sorted_batch(d)
+    drawn = access.read_positions_batch(top_positions)
+    head_positions = np.asarray(head.positions, dtype=np.int64)
+    in_top = np.isin(head_positions, top_positions, assume_unique=True)
+    overlap = int(in_top.sum())
+    order = np.argsort(top_positions)
+    sorted_top = top_positions[order]
+    if overlap >= k:
+        # candidates: the d rows of R with their drawn noises, and the rows of S not in R
+        drawn_positions = np.asarray(drawn.positions, dtype=np.int64)
+        drawn_noises = top_values[order][np.searchsorted(sorted_top, drawn_positions)]
+        rest = ~in_top
+        positions = np.concatenate([drawn_positions, head_positions[rest]])
+        scores = np.concatenate([drawn.scores, np.asarray(head.scores)[rest]]).astype(np.float64)
+        ids = np.concatenate([np.asarray(drawn.ids, object), np.asarray(head.ids, object)[rest]])
+        noises = np.concatenate(
+            [drawn_noises, noises_below(distribution, rng, v_d, int(rest.sum()))]
+        )
+        best = top_k_ranks(scores + noises, k, positions)
+        return ObliviousRun(_ids(ids[best]), d, overlap, False, False)
+    # A miss (probability <= delta_pad, whatever the data): the full one-shot with the same
+    # top noises, every other noise drawn below them.
+    rows = access.read_all()
+    positions = np.asarray(rows.positions, dtype=np.int64)
+    by_position = noises_below(distribution, rng, v_d, m)
+    by_position[top_positions] = top_values
+    best = top_k_ranks(np.asarray(rows.scores, np.float64) + by_position[positions], k, positions)
+    return ObliviousRun(_ids(np.asarray(rows.ids, object)[best]), d, overlap, True, False)
+
+
+def _ids(values: np.ndarray) -> list[Any]:
+    return [v.item() if isinstance(v, np.generic) else v for v in values.tolist()]
