@@ -306,13 +306,21 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
-    """The table named by the command line, as a context manager (adapters/url.py)."""
+    """The table named by the command line, as a context manager (adapters/url.py), with the
+    sensitivity declared by --sensitivity where the command has it."""
     from adapters.url import open_table
 
     store = parse_store_url(args.url)
     table, schema = split_table(args.table, args.schema)
     return open_table(
-        store, table, args.id, args.score, schema=schema, mode=args.mode, read_only=read_only
+        store,
+        table,
+        args.id,
+        args.score,
+        schema=schema,
+        mode=args.mode,
+        read_only=read_only,
+        sensitivity=getattr(args, "sensitivity", None),
     )
 
 
@@ -360,7 +368,8 @@ def add_release_parser(sub: Any) -> None:
         "--sensitivity",
         type=float,
         default=None,
-        help="the most one client adds to or removes from one count (default 1); scales the noise",
+        help="the most one client adds to or removes from one count (default: what from_votes "
+        "recorded with the table, else 1; a value below the record is refused); scales the noise",
     )
     p.add_argument(
         "--with-counts", action="store_true", help="also release each item's count, noised"
@@ -428,9 +437,7 @@ def release_command(args: argparse.Namespace) -> int:
     options = {} if args.method is None else {"method": args.method}
     if args.with_counts:
         options.update(with_counts=True, counts_share=args.counts_share)
-    with _open(args, read_only=True) as source:
-        if args.sensitivity is not None:  # declared by whoever knows how the table was made
-            source.sensitivity = float(args.sensitivity)
+    with _open(args, read_only=True) as source:  # --sensitivity: declared, checked there
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
         if args.mode == "copy" and not one_pass and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan

@@ -108,13 +108,68 @@ def source_sensitivity(source: object) -> float:
     return check_sensitivity(getattr(source, "sensitivity", 1.0), "the source's sensitivity")
 
 
+class SensitivityError(ValueError):
+    """A declared sensitivity (or contribution bound) below what the table records: a fact of
+    how the table was registered or built, never of its counts."""
+
+
+def check_max_items(max_items: object, where: str = "max_items_per_client") -> int | None:
+    """A declared bound on how many counts one client changes: None or an integer >= 1."""
+    if max_items is None:
+        return None
+    if isinstance(max_items, bool) or not isinstance(max_items, numbers.Integral):
+        raise TypeError(f"{where} must be a positive integer or None, got {max_items!r}")
+    if max_items < 1:
+        raise ValueError(f"{where} must be >= 1, got {max_items}")
+    return int(max_items)
+
+
+def resolve_declared(
+    sensitivity: object,
+    max_items: object,
+    recorded: tuple[float, int | None] | None,
+    where: str,
+) -> tuple[float, int | None]:
+    """(sensitivity, max_items_per_client) of a source: what the caller declares, else what the
+    table records (`recorded`: written by from_votes beside the table), else (1, None).
+
+    A declaration may be larger than the record (more noise: always safe), never smaller: a
+    table built with max_per_item = 5 released as sensitivity 1 would get a fifth of the noise
+    it needs. Refused with SensitivityError, before anything is read or charged."""
+    declared = None if sensitivity is None else check_sensitivity(sensitivity)
+    limit = check_max_items(max_items)
+    if recorded is None:
+        return (1.0 if declared is None else declared), limit
+    kept, kept_limit = recorded
+    if declared is not None and declared < kept:
+        raise SensitivityError(
+            f"{where} records sensitivity {kept:g} (each client's contribution to a count was "
+            f"clipped at {kept:g} when it was built), and {declared:g} was declared: that would "
+            "scale the noise below what the table needs. Declare at least "
+            f"{kept:g}, or nothing (the recorded value is used); nothing was read or charged"
+        )
+    if kept_limit is not None and limit is not None and limit < kept_limit:
+        raise SensitivityError(
+            f"{where} records that a client keeps at most {kept_limit} items, and "
+            f"max_items_per_client = {limit} was declared: declare at least {kept_limit}, or "
+            "nothing (the recorded value is used); nothing was read or charged"
+        )
+    if kept_limit is None and limit is not None:
+        raise SensitivityError(
+            f"{where} records that its build bounded no client's number of items, and "
+            f"max_items_per_client = {limit} was declared: that bound was not enforced; "
+            "declare nothing; nothing was read or charged"
+        )
+    return (kept if declared is None else declared), (kept_limit if limit is None else limit)
+
+
 def require_unit_sensitivity(source: object, mechanism: str) -> None:
     """Refuse a source whose declared sensitivity is not 1, for a mechanism whose calibration
     relies on unit steps (DESIGN invariant 8: limited domain's +1, StableTopK's gap test, the
     joint and peeling mechanisms' exp(eps h)); checked before anything is read or charged."""
     sensitivity = source_sensitivity(source)
     if sensitivity != 1.0:
-        raise ValueError(
+        raise SensitivityError(
             f"{mechanism} is calibrated for counts that one client changes by at most 1; this "
             f"source declares sensitivity {sensitivity:g}: use private_top_k (which scales its "
             "noise by the sensitivity); nothing was read or charged"
