@@ -10,6 +10,7 @@ of the discrete Laplace mechanism gives the counts' epsilon.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ from topk_middleware.discrete_noise import (
     discrete_laplace_pmf,
 )
 from topk_middleware.noisy_counts import CountsPlan
-from topk_middleware.privacy import calibrate
+from topk_middleware.privacy import SensitivityError, calibrate
 from topk_middleware.release import release_dict
 
 # ----- raw votes: one fixed log, counted independently in numpy --------------------------------
@@ -113,8 +114,26 @@ def pg(pg_conninfo: str, pg_schema: str) -> Iterator[tuple[str, str]]:
     yield pg_conninfo, pg_schema
 
 
+# What the SQLAlchemy tests made on their servers: dropped at the end of the module.
+MADE_TABLES: list[tuple[sa.Engine, str]] = []
+MADE_SOURCES: list[Any] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_what_was_made() -> Iterator[None]:
+    yield
+    for source in MADE_SOURCES:
+        source.uninstall()  # its rank and runs tables, its fingerprint row
+    for engine, name in MADE_TABLES:
+        with engine.begin() as conn:
+            sa.Table(name, sa.MetaData()).drop(conn, checkfirst=True)
+    MADE_SOURCES.clear()
+    MADE_TABLES.clear()
+
+
 def sa_votes(engine: sa.Engine, suffix: str) -> tuple[str, str]:
     votes, items = f"sem_votes_{suffix}", f"sem_items_{suffix}"
+    MADE_TABLES.extend([(engine, votes), (engine, items)])
     meta = sa.MetaData()
     t_items = sa.Table(
         items, meta, sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False)
@@ -157,6 +176,7 @@ def from_votes_on(store: str, request: pytest.FixtureRequest) -> Callable[..., A
         source = SQLAlchemyTable.from_votes(
             engine, votes, items, rank_table=f"sem_r_{uuid.uuid4().hex[:8]}", **kw
         )
+        MADE_SOURCES.append(source)
         source.prepare()
         return source
 
@@ -214,6 +234,88 @@ def test_max_per_item_5_names_5_with_5_times_the_scale(
     assert "each client changes each count by at most 1" in r1.privacy.derivation
     assert r5.privacy.scale == pytest.approx(5 * r1.privacy.scale, rel=1e-12)
     assert release_dict(r5.release())["guarantee"]["sensitivity"] == 5
+
+
+def reopen(store: str, built: Any, request: pytest.FixtureRequest, **declared: Any) -> Any:
+    """The table from_votes built, opened again as a plain table by name (no bounds passed)."""
+    if store == "duckdb":
+        return DuckDBTable(request.getfixturevalue("duck"), "votes_counts", **declared)
+    if store == "postgres":
+        dsn, schema = request.getfixturevalue("pg")
+        return PostgresTable(dsn, "votes_counts", schema=schema, **declared)
+    # SQLAlchemy's from_votes keeps its counts in the rank table prepare() fills
+    engine = request.getfixturevalue(f"sqlalchemy_{store.split('-')[1]}_engine")
+    opened = SQLAlchemyTable(
+        engine,
+        built.rank_table_name,
+        id="id",
+        score="score",
+        rank_table=f"sem_o_{uuid.uuid4().hex[:8]}",
+        **declared,
+    )
+    MADE_SOURCES.append(opened)
+    opened.prepare()
+    return opened
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_from_votes_tables_keep_their_sensitivity_when_opened_again(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """The bounds from_votes used are recorded with the table: opened again by name (as the CLI
+    and install-sql do) it keeps sensitivity 5 and, where built with one, the item bound; the
+    release's noise is 5 unit scales; a declaration below the record is refused before anything
+    is read, one above it is used."""
+    make = from_votes_on(store, request)
+    limit = None if store == "sqlalchemy-sqlite" else 3  # SQLite has no hash for the limit
+    built = make(max_per_item=5, max_items_per_client=limit)
+    opened = reopen(store, built, request)
+    assert (opened.sensitivity, opened.max_items_per_client) == (5, limit)
+    r = private_top_k(opened, 3, 1.0, method="oneshot_full_read", seed=1)
+    assert r.privacy.sensitivity == 5 and r.privacy.scale == pytest.approx(5 * 3 / 1.0)
+    assert "each client changes each count by at most 5" in r.privacy.derivation
+    with pytest.raises(SensitivityError, match="records sensitivity 5 .* and 1 was declared"):
+        reopen(store, built, request, sensitivity=1)
+    assert reopen(store, built, request, sensitivity=7).sensitivity == 7
+    if limit is not None:
+        with pytest.raises(SensitivityError, match="keeps at most 3 items"):
+            reopen(store, built, request, max_items_per_client=2)
+    plain = make()  # max_per_item = 1 is recorded too: a declaration of 2 is honoured
+    assert reopen(store, plain, request).sensitivity == 1
+    assert reopen(store, plain, request, sensitivity=2).sensitivity == 2
+
+
+def test_a_table_without_record_takes_the_declaration(duck: duckdb.DuckDBPyConnection) -> None:
+    duck.execute(
+        "CREATE OR REPLACE TABLE plain_counts AS SELECT range AS id, range AS score FROM range(20)"
+    )
+    assert DuckDBTable(duck, "plain_counts").sensitivity == 1
+    assert DuckDBTable(duck, "plain_counts", sensitivity=0.5).sensitivity == 0.5
+    with pytest.raises(ValueError, match="sensitivity must be finite and > 0"):
+        DuckDBTable(duck, "plain_counts", sensitivity=-1)
+
+
+def test_the_cli_and_its_json_keep_the_recorded_sensitivity(tmp_path: Any) -> None:
+    """A DuckDB file whose counts from_votes built with max_per_item=5: `release` without
+    --sensitivity states 5 and uses 5 unit scales; --sensitivity 1 is refused in one line."""
+    from tests.test_cli import run_process
+
+    path = tmp_path / "votes.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE items AS SELECT range AS id FROM range(?)", [N_ITEMS])
+        con.execute("CREATE TABLE votes (client BIGINT, item BIGINT)")
+        con.executemany("INSERT INTO votes VALUES (?, ?)", VOTES.tolist())
+        DuckDBTable.from_votes(con, "votes", "items", max_per_item=5)
+    base = ["release", path, "--table", "votes_counts", "--k", 3, "--epsilon", 1.0, "--adaptive"]
+    done = run_process([*base, "--method", "oneshot_full_read", "--json"])
+    assert done.returncode == 0, done.stderr
+    guarantee = json.loads(done.stdout)["guarantee"]
+    assert guarantee["sensitivity"] == 5 and guarantee["scale"] == pytest.approx(15.0)
+    done = run_process([*base, "--method", "oneshot_full_read"])  # the oblivious default's text
+    assert "assumes each client changes each count by at most 5" in done.stdout
+    done = run_process([*base, "--method", "oneshot_full_read", "--sensitivity", 1])
+    assert done.returncode != 0 and "records sensitivity 5" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 def test_sensitivity_is_declared_on_every_source_and_refused_when_bad() -> None:
@@ -304,6 +406,7 @@ def test_the_hash_key_never_appears_in_statement_text(
             max_items_per_client=1,
             rank_table=f"sem_r_{uuid.uuid4().hex[:8]}",
         )
+        MADE_SOURCES.append(source)
         source.prepare()
     finally:
         sa.event.remove(sqlalchemy_postgres_engine, "before_cursor_execute", seen)
