@@ -227,13 +227,17 @@ def test_max_per_item_5_names_5_with_5_times_the_scale(
     make = from_votes_on(store, request)
     one, five = make(), make(max_per_item=5)
     assert one.sensitivity == 1 and five.sensitivity == 5
-    r1 = private_top_k(one, 3, 1.0, seed=1)
-    r5 = private_top_k(five, 3, 1.0, seed=1)
-    assert r5.privacy.sensitivity == 5 and r1.privacy.sensitivity == 1
-    assert "each client changes each count by at most 5" in r5.privacy.derivation
-    assert "each client changes each count by at most 1" in r1.privacy.derivation
-    assert r5.privacy.scale == pytest.approx(5 * r1.privacy.scale, rel=1e-12)
-    assert release_dict(r5.release())["guarantee"]["sensitivity"] == 5
+    for oblivious in (False, True):  # the oblivious guarantee keeps the source's sensitivity
+        options = {"oblivious": oblivious, "delta": 1e-6 if oblivious else 0.0}
+        r1 = private_top_k(one, 3, 1.0, seed=1, **options)
+        r5 = private_top_k(five, 3, 1.0, seed=1, **options)
+        assert r5.privacy.sensitivity == 5 and r1.privacy.sensitivity == 1
+        assert r5.privacy.per_item_epsilon == pytest.approx(r1.privacy.per_item_epsilon)
+        assert "each client changes each count by at most 5" in r5.privacy.derivation
+        assert "each client changes each count by at most 1" in r1.privacy.derivation
+        assert r5.privacy.scale == pytest.approx(5 * r1.privacy.scale, rel=1e-12)
+        assert release_dict(r5.release())["guarantee"]["sensitivity"] == 5
+        assert ("oblivious access" in r5.privacy.derivation) is oblivious
 
 
 def reopen(store: str, built: Any, request: pytest.FixtureRequest, **declared: Any) -> Any:
@@ -305,15 +309,17 @@ def test_the_cli_and_its_json_keep_the_recorded_sensitivity(tmp_path: Any) -> No
         con.execute("CREATE TABLE items AS SELECT range AS id FROM range(?)", [N_ITEMS])
         con.execute("CREATE TABLE votes (client BIGINT, item BIGINT)")
         con.executemany("INSERT INTO votes VALUES (?, ?)", VOTES.tolist())
-        DuckDBTable.from_votes(con, "votes", "items", max_per_item=5)
-    base = ["release", path, "--table", "votes_counts", "--k", 3, "--epsilon", 1.0, "--adaptive"]
-    done = run_process([*base, "--method", "oneshot_full_read", "--json"])
+        DuckDBTable.from_votes(con, "votes", "items", max_per_item=5).prepare()
+    base = ["release", path, "--table", "votes_counts", "--k", 3, "--epsilon", 1.0]
+    done = run_process([*base, "--adaptive", "--method", "oneshot_full_read", "--json"])
     assert done.returncode == 0, done.stderr
     guarantee = json.loads(done.stdout)["guarantee"]
     assert guarantee["sensitivity"] == 5 and guarantee["scale"] == pytest.approx(15.0)
-    done = run_process([*base, "--method", "oneshot_full_read"])  # the oblivious default's text
+    done = run_process(base)  # the oblivious default's guarantee line
+    assert done.returncode == 0, done.stderr
     assert "assumes each client changes each count by at most 5" in done.stdout
-    done = run_process([*base, "--method", "oneshot_full_read", "--sensitivity", 1])
+    assert "delta_pad" in done.stdout
+    done = run_process([*base, "--sensitivity", 1])
     assert done.returncode != 0 and "records sensitivity 5" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
 
