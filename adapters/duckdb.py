@@ -415,6 +415,7 @@ class DuckDBTable(LiveRead):
                 f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
             )
         self._whole_scores = score_type.startswith(NUMERIC_TYPES[:10])  # integers: no NaN
+        self.integer_scores = self._whole_scores  # the noisy counts' interval (noisy_counts.py)
         return types[self.id_column].startswith(TEXT_TYPES)
 
     def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -1106,6 +1107,7 @@ class DuckDBTable(LiveRead):
             noise.bound,
             "$k",
             materialized="MATERIALIZED ",
+            score_cap=noise.score_cap,
         )
         params = {
             "key": noise.key,
@@ -1137,6 +1139,24 @@ class DuckDBTable(LiveRead):
         )
         found = dict(run.cursor.execute(query, [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items in the table's own type (BIGINT and
+        HUGEINT as Python ints, DECIMAL as Decimals), read from the table in the run's
+        snapshot; the rank copy holds doubles."""
+        run = self._state()
+        wanted = plain_values(ids)
+        if not wanted:
+            return []
+        query = (
+            f"SELECT {self._id}, {self._score} FROM {self._base} "
+            f"WHERE {self._id}{self._collate} IN (SELECT unnest(?){self._collate})"
+        )
+        found = dict(run.cursor.execute(query, [wanted]).fetchall())
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
     # ----- cleanup ------------------------------------------------------------------------------
     def uninstall(self) -> None:

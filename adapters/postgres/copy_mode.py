@@ -78,7 +78,7 @@ from adapters._sql import (
     rows_from_records,
     scores_in_order,
 )
-from topk_middleware.access import Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
@@ -418,6 +418,8 @@ class PostgresTable:
                 f"(scores are one of {', '.join(SCORE_TYPES)})"
             )
         self._numeric_scores = kind.startswith("numeric")
+        # the noisy counts' interval (noisy_counts.py): counts of an integer type
+        self.integer_scores = kind in ("smallint", "integer", "bigint")
         id_kind = columns[self.id_column][2]
         if id_kind.split("(")[0] in UNORDERED_ID_TYPES:
             raise TypeError(
@@ -1211,6 +1213,7 @@ class PostgresTable:
             "%(k)s",
             materialized="MATERIALIZED ",
             search_m="%(m)s" if run.ranked else None,  # the rank table's B-tree on rank
+            score_cap=noise.score_cap,
         )
         escaped = text.replace("{", "{{").replace("}", "}}").replace("{{source}}", "{source}")
         query = sql.SQL(escaped).format(source=self._ranked_source(run.ranked))
@@ -1238,6 +1241,27 @@ class PostgresTable:
         with self._reading() as cur:
             found = dict(cur.execute(self._ids_query(run.ranked), [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items in the table's own type (bigint as Python
+        ints, numeric as Decimals), from the table in the run's snapshot (the rank copy holds
+        float8)."""
+        self._state()
+        return self._exact_scores(ids)
+
+    def _exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        wanted = plain_values(ids)
+        if not wanted:
+            return []
+        query = sql.SQL("SELECT {id}, {score} FROM {base} WHERE {id} = ANY(%s)").format(
+            id=self._id, score=self._score, base=self._base
+        )
+        with self._reading() as cur:
+            found = dict(cur.execute(query, [wanted]).fetchall())
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
     # ----- cleanup ------------------------------------------------------------------------------
     def uninstall(self) -> None:

@@ -1421,6 +1421,27 @@ class SQLAlchemyTable:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
         return self._checked(scores)
 
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items as the driver returns them (integers as
+        Python ints, numerics as Decimals) from the rank table, which keeps the counts' type."""
+        wanted = plain_values(ids)
+        r = self._ranks.c
+        query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
+        found: dict[Any, Any] = {}
+        with self._connection() as conn:
+            for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                found.update(conn.execute(query, {"ids": chunk}).tuples())
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    @property
+    def integer_scores(self) -> bool:
+        """Whether the counts are of an integer type (the noisy counts' interval): never on
+        SQLite, whose INTEGER columns may hold REAL values."""
+        return self.dialect != "sqlite" and isinstance(self._ranks.c.score.type, sa.Integer)
+
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
         keyed_noise.py), best first, ties by smaller rank, in one query. The uniform of rank p
@@ -1465,6 +1486,7 @@ class SQLAlchemyTable:
                 # The rows that can win are a prefix of the rank B-tree: binary search where
                 # `/` divides integers.
                 search_m=":m" if self.dialect in ("postgresql", "sqlite") else None,
+                score_cap=noise.score_cap,
             )
             query = sa.text(text).columns(
                 sa.column("position"), sa.column("id"), sa.column("score")
