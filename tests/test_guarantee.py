@@ -278,7 +278,7 @@ def test_from_votes_tables_keep_their_sensitivity_when_opened_again(
     r = private_top_k(opened, 3, 1.0, method="oneshot_full_read", seed=1)
     assert r.privacy.sensitivity == 5 and r.privacy.scale == pytest.approx(5 * 3 / 1.0)
     assert "each client changes each count by at most 5" in r.privacy.derivation
-    with pytest.raises(SensitivityError, match="records sensitivity 5 .* and 1 was declared"):
+    with pytest.raises(SensitivityError, match=r"records sensitivity 5 .* and 1 was declared"):
         reopen(store, built, request, sensitivity=1)
     assert reopen(store, built, request, sensitivity=7).sensitivity == 7
     if limit is not None:
