@@ -286,7 +286,7 @@ def _oblivious_release(
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
-        access.cap_scores(guarantee.score_bound or np.inf)  # every score read as min(score, B)
+        access.cap_scores(base.score_bound or np.inf)  # every score read as min(score, B)
         if budget is not None:
             cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
             budget.charge(cost if counts_plan is None else with_counts_cost(cost, counts_plan))

@@ -1430,7 +1430,7 @@ class SQLAlchemyTable:
         found: dict[Any, Any] = {}
         with self._connection() as conn:
             for chunk in self._chunks(list(dict.fromkeys(wanted))):
-                found.update(conn.execute(query, {"ids": chunk}).tuples())
+                found.update((item, score) for item, score in conn.execute(query, {"ids": chunk}))
         try:
             return [found[item] for item in wanted]
         except KeyError as missing:

@@ -128,6 +128,7 @@ def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuar
         base.sensitivity,  # the source's: the scale above is that many unit scales
         base.counts_epsilon,
         base.counts_scale,
+        base.score_bound,
     )
 
 
