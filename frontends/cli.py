@@ -464,21 +464,11 @@ def release_command(args: argparse.Namespace) -> int:
 
 
 def _release_text(release: Release, where: str) -> str:
+    from topk_middleware.release import guarantee_text
+
     order = "best first" if release.ranked else "a set: the order is not a ranking"
     lines = [f"Private top-{len(release.items)} of {where} ({order}):", "", _items_table(release)]
-    p = release.privacy
-    lines += [
-        "",
-        f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
-        f"{p.noise} noise of per-item scale {p.scale:.6g}; assumes each client changes each "
-        f"count by at most {p.sensitivity:g}",
-        f"  derived from {p.derivation}",
-    ]
-    if release.counts is not None:
-        lines.append(
-            f"Counts: each within +/- {release.count_error} of the true count with "
-            "probability 95% (discrete Laplace noise)"
-        )
+    lines += ["", guarantee_text(release)]
     return "\n".join(lines)
 
 

@@ -20,7 +20,9 @@ halves live here:
   therefore an autonomous transaction: committed (row lock FOR UPDATE, composition, insert) before
   any row of the table is read, and kept when the caller rolls back; concurrent sessions are
   serialised by the ledger's row lock and never overspend. Only the release (position, item) is
-  returned; access counts, method and m go to the ledger's log (topk.topk_ledger_charges).
+  returned; access counts, method and m go to the ledger's log (topk.topk_ledger_charges). The
+  release's guarantee (with the sensitivity it assumes) is kept for the session:
+  topk.last_guarantee() returns it.
 
 Against an analyst who watches the server (docs/security.md): every function pins the settings
 that would show its internal queries or count its reads (PINNED_SETTINGS); its long loops answer
@@ -206,6 +208,21 @@ SQL_FUNCTIONS = (
         "server_limited_domain",
         comment="Limited domain: at most k rows; when fewer than k items beat the threshold, a "
         "last row whose item is NULL stands for the bottom symbol.",
+    ),
+    SqlFunction(
+        "last_guarantee",
+        "_last_guarantee",
+        "",
+        "TABLE(epsilon double precision, delta double precision, noise text, "
+        "scale double precision, sensitivity double precision, score_bound double precision, "
+        "counts_epsilon double precision, counts_scale double precision, count_error bigint, "
+        "guarantee text)",
+        "server_last_guarantee",
+        volatility="VOLATILE",
+        comment="The guarantee of this session's last release (no row before one): epsilon, "
+        "delta, the noise and its scale, the sensitivity it assumes, the score bound, the "
+        "counts' share and interval, and the guarantee in words with its derivation.",
+        public=True,
     ),
     SqlFunction(
         "my_budget",
@@ -782,6 +799,7 @@ def _charged_release(
             )
         raise
     release = result.release()
+    GD["topk_last_guarantee"] = _guarantee_row(release)  # topk.last_guarantee()
     if with_counts:  # (position, item, count, count_error): noisy counts beside the items
         counts = release.counts or ()
         return [
@@ -957,6 +975,32 @@ def server_limited_domain(
         source,
         lambda table, budget: limited_domain_top_k(table, k, k_bar, epsilon, delta, budget=budget),
     )
+
+
+def _guarantee_row(release: Any) -> tuple[Any, ...]:
+    """topk.last_guarantee()'s row for a release: its guarantee's fields and its words."""
+    from topk_middleware.release import guarantee_text
+
+    p = release.privacy
+    counted = release.counts is not None
+    return (
+        p.epsilon,
+        p.delta,
+        p.noise,
+        p.scale,
+        p.sensitivity,
+        p.score_bound,
+        p.counts_epsilon if counted else None,
+        p.counts_scale if counted else None,
+        release.count_error if counted else None,
+        guarantee_text(release),
+    )
+
+
+def server_last_guarantee(plpy: Any, GD: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """topk.last_guarantee(): the guarantee of this session's last release, or no row."""
+    found = GD.get("topk_last_guarantee")
+    return [] if found is None else [found]
 
 
 def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
