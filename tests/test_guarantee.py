@@ -701,3 +701,58 @@ def test_counts_beyond_2_62_are_released_as_the_bound() -> None:
     r = private_top_k(source, 1, 2000.0, seed=4, with_counts=True)
     assert r.counts == (2**62,) and "2^62" in r.privacy.derivation
     assert r.to_arrow().column("count").to_pylist() == [2**62]
+
+
+# ----- 5. timing of the counts' sampler --------------------------------------------------------
+class Logged(ArraySource):
+    """An ArraySource that logs its reads in a shared list."""
+
+    log: list[str]
+
+    def read_sorted(self, start: int, count: int) -> Any:
+        self.log.append("read")
+        return super().read_sorted(start, count)
+
+    def read_positions(self, positions: Any) -> Any:
+        self.log.append("read")
+        return super().read_positions(positions)
+
+    def read_exact_scores(self, ids: Any) -> list[Any]:
+        self.log.append("read")
+        return super().read_exact_scores(ids)
+
+
+@pytest.mark.parametrize("oblivious", [False, True])
+def test_the_counts_noise_is_drawn_after_the_charge_and_before_any_read(
+    oblivious: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact sampler's time grows with |Z|: its k draws come after the charge and before
+    the first row is read (in an oblivious release: inside the padded window, whose deadline
+    adds counts_seconds(k))."""
+    import topk_middleware.noisy_counts as noisy_counts
+
+    log: list[str] = []
+    draw = noisy_counts.discrete_laplace
+    monkeypatch.setattr(
+        noisy_counts, "discrete_laplace", lambda rng, scale: log.append("draw") or draw(rng, scale)
+    )
+
+    class Budget(PrivacyBudget):
+        def charge(self, cost: Any) -> None:
+            log.append("charge")
+            super().charge(cost)
+
+    source = Logged(np.arange(500, dtype=np.int64))
+    source.log = log
+    k = 4
+    options = {"oblivious": oblivious, "deadline": None}
+    budget = Budget(epsilon=10.0, delta=1e-3)
+    with_counts = private_top_k(source, k, 2.0, seed=1, with_counts=True, budget=budget, **options)
+    assert log[0] == "charge" and log[1 : k + 1] == ["draw"] * k
+    assert "draw" not in log[k + 1 :] and "read" in log[k + 1 :]
+    if oblivious:
+        plain = private_top_k(
+            ArraySource(np.arange(500, dtype=np.int64)), k, 2.0, seed=1, **options
+        )
+        extra = with_counts.plan["deadline"] - plain.plan["deadline"]
+        assert extra == pytest.approx(noisy_counts.counts_seconds(k))
