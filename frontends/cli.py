@@ -146,9 +146,9 @@ def demo(
     print(f"\nPrivate top-{k} (private threshold algorithm, {result.privacy.noise} noise):")
     for position, item in enumerate(result.items, 1):
         print(f"  {position:>3}. item {item}")
-    p = result.privacy
-    print(f"\nPrivacy: ({p.epsilon:.6g}, {p.delta:.3g})-DP, per-item noise scale {p.scale:.6g}")
-    print(f"  derived from {p.derivation}")
+    from topk_middleware.release import guarantee_text
+
+    print(f"\n{guarantee_text(result.release())}")
     print("\n== Operator diagnostics (data-dependent, outside the guarantee: not for analysts) ==")
     a = result.accesses
     bound = 2 * (math.sqrt(m * k) + math.sqrt(m / 2))

@@ -599,13 +599,21 @@ def test_from_votes_item_bound_lowers_the_counts_noise(duck: duckdb.DuckDBPyConn
 
 
 def test_counts_are_carried_by_arrow_and_json() -> None:
-    r = private_top_k(ArraySource(np.arange(100.0)), 3, 1.0, seed=2, with_counts=True)
+    """Arrow and JSON carry the counts, their interval and the guarantee with its sensitivity,
+    score bound and the counts' share and scale."""
+    source = ArraySource(np.arange(100.0), sensitivity=3)
+    r = private_top_k(source, 3, 1.0, seed=2, with_counts=True, oblivious=True)
     table = r.to_arrow()
     assert table.column_names == ["position", "item", "count"]
     assert table.column("count").to_pylist() == list(r.counts)
     assert int(table.schema.metadata[b"topk.count_error"]) == r.count_error
     d = release_dict(r.release())
     assert d["counts"] == list(r.counts) and d["count_error"] == r.count_error
+    for guarantee in (json.loads(table.schema.metadata[b"topk.guarantee"]), d["guarantee"]):
+        assert guarantee["sensitivity"] == 3 and guarantee["counts_epsilon"] == 0.5
+        assert guarantee["counts_scale"] == pytest.approx(3 * 3 / 0.5)
+        assert guarantee["score_bound"] == r.privacy.score_bound
+        assert "assumes each client changes each count by at most 3" in guarantee["derivation"]
 
 
 @pytest.mark.parametrize("share", [0, 1, -0.1, math.nan, "0.5", True])
