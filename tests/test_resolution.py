@@ -23,7 +23,9 @@ from adapters.memory import ArraySource
 from topk_middleware import (
     BudgetExceeded,
     PrivacyBudget,
+    joint_top_k,
     limited_domain_top_k,
+    peeling_top_k,
     private_top_k,
 )
 from topk_middleware.mechanisms.oblivious import oblivious_depth
@@ -229,3 +231,25 @@ def test_resolvable_large_counts_are_released_unchanged() -> None:
     for seed in range(5):
         got = private_top_k(ArraySource(2.0**40 + ladder), 10, 1.0, seed=seed).items
         assert got == private_top_k(ArraySource(ladder), 10, 1.0, seed=seed).items
+
+
+def test_peeling_and_the_joint_mechanism_read_the_bound_too() -> None:
+    """Peeling (weights exp(eps h / k)) and the joint mechanism on 2^60 + 256 j: their seeded
+    releases are those on the all-B table, and the guarantee names B. Unclamped, 256 j alone
+    (25.6 logits apart at eps / k = 0.1) would decide peeling's order."""
+    m, k, epsilon = 60, 3, 0.3
+    scores = 2.0**60 + 256.0 * np.arange(m - 1, -1, -1)
+    differ = 0
+    for seed in range(6):
+        peeled = peeling_top_k(ArraySource(scores), k, epsilon, seed=seed)
+        bound = bound_for(k / epsilon)
+        flat = peeling_top_k(ArraySource(np.full(m, bound)), k, epsilon, seed=seed)
+        assert peeled.items == flat.items and peeled.privacy.score_bound == bound
+        differ += peeled.items != [0, 1, 2]
+        joint = joint_top_k(ArraySource(scores), k, epsilon, seed=seed)
+        bound = bound_for(1.0 / epsilon)
+        assert (
+            joint.items == joint_top_k(ArraySource(np.full(m, bound)), k, epsilon, seed=seed).items
+        )
+        assert "scores above" in joint.privacy.derivation
+    assert differ > 3
