@@ -191,7 +191,7 @@ def private_top_k(
         guarantee = calibrate(
             noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
         )
-        access.cap_scores(guarantee.score_bound)  # every score read as min(score, B)
+        access.cap_scores(guarantee.score_bound or np.inf)  # every score read as min(score, B)
         if budget is not None:
             cost = oneshot_cost(
                 noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
@@ -201,7 +201,7 @@ def private_top_k(
         count_noises = None if counts_plan is None else counts_plan.draw(rng)
         distribution = make_noise(noise, guarantee.scale)
         chosen, estimate = method, None
-        if method == "auto":  # after the charge, before any noise: planner.py
+        if method == "auto":  # after the charge, before any selection noise: planner.py
             estimate = plan_run(access, k, guarantee.scale)
             chosen = estimate.chosen
         items = None
