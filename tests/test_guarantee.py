@@ -499,7 +499,7 @@ def test_fractional_counts_are_covered_by_their_interval(t: float) -> None:
     the interval holds for the count itself. Each count's coverage P(|round(c) + Z - c| <= w + 1)
     is computed here from the exact law, and the hits over 800 releases of 5 counts match their
     sum (normal approximation of the Poisson-binomial, 4 sd), and are at least 95% (3 se).
-    floor(count) with w alone covered 86.5% at t = 0.5."""
+    The interval floor(count) +/- w would cover about 86.5% at t = 0.5."""
     k, share = 5, 0.5
     epsilon = k / (share * t)  # counts scale t = k ceil(D) / (s epsilon), D = 1
     fractions = np.random.default_rng(3).random(200)
@@ -523,7 +523,7 @@ def test_fractional_counts_are_covered_by_their_interval(t: float) -> None:
             total += 1
     assert abs(hits - expected) < 4 * math.sqrt(variance)
     assert hits / total >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / total)
-    if t == 0.5:  # the interval floor(count) + Z, w: below 95% (what the old release had)
+    if t == 0.5:  # the interval floor(count) + Z +/- w falls short of 95%
         assert old_hits / total < 0.93
 
 
