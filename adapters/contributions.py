@@ -9,12 +9,19 @@ from the secure generator, sent as a bind parameter (never in statement text). W
 client keeps depends only on the key and the client's own items, so removing a client removes
 only its own clipped contributions: each count moves by at most `max_per_item`, all in the same
 direction, and at most L counts move. The source's sensitivity is `max_per_item`.
+
+The bounds are recorded with the table of counts (`record_text`): a table comment on DuckDB,
+PostgreSQL and MariaDB / MySQL, a comment inside the CREATE TABLE statement on SQLite. Every
+adapter reads it when it wraps a table (`parse_record`) and uses it where the caller declares
+nothing, and refuses a declaration below it (privacy.resolve_declared): a table built with
+max_per_item = 5 and opened later as a plain table keeps its sensitivity 5.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any
 
 from topk_middleware.randomness import secure_rng
@@ -90,3 +97,29 @@ def clipped_counts_sql(
             f"AS kept WHERE r <= {int(max_items)}"
         )
     return f"SELECT it, sum(contrib) AS score FROM ({per_pair}) AS pairs GROUP BY it"
+
+
+# What from_votes writes beside the table of counts, and how adapters find it again.
+RECORD_TAG = "topk_middleware from_votes:"
+_RECORD = re.compile(
+    re.escape(RECORD_TAG) + r" sensitivity=([0-9][0-9.e+]*) max_items_per_client=([0-9]+|none)"
+)
+
+
+def record_text(sensitivity: float, max_items: int | None) -> str:
+    """The record of a from_votes table (numbers only: safe in any SQL comment or literal)."""
+    limit = "none" if max_items is None else str(int(max_items))
+    return (
+        f"{RECORD_TAG} sensitivity={float(sensitivity)!r} max_items_per_client={limit} "
+        "(each client's contribution to one count clipped at the sensitivity)"
+    )
+
+
+def parse_record(text: str | None) -> tuple[float, int | None] | None:
+    """(sensitivity, max_items_per_client) from a table's comment or definition, or None if it
+    holds no record of from_votes."""
+    found = _RECORD.search(text or "")
+    if found is None:
+        return None
+    limit = found.group(2)
+    return float(found.group(1)), None if limit == "none" else int(limit)

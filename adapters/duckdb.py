@@ -46,7 +46,7 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
-from topk_middleware.privacy import check_sensitivity
+from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
 from ._sql import (
@@ -60,7 +60,14 @@ from ._sql import (
     rank_table_name,
     scores_in_order,
 )
-from .contributions import check_bounds, clipped_counts_sql, fresh_key, simple_count
+from .contributions import (
+    check_bounds,
+    clipped_counts_sql,
+    fresh_key,
+    parse_record,
+    record_text,
+    simple_count,
+)
 from .duckdb_delta import (
     CACHE_MAX_ROWS,
     FOLD_FRACTION,
@@ -158,13 +165,14 @@ class DuckDBTable(LiveRead):
         *,
         schema: str | None = None,
         rank_table: str | None = None,
-        sensitivity: float = 1,
+        sensitivity: float | None = None,
+        max_items_per_client: int | None = None,
         frozen: bool = False,
     ) -> None:
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
-        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
+        resolve_declared(sensitivity, max_items_per_client, None, "DuckDB table")  # bad: refused
         if isinstance(connection_or_path, duckdb.DuckDBPyConnection):
             self._con = connection_or_path
             self._owns_connection = False
@@ -198,6 +206,11 @@ class DuckDBTable(LiveRead):
         # identity within this open database only (oids are handed out again on reopen).
         self._proven_oid: int | None = None
         self._text_ids = self._check_columns()
+        # The most one client moves a count, and how many counts it moves: declared, else what
+        # from_votes recorded with the table (contributions.py), else (1, None).
+        self.sensitivity, self.max_items_per_client = resolve_declared(
+            sensitivity, max_items_per_client, self._recorded(), self.where
+        )
         collate = ' COLLATE "binary"' if self._text_ids else ""
         self._collate = collate  # text ids compare byte-wise everywhere, not only in the order
         self._order = f"{self._score} DESC, {self._id}{collate} ASC"
@@ -290,7 +303,51 @@ class DuckDBTable(LiveRead):
                     "infinite weight(s): weights must be finite and >= 0"
                 )
         verb = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
-        if simple_count(weight, bound, max_items):
+        try:  # the table and its record together (a caller's open transaction holds both)
+            con.execute("BEGIN TRANSACTION")
+            own = True
+        except duckdb.TransactionException:
+            own = False
+        try:
+            cls._count_votes(con, verb, out, i, v, ii, vi, vc, vw, on, binary, bound, max_items)
+            record = record_text(bound, max_items).replace("'", "''")
+            con.execute(f"COMMENT ON TABLE {out} IS '{record}'")
+            if own:
+                con.execute("COMMIT")
+        except BaseException:
+            if own:
+                con.execute("ROLLBACK")
+            raise
+        source = cls(
+            con,
+            into,
+            id="id",
+            score="score",
+            schema=schema,
+            sensitivity=bound,
+            max_items_per_client=max_items,
+        )
+        source._owns_connection = con is not connection_or_path
+        return source
+
+    @staticmethod
+    def _count_votes(
+        con: duckdb.DuckDBPyConnection,
+        verb: str,
+        out: str,
+        i: str,
+        v: str,
+        ii: str,
+        vi: str,
+        vc: str,
+        vw: str | None,
+        on: str,
+        binary: str,
+        bound: float,
+        max_items: int | None,
+    ) -> None:
+        """CREATE the table of clipped counts (from_votes; names quoted by the caller)."""
+        if simple_count(vw, bound, max_items):
             con.execute(
                 f"{verb} {out} AS SELECT i.{ii}{binary} AS id, count(DISTINCT v.{vc}) AS score "
                 f"FROM {i} AS i LEFT JOIN {v} AS v ON {on} GROUP BY i.{ii}{binary}"
@@ -306,18 +363,25 @@ class DuckDBTable(LiveRead):
                 keyed_hash="sha256(? || CAST(it AS VARCHAR))",
                 item_text="CAST(it AS VARCHAR)",
             )
-            kind_out = "BIGINT" if weight is None else "DOUBLE"
+            kind_out = "BIGINT" if vw is None else "DOUBLE"
             con.execute(
                 f"{verb} {out} AS SELECT i.{ii}{binary} AS id, "
                 f"CAST(coalesce(p.score, 0) AS {kind_out}) AS score "
                 f"FROM {i} AS i LEFT JOIN ({counted}) AS p ON p.it{binary} = i.{ii}{binary}",
                 [] if max_items is None else [fresh_key()],
             )
-        source = cls(con, into, id="id", score="score", schema=schema, sensitivity=bound)
-        source._owns_connection = con is not connection_or_path
-        return source
 
     # ----- checks -------------------------------------------------------------------------------
+    def _recorded(self) -> tuple[float, int | None] | None:
+        """The bounds from_votes recorded in the table's comment (contributions.py), if any."""
+        found = self._con.execute(
+            "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND lower(schema_name) = lower(coalesce($schema, current_schema())) "
+            "AND lower(table_name) = lower($name)",
+            {"schema": self.schema, "name": self.table},
+        ).fetchone()
+        return None if found is None else parse_record(found[0])
+
     def _check_columns(self) -> bool:
         """Table and columns exist, the score is numeric; returns whether ids are text."""
         try:
@@ -351,6 +415,7 @@ class DuckDBTable(LiveRead):
                 f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
             )
         self._whole_scores = score_type.startswith(NUMERIC_TYPES[:10])  # integers: no NaN
+        self.integer_scores = self._whole_scores  # the noisy counts' interval (noisy_counts.py)
         return types[self.id_column].startswith(TEXT_TYPES)
 
     def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -1042,6 +1107,7 @@ class DuckDBTable(LiveRead):
             noise.bound,
             "$k",
             materialized="MATERIALIZED ",
+            score_cap=noise.score_cap,
         )
         params = {
             "key": noise.key,
@@ -1073,6 +1139,24 @@ class DuckDBTable(LiveRead):
         )
         found = dict(run.cursor.execute(query, [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items in the table's own type (BIGINT and
+        HUGEINT as Python ints, DECIMAL as Decimals), read from the table in the run's
+        snapshot; the rank copy holds doubles."""
+        run = self._state()
+        wanted = plain_values(ids)
+        if not wanted:
+            return []
+        query = (
+            f"SELECT {self._id}, {self._score} FROM {self._base} "
+            f"WHERE {self._id}{self._collate} IN (SELECT unnest(?){self._collate})"
+        )
+        found = dict(run.cursor.execute(query, [wanted]).fetchall())
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
     # ----- cleanup ------------------------------------------------------------------------------
     def uninstall(self) -> None:

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from topk_middleware.access import Rows, StoreCosts
-from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
 from ._sql import TableFacts, raise_if_invalid
 from .duckdb_delta import DeltaView
@@ -184,14 +184,15 @@ class LiveRead:
         ).fetchnumpy()
         # their noise here (KeyedNoise.noises: the exceedance's, else the keyed one)
         known_positions = np.asarray(known["position"], dtype=np.int64)
-        known["v"] = np.asarray(known["score"], np.float64) + noise.noises(known_positions)
+        known["v"] = noise.capped(known["score"]) + noise.noises(known_positions)
         values = np.asarray(known["v"], dtype=np.float64)
         t = float(np.sort(values)[-k]) if len(values) >= k else -np.inf
         low = t - noise.bound - 1e-12 * abs(t) if np.isfinite(t) else -np.inf
         cut = f"{ssc} >= $low" if np.isfinite(low) else "true"
         level = int(np.ceil(low)) if self._whole_scores and np.isfinite(low) else float(low)
         rest = run.cursor.execute(
-            f"SELECT r.position, r.id, r.score, r.score + {keyed} AS v FROM ("
+            f"SELECT r.position, r.id, r.score, {capped_sql('r.score', noise.score_cap)} + {keyed} "
+            "AS v FROM ("
             f"SELECT rowid AS position, {sid} AS id, {ssc}::DOUBLE AS score FROM {table} "
             f"WHERE {cut}) AS r WHERE r.position NOT IN (SELECT unnest($positions::BIGINT[])) "
             "ORDER BY v DESC, r.position ASC LIMIT $k",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.privacy import check_sensitivity
+from topk_middleware.privacy import check_max_items, check_sensitivity
 from topk_middleware.validation import check_ids, check_scores
 
 
@@ -28,16 +28,29 @@ class ArraySource:
     arrays given, as in a live table: sorted access returns each row with that position
     (access.py, positions apart from sorted order). `sensitivity` is the most one client adds
     to or removes from one count (default 1), declared by whoever built the histogram; the noise
-    is scaled by it (topk_middleware/privacy.py).
+    is scaled by it (topk_middleware/privacy.py). `max_items_per_client` (default None: no
+    bound) is how many counts one client can change at most, which lowers the noisy counts'
+    noise (noisy_counts.py). Integer scores (an integer dtype) are kept exactly for the noisy
+    counts, whatever their size.
     """
 
     def __init__(
-        self, scores: Any, ids: Any = None, *, positions: str = "ranks", sensitivity: float = 1
+        self,
+        scores: Any,
+        ids: Any = None,
+        *,
+        positions: str = "ranks",
+        sensitivity: float = 1,
+        max_items_per_client: int | None = None,
     ) -> None:
         self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
+        self.max_items_per_client = check_max_items(max_items_per_client)  # counts it moves
         if positions not in ("ranks", "input"):
             raise ValueError(f"positions must be 'ranks' or 'input', got {positions!r}")
-        scores = check_scores(np.asarray(scores), where="ArraySource scores")
+        given = np.asarray(scores)
+        # integer scores are counts held exactly (ExactScores: the noisy counts read them)
+        self.integer_scores = given.dtype.kind in "iu"
+        scores = check_scores(given, where="ArraySource scores")
         m = len(scores)
         if ids is None:
             ids, key = np.arange(m, dtype=np.int64), np.arange(m, dtype=np.int64)
@@ -46,6 +59,7 @@ class ArraySource:
         order = np.lexsort((key, -scores))
         self._ids = ids[order]
         self._scores = scores[order]
+        self._exact = given[order] if self.integer_scores else None
         self.positions_are_ranks = positions == "ranks"
         # position -> rank, and the position of each rank (None: positions are ranks)
         self._rank_at: np.ndarray | None = None
@@ -142,13 +156,21 @@ class ArraySource:
         return Rows(positions, self._ids[ranks], self._scores[ranks])
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        return self._scores[self._ranks_of(ids)]
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores as given (integers as Python ints, never via a double)."""
+        held = self._scores if self._exact is None else self._exact
+        return held[self._ranks_of(ids)].tolist()
+
+    def _ranks_of(self, ids: Sequence[Any]) -> np.ndarray:
         if self._rank_of_id is None:
             self._rank_of_id = {item: r for r, item in enumerate(self._ids.tolist())}
         try:
             ranks = [self._rank_of_id[item] for item in ids]
         except KeyError as missing:
             raise AccessError(f"ArraySource has no item with id {missing.args[0]!r}") from None
-        return self._scores[np.asarray(ranks, dtype=np.int64)]
+        return np.asarray(ranks, dtype=np.int64)
 
     # ----- ScoreRuns ----------------------------------------------------------------------------
     def _runs(self) -> np.ndarray:

@@ -130,19 +130,23 @@ def open_table(
     schema: str | None = None,
     mode: str = "copy",
     read_only: bool = False,
+    sensitivity: float | None = None,
 ) -> Iterator[Any]:
     """The table of counts at `url` wrapped by its adapter (closed on exit). `read_only` opens
-    a DuckDB file read-only (several processes may read it); other stores ignore it."""
+    a DuckDB file read-only (several processes may read it); other stores ignore it.
+    `sensitivity`: the caller's declaration (None: what the table records, else 1; a
+    declaration below the record is refused by the adapter)."""
     if mode not in MODES:
         raise StoreArgumentError(f"mode must be one of {MODES}, got {mode!r}")
+    declared = {} if sensitivity is None else {"sensitivity": sensitivity}
     if url.kind == "duckdb":
-        with _duckdb_table(url, table, id, score, schema, mode, read_only) as source:
+        with _duckdb_table(url, table, id, score, schema, mode, read_only, declared) as source:
             yield source
     elif url.kind == "postgres":
-        with _postgres_table(url, table, id, score, schema, mode) as source:
+        with _postgres_table(url, table, id, score, schema, mode, declared) as source:
             yield source
     else:
-        with _sqlalchemy_table(url, table, id, score, schema, mode) as source:
+        with _sqlalchemy_table(url, table, id, score, schema, mode, declared) as source:
             yield source
 
 
@@ -162,6 +166,7 @@ def _duckdb_table(
     schema: str | None,
     mode: str,
     read_only: bool,
+    declared: dict[str, Any],
 ) -> Iterator[Any]:
     try:
         import duckdb
@@ -169,7 +174,7 @@ def _duckdb_table(
         from adapters.duckdb import DuckDBTable
     except ImportError as error:
         raise _needs("duckdb", error) from None
-    options: dict[str, Any] = {"schema": schema}
+    options: dict[str, Any] = {"schema": schema, **declared}
     if "mode" in inspect.signature(DuckDBTable.__init__).parameters:
         options["mode"] = mode
     elif mode != "copy":
@@ -188,7 +193,13 @@ def _duckdb_table(
 
 @contextmanager
 def _postgres_table(
-    url: StoreURL, table: str, id: str, score: str, schema: str | None, mode: str
+    url: StoreURL,
+    table: str,
+    id: str,
+    score: str,
+    schema: str | None,
+    mode: str,
+    declared: dict[str, Any],
 ) -> Iterator[Any]:
     try:
         import psycopg
@@ -210,14 +221,20 @@ def _postgres_table(
             f"cannot connect to PostgreSQL at {url.shown}: {first_line(error)}"
         ) from None
     try:
-        yield PostgresTable(conn, table, id=id, score=score, schema=schema, mode=mode)
+        yield PostgresTable(conn, table, id=id, score=score, schema=schema, mode=mode, **declared)
     finally:
         conn.close()
 
 
 @contextmanager
 def _sqlalchemy_table(
-    url: StoreURL, table: str, id: str, score: str, schema: str | None, mode: str
+    url: StoreURL,
+    table: str,
+    id: str,
+    score: str,
+    schema: str | None,
+    mode: str,
+    declared: dict[str, Any],
 ) -> Iterator[Any]:
     try:
         import sqlalchemy as sa
@@ -240,6 +257,8 @@ def _sqlalchemy_table(
             raise StoreConnectionError(
                 f"cannot connect to {url.shown}: {first_line(error.orig)}"
             ) from None
-        yield SQLAlchemyTable(engine, table, id=id, score=score, schema=schema, mode=mode)
+        yield SQLAlchemyTable(
+            engine, table, id=id, score=score, schema=schema, mode=mode, **declared
+        )
     finally:
         engine.dispose()

@@ -146,9 +146,9 @@ def demo(
     print(f"\nPrivate top-{k} (private threshold algorithm, {result.privacy.noise} noise):")
     for position, item in enumerate(result.items, 1):
         print(f"  {position:>3}. item {item}")
-    p = result.privacy
-    print(f"\nPrivacy: ({p.epsilon:.6g}, {p.delta:.3g})-DP, per-item noise scale {p.scale:.6g}")
-    print(f"  derived from {p.derivation}")
+    from topk_middleware.release import guarantee_text
+
+    print(f"\n{guarantee_text(result.release())}")
     print("\n== Operator diagnostics (data-dependent, outside the guarantee: not for analysts) ==")
     a = result.accesses
     bound = 2 * (math.sqrt(m * k) + math.sqrt(m / 2))
@@ -306,13 +306,21 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
-    """The table named by the command line, as a context manager (adapters/url.py)."""
+    """The table named by the command line, as a context manager (adapters/url.py), with the
+    sensitivity declared by --sensitivity where the command has it."""
     from adapters.url import open_table
 
     store = parse_store_url(args.url)
     table, schema = split_table(args.table, args.schema)
     return open_table(
-        store, table, args.id, args.score, schema=schema, mode=args.mode, read_only=read_only
+        store,
+        table,
+        args.id,
+        args.score,
+        schema=schema,
+        mode=args.mode,
+        read_only=read_only,
+        sensitivity=getattr(args, "sensitivity", None),
     )
 
 
@@ -360,7 +368,8 @@ def add_release_parser(sub: Any) -> None:
         "--sensitivity",
         type=float,
         default=None,
-        help="the most one client adds to or removes from one count (default 1); scales the noise",
+        help="the most one client adds to or removes from one count (default: what from_votes "
+        "recorded with the table, else 1; a value below the record is refused); scales the noise",
     )
     p.add_argument(
         "--with-counts", action="store_true", help="also release each item's count, noised"
@@ -428,9 +437,7 @@ def release_command(args: argparse.Namespace) -> int:
     options = {} if args.method is None else {"method": args.method}
     if args.with_counts:
         options.update(with_counts=True, counts_share=args.counts_share)
-    with _open(args, read_only=True) as source:
-        if args.sensitivity is not None:  # declared by whoever knows how the table was made
-            source.sensitivity = float(args.sensitivity)
+    with _open(args, read_only=True) as source:  # --sensitivity: declared, checked there
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
         if args.mode == "copy" and not one_pass and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
@@ -457,21 +464,11 @@ def release_command(args: argparse.Namespace) -> int:
 
 
 def _release_text(release: Release, where: str) -> str:
+    from topk_middleware.release import guarantee_text
+
     order = "best first" if release.ranked else "a set: the order is not a ranking"
     lines = [f"Private top-{len(release.items)} of {where} ({order}):", "", _items_table(release)]
-    p = release.privacy
-    lines += [
-        "",
-        f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
-        f"{p.noise} noise of per-item scale {p.scale:.6g}; assumes each client changes each "
-        f"count by at most {p.sensitivity:g}",
-        f"  derived from {p.derivation}",
-    ]
-    if release.counts is not None:
-        lines.append(
-            f"Counts: each within +/- {release.count_error} of the true count with "
-            "probability 95% (discrete Laplace noise)"
-        )
+    lines += ["", guarantee_text(release)]
     return "\n".join(lines)
 
 

@@ -89,6 +89,11 @@ class SPITable:
         self._ids = (
             f"SELECT b.{i} AS id, b.{s}::float8 AS score FROM {relation} AS b WHERE b.{i} = ANY($1)"
         )
+        self._exact = (
+            f"SELECT b.{i} AS id, b.{s} AS score FROM {relation} AS b WHERE b.{i} = ANY($1)"
+        )
+        # the noisy counts' interval (noisy_counts.py): counts of an integer type
+        self.integer_scores = score_type in ("smallint", "integer", "bigint")
         self._m = (
             "SELECT (SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass "
             "AND tgname LIKE $2 AND NOT tgisinternal) AS triggers, "
@@ -176,6 +181,19 @@ class SPITable:
         plan = self._plan("ids", self._ids, [self._types["id"] + "[]"])
         found = {r["id"]: r["score"] for r in self.plpy.execute(plan, [wanted])}
         return scores_in_order(found, wanted, self.where)
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores in the table's own type (bigint as Python ints, numeric as
+        Decimals: PL/Python's conversions)."""
+        wanted = plain_values(ids)
+        if not wanted:
+            return []
+        plan = self._plan("exact", self._exact, [self._types["id"] + "[]"])
+        found = {r["id"]: r["score"] for r in self.plpy.execute(plan, [wanted])}
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
     def score_run_count(self) -> int | None:
         return None

@@ -20,7 +20,9 @@ halves live here:
   therefore an autonomous transaction: committed (row lock FOR UPDATE, composition, insert) before
   any row of the table is read, and kept when the caller rolls back; concurrent sessions are
   serialised by the ledger's row lock and never overspend. Only the release (position, item) is
-  returned; access counts, method and m go to the ledger's log (topk.topk_ledger_charges).
+  returned; access counts, method and m go to the ledger's log (topk.topk_ledger_charges). The
+  release's guarantee (with the sensitivity it assumes) is kept for the session:
+  topk.last_guarantee() returns it.
 
 Against an analyst who watches the server (docs/security.md): every function pins the settings
 that would show its internal queries or count its reads (PINNED_SETTINGS); its long loops answer
@@ -206,6 +208,21 @@ SQL_FUNCTIONS = (
         "server_limited_domain",
         comment="Limited domain: at most k rows; when fewer than k items beat the threshold, a "
         "last row whose item is NULL stands for the bottom symbol.",
+    ),
+    SqlFunction(
+        "last_guarantee",
+        "_last_guarantee",
+        "",
+        "TABLE(epsilon double precision, delta double precision, noise text, "
+        "scale double precision, sensitivity double precision, score_bound double precision, "
+        "counts_epsilon double precision, counts_scale double precision, count_error bigint, "
+        "guarantee text)",
+        "server_last_guarantee",
+        volatility="VOLATILE",
+        comment="The guarantee of this session's last release (no row before one): epsilon, "
+        "delta, the noise and its scale, the sensitivity it assumes, the score bound, the "
+        "counts' share and interval, and the guarantee in words with its derivation.",
+        public=True,
     ),
     SqlFunction(
         "my_budget",
@@ -527,18 +544,24 @@ def register_source(
     score: str,
     *,
     schema: str | None = None,
-    sensitivity: float = 1,
+    sensitivity: float | None = None,
 ) -> str:
     """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
     triggers; idempotent) and register it for topk.private_top_k with its id and score columns
-    and its declared sensitivity (the most one client changes one count; scales the noise).
-    Returns the table's name as regclass prints it."""
+    and its sensitivity (the most one client changes one count; scales the noise): the one
+    declared, else what from_votes recorded with the table, else 1; a declaration below the
+    record is refused (privacy.resolve_declared). Returns the table's name as regclass prints
+    it."""
     from adapters.postgres import PostgresTable
     from topk_middleware.privacy import check_sensitivity
 
-    sensitivity = check_sensitivity(sensitivity, "--sensitivity")
+    if sensitivity is not None:
+        sensitivity = check_sensitivity(sensitivity, "--sensitivity")
 
-    source = PostgresTable(dsn, table, id=id, score=score, schema=schema, mode="live")
+    source = PostgresTable(
+        dsn, table, id=id, score=score, schema=schema, mode="live", sensitivity=sensitivity
+    )
+    sensitivity = source.sensitivity
     try:
         source.prepare()
         conn = source._conn
@@ -557,6 +580,19 @@ def register_source(
             return conn.execute("SELECT %s::regclass::text", [base]).fetchone()[0]
     finally:
         source.close()
+
+
+def registered_sensitivity(dsn: str, name: str) -> float:
+    """The sensitivity a registered table was registered with (topk.sources)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT sensitivity FROM topk.sources WHERE source = %s::regclass", [name]
+        ).fetchone()
+    if found is None:
+        raise LookupError(f"{name} is not registered")
+    return float(found[0])
 
 
 # ----- server side (called from the PL/Python bodies; `plpy` and `GD` are theirs) --------------
@@ -596,7 +632,8 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
             "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
             "format_type(c.atttypid, c.atttypmod) AS score_type, "
-            "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named "
+            "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named, "
+            "obj_description(s.source, 'pg_class') AS comment "
             "FROM topk.sources AS s JOIN pg_class AS r ON r.oid = s.source "
             "JOIN pg_attribute AS i ON i.attrelid = s.source AND i.attname = s.id_column "
             "JOIN pg_attribute AS c ON c.attrelid = s.source AND c.attname = s.score_column "
@@ -624,7 +661,9 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
 def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     """The SPI source of a registration, kept for the session with its prepared plans (a new
     registration, or a changed column type, makes a new one)."""
+    from adapters.contributions import parse_record
     from frontends.plpython import SPITable
+    from topk_middleware.privacy import resolve_declared
 
     tables = GD.setdefault("topk_tables", {})
     key = tuple(found[c] for c in sorted(found) if c not in ("role", "named"))
@@ -641,8 +680,18 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
             found["trigger_prefix"],
             bool(found["text_ids"]),
         )
-        table.sensitivity = float(found["sensitivity"])  # declared at registration
+    # Declared at registration; never below what from_votes recorded in the table's comment
+    # (the comment may have changed since): SensitivityError otherwise.
+    table.sensitivity, table.max_items_per_client = resolve_declared(
+        float(found["sensitivity"]), None, parse_record(found["comment"]), table.where
+    )
     return table
+
+
+_REGISTER_AGAIN = (
+    "the sensitivity is set when the table is registered: an administrator registers it "
+    "again, topk-middleware install-sql --dsn ... --source <table> --sensitivity N"
+)
 
 
 def _no_nulls(plpy: Any, **arguments: Any) -> None:
@@ -689,11 +738,15 @@ def _charged_release(
     from topk_middleware.accounting import BudgetExceeded
     from topk_middleware.interrupts import checking
     from topk_middleware.ledger import LedgerBudget
+    from topk_middleware.privacy import SensitivityError
 
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
     role = found["role"]
-    table = _spi_table(plpy, GD, found)
+    try:
+        table = _spi_table(plpy, GD, found)
+    except SensitivityError as error:  # a fact of the registration, not of the counts
+        _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
     budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
     ping = GD.get("topk_ping")
     if ping is None:
@@ -722,6 +775,8 @@ def _charged_release(
         )
     except BudgetExceeded as error:
         _refuse(plpy, f"role {role}: {error}", REFUSED)
+    except SensitivityError as error:  # the registration's sensitivity: not a fact of the data
+        _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
     except ValueError as error:  # k > m, an empty table, bad scores: facts of the data
         charged = getattr(budget._pending, "seq", None) is not None
         reference = _log_refusal(ledger, role, found["relation"], str(error))
@@ -744,6 +799,7 @@ def _charged_release(
             )
         raise
     release = result.release()
+    GD["topk_last_guarantee"] = _guarantee_row(release)  # topk.last_guarantee()
     if with_counts:  # (position, item, count, count_error): noisy counts beside the items
         counts = release.counts or ()
         return [
@@ -921,6 +977,32 @@ def server_limited_domain(
     )
 
 
+def _guarantee_row(release: Any) -> tuple[Any, ...]:
+    """topk.last_guarantee()'s row for a release: its guarantee's fields and its words."""
+    from topk_middleware.release import guarantee_text
+
+    p = release.privacy
+    counted = release.counts is not None
+    return (
+        p.epsilon,
+        p.delta,
+        p.noise,
+        p.scale,
+        p.sensitivity,
+        p.score_bound,
+        p.counts_epsilon if counted else None,
+        p.counts_scale if counted else None,
+        release.count_error if counted else None,
+        guarantee_text(release),
+    )
+
+
+def server_last_guarantee(plpy: Any, GD: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """topk.last_guarantee(): the guarantee of this session's last release, or no row."""
+    found = GD.get("topk_last_guarantee")
+    return [] if found is None else [found]
+
+
 def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
     """Record a refusal's data facts in topk.refusals (the operator's log, through the ledger's
     own connection: committed although the caller's statement fails); its reference."""
@@ -1038,8 +1120,9 @@ def add_install_sql_parser(sub: Any) -> None:
     p.add_argument(
         "--sensitivity",
         type=float,
-        default=1.0,
-        help="the most one client adds to or removes from one of the source's counts (default 1)",
+        default=None,
+        help="the most one client adds to or removes from one of the source's counts (default: "
+        "what from_votes recorded with the table, else 1; a value below the record is refused)",
     )
     p.set_defaults(handler=run_install_sql)
 
@@ -1060,8 +1143,9 @@ def run_install_sql(args: Any) -> int:
             schema=schema or None,
             sensitivity=args.sensitivity,
         )
+        sensitivity = registered_sensitivity(args.dsn, name)
         print(
             f"registered {name} (id {args.id}, score {args.score}, sensitivity "
-            f"{args.sensitivity:g})"
+            f"{sensitivity:g}: assumes each client changes each count by at most {sensitivity:g})"
         )
     return 0

@@ -221,8 +221,7 @@ def test_oneshot_in_store_through_private_top_k(
     full = private_top_k(source, 5, 1.0, method="oneshot_full_read", seed=3)
     assert full.diagnostics.plan["in_store"] is False and full.accesses.rows_fetched == 500
     assert first.accesses.sorted == 500 and first.accesses.random == 0
-    # m, the top row (the resolution check before the charge), then the one-shot query
-    assert first.accesses.round_trips == 3
+    assert first.accesses.round_trips == 2  # m, then the one-shot query
 
 
 def test_array_source_falls_back_to_the_full_read() -> None:

@@ -43,6 +43,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         ).items
     )
     assert "(1, 0)-DP" in first and "Fact 3.3" in first
+    assert "assumes each client changes each count by at most 1" in first
     rows = dict(
         re.findall(
             r"^\s+(private threshold|one-shot full scan).*rows read\s+([\d,]+)", first, flags=re.M

@@ -10,6 +10,7 @@ of the discrete Laplace mechanism gives the counts' epsilon.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ from topk_middleware.discrete_noise import (
     discrete_laplace_pmf,
 )
 from topk_middleware.noisy_counts import CountsPlan
-from topk_middleware.privacy import calibrate
+from topk_middleware.privacy import SensitivityError, calibrate
 from topk_middleware.release import release_dict
 
 # ----- raw votes: one fixed log, counted independently in numpy --------------------------------
@@ -113,8 +114,26 @@ def pg(pg_conninfo: str, pg_schema: str) -> Iterator[tuple[str, str]]:
     yield pg_conninfo, pg_schema
 
 
+# What the SQLAlchemy tests made on their servers: dropped at the end of the module.
+MADE_TABLES: list[tuple[sa.Engine, str]] = []
+MADE_SOURCES: list[Any] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_what_was_made() -> Iterator[None]:
+    yield
+    for source in MADE_SOURCES:
+        source.uninstall()  # its rank and runs tables, its fingerprint row
+    for engine, name in MADE_TABLES:
+        with engine.begin() as conn:
+            sa.Table(name, sa.MetaData()).drop(conn, checkfirst=True)
+    MADE_SOURCES.clear()
+    MADE_TABLES.clear()
+
+
 def sa_votes(engine: sa.Engine, suffix: str) -> tuple[str, str]:
     votes, items = f"sem_votes_{suffix}", f"sem_items_{suffix}"
+    MADE_TABLES.extend([(engine, votes), (engine, items)])
     meta = sa.MetaData()
     t_items = sa.Table(
         items, meta, sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False)
@@ -157,6 +176,7 @@ def from_votes_on(store: str, request: pytest.FixtureRequest) -> Callable[..., A
         source = SQLAlchemyTable.from_votes(
             engine, votes, items, rank_table=f"sem_r_{uuid.uuid4().hex[:8]}", **kw
         )
+        MADE_SOURCES.append(source)
         source.prepare()
         return source
 
@@ -207,13 +227,105 @@ def test_max_per_item_5_names_5_with_5_times_the_scale(
     make = from_votes_on(store, request)
     one, five = make(), make(max_per_item=5)
     assert one.sensitivity == 1 and five.sensitivity == 5
-    r1 = private_top_k(one, 3, 1.0, seed=1)
-    r5 = private_top_k(five, 3, 1.0, seed=1)
-    assert r5.privacy.sensitivity == 5 and r1.privacy.sensitivity == 1
-    assert "each client changes each count by at most 5" in r5.privacy.derivation
-    assert "each client changes each count by at most 1" in r1.privacy.derivation
-    assert r5.privacy.scale == pytest.approx(5 * r1.privacy.scale, rel=1e-12)
-    assert release_dict(r5.release())["guarantee"]["sensitivity"] == 5
+    kept = set()
+    for oblivious in (False, True):  # the oblivious guarantee keeps the source's sensitivity
+        options = {"oblivious": oblivious}
+        r1 = private_top_k(one, 3, 1.0, seed=1, **options)
+        r5 = private_top_k(five, 3, 1.0, seed=1, **options)
+        assert r5.privacy.sensitivity == 5 and r1.privacy.sensitivity == 1
+        assert r5.privacy.per_item_epsilon == pytest.approx(r1.privacy.per_item_epsilon)
+        assert "each client changes each count by at most 5" in r5.privacy.derivation
+        assert "each client changes each count by at most 1" in r1.privacy.derivation
+        assert r5.privacy.scale == pytest.approx(5 * r1.privacy.scale, rel=1e-12)
+        assert release_dict(r5.release())["guarantee"]["sensitivity"] == 5
+        assert ("oblivious access" in r5.privacy.derivation) is oblivious
+        p = r5.privacy  # every field but delta and the derivation is the calibration's
+        kept.add((p.epsilon, p.noise, p.scale, p.sensitivity, p.score_bound, p.counts_scale))
+    assert len(kept) == 1
+
+
+def reopen(store: str, built: Any, request: pytest.FixtureRequest, **declared: Any) -> Any:
+    """The table from_votes built, opened again as a plain table by name (no bounds passed)."""
+    if store == "duckdb":
+        return DuckDBTable(request.getfixturevalue("duck"), "votes_counts", **declared)
+    if store == "postgres":
+        dsn, schema = request.getfixturevalue("pg")
+        return PostgresTable(dsn, "votes_counts", schema=schema, **declared)
+    # SQLAlchemy's from_votes keeps its counts in the rank table prepare() fills
+    engine = request.getfixturevalue(f"sqlalchemy_{store.split('-')[1]}_engine")
+    opened = SQLAlchemyTable(
+        engine,
+        built.rank_table_name,
+        id="id",
+        score="score",
+        rank_table=f"sem_o_{uuid.uuid4().hex[:8]}",
+        **declared,
+    )
+    MADE_SOURCES.append(opened)
+    opened.prepare()
+    return opened
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_from_votes_tables_keep_their_sensitivity_when_opened_again(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """The bounds from_votes used are recorded with the table: opened again by name (as the CLI
+    and install-sql do) it keeps sensitivity 5 and, where built with one, the item bound; the
+    release's noise is 5 unit scales; a declaration below the record is refused before anything
+    is read, one above it is used."""
+    make = from_votes_on(store, request)
+    limit = None if store == "sqlalchemy-sqlite" else 3  # SQLite has no hash for the limit
+    built = make(max_per_item=5, max_items_per_client=limit)
+    opened = reopen(store, built, request)
+    assert (opened.sensitivity, opened.max_items_per_client) == (5, limit)
+    r = private_top_k(opened, 3, 1.0, method="oneshot_full_read", seed=1)
+    assert r.privacy.sensitivity == 5 and r.privacy.scale == pytest.approx(5 * 3 / 1.0)
+    assert "each client changes each count by at most 5" in r.privacy.derivation
+    with pytest.raises(SensitivityError, match=r"records sensitivity 5 .* and 1 was declared"):
+        reopen(store, built, request, sensitivity=1)
+    assert reopen(store, built, request, sensitivity=7).sensitivity == 7
+    if limit is not None:
+        with pytest.raises(SensitivityError, match="keeps at most 3 items"):
+            reopen(store, built, request, max_items_per_client=2)
+    plain = make()  # max_per_item = 1 is recorded too: a declaration of 2 is honoured
+    assert reopen(store, plain, request).sensitivity == 1
+    assert reopen(store, plain, request, sensitivity=2).sensitivity == 2
+
+
+def test_a_table_without_record_takes_the_declaration(duck: duckdb.DuckDBPyConnection) -> None:
+    duck.execute(
+        "CREATE OR REPLACE TABLE plain_counts AS SELECT range AS id, range AS score FROM range(20)"
+    )
+    assert DuckDBTable(duck, "plain_counts").sensitivity == 1
+    assert DuckDBTable(duck, "plain_counts", sensitivity=0.5).sensitivity == 0.5
+    with pytest.raises(ValueError, match="sensitivity must be finite and > 0"):
+        DuckDBTable(duck, "plain_counts", sensitivity=-1)
+
+
+def test_the_cli_and_its_json_keep_the_recorded_sensitivity(tmp_path: Any) -> None:
+    """A DuckDB file whose counts from_votes built with max_per_item=5: `release` without
+    --sensitivity states 5 and uses 5 unit scales; --sensitivity 1 is refused in one line."""
+    from tests.test_cli import run_process
+
+    path = tmp_path / "votes.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE items AS SELECT range AS id FROM range(?)", [N_ITEMS])
+        con.execute("CREATE TABLE votes (client BIGINT, item BIGINT)")
+        con.executemany("INSERT INTO votes VALUES (?, ?)", VOTES.tolist())
+        DuckDBTable.from_votes(con, "votes", "items", max_per_item=5).prepare()
+    base = ["release", path, "--table", "votes_counts", "--k", 3, "--epsilon", 1.0]
+    done = run_process([*base, "--adaptive", "--method", "oneshot_full_read", "--json"])
+    assert done.returncode == 0, done.stderr
+    guarantee = json.loads(done.stdout)["guarantee"]
+    assert guarantee["sensitivity"] == 5 and guarantee["scale"] == pytest.approx(15.0)
+    done = run_process(base)  # the oblivious default's guarantee line
+    assert done.returncode == 0, done.stderr
+    assert "assumes each client changes each count by at most 5" in done.stdout
+    assert "delta_pad" in done.stdout
+    done = run_process([*base, "--sensitivity", 1])
+    assert done.returncode != 0 and "records sensitivity 5" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 def test_sensitivity_is_declared_on_every_source_and_refused_when_bad() -> None:
@@ -304,6 +416,7 @@ def test_the_hash_key_never_appears_in_statement_text(
             max_items_per_client=1,
             rank_table=f"sem_r_{uuid.uuid4().hex[:8]}",
         )
+        MADE_SOURCES.append(source)
         source.prepare()
     finally:
         sa.event.remove(sqlalchemy_postgres_engine, "before_cursor_execute", seen)
@@ -360,9 +473,10 @@ def test_half_width_is_the_least_95_percent_interval() -> None:
 
 
 def test_counts_fall_in_their_95_percent_interval_at_the_stated_rate() -> None:
-    """600 releases of 5 counts: the rate of |noisy - true| <= count_error is the exact coverage
-    of the interval (binomial test), and within sampling error (3 sd) of 95%."""
-    scores = np.floor(1e4 / np.arange(1, 201))
+    """600 releases of 5 integer counts: count_error is w, and the rate of |noisy - true| <= w
+    is the exact coverage P(|Z| <= w) of the discrete Laplace law (binomial test), within
+    sampling error (3 sd) of 95%."""
+    scores = np.floor(1e4 / np.arange(1, 201)).astype(np.int64)
     source = ArraySource(scores)
     hits = total = 0
     for seed in range(600):
@@ -377,6 +491,40 @@ def test_counts_fall_in_their_95_percent_interval_at_the_stated_rate() -> None:
     assert r.count_error == plan.half_width
     assert stats.binomtest(hits, total, coverage).pvalue > 1e-3
     assert abs(hits / total - 0.95) < 3 * math.sqrt(0.95 * 0.05 / total) + (coverage - 0.95)
+
+
+@pytest.mark.parametrize("t", [0.5, 3.0])
+def test_fractional_counts_are_covered_by_their_interval(t: float) -> None:
+    """Weighted (fractional) counts: released as round(count) + Z with count_error w + 1, so
+    the interval holds for the count itself. Each count's coverage P(|round(c) + Z - c| <= w + 1)
+    is computed here from the exact law, and the hits over 800 releases of 5 counts match their
+    sum (normal approximation of the Poisson-binomial, 4 sd), and are at least 95% (3 se).
+    The interval floor(count) +/- w would cover about 86.5% at t = 0.5."""
+    k, share = 5, 0.5
+    epsilon = k / (share * t)  # counts scale t = k ceil(D) / (s epsilon), D = 1
+    fractions = np.random.default_rng(3).random(200)
+    scores = np.floor(1e4 / np.arange(1, 201)) + fractions
+    source = ArraySource(scores)
+    plan = CountsPlan.make(k, epsilon * share, 1.0, integer_counts=False)
+    assert float(plan.scale) == pytest.approx(t)
+    support = np.arange(-60 * int(t + 1), 60 * int(t + 1) + 1)
+    pmf = discrete_laplace_pmf(support, t)
+    hits, expected, variance, total, old_hits = 0, 0.0, 0.0, 0, 0
+    for seed in range(800):
+        r = private_top_k(source, k, epsilon, seed=seed, with_counts=True, counts_share=share)
+        assert r.count_error == plan.half_width + 1
+        true = scores[np.asarray(r.items)]
+        for released, c in zip(r.counts, true, strict=True):
+            hits += abs(released - c) <= r.count_error
+            rounded = math.floor(c + 0.5)
+            p = float(pmf[np.abs(rounded + support - c) <= r.count_error].sum())
+            expected, variance = expected + p, variance + p * (1 - p)
+            old_hits += abs(released - (rounded - math.floor(c)) - c) <= plan.half_width
+            total += 1
+    assert abs(hits - expected) < 4 * math.sqrt(variance)
+    assert hits / total >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / total)
+    if t == 0.5:  # the interval floor(count) + Z +/- w falls short of 95%
+        assert old_hits / total < 0.93
 
 
 def test_counts_accounting_matches_dp_accounting_and_is_charged_once() -> None:
@@ -403,14 +551,69 @@ def test_counts_accounting_matches_dp_accounting_and_is_charged_once() -> None:
     assert r.accesses.random >= k  # the counts were read by random access on the winners
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3, 8])
+def test_counts_noise_scales_with_min_k_l(limit: int) -> None:
+    """A source whose clients each count in at most L items: the k counts move in at most
+    min(k, L) places, by ceil(D) each, so the scale is min(k, L) ceil(D) / (s eps). Checked
+    against dp-accounting: min(k, L) discrete Laplace mechanisms (parameter 1/t, sensitivity
+    ceil(D)) composed give s eps; the charged zCDP is the selection's plus min(k, L) times
+    (s eps / min(k, L))^2 / 2."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    from topk_middleware.accounting import pure_dp_zcdp
+
+    k, eps, share, sensitivity = 5, 2.0, 0.5, 2.5
+    scores = np.floor(1e5 / np.arange(1, 101))
+    source = ArraySource(scores, sensitivity=sensitivity, max_items_per_client=limit)
+    budget = PrivacyBudget(epsilon=10.0, delta=1e-6)
+    r = private_top_k(source, k, eps, seed=1, with_counts=True, counts_share=share, budget=budget)
+    changed = min(k, limit)
+    t = r.privacy.counts_scale
+    assert t == pytest.approx(changed * 3 / (eps * share))  # ceil(2.5) = 3
+    one = pld.from_discrete_laplace_mechanism(
+        1.0 / t, sensitivity=3, value_discretization_interval=1e-6
+    )
+    composed = one.self_compose(changed) if changed > 1 else one
+    assert composed.get_epsilon_for_delta(1e-12) == pytest.approx(eps * share, rel=1e-4)
+    selection = oneshot_cost("gumbel", k, 100, eps * (1 - share), 0.0, sensitivity=sensitivity)
+    charged = budget.releases[0]
+    assert charged.rho == pytest.approx(
+        selection.rho + changed * pure_dp_zcdp(eps * share / changed), rel=1e-12
+    )
+    unbounded = private_top_k(
+        ArraySource(scores, sensitivity=sensitivity), k, eps, seed=1, with_counts=True
+    )
+    assert unbounded.privacy.counts_scale == pytest.approx(k * 3 / (eps * share))
+
+
+def test_from_votes_item_bound_lowers_the_counts_noise(duck: duckdb.DuckDBPyConnection) -> None:
+    """A from_votes table built with max_items_per_client = 2 (recorded with it): opened again,
+    its counts are noised for 2 counts' worth, not k."""
+    DuckDBTable.from_votes(
+        duck, "votes", "items", replace=True, max_per_item=3, max_items_per_client=2
+    )
+    source = DuckDBTable(duck, "votes_counts")
+    r = private_top_k(source, 4, 2.0, method="oneshot_full_read", seed=2, with_counts=True)
+    assert r.privacy.counts_scale == pytest.approx(2 * 3 / 1.0)
+    assert r.count_error == CountsPlan.make(4, 1.0, 3, 2).half_width  # BIGINT counts: w
+
+
 def test_counts_are_carried_by_arrow_and_json() -> None:
-    r = private_top_k(ArraySource(np.arange(100.0)), 3, 1.0, seed=2, with_counts=True)
+    """Arrow and JSON carry the counts, their interval and the guarantee with its sensitivity,
+    score bound and the counts' share and scale."""
+    source = ArraySource(np.arange(100.0), sensitivity=3)
+    r = private_top_k(source, 3, 1.0, seed=2, with_counts=True, oblivious=True)
     table = r.to_arrow()
     assert table.column_names == ["position", "item", "count"]
     assert table.column("count").to_pylist() == list(r.counts)
     assert int(table.schema.metadata[b"topk.count_error"]) == r.count_error
     d = release_dict(r.release())
     assert d["counts"] == list(r.counts) and d["count_error"] == r.count_error
+    for guarantee in (json.loads(table.schema.metadata[b"topk.guarantee"]), d["guarantee"]):
+        assert guarantee["sensitivity"] == 3 and guarantee["counts_epsilon"] == 0.5
+        assert guarantee["counts_scale"] == pytest.approx(3 * 3 / 0.5)
+        assert guarantee["score_bound"] == r.privacy.score_bound
+        assert "assumes each client changes each count by at most 3" in guarantee["derivation"]
 
 
 @pytest.mark.parametrize("share", [0, 1, -0.1, math.nan, "0.5", True])
@@ -419,54 +622,145 @@ def test_bad_counts_share_is_refused(share: Any) -> None:
         private_top_k(ArraySource(np.arange(10.0)), 2, 1.0, with_counts=True, counts_share=share)
 
 
-# ----- 4. resolution ---------------------------------------------------------------------------
-class Counting(ArraySource):
-    """An ArraySource that counts the rows it serves."""
+# ----- 4. counts read exactly ------------------------------------------------------------------
+BIG = 2**55 + 5  # a double holds 2^55 + 8 (or 2^55): a count read as a double is 3 off
 
-    rows = 0
 
-    def read_sorted(self, start: int, count: int) -> Any:
-        out = super().read_sorted(start, count)
-        self.rows += len(out)
-        return out
-
-    def read_positions(self, positions: Any) -> Any:
-        out = super().read_positions(positions)
-        self.rows += len(out)
-        return out
+def big_counts_source(store: str, request: pytest.FixtureRequest, top: int) -> Any:
+    """50 items: item 0 counts `top`, item j counts j, in an integer column of the store."""
+    values = [top, *range(1, 50)]
+    if store == "memory":
+        return ArraySource(np.array(values, dtype=np.int64))
+    if store.startswith("duckdb"):
+        kind = store.split("-")[1].upper()
+        con = duckdb.connect()
+        con.execute(f"CREATE TABLE big (id BIGINT, score {kind})")
+        con.executemany("INSERT INTO big VALUES (?, ?)", list(enumerate(values)))
+        source = DuckDBTable(con, "big")
+        source.prepare()
+        return source
+    if store.startswith("postgres"):
+        dsn, schema = request.getfixturevalue("pg")
+        name = f"big_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            table = sql.Identifier(schema, name)
+            conn.execute(sql.SQL("CREATE TABLE {} (id bigint, score bigint)").format(table))
+            with conn.cursor() as cur:
+                cur.executemany(
+                    sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(table), list(enumerate(values))
+                )
+        source = PostgresTable(dsn, name, schema=schema, mode=store.split("-")[1])
+        source.prepare()
+        return source
+    engine = request.getfixturevalue(f"sqlalchemy_{store.split('-')[-1]}_engine")
+    name = f"sem_big_{uuid.uuid4().hex[:8]}"
+    MADE_TABLES.append((engine, name))
+    table = sa.Table(
+        name,
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("score", sa.BigInteger),
+    )
+    with engine.begin() as conn:
+        table.create(conn)
+        conn.execute(table.insert(), [{"id": i, "score": v} for i, v in enumerate(values)])
+    mode = "live" if "-live-" in store else "copy"
+    source = SQLAlchemyTable(engine, name, rank_table=f"sem_r_{uuid.uuid4().hex[:8]}", mode=mode)
+    MADE_SOURCES.append(source)
+    source.prepare()
+    return source
 
 
 @pytest.mark.parametrize(
-    "scores,epsilon",
+    "store",
     [
-        ([1e300] * 1000, 1.0),
-        ([2.0**60 + 256 * j for j in range(1000)], 1.0),
-        ([1e15] * 500 + [1e15 - 1] * 500, 1000.0),
+        "memory",
+        "duckdb-bigint",
+        "duckdb-hugeint",
+        "postgres-copy",
+        "postgres-live",
+        "sqlalchemy-postgres",
+        "sqlalchemy-mariadb",
+        "sqlalchemy-live-postgres",
     ],
 )
-@pytest.mark.parametrize("method", ["auto", "threshold", "oneshot", "oneshot_full_read"])
-def test_scores_the_noise_cannot_resolve_are_refused(
-    scores: list[float], epsilon: float, method: str
+@pytest.mark.parametrize("oblivious", [False, True])
+def test_counts_above_2_53_are_released_exactly(
+    store: str, oblivious: bool, request: pytest.FixtureRequest
 ) -> None:
-    """Refused on every method, nothing charged, at most the top row read (the stated read)."""
-    source = Counting(scores)
-    budget = PrivacyBudget(epsilon=2000.0)
-    with pytest.raises(ValueError, match="beyond what a double resolves"):
-        private_top_k(source, 10, epsilon, method=method, budget=budget)
-    assert budget.releases == [] and source.rows <= 1
+    """A true count of 2^55 + 5 in an integer column is noised as 2^55 + 5 (its noise here is
+    0: scale 1/1000), never as the double 2^55 + 8; count_error is w (an integer column). The
+    selection reads it as the score bound (2^32 at this scale) and still picks it."""
+    source = big_counts_source(store, request, BIG)
+    r = private_top_k(source, 1, 2000.0, seed=4, with_counts=True, oblivious=oblivious)
+    assert r.items == [0] and r.counts == (BIG,)
+    assert r.count_error == 0 and r.privacy.counts_scale == pytest.approx(1e-3)
+    assert float(BIG) != BIG  # the fault this guards against
 
 
-def test_resolvable_large_counts_are_served() -> None:
-    """2^40 + 256 j at epsilon 1, k = 10: the noise scale 10 spans 2^10 ulps (ulp 2^-12)."""
-    scores = [2.0**40 + 256 * j for j in range(1000)]
-    r = private_top_k(ArraySource(scores), 10, 1.0, seed=0)
-    assert len(r.items) == 10
+def test_counts_beyond_2_62_are_released_as_the_bound() -> None:
+    """A HUGEINT count of 2^70 + 5 is released about 2^62 (stated: min(round(count), 2^62)), a
+    value every store's signed 64-bit column (the SQL function's bigint, Arrow's int64) holds."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE huge (id BIGINT, score HUGEINT)")
+    con.executemany("INSERT INTO huge VALUES (?, ?)", [(0, 2**70 + 5), (1, 3), (2, 1)])
+    source = DuckDBTable(con, "huge")
+    source.prepare()
+    r = private_top_k(source, 1, 2000.0, seed=4, with_counts=True)
+    assert r.counts == (2**62,) and "2^62" in r.privacy.derivation
+    assert r.to_arrow().column("count").to_pylist() == [2**62]
 
 
-def test_exhausted_budget_refuses_before_reading_a_row() -> None:
-    budget = PrivacyBudget(epsilon=1.0)
-    private_top_k(ArraySource(np.arange(10.0)), 1, 1.0, budget=budget)
-    source = Counting(np.arange(10.0))
-    with pytest.raises(BudgetExceeded):
-        private_top_k(source, 1, 1.0, budget=budget)
-    assert source.rows == 0
+# ----- 5. timing of the counts' sampler --------------------------------------------------------
+class Logged(ArraySource):
+    """An ArraySource that logs its reads in a shared list."""
+
+    log: list[str]
+
+    def read_sorted(self, start: int, count: int) -> Any:
+        self.log.append("read")
+        return super().read_sorted(start, count)
+
+    def read_positions(self, positions: Any) -> Any:
+        self.log.append("read")
+        return super().read_positions(positions)
+
+    def read_exact_scores(self, ids: Any) -> list[Any]:
+        self.log.append("read")
+        return super().read_exact_scores(ids)
+
+
+@pytest.mark.parametrize("oblivious", [False, True])
+def test_the_counts_noise_is_drawn_after_the_charge_and_before_any_read(
+    oblivious: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact sampler's time grows with |Z|: its k draws come after the charge and before
+    the first row is read (in an oblivious release: inside the padded window, whose deadline
+    adds counts_seconds(k))."""
+    import topk_middleware.noisy_counts as noisy_counts
+
+    log: list[str] = []
+    draw = noisy_counts.discrete_laplace
+    monkeypatch.setattr(
+        noisy_counts, "discrete_laplace", lambda rng, scale: log.append("draw") or draw(rng, scale)
+    )
+
+    class Budget(PrivacyBudget):
+        def charge(self, cost: Any) -> None:
+            log.append("charge")
+            super().charge(cost)
+
+    source = Logged(np.arange(500, dtype=np.int64))
+    source.log = log
+    k = 4
+    options = {"oblivious": oblivious, "deadline": None}
+    budget = Budget(epsilon=10.0, delta=1e-3)
+    with_counts = private_top_k(source, k, 2.0, seed=1, with_counts=True, budget=budget, **options)
+    assert log[0] == "charge" and log[1 : k + 1] == ["draw"] * k
+    assert "draw" not in log[k + 1 :] and "read" in log[k + 1 :]
+    if oblivious:
+        plain = private_top_k(
+            ArraySource(np.arange(500, dtype=np.int64)), k, 2.0, seed=1, **options
+        )
+        extra = with_counts.plan["deadline"] - plain.plan["deadline"]
+        assert extra == pytest.approx(noisy_counts.counts_seconds(k))

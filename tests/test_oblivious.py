@@ -100,11 +100,11 @@ def test_reads_are_fixed_by_public_facts_alone() -> None:
             source = CountingSource(ArraySource(scores))
             result = private_top_k(source, k, 1.0, oblivious=True, seed=seed)
             assert not result.plan["miss"]
-            assert result.accesses.rows_fetched == 2 * d + 1  # and the top row (resolution check)
-            assert result.accesses.round_trips == 4
+            assert result.accesses.rows_fetched == 2 * d
+            assert result.accesses.round_trips == 3
             assert len(set(result.items)) == k
             logs.append(source.log)
-    assert all(log == [("sorted", 1), ("sorted", d), ("positions", d)] for log in logs)
+    assert all(log == [("sorted", d), ("positions", d)] for log in logs)
 
 
 def test_gumbel_release_is_plackett_luce() -> None:
@@ -188,11 +188,9 @@ def test_miss_rate_is_the_hypergeometric_tail() -> None:
             )
             if result.plan["miss"]:
                 misses += 1
-                assert result.accesses.rows_fetched == 2 * d + m  # the top row is in the full read
+                assert result.accesses.rows_fetched == 2 * d + m
             else:
-                assert (
-                    result.accesses.rows_fetched == 2 * d + 1
-                )  # and the top row (resolution check)
+                assert result.accesses.rows_fetched == 2 * d
         assert stats.binomtest(misses, runs, p).pvalue > 1e-3
 
 
@@ -273,9 +271,7 @@ def test_duckdb_copy_and_pending_delta_read_fixed_sizes() -> None:
                 assert not result.plan["miss"] and not result.plan["full_read"]
                 assert not source.positions_are_ranks
                 d = oblivious_depth(result.m, 5, 1e-9)
-                assert (
-                    result.accesses.rows_fetched == 2 * d + 1
-                )  # and the top row (resolution check)
+                assert result.accesses.rows_fetched == 2 * d
                 counts.add((result.m, result.accesses.rows_fetched, result.accesses.round_trips))
         finally:
             con.close()
@@ -301,4 +297,4 @@ def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
             result = private_top_k(source, k, 1.0, oblivious=True, seed=seed, deadline=0)
             assert not result.plan["miss"] and len(set(result.items)) == k
             seen.add((result.accesses.rows_fetched, result.accesses.round_trips))
-    assert seen == {(2 * d + 1, 4)}
+    assert seen == {(2 * d, 3)}

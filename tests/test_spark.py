@@ -290,10 +290,21 @@ def test_oneshot_in_store_and_auto_through_private_top_k(make_spark_source: Any)
     source = make_spark_source(scores, ids)
     got = private_top_k(source, 3, 1.0, method="oneshot_in_store", seed=4)
     assert len(got.items) == 3 and got.accesses.sorted == len(scores)
-    assert got.accesses.round_trips == 3  # m, the top row (resolution check), the query
+    assert got.accesses.round_trips == 2  # m, the query
     auto = private_top_k(source, 3, 1.0, seed=4)
     assert auto.diagnostics.plan["auto"]["chosen"] in ("threshold", "oneshot_in_store")
     assert got.diagnostics.plan["in_store"] is True
+    # scores beyond the score bound (2^42 at scale 3) are clamped in Spark's SQL too: the
+    # release on 2^60 + 256 j is the one on the all-2^42 table (same ranks, same key)
+    m = 400
+    huge = make_spark_source(2.0**60 + 256.0 * np.arange(m - 1, -1, -1), np.arange(m))
+    flat = make_spark_source(np.full(m, 2.0**42), np.arange(m))
+    for seed in (1, 2):
+        clamped = private_top_k(huge, 3, 1.0, method="oneshot_in_store", seed=seed)
+        assert (
+            clamped.items == private_top_k(flat, 3, 1.0, method="oneshot_in_store", seed=seed).items
+        )
+        assert clamped.privacy.score_bound == 2.0**42
 
 
 # ----- votes, catalog tables, Spark Connect -------------------------------------------------------

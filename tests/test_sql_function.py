@@ -30,8 +30,9 @@ from topk_middleware.accounting import PrivacyCost, compose, oblivious_cost, one
 from topk_middleware.ledger import cost_from_json
 from topk_middleware.mechanisms.joint import joint_cost
 from topk_middleware.mechanisms.limited_domain import limited_domain_cost
-from topk_middleware.mechanisms.oblivious import oblivious_depth
+from topk_middleware.mechanisms.oblivious import oblivious_depth, oblivious_guarantee
 from topk_middleware.mechanisms.peeling import peeling_cost
+from topk_middleware.noisy_counts import CountsPlan
 from topk_middleware.privacy import calibrate
 
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
@@ -206,8 +207,8 @@ def test_analyst_releases_and_cannot_read_the_counts(
     facts = json.loads(diagnostics)
     assert released_at is not None and facts["m"] == 5000 and facts["method"] == "oneshot"
     # the oblivious default: two batches of d rows, whatever the counts
-    assert facts["accesses"]["rows_fetched"] == 2 * oblivious_depth(5000, 5, 1e-9) + 1
-    assert facts["accesses"]["round_trips"] == 4  # the top row, then the two batches
+    assert facts["accesses"]["rows_fetched"] == 2 * oblivious_depth(5000, 5, 1e-9)
+    assert facts["accesses"]["round_trips"] == 3  # m, then the two batches
 
 
 def test_a_role_without_budget_is_refused(
@@ -706,8 +707,9 @@ def test_mechanisms_are_not_executable_by_public(
     pg_conninfo: str, make_role: Callable[..., str]
 ) -> None:
     """install.sql revokes EXECUTE from PUBLIC on every function of schema topk but
-    topk.my_budget() (a role's own budget): a role granted nothing cannot call any other (nor the
-    PL/Python bodies behind the fronts)."""
+    topk.my_budget() (a role's own budget) and topk.last_guarantee() (its session's last
+    release's guarantee): a role granted nothing cannot call any other (nor the PL/Python bodies
+    behind the fronts)."""
     nobody = psycopg.conninfo.conninfo_to_dict(make_role(epsilon=1.0, functions=()))["user"]
     with _connect(pg_conninfo) as conn:
         callable_ = conn.execute(
@@ -722,7 +724,7 @@ def test_mechanisms_are_not_executable_by_public(
                 "SELECT proname::text FROM pg_proc WHERE pronamespace = 'topk'::regnamespace"
             )
         }
-    assert callable_ == [("topk.my_budget()",)]
+    assert sorted(callable_) == [("topk.last_guarantee()",), ("topk.my_budget()",)]
     assert {"exponential_mechanism", "_peeling_top_k", "joint_top_k", "_spent"} <= names
 
 
@@ -808,3 +810,164 @@ def test_with_counts_and_a_declared_sensitivity(
         ).fetchall()
     selection = oneshot_cost("gumbel", 3, 500, 1.0, 0.0, sensitivity=5)
     assert [cost_from_json(s) for (s,) in stored] == [with_counts_cost(selection, plan)]
+
+
+WITH_COUNTS = (
+    "topk.private_top_k_with_counts(regclass, integer, double precision, double precision, "
+    "text, double precision, boolean)"
+)
+
+
+def last_guarantee(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+    cur = conn.execute("SELECT * FROM topk.last_guarantee()")
+    row = cur.fetchone()
+    return None if row is None else dict(zip([c.name for c in cur.description], row, strict=True))
+
+
+def test_last_guarantee_states_the_sensitivity_and_the_counts(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str]
+) -> None:
+    """topk.last_guarantee(): no row before a release in the session; after one, the guarantee
+    with the sensitivity the table was registered with (its sentence in the words), the score
+    bound and, after a release with counts, the counts' scale and interval. The oblivious
+    default keeps the sensitivity (the oblivious guarantee rebuilt from the calibration)."""
+    name = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 501)), None)
+    table = sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
+    )
+    analyst = make_role(epsilon=20.0, functions=(FUNCTION, WITH_COUNTS))
+    with _connect(analyst) as conn:
+        assert last_guarantee(conn) is None
+        conn.execute("SELECT * FROM topk.private_top_k(%s::regclass, 3, 1.0)", [table])
+        got = last_guarantee(conn)
+        assert got is not None and got["sensitivity"] == 5 and got["counts_scale"] is None
+        expected = oblivious_guarantee(calibrate("gumbel", 3, 500, 1.0, 0.0, sensitivity=5), 1e-9)
+        assert (got["epsilon"], got["delta"], got["scale"]) == pytest.approx(
+            (expected.epsilon, expected.delta, expected.scale)
+        )
+        assert got["score_bound"] == expected.score_bound
+        assert "assumes each client changes each count by at most 5" in got["guarantee"]
+        assert "oblivious access" in got["guarantee"]
+        rows = conn.execute(
+            "SELECT * FROM topk.private_top_k_with_counts(%s::regclass, 3, 2.0, "
+            "oblivious => false)",
+            [table],
+        ).fetchall()
+        got = last_guarantee(conn)
+    plan = CountsPlan.make(3, 1.0, 5)  # bigint counts: w
+    assert got is not None and got["count_error"] == plan.half_width == rows[0][3]
+    assert got["counts_scale"] == pytest.approx(float(plan.scale))
+    assert got["counts_epsilon"] == pytest.approx(1.0)
+    assert f"Counts: each within +/- {plan.half_width}" in got["guarantee"]
+
+
+def test_from_votes_tables_register_their_recorded_sensitivity(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str], capsys: Any
+) -> None:
+    """install-sql --source on a table from_votes built with max_per_item = 5 registers 5 when no
+    --sensitivity is given (and says so), refuses --sensitivity 1 in one line, and a release
+    states 5; a registration below what the table's comment records (the comment written after
+    the registration) is refused at release in the project's words, as a fact of the
+    registration, not of the data, with nothing charged."""
+    from adapters.contributions import record_text
+    from adapters.postgres import PostgresTable
+
+    suffix = uuid.uuid4().hex[:6]
+    with _connect(pg_conninfo) as conn:
+        s = sql.Identifier(pg_schema)
+        conn.execute(
+            sql.SQL("CREATE TABLE {}.{} AS SELECT g AS id FROM generate_series(0, 29) g").format(
+                s, sql.Identifier(f"items_{suffix}")
+            )
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.{} AS SELECT g % 11 AS client, (g * 7) % 30 AS item "
+                "FROM generate_series(0, 299) g"
+            ).format(s, sql.Identifier(f"votes_{suffix}"))
+        )
+    PostgresTable.from_votes(
+        pg_conninfo, f"votes_{suffix}", f"items_{suffix}", schema=pg_schema, max_per_item=5
+    ).close()
+    source = f"{pg_schema}.votes_{suffix}_counts"
+    base = ["install-sql", "--dsn", pg_conninfo, "--source", source]
+    assert cli.main([*base, "--sensitivity", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "records sensitivity 5" in err and "Traceback" not in err
+    assert cli.main(base) == 0
+    out = capsys.readouterr().out
+    assert "sensitivity 5: assumes each client changes each count by at most 5" in out
+    table = f"{pg_schema}.votes_{suffix}_counts"
+    assert sql_function.registered_sensitivity(pg_conninfo, table) == 5
+    analyst = make_role(epsilon=10.0)
+    with _connect(analyst) as conn:
+        conn.execute("SELECT * FROM topk.private_top_k(%s::regclass, 2, 1.0)", [table])
+        got = last_guarantee(conn)
+        assert got is not None and got["sensitivity"] == 5
+    # a plain table registered with 1, whose comment then records 5
+    plain = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, plain, np.arange(50.0), None)
+    registered = sql_function.register_source(
+        pg_conninfo, plain, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+    )
+    with _connect(pg_conninfo) as conn:
+        conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                sql.Identifier(pg_schema, plain), sql.Literal(record_text(5, None))
+            )
+        )
+    before = spent(pg_conninfo, analyst)
+    with _connect(analyst) as conn, pytest.raises(psycopg.Error) as caught:
+        conn.execute("SELECT * FROM topk.private_top_k(%s::regclass, 2, 1.0)", [registered])
+    clean_refusal(caught, "records sensitivity 5")
+    assert "table's data" not in str(caught.value)
+    assert "install-sql" in (caught.value.diag.message_hint or "")
+    assert spent(pg_conninfo, analyst) == before
+
+
+def test_a_mechanism_for_unit_steps_refuses_another_sensitivity_in_plain_words(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str]
+) -> None:
+    """limited_domain_top_k on a table registered with sensitivity 2: refused saying so (the
+    registration's fact), never as "a reason in the table's data"; nothing charged."""
+    name = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, np.arange(50.0), None)
+    table = sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=2
+    )
+    analyst = make_role(epsilon=10.0)
+    with _connect(analyst) as conn, pytest.raises(psycopg.Error) as caught:
+        conn.execute(
+            "SELECT * FROM topk.limited_domain_top_k(%s::regclass, 2, 5, 1.0, 1e-6, false)",
+            [table],
+        )
+    clean_refusal(caught, "declares sensitivity 2")
+    assert "table's data" not in str(caught.value)
+    assert spent(pg_conninfo, analyst) == (0.0, 0)
+
+
+def test_sql_limited_domain_reads_huge_counts_as_the_score_bound(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str]
+) -> None:
+    """topk.limited_domain_top_k on 2^56 + 16 j: served (not refused, not silently decided by
+    rounding), and the session's guarantee names the bound 2^42 (epsilon 1)."""
+    name = TABLE.format(uuid.uuid4().hex[:8])
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, 2.0**56 + 16.0 * np.arange(60), None)
+    table = sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+    )
+    analyst = make_role(epsilon=10.0)
+    with _connect(analyst) as conn:
+        rows = conn.execute(
+            "SELECT * FROM topk.limited_domain_top_k(%s::regclass, 2, 8, 1.0, 1e-6, false)",
+            [table],
+        ).fetchall()
+        got = last_guarantee(conn)
+    assert 1 <= len(rows) <= 3
+    assert got is not None and got["score_bound"] == 2.0**42
+    assert "scores above 4398046511104" in got["guarantee"]

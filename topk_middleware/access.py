@@ -262,6 +262,11 @@ class CountedAccess:
     neighbours of one score, or by the store's runs of tied scores (`fetch_positions`); and its
     score is bounded by its known neighbours (`score_bounds`), which a sparse read of ranks, the
     zone map, tightens (`tighten_bounds`).
+
+    Scores are clamped at `score_cap` (privacy.score_bound; `cap_scores`, before the first
+    read) where they enter: every row, run and score read is served as min(score, cap). The
+    mechanism then runs on the clamped counts, which keep the canonical order (clamping is
+    monotone), the sensitivity and the neighbour relation.
     """
 
     source: Source
@@ -269,6 +274,7 @@ class CountedAccess:
     # The run's generator, for stores that may name unread tied items by a draw
     # (ExchangeableTies); None: canonical rows only.
     rng: np.random.Generator | None = None
+    score_cap: float = np.inf  # scores above it are read as it (cap_scores)
 
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
@@ -297,12 +303,28 @@ class CountedAccess:
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
-        self._top_row_only = 0  # 1 once top_score fetched the first row by itself
 
     @property
     def run_count(self) -> int | None:
         """How many runs of tied scores the store keeps (ScoreRuns), if it keeps them."""
         return self._run_count
+
+    def cap_scores(self, cap: float) -> None:
+        """Serve every score as min(score, cap) from here on (class docstring); before any row
+        is read, so that no unclamped score is kept."""
+        if self.prefix_fetched or self._known.count or self._runs is not None:
+            raise AccessError("scores can be capped only before the first read")
+        self.score_cap = float(cap)
+
+    def _capped(self, scores: Any) -> np.ndarray:
+        """Scores as float64, clamped at score_cap."""
+        values = np.asarray(scores, dtype=np.float64)
+        return np.minimum(values, self.score_cap) if self.score_cap < np.inf else values
+
+    def _capped_rows(self, rows: Rows) -> Rows:
+        if self.score_cap == np.inf:
+            return rows
+        return Rows(rows.positions, rows.ids, self._capped(rows.scores), rows.round_trips)
 
     # ----- fetches: what the store serves -----------------------------------------------------
     @property
@@ -322,10 +344,10 @@ class CountedAccess:
         start = self.prefix_fetched
         if min(end, self.m) <= start:
             return
-        if start > self._top_row_only:  # the top row alone (top_score) is not a first read
+        if start > 0:
             end = max(end, start + self._sorted_read_rows)
         end = min(end, self.m)
-        rows = self.source.read_sorted(start, end - start)
+        rows = self._capped_rows(self.source.read_sorted(start, end - start))
         if len(rows) != end - start:
             raise AccessError(
                 f"store returned {len(rows)} rows for sorted depths [{start}, {end}); the domain "
@@ -339,15 +361,6 @@ class CountedAccess:
             self._known.add(positions[new], np.asarray(rows.scores, dtype=np.float64)[new])
             depths = np.arange(start, end, dtype=np.float64)
             self._depth_of.add(positions, depths)
-
-    def top_score(self) -> float:
-        """The largest score: the first row of the canonical order, fetched (one row, counted in
-        rows_fetched) if it was not; no sorted access is counted (the run's own first sorted
-        access is served from it). privacy.check_resolution needs it before the charge."""
-        if self.prefix_fetched == 0:
-            self.fetch_sorted_until(1)
-            self._top_row_only = 1
-        return float(self._prefix.scores[0])
 
     def _checked_positions(self, rows: Rows) -> np.ndarray:
         positions = np.asarray(rows.positions, dtype=np.int64)
@@ -422,7 +435,7 @@ class CountedAccess:
         self.stats.rows_inferred += int(inferred.sum())
 
     def _read_positions(self, positions: np.ndarray) -> None:
-        rows = self.source.read_positions(positions)
+        rows = self._capped_rows(self.source.read_positions(positions))
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
         self._count_fetch(rows)
@@ -434,7 +447,7 @@ class CountedAccess:
         got = self.source.read_position_scores(positions)  # type: ignore[attr-defined]
         if got is None:
             return False
-        scores, read, inferred = np.asarray(got[0], dtype=np.float64), int(got[1]), int(got[2])
+        scores, read, inferred = self._capped(got[0]), int(got[1]), int(got[2])
         if len(scores) != len(positions) or read < 0 or not 0 <= inferred <= len(positions):
             raise AccessError(f"store returned {len(scores)} scores for {len(positions)} positions")
         self.stats.rows_fetched += read
@@ -597,14 +610,20 @@ class CountedAccess:
             )
         self.stats.rows_fetched += count
         self.stats.round_trips += 1
+        if self.score_cap < np.inf and scores[0] >= self.score_cap:
+            # the runs at or above the cap are one run of the clamped counts
+            above = int(np.count_nonzero(scores >= self.score_cap))
+            scores = np.concatenate([[self.score_cap], scores[above:]])
+            first = np.concatenate([[0], first[above:]]) if above <= given else first[:1]
+            given, count = len(first), count - above + 1  # (the store's count stays as read)
         self._runs = (first, scores)
         self._runs_open = given < count
 
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost).
-        Rows already fetched (the top row of the resolution check) are not read again."""
+        Rows already fetched are not read again."""
         start = self.prefix_fetched
-        rows = self.source.read_sorted(start, self.m - start)
+        rows = self._capped_rows(self.source.read_sorted(start, self.m - start))
         if len(rows) != self.m - start:
             raise AccessError(f"store returned {len(rows)} rows for a full read of m = {self.m}")
         self._count_fetch(rows)
@@ -623,7 +642,7 @@ class CountedAccess:
         in one batch, as the store serves them: no read-ahead, inference or runs, so the rows
         fetched are exactly `count` whatever the data. Counted as `count` sorted accesses."""
         count = min(int(count), self.m)
-        rows = self.source.read_sorted(0, count)
+        rows = self._capped_rows(self.source.read_sorted(0, count))
         if len(rows) != count:
             raise AccessError(f"store returned {len(rows)} rows for sorted depths [0, {count})")
         self._checked_positions(rows)
@@ -638,7 +657,7 @@ class CountedAccess:
         positions = np.asarray(positions, dtype=np.int64)
         if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
             raise AccessError(f"position out of range [0, {self.m})")
-        rows = self.source.read_positions(positions)
+        rows = self._capped_rows(self.source.read_positions(positions))
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
         self._checked_positions(rows)
@@ -727,6 +746,23 @@ class CountedAccess:
         self.stats.round_trips += 1
         return scores
 
+    def exact_scores_of(self, ids: Sequence[Any]) -> tuple[list[Any], bool]:
+        """The counts of named items as the store holds them, never clamped (noisy counts:
+        noisy_counts.py), and whether they were read exactly: through the store's
+        `read_exact_scores` (ExactScores) where it has one, else as doubles (read_ids).
+        len(ids) random accesses in one batch."""
+        reader = getattr(self.source, "read_exact_scores", None)
+        if reader is not None:
+            values, exact = list(reader(ids)), True
+        else:
+            values, exact = np.asarray(self.source.read_ids(ids), np.float64).tolist(), False
+        if len(values) != len(ids):
+            raise AccessError(f"store returned {len(values)} counts for {len(ids)} ids")
+        self.stats.random += len(ids)
+        self.stats.rows_fetched += len(ids)
+        self.stats.round_trips += 1
+        return values, exact
+
     def ids_at_depths(self, depths: Iterator[int] | Sequence[int]) -> list[Any]:
         """The item ids at depths of the fetched prefix, as plain Python values (no access is
         counted: it was when the rows were)."""
@@ -792,7 +828,7 @@ class CountedAccess:
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
         expected = self.scores_at(np.asarray(rows.positions, dtype=np.int64))
-        if not np.array_equal(expected, np.asarray(rows.scores, dtype=np.float64)):
+        if not np.array_equal(expected, self._capped(rows.scores)):
             raise AccessError("a row changed score during the run: the snapshot is broken")
         self._count_fetch(rows)
         got = np.asarray(rows.positions).tolist()
@@ -801,6 +837,17 @@ class CountedAccess:
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
+
+
+@runtime_checkable
+class ExactScores(Protocol):
+    """Optional: counts read as the store holds them (integer columns as Python ints of any
+    size, decimals as Decimals), for the noisy counts; stores say whether their counts are
+    integers with an attribute `integer_scores` (a fact of the schema)."""
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """The scores of the named items, in the order given, with no conversion to a double."""
+        ...
 
 
 @runtime_checkable

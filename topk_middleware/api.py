@@ -15,7 +15,7 @@ from .access import (
     offers_in_store,
     store_costs,
 )
-from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, precheck, record
+from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, record
 from .keyed_noise import KeyedNoise
 from .lazy_noise import LazyNoiseList
 from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
@@ -36,6 +36,7 @@ from .noise_list import EagerNoiseList
 from .noisy_counts import (
     CountsPlan,
     check_counts_share,
+    counts_seconds,
     split_epsilon,
     with_counts_cost,
     with_counts_guarantee,
@@ -44,8 +45,8 @@ from .planner import plan_run
 from .privacy import (
     MIN_ITEM_EPSILON,
     calibrate,
+    check_max_items,
     check_neighbours,
-    check_resolution,
     source_sensitivity,
 )
 from .randomness import make_rng
@@ -103,12 +104,15 @@ def private_top_k(
     the same direction); `neighbours="replace"` (counts move by at most 1 either way) doubles the
     noise scale for the same guarantee (Laplace: pure only; privacy.py).
     The noise scale is multiplied by the source's declared `sensitivity` D (the most one client
-    changes one count; privacy.py), and the guarantee states it. Scores too large for score +
-    noise to be resolved in a double are refused (privacy.check_resolution: the top row is
-    read, and counted, before the charge).
+    changes one count; privacy.py), and the guarantee states it. Every score is read as
+    min(score, B), B = privacy.score_bound(scale, D) (the guarantee states it): beyond B a
+    double cannot resolve score + noise, and clamping keeps the neighbour relation, so the
+    release stays private whatever the data, with nothing refused for it.
     `with_counts=True` also releases each selected item's count plus exact discrete Laplace
     noise (`result.counts`, `result.count_error` the 95% half-width): `counts_share` of epsilon
-    goes to the counts, the rest (and delta) to the selection; noisy_counts.py.
+    goes to the counts, the rest (and delta) to the selection; the source's
+    `max_items_per_client` L, where it declares one, lowers the counts' noise to min(k, L)
+    counts' worth; noisy_counts.py.
     `oblivious=True` (mechanisms/oblivious.py) reads a fixed depth of both lists, so that what a
     server observer sees (queries, their sizes, rows read, the wall time, padded to a deadline
     from the store's cost model) depends on public facts only, except with probability
@@ -153,10 +157,18 @@ def private_top_k(
     select_epsilon, counts_epsilon = split_epsilon(float(epsilon), share)
     if with_counts and select_epsilon / k < MIN_ITEM_EPSILON:
         check_common(k, select_epsilon, delta)
+    counts_plan = None
+    if with_counts:
+        counts_plan = CountsPlan.make(
+            k,
+            counts_epsilon,
+            sensitivity,
+            check_max_items(getattr(source, "max_items_per_client", None)),
+            bool(getattr(source, "integer_scores", False)),
+        )
     rng = make_rng(seed)
     started = time.perf_counter()
     if oblivious:
-        counts_plan = CountsPlan.make(k, counts_epsilon, sensitivity) if with_counts else None
         return _oblivious_release(
             source,
             k,
@@ -179,21 +191,17 @@ def private_top_k(
         guarantee = calibrate(
             noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
         )
-        counts_plan = CountsPlan.make(k, counts_epsilon, sensitivity) if with_counts else None
-        cost = None
+        access.cap_scores(guarantee.score_bound or np.inf)  # every score read as min(score, B)
         if budget is not None:
             cost = oneshot_cost(
                 noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
             )
-            cost = cost if counts_plan is None else with_counts_cost(cost, counts_plan)
-            precheck(budget, cost)  # an exhausted budget refuses before any row is read
-        # the top row (one row, counted) is read before the charge: a refusal charges nothing
-        check_resolution(access.top_score(), guarantee.scale, f"{noise} top-{k}")
-        if cost is not None:
-            budget.charge(cost)
+            budget.charge(cost if counts_plan is None else with_counts_cost(cost, counts_plan))
+        # the counts' noise before any read: its sampler's time tells nothing of the rows read
+        count_noises = None if counts_plan is None else counts_plan.draw(rng)
         distribution = make_noise(noise, guarantee.scale)
         chosen, estimate = method, None
-        if method == "auto":  # after the charge, before any noise: planner.py
+        if method == "auto":  # after the charge, before any selection noise: planner.py
             estimate = plan_run(access, k, guarantee.scale)
             chosen = estimate.chosen
         items = None
@@ -201,7 +209,9 @@ def private_top_k(
         if chosen in ("oneshot", "oneshot_in_store", "oneshot_full_read"):
             if chosen != "oneshot_full_read" and offers_in_store(source):
                 positions = getattr(source, "oneshot_positions", lambda: access.m)()
-                keyed = KeyedNoise.draw(rng, noise, guarantee.scale, positions, k)
+                keyed = KeyedNoise.draw(
+                    rng, noise, guarantee.scale, positions, k, score_cap=guarantee.score_bound
+                )
                 items = access.oneshot_in_store(keyed, k)
                 in_store = items is not None
             if items is None:
@@ -222,8 +232,8 @@ def private_top_k(
         if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
             items = unranked_order(items)
         counts = None
-        if counts_plan is not None:  # k random accesses on the winners, then exact noise
-            counts = counts_plan.release(rng, access.random_access_ids(items))
+        if counts_plan is not None and count_noises is not None:  # k random accesses
+            counts = counts_plan.release(count_noises, *access.exact_scores_of(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
     # The oracle and the cost model are the threshold run's: None / False when it did not run.
     threshold_ran = chosen == "threshold"
@@ -246,7 +256,7 @@ def private_top_k(
         seconds,
         plan,
         counts=counts,
-        count_error=None if counts_plan is None else counts_plan.half_width,
+        count_error=None if counts_plan is None else counts_plan.count_error,
     )
     return record(budget, result)
 
@@ -276,22 +286,22 @@ def _oblivious_release(
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
-        cost = None
+        access.cap_scores(base.score_bound or np.inf)  # every score read as min(score, B)
         if budget is not None:
             cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
-            cost = cost if counts_plan is None else with_counts_cost(cost, counts_plan)
-            precheck(budget, cost)  # an exhausted budget refuses before any row is read
-        # one row, whatever the data, before the charge: a refusal charges nothing
-        check_resolution(access.top_score(), guarantee.scale, f"{noise} top-{k}")
-        if cost is not None:
-            budget.charge(cost)
+            budget.charge(cost if counts_plan is None else with_counts_cost(cost, counts_plan))
         distribution = make_noise(noise, guarantee.scale)
         depth = m if method == "oneshot_full_read" else oblivious_depth(m, k, delta_pad)
         if deadline is None:
             deadline = oblivious_deadline(store_costs(source), m, depth)
+            if counts_plan is not None:  # their noise is drawn inside the window
+                deadline += counts_seconds(k)
         # The padded window starts after the charge: its time follows the budget's history,
         # not the table's counts.
         reading = time.perf_counter()
+        # the counts' noise first, before any read: the sampler's time (which grows with |Z|)
+        # is inside the padded window
+        count_noises = None if counts_plan is None else counts_plan.draw(rng)
         if method == "oneshot_full_read":
             positions = oneshot_top_k(access, distribution.sample(rng, m), k)
             items = access.ids_of(positions)
@@ -302,8 +312,8 @@ def _oblivious_release(
         if noise == "laplace":
             items = unranked_order(items)
         counts = None
-        if counts_plan is not None:  # k random accesses on the winners (k: public), exact noise
-            counts = counts_plan.release(rng, access.random_access_ids(items))
+        if counts_plan is not None and count_noises is not None:  # k random accesses (public k)
+            counts = counts_plan.release(count_noises, *access.exact_scores_of(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
         took, overran = pad_to(reading, deadline)
     DEADLINES.record(overran)
@@ -332,7 +342,7 @@ def _oblivious_release(
         seconds,
         plan,
         counts=counts,
-        count_error=None if counts_plan is None else counts_plan.half_width,
+        count_error=None if counts_plan is None else counts_plan.count_error,
     )
     return record(budget, result)
 

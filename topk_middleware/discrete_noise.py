@@ -87,11 +87,15 @@ def discrete_laplace_pmf(z: np.ndarray | int, scale: float) -> np.ndarray:
 
 def discrete_laplace_half_width(scale: float, level: float = 0.95) -> int:
     """The least integer w with P(|Z| <= w) >= level: P(|Z| > w) = 2 q^(w+1) / (1 + q)."""
-    q = math.exp(-1.0 / scale)
+    q = math.exp(-1.0 / scale)  # 0 for a tiny scale: then Z = 0 surely, and w = 0
+
+    def beyond(w: int) -> float:  # P(|Z| > w)
+        return 2.0 * math.exp(-(w + 1) / scale) / (1.0 + q)
+
     tail = 1.0 - level
-    w = max(0, math.ceil(math.log(tail * (1.0 + q) / 2.0) / math.log(q)) - 1)
-    while 2.0 * q ** (w + 1) / (1.0 + q) > tail:  # guard the float rounding of the log
+    w = max(0, math.ceil(-scale * math.log(tail * (1.0 + q) / 2.0)) - 1)
+    while beyond(w) > tail:  # guard the float rounding of the log
         w += 1
-    while w > 0 and 2.0 * q**w / (1.0 + q) <= tail:
+    while w > 0 and beyond(w - 1) <= tail:
         w -= 1
     return w

@@ -70,6 +70,8 @@ class KeyedNoise:
     level: float = math.inf  # t >= 0; inf: no split, every noise keyed
     exceed_positions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     exceed_noises: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    # Scores above it count as it (privacy.score_bound; the store clamps: `capped_sql`)
+    score_cap: float = math.inf
 
     @classmethod
     def draw(
@@ -80,6 +82,7 @@ class KeyedNoise:
         m: int = 0,
         k: int = 1,
         exceedances: int | None = None,
+        score_cap: float = math.inf,
     ) -> KeyedNoise:
         """A fresh key from the run's generator (secure unless the run is seeded) and, for a
         domain of m items (m > 0), the split: its level (about `exceedances` noises above it,
@@ -89,8 +92,9 @@ class KeyedNoise:
             raise ValueError(f"noise must be 'gumbel' or 'laplace', got {noise!r}")
         key = rng.bytes(KEY_BYTES).hex()
         above = default_exceedances(m, k) if exceedances is None else exceedances
-        if m <= 0 or above is None:
-            return cls(key, noise, float(scale))  # no split: a small table is hashed whole
+        cap = float(score_cap)
+        if m <= 0 or above is None:  # no split: a small table is hashed whole
+            return cls(key, noise, float(scale), score_cap=cap)
         level = split_level(noise, float(scale), m, above)
         q = exceedance_probability(noise, float(scale), level)
         count = int(rng.binomial(m, q))
@@ -101,7 +105,12 @@ class KeyedNoise:
             noises = -b * np.log(-np.log1p(-q * tail))
         else:  # beyond t >= 0 the Laplace tail is t + Exponential(b)
             noises = level - b * np.log(tail)
-        return cls(key, noise, b, level, positions, noises)
+        return cls(key, noise, b, level, positions, noises, cap)
+
+    def capped(self, scores: np.ndarray) -> np.ndarray:
+        """Scores clamped at score_cap, as the store clamps them (capped_sql)."""
+        values = np.asarray(scores, dtype=np.float64)
+        return np.minimum(values, self.score_cap) if self.score_cap < math.inf else values
 
     def message(self, position: int) -> str:
         """The text hashed for the item at `position`."""
@@ -201,6 +210,14 @@ def exceedance_probability(noise: str, scale: float, level: float) -> float:
     return 0.5 * math.exp(-level / scale)
 
 
+def capped_sql(score: str, cap: float) -> str:
+    """SQL of min(score, cap) in every dialect here (a CASE: SQLite has no LEAST); the score
+    itself when there is no cap. The cap is a Python float printed exactly (repr)."""
+    if not cap < math.inf:
+        return score
+    return f"(CASE WHEN {score} > {float(cap)!r} THEN {float(cap)!r} ELSE {score} END)"
+
+
 def oneshot_query(
     relation: str,
     position: str,
@@ -210,6 +227,7 @@ def oneshot_query(
     k: str,
     materialized: str = "",
     search_m: str | None = None,
+    score_cap: float = math.inf,
 ) -> str:
     """SQL of the in-store one-shot (module docstring): the (position, id, score) of the k rows
     of largest score + noise, best first, ties by smaller position. `relation` has columns
@@ -221,13 +239,17 @@ def oneshot_query(
     `search_m` (the placeholder of m), for a rank table whose scores do not increase with the
     position, in a dialect whose `/` divides integers and that casts to BIGINT (PostgreSQL,
     SQLite): the rows with score >= the cut are then a prefix of the positions, found by binary
-    search through the position's B-tree (about 2 log2 m probes), so the others are not scanned."""
+    search through the position's B-tree (about 2 log2 m probes), so the others are not scanned.
+
+    Values are min(score, `score_cap`) + noise (privacy.score_bound); the cut compares raw
+    scores, which are at least the clamped ones, so it keeps every row that can win."""
     pos = position
-    keyed = f"r.score + {noise_sql}"
+    score = capped_sql("r.score", score_cap)
+    keyed = f"{score} + {noise_sql}"
     ctes = [
         f"e(position, z) AS {materialized}({exceedances})",
         f"known AS {materialized}(SELECT r.{pos} AS position, r.id AS id, r.score AS score, "
-        f"r.score + e.z AS v FROM {relation} r JOIN e ON r.{pos} = e.position "
+        f"{score} + e.z AS v FROM {relation} r JOIN e ON r.{pos} = e.position "
         f"UNION ALL SELECT r.{pos}, r.id, r.score, {keyed} FROM {relation} r "
         f"WHERE r.{pos} < {k} AND r.{pos} NOT IN (SELECT position FROM e))",
         f"cut AS (SELECT min(best.v) - {float(bound)!r} - 1e-12 * abs(min(best.v)) AS low "

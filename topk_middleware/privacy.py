@@ -68,6 +68,8 @@ class PrivacyGuarantee:
     sensitivity: float = 1.0  # the most one client changes one count (declared by the source)
     counts_epsilon: float = 0.0  # of `epsilon`, what the noisy counts spent (noisy_counts.py)
     counts_scale: float | None = None  # the counts' discrete Laplace scale, when released
+    # Scores above it are read as it (score_bound: public, from the scale and the sensitivity)
+    score_bound: float | None = None
 
     def __post_init__(self) -> None:
         # Every guarantee states its assumptions (DESIGN invariant 13), whoever built it.
@@ -108,13 +110,68 @@ def source_sensitivity(source: object) -> float:
     return check_sensitivity(getattr(source, "sensitivity", 1.0), "the source's sensitivity")
 
 
+class SensitivityError(ValueError):
+    """A declared sensitivity (or contribution bound) below what the table records: a fact of
+    how the table was registered or built, never of its counts."""
+
+
+def check_max_items(max_items: object, where: str = "max_items_per_client") -> int | None:
+    """A declared bound on how many counts one client changes: None or an integer >= 1."""
+    if max_items is None:
+        return None
+    if isinstance(max_items, bool) or not isinstance(max_items, numbers.Integral):
+        raise TypeError(f"{where} must be a positive integer or None, got {max_items!r}")
+    if max_items < 1:
+        raise ValueError(f"{where} must be >= 1, got {max_items}")
+    return int(max_items)
+
+
+def resolve_declared(
+    sensitivity: object,
+    max_items: object,
+    recorded: tuple[float, int | None] | None,
+    where: str,
+) -> tuple[float, int | None]:
+    """(sensitivity, max_items_per_client) of a source: what the caller declares, else what the
+    table records (`recorded`: written by from_votes beside the table), else (1, None).
+
+    A declaration may be larger than the record (more noise: always safe), never smaller: a
+    table built with max_per_item = 5 released as sensitivity 1 would get a fifth of the noise
+    it needs. Refused with SensitivityError, before anything is read or charged."""
+    declared = None if sensitivity is None else check_sensitivity(sensitivity)
+    limit = check_max_items(max_items)
+    if recorded is None:
+        return (1.0 if declared is None else declared), limit
+    kept, kept_limit = recorded
+    if declared is not None and declared < kept:
+        raise SensitivityError(
+            f"{where} records sensitivity {kept:g} (each client's contribution to a count was "
+            f"clipped at {kept:g} when it was built), and {declared:g} was declared: that would "
+            "scale the noise below what the table needs. Declare at least "
+            f"{kept:g}, or nothing (the recorded value is used); nothing was read or charged"
+        )
+    if kept_limit is not None and limit is not None and limit < kept_limit:
+        raise SensitivityError(
+            f"{where} records that a client keeps at most {kept_limit} items, and "
+            f"max_items_per_client = {limit} was declared: declare at least {kept_limit}, or "
+            "nothing (the recorded value is used); nothing was read or charged"
+        )
+    if kept_limit is None and limit is not None:
+        raise SensitivityError(
+            f"{where} records that its build bounded no client's number of items, and "
+            f"max_items_per_client = {limit} was declared: that bound was not enforced; "
+            "declare nothing; nothing was read or charged"
+        )
+    return (kept if declared is None else declared), (kept_limit if limit is None else limit)
+
+
 def require_unit_sensitivity(source: object, mechanism: str) -> None:
     """Refuse a source whose declared sensitivity is not 1, for a mechanism whose calibration
     relies on unit steps (DESIGN invariant 8: limited domain's +1, StableTopK's gap test, the
     joint and peeling mechanisms' exp(eps h)); checked before anything is read or charged."""
     sensitivity = source_sensitivity(source)
     if sensitivity != 1.0:
-        raise ValueError(
+        raise SensitivityError(
             f"{mechanism} is calibrated for counts that one client changes by at most 1; this "
             f"source declares sensitivity {sensitivity:g}: use private_top_k (which scales its "
             "noise by the sensitivity); nothing was read or charged"
@@ -143,26 +200,37 @@ def gumbel_topk_epsilon(k: int, eps0: float, delta: float) -> float:
     return range_bounded_composition_epsilon([eps0] * k, delta)
 
 
-# Resolution: a double carries 52 bits after its leading one. Score + noise is told from the score
-# only if the noise scale spans at least 2^RESOLUTION_BITS units in the last place of the largest
-# score; beyond that the selection is decided by rounding, not by the noise (issue: 1e300 scores,
-# 2^60 + 256 j counts), and the release is refused.
+# Resolution. A double carries 53 significant bits: score + noise resolves the noise only where
+# the spacing of the doubles near the score (its ulp) is small against the noise scale. Rather
+# than refuse data beyond that (a refusal would be one bit about the data that no guarantee
+# covers), every mechanism reads min(score, B) for a public bound B (`score_bound`): clamping is
+# monotone and moves a count by no more than the count itself moved, so add/remove neighbours
+# stay neighbours with the same sensitivity, and every guarantee holds for the clamped counts
+# as it does for any counts. Below B the ulp is at most min(scale, sensitivity) / 2^RESOLUTION_BITS:
+# rounding of score + noise moves a comparison by at most 2^-10 noise scales, and rounding an
+# exact count read as a double (a numeric column) by at most 2^-11 of the sensitivity. B is at
+# most 2^53, below which every integer is a double: an integer count read as a double and then
+# clamped is exactly the clamped count (rounding to nearest is monotone and 2^53 is a double).
 RESOLUTION_BITS = 10
+MAX_SCORE_BOUND = 2.0**53
 
 
-def check_resolution(top_score: float, scale: float, where: str = "the source") -> None:
-    """Refuse scores that score + noise cannot resolve: ulp(max |score|) * 2^RESOLUTION_BITS >
-    scale, i.e. max |score| beyond about 2^(52 - RESOLUTION_BITS) = 2^42 noise scales. The refusal
-    says only that the largest score is beyond that public bound (one bit about the data, the
-    same kind of fact as a refused negative score), never the score."""
-    if math.ulp(abs(float(top_score))) * 2.0**RESOLUTION_BITS > scale:
-        bound = scale * 2.0 ** (52 - RESOLUTION_BITS)
-        raise ValueError(
-            f"{where}: the largest score is beyond what a double resolves against noise of "
-            f"scale {scale:.6g} (about {bound:.3g}: score + noise would round back to the score, "
-            "and the selection would be decided by rounding, not by the noise); lower epsilon, "
-            "or rescale / shift the scores; nothing was released or charged"
-        )
+def score_bound(scale: float, sensitivity: float = 1.0) -> float:
+    """B: the largest power of two at most 2^53 whose ulp is at most min(scale, sensitivity) /
+    2^RESOLUTION_BITS, so that every double in [0, B] is resolved to that much (module notes
+    above). A function of the calibration only, never of the data."""
+    unit = min(scale, sensitivity) / 2.0**RESOLUTION_BITS
+    exponent = math.frexp(unit)[1] - 1  # floor(log2(unit)), exactly
+    return min(MAX_SCORE_BOUND, math.ldexp(1.0, 52 + exponent))
+
+
+def bound_text(bound: float) -> str:
+    """How a guarantee states its score bound."""
+    return (
+        f"scores above {bound:.17g} (where a double no longer resolves 1/1024 of the noise scale "
+        "or of the sensitivity) are read as that bound: clamping is monotone and 1-Lipschitz, "
+        "so neighbours stay neighbours with the same sensitivity"
+    )
 
 
 def check_scale(scale: float, what: str) -> None:
@@ -226,13 +294,15 @@ def calibrate(
     assumption = assumption_text(sensitivity)
     if neighbours == "replace":
         assumption = assumption.replace("add/remove-one-client", "replace-one-client")
+    bound = score_bound(scale, sensitivity)
     return PrivacyGuarantee(
         base.epsilon,
         base.delta,
         noise,
         scale,
-        f"{how}; scale = {sensitivity:g} x the unit scale; {assumption}",
+        f"{how}; scale = {sensitivity:g} x the unit scale; {bound_text(bound)}; {assumption}",
         sensitivity,
+        score_bound=bound,
     )
 
 

@@ -94,6 +94,26 @@ class TopKResult:
         return self.release().to_arrow()
 
 
+def guarantee_text(release: Release) -> str:
+    """The guarantee of a release in words, as the CLI prints it and topk.last_guarantee()
+    returns it: (epsilon, delta), the neighbours and the noise, the sensitivity assumed, the
+    counts' interval where counts were released, and the derivation."""
+    p = release.privacy
+    lines = [
+        f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
+        f"{p.noise} noise of per-item scale {p.scale:.6g}; assumes each client changes each "
+        f"count by at most {p.sensitivity:g}"
+    ]
+    if release.counts is not None:
+        lines.append(
+            f"Counts: each within +/- {release.count_error} of its count with probability at "
+            f"least 95% (discrete Laplace noise of scale {p.counts_scale:.6g}, epsilon "
+            f"{p.counts_epsilon:.6g} of the total)"
+        )
+    lines.append(f"  derived from {p.derivation}")
+    return "\n".join(lines)
+
+
 def unranked_order(items: list[Any]) -> list[Any]:
     """A set's items in a data-independent order: sorted by id (ids of one store share a type)."""
     try:

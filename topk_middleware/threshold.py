@@ -4,7 +4,8 @@ Given t lists that each rank all items by one attribute, and a monotone aggregat
 items with the largest aggregate: sorted access proceeds in parallel on every list; each newly seen
 item is completed by random access to the other lists (and remembered, so it is never completed
 twice); TA stops as soon as k seen items have aggregate >= tau = f(last value seen on each list),
-since no unseen item can beat tau.
+since no unseen item can beat tau. Here the stop is strict (> tau): an unseen item can tie tau,
+and with ties broken by the smaller key it could still belong in the top-k.
 
 `TopKTracker` is that stopping rule; the private threshold algorithm (mechanisms/threshold.py)
 reuses it with the data store as one list and the noise list as the other.
@@ -40,8 +41,11 @@ class TopKTracker:
         return self._heap[0][0] if len(self._heap) == self.k else -math.inf
 
     def done(self, tau: float) -> bool:
-        """TA's stopping rule: k seen items have aggregate >= tau."""
-        return len(self._heap) == self.k and self._heap[0][0] >= tau
+        """The stopping rule: k seen items have aggregate > tau. Strictly: an unseen item's
+        aggregate is at most tau and may equal it, and under the tie rule (smaller key first) it
+        could then still belong in the top-k; TA's own >= stops one step earlier on exact ties
+        only."""
+        return len(self._heap) == self.k and self._heap[0][0] > tau
 
     def keys(self) -> list[int]:
         """The keys of the k best, best first."""

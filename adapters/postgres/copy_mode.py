@@ -78,12 +78,19 @@ from adapters._sql import (
     rows_from_records,
     scores_in_order,
 )
-from topk_middleware.access import Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
-from topk_middleware.privacy import check_sensitivity
+from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
-from ..contributions import check_bounds, clipped_counts_sql, fresh_key, simple_count
+from ..contributions import (
+    check_bounds,
+    clipped_counts_sql,
+    fresh_key,
+    parse_record,
+    record_text,
+    simple_count,
+)
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
@@ -173,14 +180,17 @@ class PostgresTable:
         schema: str | None = None,
         rank_table: str | None = None,
         mode: str = "copy",
-        sensitivity: float = 1,
+        sensitivity: float | None = None,
+        max_items_per_client: int | None = None,
         frozen: bool = False,
     ) -> None:
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.mode = mode
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
-        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
+        resolve_declared(
+            sensitivity, max_items_per_client, None, "PostgreSQL table"
+        )  # bad: refused
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
@@ -220,6 +230,11 @@ class PostgresTable:
         self._writes_trigger = sql.Identifier(f"topk_{digest}_writes")
         self._run: _Run | None = None
         text_ids = self._text_ids = self._check_columns()
+        # The most one client moves a count, and how many counts it moves: declared, else what
+        # from_votes recorded in the table's comment (contributions.py), else (1, None).
+        self.sensitivity, self.max_items_per_client = resolve_declared(
+            sensitivity, max_items_per_client, self._record, self.where
+        )
         id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
         self._order = sql.SQL("{} DESC, {} ASC").format(self._score, id_key)
 
@@ -355,8 +370,20 @@ class PostgresTable:
                     ).format(out=out, i=i, ii=ii),
                     [] if max_items is None else [fresh_key()],
                 )
+            conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                    out, sql.Literal(record_text(bound, max_items))
+                )
+            )
         source = cls(
-            conn, into, id="id", score="score", schema=schema, mode=mode, sensitivity=bound
+            conn,
+            into,
+            id="id",
+            score="score",
+            schema=schema,
+            mode=mode,
+            sensitivity=bound,
+            max_items_per_client=max_items,
         )
         source._owns_connection = owned
         return source
@@ -377,6 +404,8 @@ class PostgresTable:
                 [oid],
             )
             columns = {name: (cat, coll, kind) for name, cat, coll, kind in cur.fetchall()}
+            comment = cur.execute("SELECT obj_description(%s, 'pg_class')", [oid]).fetchone()[0]
+        self._record = parse_record(comment)  # what from_votes recorded (contributions.py)
         for column in (self.id_column, self.score_column):
             if column not in columns:
                 raise ValueError(
@@ -389,6 +418,8 @@ class PostgresTable:
                 f"(scores are one of {', '.join(SCORE_TYPES)})"
             )
         self._numeric_scores = kind.startswith("numeric")
+        # the noisy counts' interval (noisy_counts.py): counts of an integer type
+        self.integer_scores = kind in ("smallint", "integer", "bigint")
         id_kind = columns[self.id_column][2]
         if id_kind.split("(")[0] in UNORDERED_ID_TYPES:
             raise TypeError(
@@ -1182,6 +1213,7 @@ class PostgresTable:
             "%(k)s",
             materialized="MATERIALIZED ",
             search_m="%(m)s" if run.ranked else None,  # the rank table's B-tree on rank
+            score_cap=noise.score_cap,
         )
         escaped = text.replace("{", "{{").replace("}", "}}").replace("{{source}}", "{source}")
         query = sql.SQL(escaped).format(source=self._ranked_source(run.ranked))
@@ -1209,6 +1241,27 @@ class PostgresTable:
         with self._reading() as cur:
             found = dict(cur.execute(self._ids_query(run.ranked), [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
+
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items in the table's own type (bigint as Python
+        ints, numeric as Decimals), from the table in the run's snapshot (the rank copy holds
+        float8)."""
+        self._state()
+        return self._exact_scores(ids)
+
+    def _exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        wanted = plain_values(ids)
+        if not wanted:
+            return []
+        query = sql.SQL("SELECT {id}, {score} FROM {base} WHERE {id} = ANY(%s)").format(
+            id=self._id, score=self._score, base=self._base
+        )
+        with self._reading() as cur:
+            found = dict(cur.execute(query, [wanted]).fetchall())
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
     # ----- cleanup ------------------------------------------------------------------------------
     def uninstall(self) -> None:

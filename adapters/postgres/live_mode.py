@@ -972,6 +972,10 @@ END
             found = dict(cur.execute(query, [wanted]).fetchall())
         return scores_in_order(found, wanted, self.where)
 
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores in the table's own type, from the table itself."""
+        return self._exact_scores(ids)
+
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Every run's first rank and score: those learnt in the run's first queries, the runs
         below a gap counted now if they were not (`_full_runs`)."""

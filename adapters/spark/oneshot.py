@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
 from .layout import Run, arrow_rows, bucket_of, buckets_between, listed
 
@@ -35,7 +35,7 @@ def read_oneshot(table: Any, run: Run, noise: KeyedNoise, k: int) -> Rows:
     else:
         scores = table.read_positions(known).scores
         trips += 1
-    values = scores + noise.noises(known)
+    values = noise.capped(scores) + noise.noises(known)
     cut = float(np.sort(values)[-k])
     low = cut - noise.bound - 1e-12 * abs(cut)
     is_exceedance = np.isin(known, exceed)
@@ -57,7 +57,7 @@ def read_oneshot(table: Any, run: Run, noise: KeyedNoise, k: int) -> Rows:
         f"CAST(conv(substr(sha2(concat('{noise.key}', ':', CAST(rank AS STRING)), 256), "
         "1, 13), 16, 10) AS DOUBLE)"
     )
-    value = f"score + {noise.sql(uniform_from_hex_sql(digits))}"
+    value = f"{capped_sql('score', noise.score_cap)} + {noise.sql(uniform_from_hex_sql(digits))}"
     query = (
         f"(SELECT rank, id, score, {value} AS v FROM {{rel}} WHERE {where} "
         f"ORDER BY v DESC, rank ASC LIMIT {k})"

@@ -57,9 +57,9 @@ from adapters._sql import (
 )
 from topk_middleware.access import AccessError, Rows
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
-from topk_middleware.privacy import check_sensitivity
+from topk_middleware.privacy import resolve_declared
 
-from ..contributions import check_bounds, fresh_key, simple_count
+from ..contributions import check_bounds, fresh_key, parse_record, record_text, simple_count
 
 # The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
 # the run's secret key, a bound parameter.
@@ -180,7 +180,8 @@ class SQLAlchemyTable:
         rank_table: str | None = None,
         max_params: int | None = None,
         mode: str = "copy",
-        sensitivity: float = 1,
+        sensitivity: float | None = None,
+        max_items_per_client: int | None = None,
         frozen: bool = False,
     ) -> None:
         if mode not in ("copy", "live"):
@@ -189,7 +190,8 @@ class SQLAlchemyTable:
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
         self.last_freshness: str | None = None  # how the last run knew its copy current
-        self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
+        resolve_declared(sensitivity, max_items_per_client, None, "table")  # bad: refused
+        self._record: str | None = None  # from_votes: what its rank table records
         self.engine = engine
         self.dialect = engine.dialect.name
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
@@ -209,6 +211,14 @@ class SQLAlchemyTable:
                     f"{self.where} has no column {name!r} (columns: {list(self._source.c.keys())})"
                 )
         self._refuse_untyped_id()
+        # The most one client moves a count, and how many counts it moves: declared, else what
+        # from_votes recorded with the table (contributions.py), else (1, None).
+        self.sensitivity, self.max_items_per_client = resolve_declared(
+            sensitivity,
+            max_items_per_client,
+            parse_record(_table_comment(engine, table, schema)),
+            self.where,
+        )
         self._text_ids = isinstance(self._source.c[id].type, sa.String)
         self._from: sa.FromClause = self._source
         self._stray_votes = None
@@ -271,7 +281,9 @@ class SQLAlchemyTable:
                 "none; use PostgreSQL, MariaDB / MySQL or DuckDB, or leave it None"
             )
         self = cls.__new__(cls)
-        self.sensitivity = check_sensitivity(bound)
+        self.sensitivity, self.max_items_per_client = float(bound), max_items
+        # recorded with the rank table prepare() fills (contributions.py)
+        self._record = record_text(bound, max_items)
         self.engine = engine
         self.dialect = engine.dialect.name
         self._no_keyed_sql()
@@ -416,6 +428,7 @@ class SQLAlchemyTable:
         id_type = self._id_type if self._source is None else self._source.c[self.id_column].type
         self.rank_table_name = name
         score_type = score_type or _copy_score_type(self._score.type)
+        record = getattr(self, "_record", None)
         self._ranks = sa.Table(
             name,
             sa.MetaData(),
@@ -424,6 +437,7 @@ class SQLAlchemyTable:
             sa.Column("score", score_type, nullable=False),
             sa.Index(_fit("ix", f"_topk_{_digest(schema, name)}_id"), "id"),
             schema=schema,
+            comment=record,
         )
         # The runs of tied scores of the rank table: (run number, first rank, score).
         self.runs_table_name = _runs_name(name)
@@ -827,6 +841,7 @@ class SQLAlchemyTable:
             sa.Column("score", r.score.type, nullable=False),
             sa.Index(f"topk_{digest}_new_id", "id"),
             schema=self._ranks.schema,
+            comment=self._ranks.comment,
         )
         ranks.primary_key.name = f"topk_{digest}_new_pk"
         runs = sa.Table(
@@ -969,7 +984,7 @@ class SQLAlchemyTable:
         for table, kind in ((self._ranks, "rank"), (self._runs, "runs")):
             schema, name = table.schema, table.name
             if not inspector.has_table(name, schema=schema):
-                table.create(conn)
+                _create_with_comment(conn, table)
                 continue
             have = set(_reflect(conn, name, schema, f"{kind} table {name!r}").c.keys())
             want = set(table.c.keys())
@@ -1406,6 +1421,27 @@ class SQLAlchemyTable:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
         return self._checked(scores)
 
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items as the driver returns them (integers as
+        Python ints, numerics as Decimals) from the rank table, which keeps the counts' type."""
+        wanted = plain_values(ids)
+        r = self._ranks.c
+        query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
+        found: dict[Any, Any] = {}
+        with self._connection() as conn:
+            for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                found.update((item, score) for item, score in conn.execute(query, {"ids": chunk}))
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    @property
+    def integer_scores(self) -> bool:
+        """Whether the counts are of an integer type (the noisy counts' interval): never on
+        SQLite, whose INTEGER columns may hold REAL values."""
+        return self.dialect != "sqlite" and isinstance(self._ranks.c.score.type, sa.Integer)
+
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
         keyed_noise.py), best first, ties by smaller rank, in one query. The uniform of rank p
@@ -1450,6 +1486,7 @@ class SQLAlchemyTable:
                 # The rows that can win are a prefix of the rank B-tree: binary search where
                 # `/` divides integers.
                 search_m=":m" if self.dialect in ("postgresql", "sqlite") else None,
+                score_cap=noise.score_cap,
             )
             query = sa.text(text).columns(
                 sa.column("position"), sa.column("id"), sa.column("score")
@@ -1609,3 +1646,52 @@ def _sqlite_version(engine: Engine) -> tuple[int, ...]:
     module = engine.dialect.dbapi
     version = getattr(module, "sqlite_version_info", None)
     return tuple(version) if version else (0,)
+
+
+def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None:
+    """The text that may hold a from_votes record for `table` (contributions.py): its comment
+    (PostgreSQL, MariaDB / MySQL, DuckDB), its CREATE TABLE statement on SQLite (which keeps no
+    comments but keeps that text, comments inside it included); None elsewhere."""
+    dialect = engine.dialect.name
+    preparer = engine.dialect.identifier_preparer
+    if dialect == "postgresql":
+        name = preparer.quote(table)
+        qualified = name if schema is None else f"{preparer.quote_schema(schema)}.{name}"
+        query = sa.text("SELECT obj_description(to_regclass(:t), 'pg_class')").bindparams(
+            t=qualified
+        )
+    elif dialect in ("mysql", "mariadb"):
+        query = sa.text(
+            "SELECT TABLE_COMMENT FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = coalesce(:s, database()) AND TABLE_NAME = :t"
+        ).bindparams(s=schema, t=table)
+    elif dialect == "sqlite":
+        master = ("" if schema is None else preparer.quote_schema(schema) + ".") + "sqlite_master"
+        query = sa.text(f"SELECT sql FROM {master} WHERE type = 'table' AND name = :t").bindparams(
+            t=table
+        )
+    elif dialect == "duckdb":
+        query = sa.text(
+            "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND schema_name = coalesce(:s, current_schema()) AND table_name = :t"
+        ).bindparams(s=schema, t=table)
+    else:
+        return None
+    with engine.connect() as conn:
+        found = conn.execute(query).first()
+    return None if found is None or found[0] is None else str(found[0])
+
+
+def _create_with_comment(conn: Connection, table: sa.Table) -> None:
+    """CREATE `table`. Its comment (a from_votes record) goes where the dialect keeps one: a
+    table comment (SQLAlchemy emits it), or on SQLite inside the CREATE TABLE statement."""
+    if table.comment is None or conn.dialect.name != "sqlite":
+        table.create(conn)
+        return
+    ddl = str(sa.schema.CreateTable(table).compile(dialect=conn.dialect)).strip()
+    head = f"CREATE TABLE {conn.dialect.identifier_preparer.format_table(table)} ("
+    if not ddl.startswith(head) or "*/" in table.comment:
+        raise AssertionError(f"unexpected DDL for {table.name!r}: {ddl[:80]!r}")
+    conn.exec_driver_sql(f"{head} /* {table.comment} */{ddl[len(head) :]}")
+    for index in table.indexes:
+        index.create(conn)

@@ -770,6 +770,28 @@ $topk$"""
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
         return self._checked(np.asarray(scores, dtype=np.float64))
 
+    def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
+        """ExactScores: the scores of the named items as the driver returns them, from the
+        table itself."""
+        wanted = plain_values(ids)
+        key = self._match_key(self._id_column)
+        query = sa.select(self._id_column, self._score_column).where(
+            self._one_of(key, "ids", self._id_column.type)
+        )
+        found: dict[Any, Any] = {}
+        with self._connection() as conn:
+            for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                found.update((item, score) for item, score in conn.execute(query, {"ids": chunk}))
+        try:
+            return [found[item] for item in wanted]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    @property
+    def integer_scores(self) -> bool:
+        """Whether the counts are of an integer type (never on SQLite: see the copy mode)."""
+        return self.dialect != "sqlite" and isinstance(self._score_column.type, sa.Integer)
+
     def _checked(self, scores: np.ndarray) -> np.ndarray:
         """Every score a run reads is checked: the table was validated once, then written to."""
         if not np.isfinite(scores).all() or (scores < 0).any():

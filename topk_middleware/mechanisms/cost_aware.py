@@ -19,9 +19,12 @@ Naor's Combined Algorithm (CA, PODS 2001 / JCSS 2003, Section 8) applied to Algo
   says, decided online as in ski rental: read on until that has cost as much as completing them.
 
 The result is the exact top-k of h + Z, as for Algorithm 3: every unseen item has aggregate
-<= tau <= the k-th best, every pruned item has aggregate < the k-th best. The noise-list calls of
-the first s steps are those of Algorithm 3, so with the same seed the answer is the same (ties of
-two aggregates aside, which have probability zero). It may run more steps than Algorithm 3, in
+<= tau < the k-th best (the stop is strict: TopKTracker.done), every pruned item has aggregate
+< the k-th best, so ties follow the one-shot's rule (the smaller position first). Pruning
+compares noises with the k-th best minus the score; that difference is computed in doubles, so
+the bound keeps a few ulps of slack (`_prune_bound`): an item pruned has h + Z, as rounded,
+strictly below the k-th best. The noise-list calls of the first s steps are those of Algorithm
+3, so with the same seed the answer is the same. It may run more steps than Algorithm 3, in
 exchange for fewer random accesses; which is cheaper is what the cost model decides.
 """
 
@@ -103,6 +106,15 @@ def _rows_and_blocks(blocks: Iterator[int], stop: float, m: int) -> tuple[int, i
         if fetched >= stop or fetched >= m:
             return fetched, count
     raise AssertionError("unreachable")
+
+
+def _prune_bound(kth: float, score: float) -> float:
+    """A noise z below this has fl(score + z) < kth (module docstring): kth - score, less four
+    ulps of the larger operand (the rounding of the difference, of the sum, and their bound)."""
+    gap = kth - score
+    if not math.isfinite(gap):
+        return gap
+    return gap - 4.0 * math.ulp(max(abs(kth), abs(score)))
 
 
 class _Pending:
@@ -193,7 +205,7 @@ def cost_aware_threshold_top_k(
             if position not in seen:
                 seen.add(position)
                 tracker.offer(score + z_sorted_item, position)
-            bound = tracker.kth() - score  # pending items with noise below it are pruned
+            bound = _prune_bound(tracker.kth(), score)  # pending noise below it: pruned
             if (
                 noise_position not in seen
                 and noise_position not in pending.noise
@@ -206,7 +218,7 @@ def cost_aware_threshold_top_k(
                 rest = l2_positions[step:]
                 complete_head(math.ceil(len(rest) / period) + 1, rest)
                 since_random = 0
-                pending.prune(tracker.kth() - score)
+                pending.prune(_prune_bound(tracker.kth(), score))
             if closing_spent is None and tracker.done(score + noise):
                 closing_spent = 0.0
             if closing_spent is not None:
@@ -214,7 +226,7 @@ def cost_aware_threshold_top_k(
                 # left are the pending items that could still beat the k-th best. Ski rental:
                 # keep reading in sorted order, which prunes them as h falls, until that has
                 # cost as much as completing them all by random access; then complete them.
-                needed = pending.count_at_least(tracker.kth() - score)
+                needed = pending.count_at_least(_prune_bound(tracker.kth(), score))
                 if needed == 0:
                     return tracker.keys()
                 if closing_spent >= needed * costs.random + costs.round_trip:

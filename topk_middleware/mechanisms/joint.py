@@ -48,7 +48,13 @@ from ..accounting import (
     record,
 )
 from ..interrupts import check as check_interrupts
-from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
+from ..privacy import (
+    PrivacyGuarantee,
+    bound_text,
+    check_neighbours,
+    require_unit_sensitivity,
+    score_bound,
+)
 from ..randomness import make_rng, randbelow
 from ..validation import check_common, check_k_within
 
@@ -345,8 +351,10 @@ def joint_top_k(
     weight_epsilon = epsilon / 2.0 if neighbours == "replace" else epsilon
     rng = make_rng(seed)
     saved = copy.deepcopy(rng)  # the same u again if the whole histogram must be read
+    bound = score_bound(1.0 / weight_epsilon)  # weights exp(eps u): resolved to 2^-10
     with source.snapshot():
         access = CountedAccess(source, rng=rng)
+        access.cap_scores(bound)
         m = access.m
         check_k_within(k, m)
         check_joint_size(k, m)
@@ -384,7 +392,9 @@ def joint_top_k(
         0.0,
         "exponential",
         2.0 / weight_epsilon,
-        f"Gillenwater et al. 2022, Theorem 8 ({neighbours.replace('_', '/')} one client)",
+        f"Gillenwater et al. 2022, Theorem 8 ({neighbours.replace('_', '/')} one client); "
+        f"{bound_text(bound)}",
+        score_bound=bound,
     )
     result = MechanismResult(
         items, guarantee, access.stats, False, "joint", m, k_chosen=k, cost=cost

@@ -14,6 +14,10 @@ eps' = min{k eps, k eps (e^eps - 1)/(e^eps + 1) + eps sqrt(2k ln(1/delta')),
            k eps^2/2 + eps sqrt(k ln(1/delta')/2)}   (accounting.limited_domain_epsilon).
 Outside the delta event it is k steps of an eps-range-bounded exponential mechanism, which is
 what pay-what-you-get composition (Theorem 2, pay_what_you_get.py) and Lemma 4.4 build on.
+
+Resolution: counts are read as min(count, B), B = privacy.score_bound(1/epsilon), as for
+private_top_k: above B a double cannot resolve the noise (or the threshold's +1), and clamping
+keeps the neighbour relation (monotone, 1-Lipschitz), so the theorems hold for what is read.
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ from ..accounting import (
     limited_domain_epsilon,
     record,
 )
-from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
+from ..privacy import (
+    PrivacyGuarantee,
+    bound_text,
+    check_neighbours,
+    require_unit_sensitivity,
+    score_bound,
+)
 from ..randomness import make_rng
 from ..validation import check_common
 
@@ -119,8 +129,10 @@ def limited_domain_top_k(
     k, k_bar, epsilon, delta = int(k), int(k_bar), float(epsilon), float(delta)
     cost = limited_domain_cost(k, epsilon, delta, delta_prime)
     rng = make_rng(seed)
+    bound = score_bound(1.0 / epsilon)  # the Gumbel scale; unit steps (checked above)
     with source.snapshot():
         access = CountedAccess(source)
+        access.cap_scores(bound)
         if access.m <= k_bar:
             raise ValueError(
                 f"k_bar = {k_bar} must be < m = {access.m}: Algorithm 1 reads the count of rank "
@@ -145,7 +157,14 @@ def limited_domain_top_k(
     else:
         eps_report = k * epsilon
         how = "Durfee & Rogers 2019, Theorem 1 with delta' = 0 (add/remove one client)"
-    guarantee = PrivacyGuarantee(eps_report, delta + delta_prime, "gumbel", 1.0 / epsilon, how)
+    guarantee = PrivacyGuarantee(
+        eps_report,
+        delta + delta_prime,
+        "gumbel",
+        1.0 / epsilon,
+        f"{how}; {bound_text(bound)}",
+        score_bound=bound,
+    )
     result = MechanismResult(
         items,
         guarantee,

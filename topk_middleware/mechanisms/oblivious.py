@@ -125,6 +125,10 @@ def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuar
         + f"; oblivious access (fixed depth, Lemma 4.1 and a hypergeometric tail bound): the "
         f"release with the server's view of its reads is (eps, delta + (1 + e^eps) * delta_pad)"
         f"-DP, delta_pad = {delta_pad:g}",
+        base.sensitivity,  # the source's: the scale above is that many unit scales
+        base.counts_epsilon,
+        base.counts_scale,
+        base.score_bound,
     )
 
 

@@ -26,7 +26,13 @@ from ..accounting import (
     record,
 )
 from ..interrupts import check as check_interrupts
-from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
+from ..privacy import (
+    PrivacyGuarantee,
+    bound_text,
+    check_neighbours,
+    require_unit_sensitivity,
+    score_bound,
+)
 from ..randomness import make_rng
 from ..validation import check_common, check_k_within
 
@@ -108,8 +114,10 @@ def peeling_top_k(
     k, epsilon = int(k), float(epsilon)
     cost = peeling_cost(k, epsilon)
     rng = make_rng(seed)
+    bound = score_bound(factor * k / epsilon)  # logits resolved to 2^-10 (privacy.py)
     with source.snapshot():
         access = CountedAccess(source)
+        access.cap_scores(bound)
         check_k_within(k, access.m)
         check_peeling_size(k, access.m)
         charge(budget, cost)
@@ -121,7 +129,8 @@ def peeling_top_k(
         0.0,
         "exponential",
         factor * k / epsilon,
-        f"{SOURCE} ({neighbours.replace('_', '/')} one client)",
+        f"{SOURCE} ({neighbours.replace('_', '/')} one client); {bound_text(bound)}",
+        score_bound=bound,
     )
     result = MechanismResult(
         items, guarantee, access.stats, True, "peeling", access.m, k_chosen=k, cost=cost

@@ -24,9 +24,14 @@ reaching_lo(s) <= reaching(s) <= reaching_hi(s), each non-decreasing in s for th
 (_Steps.first_stop). So the stop step S lies in first .. latest, the first steps with reaching_hi >=
 k and reaching_lo >= k. An unread item changes reaching(s) only if its interval straddles tau[s];
 reading those for s in first .. latest - 1 makes reaching exact there, so S is the step the unpruned
-run finds. At S, k seen items have f >= tau[S] (the stop) and k have f >= L (the k-th best lower
+run finds. At S, k seen items have f > tau[S] (the stop) and k have f >= L (the k-th best lower
 value), so an item with f < max(tau[S], L) is strictly below the k-th best and out of the top-k
-whatever the ties: the top-k of the other items, in order, is the unpruned one. One batch reads both
+whatever the ties: the top-k of the other items, in order, is the unpruned one.
+
+Ties. The run stops when k seen items have f strictly above tau (not TA's >=): an unseen item has
+f <= tau, so it cannot tie the k-th best, and the release is the top-k of h + Z with the one-shot's
+rule for equal values (smaller position first) exactly, also where rounding makes values equal
+(scores near the score bound, privacy.score_bound). One batch reads both
 kinds for every possible S (tau is non-increasing, L non-decreasing in s); bounds only tighten as
 rows are read, so the block is then decided. The release (hence Theorem 4.1's law) and the
 sequential access counts are exactly those of the unpruned run for every noise draw; only
@@ -174,11 +179,17 @@ class _Steps:
         )
 
     def reaching(self, s: int, l2_value: np.ndarray) -> int:
-        """How many items seen by step s have value >= tau[s] (TA stops once it is >= k), with
-        the L2 items valued at `l2_value` (l2_low or l2_high)."""
+        """How many items seen by step s have value > tau[s] (the run stops once it is >= k),
+        with the L2 items valued at `l2_value` (l2_low or l2_high).
+
+        Strictly above: an unseen item's value is at most tau[s] (its score and noise are at
+        most those tau adds, and rounding to nearest is monotone), and may equal it, so only
+        k items strictly above it make the top-k final under the one-shot's tie rule (equal
+        values: the smaller position first). TA's own rule (>= tau) would miss an unseen item
+        tying the k-th best at tau with a smaller position."""
         t = self.tau[s]
-        own = np.count_nonzero(self.own_value[: s + 1] >= t)
-        only_l2 = (self.l2_depth[: s + 1] > s) & (l2_value[: s + 1] >= t)
+        own = np.count_nonzero(self.own_value[: s + 1] > t)
+        only_l2 = (self.l2_depth[: s + 1] > s) & (l2_value[: s + 1] > t)
         return own + int(np.count_nonzero(only_l2))
 
     def first_stop(self, k: int, start: int, l2_value: np.ndarray) -> int | None:
@@ -220,8 +231,8 @@ class _Steps:
         low, high = self.l2_low[: last + 1], self.l2_high[: last + 1]
         candidate = high >= max(self.tau[last], self.kth_low(k, first))
         if top >= first:  # reaching is undecided somewhere in first .. top
-            straddle = (steps <= top) & (high >= self.tau[top])
-            candidate |= straddle & (low < self.tau[np.maximum(steps, first)])
+            straddle = (steps <= top) & (high > self.tau[top])
+            candidate |= straddle & (low <= self.tau[np.maximum(steps, first)])
         return self.l2_position[: last + 1][self.l2_unread[: last + 1] & candidate]
 
     def kth_low(self, k: int, s: int) -> float:
