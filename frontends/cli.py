@@ -225,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
     add_budget_parser(sub)
     sql_function.add_install_sql_parser(sub)
+    sql_function.add_uninstall_sql_parser(sub)
     return parser
 
 

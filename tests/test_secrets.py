@@ -24,9 +24,6 @@ from topk_middleware.access import offers_in_store
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.validation import mask_secrets
 
-# The schema topk and its one settings row are one per database: one worker for all its tests.
-pytestmark = pytest.mark.xdist_group("topk-schema")
-
 SECRET = "hunter2Sekret"
 
 
