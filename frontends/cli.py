@@ -729,7 +729,7 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
     table is created by a command that only reads or charges it."""
     import sqlalchemy as sa
 
-    from topk_middleware.ledger import PRINCIPALS as LEDGER_PRINCIPALS
+    from adapters.ledger import PRINCIPALS as LEDGER_PRINCIPALS
     from topk_middleware.ledger import PrivacyLedger
 
     try:
@@ -770,17 +770,14 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
 
 def principal_budget(ledger: PrivacyLedger, principal: str) -> LedgerBudget:
     """The budget of a principal already in the ledger, with the total stored there."""
-    import sqlalchemy as sa
-
-    p = ledger.principals.c
-    with ledger.engine.connect() as conn:
-        row = conn.execute(sa.select(p.epsilon, p.delta).where(p.principal == principal)).first()
-    if row is None:
+    try:
+        epsilon, delta = ledger.total(principal)
+    except KeyError:
         raise LookupError(
             f"principal {principal!r} has no budget in this ledger: grant one with {PROG} "
             f"budget --ledger URL --principal {principal} --grant EPSILON"
-        )
-    return ledger.budget(principal, float(row.epsilon), float(row.delta))
+        ) from None
+    return ledger.budget(principal, epsilon, delta)
 
 
 def _json(value: Any) -> str:

@@ -1029,7 +1029,7 @@ def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
     import sqlalchemy as sa
 
     reference = "R-" + uuid.uuid4().hex[:12]
-    with ledger.engine.begin() as conn:
+    with ledger.store.engine.begin() as conn:
         conn.execute(
             sa.text(
                 f"INSERT INTO {SCHEMA}.refusals (reference, role, source, detail) "
@@ -1057,8 +1057,8 @@ def _role_name(plpy: Any, role: str) -> str:
 def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, delta: Any) -> None:
     """topk.grant_budget: set the role's total (created, or changed) in the caller's transaction;
     what the role has spent is kept."""
+    from adapters.ledger import PRINCIPALS
     from topk_middleware.accounting import check_budget_total
-    from topk_middleware.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role, epsilon=epsilon, delta=delta)
     try:
@@ -1078,7 +1078,7 @@ def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, 
 def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ...]]:
     """topk.spent: the composition of the role's releases (the ledger's, committed charges) and
     its total."""
-    from topk_middleware.ledger import PRINCIPALS
+    from adapters.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role)
     name = _role_name(plpy, role)
