@@ -545,7 +545,7 @@ def install(
                 f"{mask_secrets(repr(ledger_dsn))}){why}"
             ) from None
     if earlier is not None and earlier != project_path:
-        _remove_staged(earlier)  # a copy this database recorded before and no longer uses
+        _remove_staged(earlier)  # the staged copy the settings named before this install
     return Installed(project_path, site_packages, ledger_dsn, server)
 
 

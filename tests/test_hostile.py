@@ -1,4 +1,4 @@
-"""The hostile battery (issue 11): bad input, races and faults, one test per class of defect, on
+"""The hostile battery: bad input, races and faults, one test per class of defect, on
 the real stores. Each test failed on the code before the fix it guards."""
 
 from __future__ import annotations
@@ -851,7 +851,7 @@ def test_valid_edge_inputs_are_served_and_released_exactly(
         assert got.scores.tolist() == want.scores.tolist()
         assert source.read_ids(EDGE_IDS).tolist() == scores.tolist()
     for method in ("threshold", "oneshot_full_read"):  # auto's choice may differ between the two
-        # at epsilon 2, 1e300 + noise rounds back to 1e300: refused on every store (issue 21)
+        # at epsilon 2, 1e300 + noise rounds back to 1e300: refused on every store
         for either in (source, reference):
             with pytest.raises(ValueError, match="beyond what a double resolves"):
                 private_top_k(either, k=4, epsilon=2.0, method=method, seed=0)

@@ -47,8 +47,8 @@ COST = oneshot_cost("gumbel", 1, len(SCORES), 0.1, 0.0)  # what exponential_mech
 
 @pytest.fixture(scope="session")
 def postgres_url(pg_schema: str) -> str:
-    """The server at TOPK_PG_DSN, its ledger tables in this session's schema (search_path):
-    parallel workers and earlier runs never share them, and they go with the schema."""
+    """The server at TOPK_PG_DSN, its ledger tables in the test run's schema (search_path):
+    parallel workers and other runs never share them, and they go with the schema."""
     _, params = postgres_url_and_args()
     url = sa.URL.create(
         "postgresql+psycopg",

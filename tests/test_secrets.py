@@ -1,4 +1,4 @@
-"""No secret in any message, output or statement text (issue 20, point 5; DESIGN invariant 12).
+"""No secret in any message, output or statement text (DESIGN invariant 12).
 
 What would fail: a password given in a URL (user:password@, ?password=) or a key=value DSN
 (password=...) quoted in a CLI error or in install-sql's output; the in-store one-shot's key or

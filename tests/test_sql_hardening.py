@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (the fixtures of test_sql_function.py, imported by name)
-"""The SQL functions against a hostile analyst on the real PostgreSQL (issue 20, points 2-6).
+"""The SQL functions against a hostile analyst on the real PostgreSQL.
 
 Each test reruns an attack as a low-privilege role (LOGIN, EXECUTE on the functions, USAGE on the
 table's schema, no SELECT on the table), as test_sql_function.py's roles are made, and asserts what
