@@ -582,8 +582,8 @@ def uninstall(dsn: str, drop_ledger: bool = False) -> Uninstalled:
     its functions, registrations, refusals log and budget ledger, and the staged copy of the
     project the database recorded (under SERVER_DIR), if any. The extension plpython3u stays
     (other functions may use it), and so do the live-mode structures of registered tables
-    (`topk-middleware unprepare --mode live` removes them). A ledger holding charges is the
-    record of what every role has spent: it is dropped only with `drop_ledger`."""
+    (`topk-middleware unprepare URL --table TABLE --mode live` removes them). A ledger holding
+    charges is the record of what every role has spent: it is dropped only with `drop_ledger`."""
     import psycopg
 
     with _connect_admin(dsn) as conn:
@@ -1151,7 +1151,7 @@ def add_uninstall_sql_parser(sub: Any) -> None:
         description="Drop the schema topk (functions, registrations, refusals, budget ledger) "
         "from the database of --dsn (a superuser) and remove the copy of the project staged for "
         "it under /var/lib/topk_middleware, if any. plpython3u and the live-mode structures of "
-        "registered tables stay (topk-middleware unprepare --mode live removes those).",
+        "registered tables stay (topk-middleware unprepare ... --mode live removes those).",
     )
     p.add_argument("--dsn", required=True, help="libpq DSN or URL of the database (superuser)")
     p.add_argument(
@@ -1172,7 +1172,10 @@ def run_uninstall_sql(args: Any) -> int:
     if done.staged_copy:
         print(f"  removed the staged copy {done.staged_copy}")
     for source in done.sources:
-        print(f"  {source} keeps its live-mode structures (topk-middleware unprepare --mode live)")
+        print(
+            f"  {source} keeps its live-mode structures (topk-middleware unprepare URL "
+            "--table TABLE --mode live)"
+        )
     return 0
 
 

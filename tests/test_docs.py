@@ -36,7 +36,18 @@ def test_docs_site_builds_strict(tmp_path: Path) -> None:
     for page in ("index.html", "concepts/index.html", "reference/index.html"):
         assert (site / page).is_file()
     reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
-    for name in ("private_top_k", "ArraySource", "from_arrow", "uninstall", "PrivacyLedger"):
+    for name in (
+        "private_top_k",
+        "ArraySource",
+        "from_arrow",
+        "uninstall",
+        "PrivacyLedger",
+        "SQLLedgerStore",
+        "SparkTable",
+        "LivePostgresTable",
+        "SQLAlchemyLiveTable",
+        "LiveRead",
+    ):
         assert name in reference, f"the API reference lacks {name}"
     assert (site / "results" / "wallclock.png").read_bytes()[:4] == b"\x89PNG"
 
