@@ -22,6 +22,7 @@ ranks and never materialises them); without it the histogram is built in memory 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import importlib
 import importlib.util
@@ -287,6 +288,25 @@ def machine_info(pg_dsn: str | None = None) -> dict[str, Any]:
 
 
 # ----- output --------------------------------------------------------------------------------
+def add_output_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
+    """`--quick` (what it shrinks: `quick`) and `--out`, as every benchmark command takes them:
+    results go to RESULTS_DIR, those of a quick run to SCRATCH_DIR, unless --out says where."""
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {quick}")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results, benchmarks/scratch for --quick)",
+    )
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """The results folder of a command given add_output_arguments' options."""
+    if args.out is not None:
+        return Path(args.out)
+    return SCRATCH_DIR if args.quick else RESULTS_DIR
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_plain) + "\n")
