@@ -486,26 +486,12 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> list[Path]:
             ax.set_ylabel("accesses.total")
             ax.set_title(f"{family}, k = {k}")
             ax.grid(True, which="major", alpha=0.3)
-        # one legend for the figure, below the panels: clear of every line and band
-        legend: dict[str, Any] = {}
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-                legend.setdefault(label, handle)
-        rows = -(-len(legend) // 4)
-        fig.legend(
-            list(legend.values()),
-            list(legend),
-            loc="lower center",
-            ncol=min(len(legend), 4),
-            fontsize=8,
-            frameon=False,
-        )
         fig.suptitle(
             f"Access cost, {family} family (band: median to p95; eps = "
             f"{payload['config']['epsilon']})",
             fontsize=10,
         )
-        fig.tight_layout(rect=(0.0, 0.05 + 0.045 * rows, 1.0, 1.0))
+        common.legend_below(fig, axes[0])
         path = out / f"{name}_{family}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -332,6 +332,25 @@ def progress(
     yield from tqdm(iterable, total=total, desc=desc, disable=quiet, dynamic_ncols=True)
 
 
+def legend_below(fig: Any, axes: Any, columns: int = 4) -> None:
+    """One legend for all panels of `fig`, below them (clear of every line and band), and the
+    figure's layout tightened around it."""
+    legend: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    rows = -(-len(legend) // columns)
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        loc="lower center",
+        ncol=min(len(legend), columns),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0.0, 0.05 + 0.045 * rows, 1.0, 1.0))
+
+
 def legend_outside(ax: Any, fontsize: int = 8) -> None:
     """The legend right of the axes, clear of the bars and lines; fig.tight_layout() keeps it."""
     ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

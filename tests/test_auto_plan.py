@@ -178,12 +178,14 @@ def test_the_ceiling_bounds_every_keyed_noise() -> None:
 @pytest.mark.parametrize("store", SQL_STORES)
 def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, store: str):
     """Ranked pairs of the in-store Gumbel one-shot against exact Plackett-Luce probabilities
-    with weights exp(h / scale): 3,000 keys from a fixed seed, chi-square over the 20 ordered
-    pairs of 5 items. A wrong scale (e.g. b/2: the law sharpens) or a uniform that is not
-    uniform (e.g. 13 hex digits read as 12) fails it (p < 1e-3)."""
+    with weights exp(h / scale): 1,500 keys from a fixed seed, chi-square over the ordered pairs
+    of 5 items, the pairs expected fewer than 5 times pooled into one cell (19 cells). A wrong
+    scale (e.g. b/2: the law sharpens) or a uniform that is not uniform (e.g. 13 hex digits
+    read as 12) fails it (p < 1e-3); so does a scale 20% off, with probability 0.998
+    (noncentral chi-square)."""
     h = np.array([3.0, 2.0, 2.0, 1.0, 0.0])
     source = make(request, store, h)
-    k, scale, runs = 2, 1.0, 3000
+    k, scale, runs = 2, 1.0, 1500
     rng = np.random.default_rng(2026)
     ids_by_rank = sorted(range(5), key=lambda i: (-h[i], i))  # rank -> input index
     with source.snapshot():
@@ -200,7 +202,10 @@ def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, 
     expected = np.array([plackett_luce(np.exp(h / scale), o) for o in outcomes]) * runs
     observed = np.array([counts[o] for o in outcomes])
     assert observed.sum() == runs
-    assert expected.min() >= 5
+    rare = expected < 5
+    expected = np.append(expected[~rare], expected[rare].sum())
+    observed = np.append(observed[~rare], observed[rare].sum())
+    assert len(expected) == 19 and expected.min() >= 5
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
