@@ -73,7 +73,7 @@ def _orphan_pid(comment: str | None, host: str) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if _controller(config):
+    if _controller(config) or config.getoption("help", False) or config.getoption("version", 0):
         return
     server = os.environ.get("TOPK_PG_DSN", DEFAULT_PG_DSN)
     try:

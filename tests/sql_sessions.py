@@ -69,4 +69,4 @@ def topk_installed(pg_conninfo: str) -> Iterator[sql_function.Installed]:
     installed = sql_function.install(pg_conninfo)
     yield installed
     close_sessions()
-    sql_function.uninstall(pg_conninfo)
+    sql_function.uninstall(pg_conninfo, drop_ledger=True)
