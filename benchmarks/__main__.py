@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def replot(folder: Path) -> list[Path]:
-    """Redraw the plots of the access, wallclock and freshness results in `folder` from their
-    JSON (the plots' layout changes without a rerun of the measurements)."""
-    from . import access, freshness, wallclock
+    """Redraw the plots of the access, exponential, wallclock and freshness results in `folder`
+    from their JSON (the plots' layout changes without a rerun of the measurements)."""
+    from . import access, exponential, freshness, wallclock
 
     files: list[Path] = []
     for path in sorted(folder.glob("*.json")):
@@ -158,6 +158,9 @@ def replot(folder: Path) -> list[Path]:
             files.append(wallclock.plot(payload, folder, path.stem))
         elif kind == "freshness":
             files.append(freshness.plot(payload, folder, path.stem))
+        elif isinstance(kind, str) and kind.startswith("exponential mechanism"):
+            exponential.replot(payload, folder / f"{path.stem}.png")
+            files.append(folder / f"{path.stem}.png")
     return files
 
 

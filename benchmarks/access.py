@@ -486,13 +486,12 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> list[Path]:
             ax.set_ylabel("accesses.total")
             ax.set_title(f"{family}, k = {k}")
             ax.grid(True, which="major", alpha=0.3)
-        axes[0][0].legend(fontsize=7, loc="upper left")
         fig.suptitle(
             f"Access cost, {family} family (band: median to p95; eps = "
             f"{payload['config']['epsilon']})",
             fontsize=10,
         )
-        fig.tight_layout()
+        common.legend_below(fig, axes[0])
         path = out / f"{name}_{family}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -22,6 +22,7 @@ ranks and never materialises them); without it the histogram is built in memory 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import importlib
 import importlib.util
@@ -287,6 +288,25 @@ def machine_info(pg_dsn: str | None = None) -> dict[str, Any]:
 
 
 # ----- output --------------------------------------------------------------------------------
+def add_output_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
+    """`--quick` (what it shrinks: `quick`) and `--out`, as every benchmark command takes them:
+    results go to RESULTS_DIR, those of a quick run to SCRATCH_DIR, unless --out says where."""
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {quick}")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results, benchmarks/scratch for --quick)",
+    )
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """The results folder of a command given add_output_arguments' options."""
+    if args.out is not None:
+        return Path(args.out)
+    return SCRATCH_DIR if args.quick else RESULTS_DIR
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_plain) + "\n")
@@ -310,6 +330,25 @@ def progress(
     from tqdm import tqdm
 
     yield from tqdm(iterable, total=total, desc=desc, disable=quiet, dynamic_ncols=True)
+
+
+def legend_below(fig: Any, axes: Any, columns: int = 4) -> None:
+    """One legend for all panels of `fig`, below them (clear of every line and band), and the
+    figure's layout tightened around it."""
+    legend: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    rows = -(-len(legend) // columns)
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        loc="lower center",
+        ncol=min(len(legend), columns),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0.0, 0.05 + 0.045 * rows, 1.0, 1.0))
 
 
 def legend_outside(ax: Any, fontsize: int = 8) -> None:

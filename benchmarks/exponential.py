@@ -113,12 +113,20 @@ def plot(points: list[dict[str, Any]], slope: float, path: Path) -> None:
     ax.set_xlabel("m (items)")
     ax.set_ylabel("accesses.total")
     runs = min(p["runs"] for p in points)
-    ax.set_title(f"Exponential mechanism, plateau family, eps = {EPSILON}, >= {runs} runs/point")
+    ax.set_title(
+        f"Exponential mechanism, plateau family\neps = {EPSILON}, at least {runs} runs per point",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.3)
     common.legend_outside(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def replot(payload: dict[str, Any], path: Path) -> None:
+    """The plot of a saved exponential.json (no run)."""
+    plot(payload["points"], float(payload["loglog_slope_of_mean"]), path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,13 +17,17 @@ shuffled ids and prepares it, then:
    ``release_today``: today's rank-table run on the same counts (the second copy);
 4. the parts of (a): the refresh alone and the release alone.
 
-`--rounds N` (issue 23): every family of ROUND_FAMILIES on DuckDB, rows in random order: a
+`--rounds N`: every family of ROUND_FAMILIES on DuckDB, rows in random order: a
 frozen copy against the store's query, then N rounds of 1% writes, each followed by interleaved
 default releases (not frozen: the table read as it is now) and the store's one-shot query;
 `--with-postgres-live` adds PostgreSQL's live mode on zipf (`freshness_rounds.json`).
 
-Targets (issue 10): DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
+Targets: DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
 rank-table run (release_unchanged / release_today, interleaved).
+
+Size: one module per benchmark command (benchmarks/__main__.py); the store entries, the
+single-write run, the fold-fraction sweep and the write rounds share the loaders, the
+interleaved timing and the report, so they stay together.
 """
 
 from __future__ import annotations
@@ -574,7 +578,7 @@ def plot(payload: dict[str, Any], out: Path, name: str) -> Path:
 # ----- write rounds: the default release on a changing table, every family -------------------
 ROUND_FAMILIES = ("zipf", "plateau", "distinct", "uniform", "sparse", "band")
 SPARSE_NONZERO = 0.01  # of the items: the sparse family's non-zero counts (zipf), the rest 0
-TARGET_ROUNDS_VS_SQL = 1.0  # DuckDB after 1% writes: (b) / (a) at least (issue 23)
+TARGET_ROUNDS_VS_SQL = 1.0  # DuckDB after 1% writes: (b) / (a) at least
 TARGET_FROZEN_ZIPF_VS_SQL = 30.0  # a release on a current copy, zipf: (b) / (a) at least
 TARGET_POSTGRES_LIVE_ZIPF = 300.0
 FROZEN_REPS = 9  # reps of the frozen copy against the store's query (releases of a few ms)

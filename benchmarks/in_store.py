@@ -13,7 +13,7 @@ table), and in one snapshot times, interleaved rep by rep after one untimed warm
   dialect's own random() as U (SQLite: its 64-bit random() scaled into (0, 1)), the same Gumbel
   scale b.
 
-Target (issue 13): the in-store one-shot within 1.5x of the plain query (oneshot_sql / in_store
+Target: the in-store one-shot within 1.5x of the plain query (oneshot_sql / in_store
 >= 0.67). DuckDB and PostgreSQL through their own adapters are in `python -m benchmarks
 wallclock`. MariaDB / MySQL take no in-store path (pymysql would write the key into the
 statement text: docs/security.md). Results: benchmarks/results/<--name, default

@@ -1,4 +1,4 @@
-"""Oblivious releases against each store's own one-shot query (issue 20's third target).
+"""Oblivious releases against each store's own one-shot query.
 
     python -m benchmarks oblivious [--m 10000000] [--stores duckdb postgres postgres-live]
         [--families zipf plateau distinct] [--reps 5] [--reuse] [--keep]

@@ -22,7 +22,8 @@ secure generator, as in production):
 
 And ``in_server_new_session`` a few times: connect, first call (the server's Python imports numpy,
 scipy, SQLAlchemy and the project and opens the ledger's connection once per session), close.
-Results: benchmarks/results/<--name, default sql_function>.json (medians, ratios, every rep).
+Results: <--name, default sql_function>.json (medians, ratios, every rep) in benchmarks/results/
+(a --quick run: m = 10^5, 3 reps, one new session, in benchmarks/scratch/), or in --out.
 """
 
 from __future__ import annotations
@@ -208,19 +209,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dsn", default=os.environ.get("TOPK_PG_DSN", "host=127.0.0.1 port=5432 dbname=test")
     )
-    parser.add_argument("--m", type=int, default=10**7)
+    parser.add_argument("--m", type=int, default=None, help="rows (default 10^7)")
     parser.add_argument("--family", default="zipf", choices=["zipf", "plateau"])
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--new-sessions", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=None, help="interleaved reps (default 15)")
+    parser.add_argument("--new-sessions", type=int, default=None, help="default 3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the table afterwards")
     parser.add_argument("--reuse", action="store_true", help="use the table of a --keep run")
     parser.add_argument("--name", default="sql_function")
+    common.add_output_arguments(parser, "m = 10^5, 3 reps, one new session")
     args = parser.parse_args(argv)
+    quick = args.quick
+    args.m = args.m or (10**5 if quick else 10**7)
+    args.reps = args.reps or (3 if quick else 15)
+    args.new_sessions = args.new_sessions or (1 if quick else 3)
     payload = run(args)
-    path = common.write_json(common.RESULTS_DIR / f"{args.name}.json", payload)
+    path = common.write_json(common.output_dir(args) / f"{args.name}.json", payload)
     print(report(payload))
     print(f"written: {path}")
 

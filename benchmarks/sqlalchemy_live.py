@@ -15,7 +15,8 @@ interleaved rep by rep after one untimed warm-up of each:
   by a full sort) plus one run (timed once per rep only with --copy).
 
 It also times inserting and deleting 1% of the items (the triggers' cost, O(changed items)).
-Results: benchmarks/results/<--name, default sqlalchemy_live>.json (medians and every rep).
+Results: <--name, default sqlalchemy_live>.json (medians and every rep) in benchmarks/results/
+(a --quick run: m = 10^4, 3 reps, in benchmarks/scratch/), or in --out.
 """
 
 from __future__ import annotations
@@ -159,15 +160,18 @@ def bench_family(engine: sa.Engine, family: str, m: int, args: argparse.Namespac
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", type=int, default=10**6)
+    parser.add_argument("--m", type=int, default=None, help="rows (default 10^6)")
     parser.add_argument("--families", nargs="+", default=["zipf", "plateau"])
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=None, help="interleaved reps (default 7)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--copy", action="store_true", help="also time mode='copy' refresh + run")
     parser.add_argument("--name", default="sqlalchemy_live", help="file name stem of the results")
+    common.add_output_arguments(parser, "m = 10^4, 3 reps")
     args = parser.parse_args(argv)
+    args.m = args.m or (10**4 if args.quick else 10**6)
+    args.reps = args.reps or (3 if args.quick else 7)
     dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
     engine = engine_for(dsn)
     results = [bench_family(engine, family, args.m, args) for family in args.families]
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
             + (f", copy refresh+run {r['copy_refresh_and_run_s']:.1f} s" if args.copy else "")
         )
     payload = {"machine": common.machine_info(dsn), "config": vars(args), "results": results}
-    common.write_json(common.RESULTS_DIR / f"{args.name}.json", payload)
+    path = common.write_json(common.output_dir(args) / f"{args.name}.json", payload)
+    print(f"written: {path}")
     engine.dispose()
 
 

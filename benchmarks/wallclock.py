@@ -17,6 +17,10 @@ Each is timed from the call to the released answer (connections are open beforeh
 prepare() are timed separately and are not part of the ratios). One untimed warm-up run of each
 comes first. The ratios are median(baseline) / median(threshold). An extra instrumented threshold
 run splits its time into time inside the store's read calls and the rest (Python).
+
+Size: one module per benchmark command (benchmarks/__main__.py); the two stores' loaders, the
+timed variants, the report and plot, and the `profile` command read one table layout and one
+result record, so they stay together.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ TARGETS = {  # (store, family) at m = 10^7: minimum speed-up of threshold over o
     ("duckdb", "plateau"): 3.0,
 }
 TARGET_M = 10**7
-# (store, family) at m = 10^7: minimum speed-up of auto over oneshot_sql (issue 13)
+# (store, family) at m = 10^7: minimum speed-up of auto over oneshot_sql
 AUTO_TARGETS = {
     **{
         (store, family): 1.0

@@ -225,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
     add_budget_parser(sub)
     sql_function.add_install_sql_parser(sub)
+    sql_function.add_uninstall_sql_parser(sub)
     return parser
 
 
@@ -725,7 +726,7 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
     table is created by a command that only reads or charges it."""
     import sqlalchemy as sa
 
-    from topk_middleware.ledger import PRINCIPALS as LEDGER_PRINCIPALS
+    from adapters.ledger import PRINCIPALS as LEDGER_PRINCIPALS
     from topk_middleware.ledger import PrivacyLedger
 
     try:
@@ -766,17 +767,14 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
 
 def principal_budget(ledger: PrivacyLedger, principal: str) -> LedgerBudget:
     """The budget of a principal already in the ledger, with the total stored there."""
-    import sqlalchemy as sa
-
-    p = ledger.principals.c
-    with ledger.engine.connect() as conn:
-        row = conn.execute(sa.select(p.epsilon, p.delta).where(p.principal == principal)).first()
-    if row is None:
+    try:
+        epsilon, delta = ledger.total(principal)
+    except KeyError:
         raise LookupError(
             f"principal {principal!r} has no budget in this ledger: grant one with {PROG} "
             f"budget --ledger URL --principal {principal} --grant EPSILON"
-        )
-    return ledger.budget(principal, float(row.epsilon), float(row.delta))
+        ) from None
+    return ledger.budget(principal, epsilon, delta)
 
 
 def _json(value: Any) -> str:

@@ -431,12 +431,17 @@ def _link_tree(source: Path, target: Path) -> None:
     os.chmod(target, 0o755)
 
 
-def stage(project_path: str, site_packages: str, server_dir: str = SERVER_DIR) -> tuple[str, str]:
+def stage(
+    project_path: str, site_packages: str, database: str = "", server_dir: str = SERVER_DIR
+) -> tuple[str, str]:
     """A copy of the project's packages and of the site-packages that the server's OS user can
     read, under `server_dir`, for a checkout it cannot enter (a clone in a private home
-    directory). Made afresh at each install; returns (project path, site-packages) to record."""
-    key = hashlib.sha256(f"{project_path}\0{site_packages}".encode()).hexdigest()[:16]
-    root = Path(server_dir) / key
+    directory). One copy per (checkout, site-packages, database): `database` names the database
+    it is installed into (`_database_key`), so that `uninstall` of one database removes the copy
+    no other database records. Made afresh at each install; returns (project path,
+    site-packages) to record."""
+    key = hashlib.sha256(f"{project_path}\0{site_packages}\0{database}".encode()).hexdigest()
+    root = Path(server_dir) / key[:16]
     try:
         if root.exists():
             shutil.rmtree(root)
@@ -464,6 +469,32 @@ def stage(project_path: str, site_packages: str, server_dir: str = SERVER_DIR) -
     return str(root / "project"), str(root / "site-packages")
 
 
+def _connect_admin(dsn: str) -> Any:
+    """An autocommit connection for install / uninstall, or InstallError in the project's words."""
+    import psycopg
+
+    try:
+        return psycopg.connect(dsn, autocommit=True)
+    except psycopg.Error as error:
+        raise InstallError(
+            f"cannot connect to {mask_secrets(repr(dsn))}: {first_line(error)}"
+        ) from None
+
+
+def _database_key(conn: Any) -> str:
+    """What tells this database apart from every other one the staged copies may serve: the
+    cluster's system identifier (superusers read it) or else its port, and the database's name."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            cluster = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()
+    except psycopg.Error:
+        cluster = conn.execute("SELECT current_setting('port')").fetchone()
+    name = conn.execute("SELECT current_database()").fetchone()[0]
+    return f"{cluster[0]}/{name}"
+
+
 def install(
     dsn: str,
     ledger_dsn: str | None = None,
@@ -479,15 +510,10 @@ def install(
     default_project, default_site = default_paths()
     project_path = project_path or default_project
     site_packages = site_packages or default_site
-    if _unreadable(project_path) or _unreadable(site_packages):
-        project_path, site_packages = stage(project_path, site_packages)
-    try:
-        conn = psycopg.connect(dsn, autocommit=True)
-    except psycopg.Error as error:
-        raise InstallError(
-            f"cannot connect to {mask_secrets(repr(dsn))}: {first_line(error)}"
-        ) from None
+    conn = _connect_admin(dsn)
     with conn:
+        if _unreadable(project_path) or _unreadable(site_packages):
+            project_path, site_packages = stage(project_path, site_packages, _database_key(conn))
         available = conn.execute(
             "SELECT count(*) FROM pg_available_extensions WHERE name = 'plpython3u'"
         ).fetchone()[0]
@@ -504,6 +530,7 @@ def install(
             ledger_dsn = psycopg.conninfo.make_conninfo(
                 host=socket.strip(), port=port, dbname=database, user=user
             )
+        earlier = _recorded_project(conn)
         try:
             with conn.transaction():
                 settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
@@ -534,7 +561,80 @@ def install(
                 f"{project_path}, site-packages {site_packages}, ledger "
                 f"{mask_secrets(repr(ledger_dsn))}){why}"
             ) from None
+    if earlier is not None and earlier != project_path:
+        _remove_staged(earlier)  # the staged copy the settings named before this install
     return Installed(project_path, site_packages, ledger_dsn, server)
+
+
+def _recorded_project(conn: Any) -> str | None:
+    """The project path topk.settings records (None: not installed)."""
+    found = conn.execute("SELECT to_regclass('topk.settings') IS NOT NULL").fetchone()[0]
+    if not found:
+        return None
+    row = conn.execute("SELECT project_path FROM topk.settings").fetchone()
+    return None if row is None else str(row[0])
+
+
+def _remove_staged(project_path: str, server_dir: str = SERVER_DIR) -> str | None:
+    """Remove the staged copy `project_path` lies in (`stage`: <server_dir>/<key>/project), if it
+    is one; what was removed. Anything else (a checkout) is left alone."""
+    path = Path(project_path)
+    root = path.parent
+    if path.name != "project" or root.parent != Path(server_dir) or not root.is_dir():
+        return None
+    shutil.rmtree(root, ignore_errors=True)
+    return str(root)
+
+
+@dataclass(frozen=True)
+class Uninstalled:
+    schema_dropped: bool
+    staged_copy: str | None  # the staged copy removed, if the database used one
+    sources: tuple[str, ...]  # the tables that were registered (their live structures remain)
+    charges: int  # the ledger's charges dropped with the schema
+
+
+def uninstall(dsn: str, drop_ledger: bool = False) -> Uninstalled:
+    """Remove what `install` made in the database of `dsn` (a superuser): the schema `topk` with
+    its functions, registrations, refusals log and budget ledger, and the staged copy of the
+    project the database recorded (under SERVER_DIR), if any. The extension plpython3u stays
+    (other functions may use it), and so do the live-mode structures of registered tables
+    (`topk-middleware unprepare URL --table TABLE --mode live` removes them). A ledger holding
+    charges is the record of what every role has spent: it is dropped only with `drop_ledger`."""
+    import psycopg
+
+    with _connect_admin(dsn) as conn:
+        project = _recorded_project(conn)
+        exists = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", [SCHEMA]
+        ).fetchone()[0]
+        if not exists:
+            return Uninstalled(False, None, (), 0)
+        sources: tuple[str, ...] = ()
+        if conn.execute("SELECT to_regclass('topk.sources') IS NOT NULL").fetchone()[0]:
+            sources = tuple(r[0] for r in conn.execute("SELECT source::text FROM topk.sources"))
+        charges = 0
+        if conn.execute(
+            f"SELECT to_regclass('{SCHEMA}.topk_ledger_charges') IS NOT NULL"
+        ).fetchone()[0]:
+            charges = conn.execute(f"SELECT count(*) FROM {SCHEMA}.topk_ledger_charges").fetchone()[
+                0
+            ]
+        if charges and not drop_ledger:
+            raise InstallError(
+                f"the budget ledger in schema {SCHEMA} holds {charges} charge(s), the record of "
+                "what each role has spent; nothing was removed (pass --drop-ledger to drop it "
+                "with the schema)"
+            )
+        try:
+            conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise InstallError(
+                f"uninstall-sql needs the owner of schema {SCHEMA} (a superuser): "
+                f"{first_line(error)}"
+            ) from None
+    staged = _remove_staged(project) if project is not None else None
+    return Uninstalled(True, staged, sources, int(charges))
 
 
 def register_source(
@@ -1011,7 +1111,7 @@ def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
     import sqlalchemy as sa
 
     reference = "R-" + uuid.uuid4().hex[:12]
-    with ledger.engine.begin() as conn:
+    with ledger.store.engine.begin() as conn:
         conn.execute(
             sa.text(
                 f"INSERT INTO {SCHEMA}.refusals (reference, role, source, detail) "
@@ -1039,8 +1139,8 @@ def _role_name(plpy: Any, role: str) -> str:
 def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, delta: Any) -> None:
     """topk.grant_budget: set the role's total (created, or changed) in the caller's transaction;
     what the role has spent is kept."""
+    from adapters.ledger import PRINCIPALS
     from topk_middleware.accounting import check_budget_total
-    from topk_middleware.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role, epsilon=epsilon, delta=delta)
     try:
@@ -1060,7 +1160,7 @@ def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, 
 def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ...]]:
     """topk.spent: the composition of the role's releases (the ledger's, committed charges) and
     its total."""
-    from topk_middleware.ledger import PRINCIPALS
+    from adapters.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role)
     name = _role_name(plpy, role)
@@ -1125,6 +1225,41 @@ def add_install_sql_parser(sub: Any) -> None:
         "what from_votes recorded with the table, else 1; a value below the record is refused)",
     )
     p.set_defaults(handler=run_install_sql)
+
+
+def add_uninstall_sql_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "uninstall-sql",
+        help="remove the schema topk and the staged copy install-sql made",
+        description="Drop the schema topk (functions, registrations, refusals, budget ledger) "
+        "from the database of --dsn (a superuser) and remove the copy of the project staged for "
+        "it under /var/lib/topk_middleware, if any. plpython3u and the live-mode structures of "
+        "registered tables stay (topk-middleware unprepare ... --mode live removes those).",
+    )
+    p.add_argument("--dsn", required=True, help="libpq DSN or URL of the database (superuser)")
+    p.add_argument(
+        "--drop-ledger",
+        action="store_true",
+        help="also when the budget ledger holds charges (the record of what roles have spent)",
+    )
+    p.set_defaults(handler=run_uninstall_sql)
+
+
+def run_uninstall_sql(args: Any) -> int:
+    """uninstall-sql: `uninstall`, then what was removed and what stays."""
+    done = uninstall(args.dsn, drop_ledger=args.drop_ledger)
+    if not done.schema_dropped:
+        print(f"no schema {SCHEMA} in this database: nothing to remove")
+        return 0
+    print(f"dropped schema {SCHEMA} ({done.charges} ledger charge(s))")
+    if done.staged_copy:
+        print(f"  removed the staged copy {done.staged_copy}")
+    for source in done.sources:
+        print(
+            f"  {source} keeps its live-mode structures (topk-middleware unprepare URL "
+            "--table TABLE --mode live)"
+        )
+    return 0
 
 
 def run_install_sql(args: Any) -> int:

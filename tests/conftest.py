@@ -9,26 +9,32 @@ writer for the snapshot test (see tests/test_conformance.py).
 Parallel runs. `make test` and plain `pytest` run the suite on several worker processes
 (pytest-xdist; the options are in pyproject.toml: `-n 4 --dist loadgroup`; `-n 0` runs it in one
 process). Tests go to workers one by one, so a test must not depend on another test's leftovers,
-and anything it makes on a server must be its own: each worker has its own PostgreSQL schema
-(`pg_schema`), its own temporary directories (DuckDB and SQLite files), and the fixtures name
-tables, roles and ledger principals with a random suffix (uuid). That covers a new test file
-with no further work.
+and anything it makes on a server must be its own: each worker has its own PostgreSQL database
+(tests/pg_database.py: made at the worker's start from TOPK_PG_DSN's server, dropped at its end;
+so whatever is one per database, such as the SQL functions' schema `topk` and its settings row,
+is one per worker), its own schema in it (`pg_schema`), its own temporary directories (DuckDB and
+SQLite files), and the fixtures name tables, roles and ledger principals with a random suffix
+(uuid). That covers a new test file with no further work.
 
-A server-side singleton (something one per database: the SQL functions' schema `topk` with its
-single `topk.settings` row and the staged copy under /var/lib, a fixed table name, a
-cluster-wide setting) is shared by marking every test that touches it with one group:
+Groups. Tests marked with one group run on one worker, in file order:
 
-    pytestmark = pytest.mark.xdist_group("topk-schema")   # at the top of the test module
+    pytestmark = pytest.mark.xdist_group("name")   # at the top of the test module
 
-(or `@pytest.mark.xdist_group("topk-schema")` on a test function or class). Tests of one
-group run on one worker, in file order (`--dist loadgroup`; tests/xdist_groups.py reads the
-marks from the files' syntax, so write them literally as above), so they never race
-each other, whichever files they are in. A session-scoped fixture is built once per worker that
-uses it: give every test file using an expensive one (a local Spark session) the same group
-(e.g. "spark"), and it is built once. Group a file also when its module fixture is costly and
-its tests are many and quick. Today's groups: "topk-schema"
-(tests/test_sql_function.py), "bench-harness" (tests/test_benchmarks.py: its fixed
-`topk_bench_*` tables and the module-scoped sweep).
+(or `@pytest.mark.xdist_group("name")` on a test function or class; tests/xdist_groups.py
+reads the marks from the files' syntax, so write them literally as above). Groups are handed out
+before the single tests, so a group also starts at the beginning of the run. Use one
+
+* for something one per server that tests share (a cluster-wide setting, a directory such as
+  /var/lib/topk_middleware), so that they never race each other, whichever files they are in;
+* for an expensive session-scoped fixture (a local Spark session): it is built once per worker
+  that uses it, so give every file using it the same group;
+* for a module whose fixtures are costly and whose tests are many, or slow: it keeps them on
+  one worker and starts them first. Keep a group's total time well under the suite's (it runs
+  serially).
+
+Today's groups: "sql-function", "sql-hardening", "sql-observer" (the SQL functions' tests: one
+worker's PL/Python sessions, kept between tests, serve each file), "spark", "bench-harness"
+(tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep).
 """
 
 from collections.abc import Callable
@@ -37,11 +43,13 @@ from typing import Any
 import pytest
 
 pytest_plugins = [
+    "tests.pg_database",
     "tests.stores_memory",
     "tests.stores_duckdb",
     "tests.stores_postgres",
     "tests.stores_sqlalchemy",
     "tests.stores_spark",
+    "tests.sql_sessions",
     "tests.xdist_groups",
 ]
 

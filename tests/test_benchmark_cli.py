@@ -20,7 +20,7 @@ from benchmarks import common
 from benchmarks.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["access", "wallclock", "profile", "freshness", "replot"]
+COMMANDS = ["access", "wallclock", "profile", "freshness", "replot", "oblivious", "spark"]
 MODULES = [
     "exponential",
     "inputs",
@@ -52,6 +52,36 @@ def test_every_benchmark_module_prints_help(module: str) -> None:
     done = _help(["-m", f"benchmarks.{module}"])
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage:")
+    assert "--out" in done.stdout, "every benchmark says where its results go"
+
+
+@pytest.mark.parametrize("module", ["randomness", "sql_function", "sqlalchemy_live"])
+def test_module_benchmarks_take_quick_and_out(module: str) -> None:
+    done = _help(["-m", f"benchmarks.{module}"])
+    text = " ".join(done.stdout.split())  # argparse wraps help text to the terminal's width
+    assert "--quick" in text and "benchmarks/scratch for --quick" in text
+
+
+def test_a_quick_module_run_writes_to_scratch_or_out(tmp_path: Path) -> None:
+    """benchmarks.randomness --quick: randomness.json in benchmarks/scratch/, the committed
+    results file untouched; with --out, there instead."""
+    from benchmarks import randomness
+
+    committed = (common.RESULTS_DIR / "randomness.json").read_bytes()
+    scratch = common.SCRATCH_DIR / "randomness.json"
+    scratch.unlink(missing_ok=True)
+    try:
+        assert randomness.main(["--quick", "--runs", "1"]) == 0
+        quick = json.loads(scratch.read_text())
+        assert "threshold_plateau_1e5_s" in quick["ratio"] and quick["runs"] == 1
+        assert (common.RESULTS_DIR / "randomness.json").read_bytes() == committed
+        assert randomness.main(["--quick", "--runs", "1", "--out", str(tmp_path)]) == 0
+        assert (
+            "oneshot_noises_1e6_s"
+            in json.loads((tmp_path / "randomness.json").read_text())["ratio"]
+        )
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def test_quick_run_writes_to_scratch_not_results(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,8 +114,8 @@ def test_scratch_folder_is_ignored_by_git() -> None:
 
 
 def test_replot_redraws_the_plots_from_the_json(tmp_path: Path) -> None:
-    for name in ("wallclock.json", "freshness.json"):
+    for name in ("wallclock.json", "freshness.json", "exponential.json"):
         (tmp_path / name).write_bytes((common.RESULTS_DIR / name).read_bytes())
     assert main(["replot", "--out", str(tmp_path)]) == 0
-    for name in ("wallclock.png", "freshness.png"):
+    for name in ("wallclock.png", "freshness.png", "exponential.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""The guarantee states what it assumes (issue 21): declared sensitivity scales the noise,
+"""The guarantee states what it assumes: declared sensitivity scales the noise,
 counts from raw votes with bounded contributions, noisy counts from an exact sampler, and scores
 the noise cannot resolve refused.
 

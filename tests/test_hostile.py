@@ -1,4 +1,4 @@
-"""The hostile battery (issue 11): bad input, races and faults, one test per class of defect, on
+"""The hostile battery: bad input, races and faults, one test per class of defect, on
 the real stores. Each test failed on the code before the fix it guards."""
 
 from __future__ import annotations

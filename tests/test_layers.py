@@ -7,12 +7,19 @@
 
 A package may import from the layers below it, never from one above; no module imports itself
 back through a circle of imports (imports inside functions count too); a module over
-MAX_LINES lines says why in its docstring (a paragraph starting "Size:").
+MAX_LINES lines (benchmarks/ included) says why in its docstring (a paragraph starting "Size:").
+
+The core imports no store driver (STORE_DRIVERS). It names a module of a layer above in one
+place only, declared in LATE_BINDINGS: `PrivacyLedger(url)` opens the SQL ledger store of
+adapters/ledger.py, imported by name when a URL is first given (topk_middleware/ledger.py,
+SQL_STORE). Any other string in the core that names a module above ("adapters.x", "frontends.x",
+with or without ":name") fails the check, and so does a declared one that is gone.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -21,11 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("topk_middleware", "adapters", "frontends")  # bottom to top
 ABOVE_ALL = ("benchmarks", "tests")
 MAX_LINES = 600
+SIZED = (*LAYERS, "benchmarks")  # the packages the size rule reads
+STORE_DRIVERS = ("sqlalchemy", "duckdb", "psycopg", "psycopg2", "pyspark", "pymysql")
+# (core module, the "module:name" it imports by name on first use): the only upward references.
+LATE_BINDINGS = {("topk_middleware.ledger", "adapters.ledger:SQLLedgerStore")}
+UPWARD_NAME = re.compile(r"^(?:adapters|frontends)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?$")
 
 
-def project_modules() -> dict[str, Path]:
+def project_modules(packages: tuple[str, ...] = LAYERS) -> dict[str, Path]:
     modules: dict[str, Path] = {}
-    for package in LAYERS:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -69,6 +81,8 @@ def project_graph() -> dict[str, set[str]]:
                         targets.add(candidate)
                     break
         graph[module] = targets
+    for module, binding in LATE_BINDINGS:  # a name imported later is an edge all the same
+        graph[module].add(binding.partition(":")[0])
     return graph
 
 
@@ -124,9 +138,59 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     assert "topk_middleware.access" in imported_names(relative, "topk_middleware.mechanisms.rel")
 
 
-@pytest.mark.parametrize("module", sorted(project_modules()))
+def upward_names(path: Path) -> set[str]:
+    """The string constants of a file that name a module of the layers above the core."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and UPWARD_NAME.match(node.value)
+    }
+
+
+def test_the_core_imports_no_store_driver() -> None:
+    found = []
+    for module, path in project_modules(("topk_middleware",)).items():
+        for name in imported_names(path, module):
+            if name.split(".")[0] in STORE_DRIVERS:
+                found.append(f"{module} imports {name}")
+    assert found == [], "the core imports store drivers:\n" + "\n".join(sorted(found))
+
+
+def test_the_core_names_a_layer_above_only_where_declared() -> None:
+    """Every string of the core naming an adapter or front-end module is a declared late
+    binding, and every declared binding names a class its module defines."""
+    found = {
+        (module, name)
+        for module, path in project_modules(("topk_middleware",)).items()
+        for name in upward_names(path)
+    }
+    assert found == LATE_BINDINGS
+    modules = project_modules()
+    for _, binding in LATE_BINDINGS:
+        module, _, name = binding.partition(":")
+        tree = ast.parse(modules[module].read_text())
+        assert any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body), binding
+
+
+def test_the_rules_see_a_driver_and_an_undeclared_name(tmp_path: Path) -> None:
+    """The checkers themselves: a driver imported inside a function, and a module name in a
+    string that importlib could load."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    import duckdb\n"
+        "    return importlib.import_module('adapters.postgres')\n"
+    )
+    assert "duckdb" in imported_names(source, "topk_middleware.probe")
+    assert upward_names(source) == {"adapters.postgres"}
+
+
+@pytest.mark.parametrize("module", sorted(project_modules(SIZED)))
 def test_a_long_module_says_why(module: str) -> None:
-    path = project_modules()[module]
+    path = project_modules(SIZED)[module]
     lines = len(path.read_text().splitlines())
     if lines <= MAX_LINES:
         return

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from adapters.ledger import CHARGES, PRINCIPALS
 from adapters.memory import ArraySource
 from frontends.cli import main as cli_main
 from tests.stores_sqlalchemy import postgres_url_and_args
@@ -37,13 +38,7 @@ from topk_middleware import (
     stable_top_k,
 )
 from topk_middleware.accounting import PrivacyCost, oneshot_cost, rdp_to_dp_epsilon
-from topk_middleware.ledger import (
-    CHARGES,
-    PRINCIPALS,
-    UnknownRecipe,
-    cost_from_json,
-    cost_to_json,
-)
+from topk_middleware.ledger import UnknownRecipe, cost_from_json, cost_to_json
 from topk_middleware.mechanisms.stable import stable_cost
 
 SCORES = np.array([50, 40, 30, 20, 10, 5, 3, 2, 1, 0], dtype=float)
@@ -52,8 +47,8 @@ COST = oneshot_cost("gumbel", 1, len(SCORES), 0.1, 0.0)  # what exponential_mech
 
 @pytest.fixture(scope="session")
 def postgres_url(pg_schema: str) -> str:
-    """The server at TOPK_PG_DSN, its ledger tables in this session's schema (search_path):
-    parallel workers and earlier runs never share them, and they go with the schema."""
+    """The server at TOPK_PG_DSN, its ledger tables in the test run's schema (search_path):
+    parallel workers and other runs never share them, and they go with the schema."""
     _, params = postgres_url_and_args()
     url = sa.URL.create(
         "postgresql+psycopg",
@@ -93,7 +88,7 @@ def sequential_allowance(epsilon: float, delta: float, cost: PrivacyCost) -> int
 
 def test_schema_is_the_documented_one(ledger_url: str) -> None:
     ledger = PrivacyLedger(ledger_url)
-    with ledger.engine.connect() as conn:
+    with ledger.store.engine.connect() as conn:
         columns = set(conn.exec_driver_sql(f"SELECT * FROM {CHARGES} WHERE 1 = 0").keys())
         principals = set(conn.exec_driver_sql(f"SELECT * FROM {PRINCIPALS} WHERE 1 = 0").keys())
     assert principals == {"principal", "epsilon", "delta", "charges"}
@@ -263,9 +258,9 @@ def test_releases_export_as_dp_events(tmp_path: Path) -> None:
 def plant(ledger: PrivacyLedger, principal: str, recipe: Any) -> None:
     """Write a charge row as someone with write access to the ledger would: a recipe of theirs."""
     row = {"mechanism": "planted", "recipe": recipe}
-    with ledger.engine.begin() as conn:
+    with ledger.store.engine.begin() as conn:
         conn.execute(
-            ledger.charges.insert().values(
+            ledger.store.charges.insert().values(
                 principal=principal,
                 seq=99,
                 charged_at=dt.datetime(2026, 1, 1),

@@ -38,8 +38,9 @@ from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_tabl
 from topk_middleware import private_top_k
 from topk_middleware.mechanisms.oblivious import oblivious_depth
 
-# The schema topk and its one settings row are one per database: one worker for all its tests.
-pytestmark = pytest.mark.xdist_group("topk-schema")
+# One worker runs the module, and, as a group, it starts at the beginning of the run (its
+# distinguisher tests mostly wait out oblivious deadlines; tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("sql-observer")
 
 M, K, EPSILON = 20_000, 10, 1.0
 
@@ -212,8 +213,8 @@ def test_duckdb_reads_do_not_depend_on_the_data() -> None:
 
 # ----- the SQL function, as a hostile analyst with EXECUTE only ----------------------------------
 @pytest.fixture(scope="module")
-def installed(pg_conninfo: str) -> sql_function.Installed:
-    return sql_function.install(pg_conninfo)
+def installed(topk_installed: sql_function.Installed) -> sql_function.Installed:
+    return topk_installed
 
 
 @pytest.fixture(scope="module")

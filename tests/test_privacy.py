@@ -118,7 +118,8 @@ def test_fact_3_3_is_above_the_optimal_range_bounded_composition(
 ) -> None:
     """The calibrated Gumbel release (k steps of eps0-range-bounded EM) claims (epsilon, delta):
     the optimal composition of k eps0-range-bounded steps needs no more than delta at that
-    epsilon. So does the value Wu et al. print (sqrt(k ln 1/delta)), which we no longer use."""
+    epsilon. So does the value Wu et al. print (sqrt(k ln 1/delta)), which the calibration does
+    not use."""
     g = calibrate("gumbel", k, 10**6, epsilon, delta)
     eps0 = 1 / g.scale
     assert optimal_range_bounded_delta(k, eps0, g.epsilon) <= delta

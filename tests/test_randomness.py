@@ -157,7 +157,8 @@ def test_budget_totals_are_checked(args: tuple[Any, ...], error: type) -> None:
 
 def test_in_memory_budget_is_thread_safe() -> None:
     """16 threads charging one PrivacyBudget with delta > 0 (the case that overspent): exactly
-    the sequential allowance succeeds, 20 trials."""
+    the sequential allowance succeeds, 5 trials (with the budget's lock taken out, each of 5
+    trials overspent: 23 to 28 releases against 19)."""
     cost = oneshot_cost("gumbel", 1, 10, 0.1, 0.0)
     sequential = PrivacyBudget(1.0, 1e-6)
     allowed = 0
@@ -167,7 +168,7 @@ def test_in_memory_budget_is_thread_safe() -> None:
             allowed += 1
         except BudgetExceeded:
             break
-    for _ in range(20):
+    for _ in range(5):
         budget, ok = PrivacyBudget(1.0, 1e-6), []
         barrier = threading.Barrier(16)
 

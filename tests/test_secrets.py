@@ -1,4 +1,4 @@
-"""No secret in any message, output or statement text (issue 20, point 5; DESIGN invariant 12).
+"""No secret in any message, output or statement text (DESIGN invariant 12).
 
 What would fail: a password given in a URL (user:password@, ?password=) or a key=value DSN
 (password=...) quoted in a CLI error or in install-sql's output; the in-store one-shot's key or
@@ -23,9 +23,6 @@ from topk_middleware import private_top_k
 from topk_middleware.access import offers_in_store
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.validation import mask_secrets
-
-# The schema topk and its one settings row are one per database: one worker for all its tests.
-pytestmark = pytest.mark.xdist_group("topk-schema")
 
 SECRET = "hunter2Sekret"
 

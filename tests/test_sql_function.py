@@ -16,7 +16,9 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import permutations
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,10 +37,13 @@ from topk_middleware.mechanisms.peeling import peeling_cost
 from topk_middleware.noisy_counts import CountsPlan
 from topk_middleware.privacy import calibrate
 
+from .sql_sessions import close_sessions, kept, session
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 
-# The schema topk and its one settings row are one per database: these tests share one worker.
-pytestmark = pytest.mark.xdist_group("topk-schema")
+# The schema topk is one per database, and each test process has a database of its own
+# (tests/pg_database.py). One worker runs the module (its module fixtures and kept sessions serve
+# every test), and, as a group, it starts at the beginning of the run (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("sql-function")
 
 FUNCTION = (
     "topk.private_top_k(regclass, integer, double precision, double precision, text, boolean)"
@@ -55,9 +60,13 @@ ANALYST_FUNCTIONS = (
 
 
 @pytest.fixture(scope="module")
-def installed(pg_conninfo: str) -> sql_function.Installed:
-    sql_function.install(pg_conninfo)
-    return sql_function.install(pg_conninfo)  # idempotent: a second install changes nothing
+def installed(topk_installed: sql_function.Installed) -> sql_function.Installed:
+    return topk_installed
+
+
+@pytest.fixture(autouse=True)
+def _sessions_per_test(close_test_sessions: None) -> None:
+    """Each test's analyst sessions are closed after it (tests/sql_sessions.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +77,7 @@ def register(
 
     def make(scores: Any, ids: Any = None) -> str:
         name = TABLE.format(uuid.uuid4().hex[:8])
-        with _connect(pg_conninfo) as conn:
+        with kept(pg_conninfo) as conn:
             create_table(conn, pg_schema, name, scores, ids)
         return sql_function.register_source(
             pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
@@ -85,7 +94,8 @@ def zipf_table(register: Callable[..., str]) -> str:
 @pytest.fixture(scope="module")
 def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Callable[..., str]]:
     """(epsilon=None, delta=1e-6, functions=ANALYST_FUNCTIONS) -> the DSN of a new analyst role,
-    with EXECUTE on `functions` and that budget if given."""
+    with EXECUTE on `functions` and that budget if given. The administrator's session is kept
+    for the module (its server process has the project loaded)."""
     made: list[str] = []
 
     def make(
@@ -94,26 +104,27 @@ def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Call
         functions: tuple[str, ...] = ANALYST_FUNCTIONS,
     ) -> str:
         role = f"topk_analyst_{uuid.uuid4().hex[:8]}"
-        with _connect(pg_conninfo) as conn:
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn = session(pg_conninfo, keep=True)
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(pg_schema), sql.Identifier(role)
+            )
+        )
+        for function in functions:
             conn.execute(
-                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                    sql.Identifier(pg_schema), sql.Identifier(role)
+                sql.SQL("GRANT EXECUTE ON FUNCTION " + function + " TO {}").format(
+                    sql.Identifier(role)
                 )
             )
-            for function in functions:
-                conn.execute(
-                    sql.SQL("GRANT EXECUTE ON FUNCTION " + function + " TO {}").format(
-                        sql.Identifier(role)
-                    )
-                )
-            if epsilon is not None:
-                conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
+        if epsilon is not None:
+            conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, epsilon, delta])
         made.append(role)
         return psycopg.conninfo.make_conninfo(pg_conninfo, user=role)
 
     yield make
-    with _connect(pg_conninfo) as conn:
+    close_sessions([psycopg.conninfo.make_conninfo(pg_conninfo, user=role) for role in made])
+    with kept(pg_conninfo) as conn:
         for role in made:
             conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [role])
             conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [role])
@@ -121,18 +132,47 @@ def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Call
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+@pytest.fixture(scope="module")
+def bystander(make_role: Callable[..., str]) -> str:
+    """One analyst (budget 100, delta TOTAL_DELTA) shared by the tests whose calls are all
+    refused: each asserts that it is still charged nothing, so one charge in any of them fails
+    that test. Its session is kept for the module."""
+    dsn = make_role(epsilon=100.0, delta=TOTAL_DELTA)
+    session(dsn, keep=True)
+    return dsn
+
+
 def release(dsn: str, table: str, k: int, epsilon: float, *extra: Any) -> list[tuple[int, str]]:
+    """One call of topk.private_top_k in the role's session (tests/sql_sessions.py)."""
     args = ", ".join(["%s"] * len(extra))
     query = f"SELECT * FROM topk.private_top_k(%s::regclass, %s, %s{', ' if extra else ''}{args})"
-    with _connect(dsn) as conn:
-        return conn.execute(query, [table, k, epsilon, *extra]).fetchall()
+    return session(dsn).execute(query, [table, k, epsilon, *extra]).fetchall()
 
 
 def spent(admin: str, dsn: str) -> tuple[float, int]:
     role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
-    with _connect(admin) as conn:
-        row = conn.execute("SELECT epsilon, releases FROM topk.spent(%s)", [role]).fetchone()
+    row = (
+        session(admin, keep=True)
+        .execute("SELECT epsilon, releases FROM topk.spent(%s)", [role])
+        .fetchone()
+    )
     return float(row[0]), int(row[1])
+
+
+def releases_in_parallel(
+    dsn: str, query: str, arguments: list[Any], calls: int, sessions: int = 4
+) -> list[list[tuple[Any, ...]]]:
+    """`calls` runs of `query` as the role of `dsn`, spread over `sessions` sessions running at
+    once (an oblivious release mostly waits out its deadline: the waits overlap); the rows of
+    each call."""
+
+    def run(count: int) -> list[list[tuple[Any, ...]]]:
+        with _connect(dsn) as conn:
+            return [conn.execute(query, arguments).fetchall() for _ in range(count)]
+
+    shares = [calls // sessions + (i < calls % sessions) for i in range(sessions)]
+    with ThreadPoolExecutor(sessions) as pool:
+        return [rows for share in pool.map(run, shares) for rows in share]
 
 
 def test_install_reports_the_server_python(installed: sql_function.Installed) -> None:
@@ -171,12 +211,63 @@ def test_a_checkout_the_server_cannot_read_is_staged(
         assert len(release(analyst, zipf_table, 3, 1.0)) == 3
     finally:
         sql_function.install(pg_conninfo)  # back to the checkout the other tests use
+        # sessions that loaded the project from the copy (removed below) are not reused
+        close_sessions()
     restored = sql_function.install(pg_conninfo).project_path
     assert restored == installed.project_path != done.project_path
     if sql_function._unreadable(project) is None:
         assert restored == project
     else:
         assert restored.startswith(sql_function.SERVER_DIR)
+    # the copy this database recorded before is removed when it records another one
+    assert not Path(done.project_path).parent.exists()
+
+
+def test_uninstall_sql_removes_the_schema_and_the_staged_copy(
+    pg_conninfo: str, tmp_path: Any, capsys: Any
+) -> None:
+    """uninstall-sql in a database of its own: the schema topk and the copy staged for a
+    checkout the server cannot read are gone, the checkout itself untouched; a ledger holding
+    charges is kept unless --drop-ledger; a second uninstall finds nothing to remove."""
+    name = f"topk_uninstall_{uuid.uuid4().hex[:8]}"
+    with kept(pg_conninfo) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(pg_conninfo, dbname=name)
+    try:
+        private = tmp_path / "private"
+        private.mkdir(mode=0o700)
+        project, _ = sql_function.default_paths()
+        for package in sql_function.PROJECT_PACKAGES:
+            shutil.copytree(
+                f"{project}/{package}",
+                private / package,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        private.chmod(0o700)
+        staged = Path(sql_function.install(dsn, project_path=str(private)).project_path).parent
+        assert staged.parent == Path(sql_function.SERVER_DIR) and staged.is_dir()
+        with _connect(dsn) as conn:
+            conn.execute("SELECT topk.grant_budget(current_user::regrole, 1.0)")
+            conn.execute(
+                "INSERT INTO topk.topk_ledger_charges (principal, seq, charged_at, mechanism, "
+                "cost, epsilon_after, delta_after, rule) VALUES (current_user, 1, now(), 'x', "
+                "'{}', 0, 0, 'basic')"
+            )
+        assert cli.main(["uninstall-sql", "--dsn", dsn]) == 1
+        assert "holds 1 charge(s)" in capsys.readouterr().err and staged.is_dir()
+        assert cli.main(["uninstall-sql", "--dsn", dsn, "--drop-ledger"]) == 0
+        out = capsys.readouterr().out
+        assert "dropped schema topk (1 ledger charge(s))" in out and str(staged) in out
+        assert not staged.exists() and (private / "topk_middleware").is_dir()
+        with _connect(dsn) as conn:
+            assert conn.execute("SELECT to_regnamespace('topk')").fetchone()[0] is None
+        assert cli.main(["uninstall-sql", "--dsn", dsn]) == 0
+        assert "nothing to remove" in capsys.readouterr().out
+    finally:
+        with kept(pg_conninfo) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def test_analyst_releases_and_cannot_read_the_counts(
@@ -198,7 +289,7 @@ def test_analyst_releases_and_cannot_read_the_counts(
     assert spent(pg_conninfo, analyst) == (pytest.approx(2.0), 2)
     # The operator's log has the diagnostics, read through SPI: far fewer rows than m.
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         released_at, diagnostics = conn.execute(
             "SELECT released_at, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s "
             "AND seq = 1",
@@ -248,7 +339,7 @@ def test_the_login_role_pays_not_the_role_it_sets(
 ) -> None:
     analyst, other = make_role(epsilon=1.0), make_role(epsilon=1.0)
     names = [psycopg.conninfo.conninfo_to_dict(d)["user"] for d in (analyst, other)]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         conn.execute(sql.SQL("GRANT {} TO {}").format(*map(sql.Identifier, reversed(names))))
     with _connect(analyst) as conn:
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(names[1])))
@@ -312,17 +403,16 @@ def test_concurrent_sessions_never_overspend(
 def test_bad_arguments_get_clear_errors_and_charge_nothing(
     pg_conninfo: str,
     zipf_table: str,
-    make_role: Callable[..., str],
+    bystander: str,
     k: Any,
     epsilon: Any,
     extra: tuple[Any, ...],
     error: type[Exception],
     words: str,
 ) -> None:
-    analyst = make_role(epsilon=100.0)
     with pytest.raises(error, match=re.escape(words)):
-        release(analyst, zipf_table, k, epsilon, *extra)
-    assert spent(pg_conninfo, analyst) == (0.0, 0)
+        release(bystander, zipf_table, k, epsilon, *extra)
+    assert spent(pg_conninfo, bystander) == (0.0, 0)
 
 
 def test_unregistered_and_null_sources_are_refused(
@@ -330,7 +420,7 @@ def test_unregistered_and_null_sources_are_refused(
 ) -> None:
     analyst = make_role(epsilon=100.0)
     name = TABLE.format("unregistered")
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, [3, 2, 1], None)
         table = sql.Identifier(pg_schema, name).as_string(conn)
     with pytest.raises(psycopg.errors.UndefinedObject, match="is not registered"):
@@ -343,7 +433,7 @@ def test_unregistered_and_null_sources_are_refused(
 def test_budget_administration(pg_conninfo: str, make_role: Callable[..., str]) -> None:
     analyst = make_role()
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="has no privacy budget"):
             conn.execute("SELECT * FROM topk.spent(%s)", [role])
         for epsilon, delta, words in [
@@ -427,11 +517,11 @@ def test_budget_administration_refusals_are_plain_sql_errors(
 ) -> None:
     """Fails with the PL/Python bodies called directly: their message starts "plpy.Error: "."""
     role = psycopg.conninfo.conninfo_to_dict(make_role())["user"]
-    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.Error) as caught:
+    with kept(pg_conninfo) as conn, pytest.raises(psycopg.Error) as caught:
         conn.execute(query, [role if a is ROLE else a for a in arguments])
     assert caught.value.sqlstate == error
     clean_refusal(caught, words)
-    with _connect(pg_conninfo) as conn:  # nothing was granted
+    with kept(pg_conninfo) as conn:  # nothing was granted
         left = conn.execute(
             "SELECT count(*) FROM topk.topk_ledger_principals WHERE principal = %s", [role]
         )
@@ -442,7 +532,7 @@ def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installe
     """topk._plain_refusal, the one helper of every front: a PL/Python refusal of the project
     comes out as a plain error with its SQLSTATE, message and hint; anything else is left to the
     front's bare RAISE (as it came)."""
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         assert conn.execute(
             "SELECT topk._plain_refusal('22012', 'division by zero', NULL)::text"
         ).fetchone() == ("",)
@@ -452,7 +542,7 @@ def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installe
             )
     assert caught.value.diag.message_primary == "topk: k must be >= 1"
     assert caught.value.diag.message_hint == "h"
-    with _connect(pg_conninfo) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
+    with kept(pg_conninfo) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
         conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
     assert caught.value.diag.message_primary == 'role "no_such_role_topk" does not exist'
 
@@ -463,7 +553,7 @@ def test_a_dropped_table_leaves_the_registry(
     table = register([5, 4, 3])
     analyst = make_role(epsilon=10.0)
     assert len(release(analyst, table, 1, 1.0)) == 1
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         oid = conn.execute("SELECT %s::regclass::oid", [table]).fetchone()[0]
         conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.SQL(table)))
         left = conn.execute("SELECT count(*) FROM topk.sources WHERE source = %s", [oid])
@@ -498,13 +588,9 @@ def test_output_law_is_plackett_luce(
     scale = calibrate("gumbel", k, len(scores), epsilon, 0.0).scale
     law = plackett_luce(scores, scale, k)
     seen: Counter[tuple[int, ...]] = Counter()
-    with _connect(analyst) as conn:
-        for _ in range(calls):
-            rows = conn.execute(
-                "SELECT item FROM topk.private_top_k(%s::regclass, %s, %s) ORDER BY position",
-                [table, k, epsilon],
-            ).fetchall()
-            seen[tuple(int(item) for (item,) in rows)] += 1
+    query = "SELECT item FROM topk.private_top_k(%s::regclass, %s, %s) ORDER BY position"
+    for rows in releases_in_parallel(analyst, query, [table, k, epsilon], calls):
+        seen[tuple(int(item) for (item,) in rows)] += 1
     rankings = sorted(law)
     observed = np.array([seen[r] for r in rankings])
     expected = np.array([law[r] for r in rankings]) * calls
@@ -539,7 +625,7 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
         "b = private_top_k(t, 10, 2.0, seed=seed, method='oneshot_full_read')\n"
         "return json.dumps([order, a.items, b.items, a.method, a.diagnostics.plan['oracle']])\n"
     )
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         conn.execute(
             sql.SQL(
                 "CREATE FUNCTION {}(source text, seed integer) RETURNS text LANGUAGE plpython3u "
@@ -603,8 +689,7 @@ TOTAL_DELTA = 1e-4  # every analyst's delta below: limited domain needs delta > 
 
 
 def call(dsn: str, function: str, source: Any, *arguments: Any) -> list[tuple[int, str | None]]:
-    with _connect(dsn) as conn:
-        return conn.execute(f"SELECT * FROM {function}", [source, *arguments]).fetchall()
+    return session(dsn).execute(f"SELECT * FROM {function}", [source, *arguments]).fetchall()
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -626,7 +711,7 @@ def test_mechanism_releases_and_charges_its_own_cost(
         conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(zipf_table)))
     cost = cost_of(k, epsilon)
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         stored, diagnostics = conn.execute(
             "SELECT cost, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s",
             [role],
@@ -689,18 +774,17 @@ BAD_MECHANISM_ARGUMENTS = [
 def test_mechanism_bad_arguments_get_clear_errors_and_charge_nothing(
     pg_conninfo: str,
     zipf_table: str,
-    make_role: Callable[..., str],
+    bystander: str,
     name: str,
     arguments: tuple[Any, ...],
     state: str,
     words: str,
 ) -> None:
-    analyst = make_role(epsilon=100.0, delta=TOTAL_DELTA)
     with pytest.raises(psycopg.Error) as caught:
-        call(analyst, MECHANISMS[name][0], zipf_table, *arguments)
+        call(bystander, MECHANISMS[name][0], zipf_table, *arguments)
     assert caught.value.sqlstate == state
     clean_refusal(caught, words)
-    assert spent(pg_conninfo, analyst) == (0.0, 0)
+    assert spent(pg_conninfo, bystander) == (0.0, 0)
 
 
 def test_mechanisms_are_not_executable_by_public(
@@ -711,7 +795,7 @@ def test_mechanisms_are_not_executable_by_public(
     release's guarantee): a role granted nothing cannot call any other (nor the PL/Python bodies
     behind the fronts)."""
     nobody = psycopg.conninfo.conninfo_to_dict(make_role(epsilon=1.0, functions=()))["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         callable_ = conn.execute(
             "SELECT p.oid::regprocedure::text FROM pg_proc AS p "
             "WHERE p.pronamespace = 'topk'::regnamespace "
@@ -762,12 +846,9 @@ def test_exponential_mechanism_law(
     table = register(scores)
     analyst = make_role(epsilon=1e6, delta=0.5)  # 600 oblivious releases of (1 + e) 1e-9 each
     seen: Counter[int] = Counter()
-    with _connect(analyst) as conn:
-        for _ in range(calls):
-            ((item,),) = conn.execute(
-                "SELECT item FROM topk.exponential_mechanism(%s::regclass, %s)", [table, epsilon]
-            ).fetchall()
-            seen[int(item)] += 1
+    query = "SELECT item FROM topk.exponential_mechanism(%s::regclass, %s)"
+    for ((item,),) in releases_in_parallel(analyst, query, [table, epsilon], calls):
+        seen[int(item)] += 1
     law = np.exp(epsilon * scores) / np.exp(epsilon * scores).sum()
     observed = np.array([seen[i] for i in range(len(scores))])
     assert observed.sum() == calls and (law * calls).min() > 10
@@ -783,7 +864,7 @@ def test_with_counts_and_a_declared_sensitivity(
     from topk_middleware.noisy_counts import CountsPlan, with_counts_cost
 
     name = TABLE.format(uuid.uuid4().hex[:8])
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 501)), None)
     table = sql_function.register_source(
         pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
@@ -804,7 +885,7 @@ def test_with_counts_and_a_declared_sensitivity(
     true = np.floor(1e5 / (np.array([int(r[1]) for r in rows]) + 1))
     assert (np.abs(np.array([r[2] for r in rows]) - true) <= 20 * float(plan.scale)).all()
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         stored = conn.execute(
             "SELECT cost FROM topk.topk_ledger_charges WHERE principal = %s", [role]
         ).fetchall()

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (the fixtures of test_sql_function.py, imported by name)
-"""The SQL functions against a hostile analyst on the real PostgreSQL (issue 20, points 2-6).
+"""The SQL functions against a hostile analyst on the real PostgreSQL.
 
 Each test reruns an attack as a low-privilege role (LOGIN, EXECUTE on the functions, USAGE on the
 table's schema, no SELECT on the table), as test_sql_function.py's roles are made, and asserts what
@@ -27,9 +27,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from .sql_sessions import kept, session
 from .stores_postgres import SCORE_COLUMN, _connect
 from .test_sql_function import (  # noqa: F401  (fixtures)
     ANALYST_FUNCTIONS,
+    _sessions_per_test,
     installed,
     make_role,
     register,
@@ -38,8 +40,9 @@ from .test_sql_function import (  # noqa: F401  (fixtures)
     zipf_table,
 )
 
-# The schema topk and its one settings row are one per database: one worker for all its tests.
-pytestmark = pytest.mark.xdist_group("topk-schema")
+# One worker runs the module (its module fixtures and kept sessions serve every test), and, as a
+# group, it starts at the beginning of the run (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("sql-hardening")
 
 BY_NAME = "topk.private_top_k(text, integer, double precision, double precision, text, boolean)"
 JOINT = "topk.joint_top_k(regclass, integer, double precision, boolean)"
@@ -202,7 +205,7 @@ def test_a_planted_ledger_recipe_is_refused_and_never_runs(
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     marker = Path(f"/tmp/topk-planted-{uuid.uuid4().hex}")
     cost = {"mechanism": "x", "recipe": ["os:system", [["command", f"touch {marker}"]]]}
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         conn.execute(
             "INSERT INTO topk.topk_ledger_charges (principal, seq, charged_at, mechanism, cost, "
             "epsilon_after, delta_after, rule) VALUES (%s, 1, now(), 'x', %s, 0, 0, 'basic')",
@@ -217,7 +220,7 @@ def test_a_planted_ledger_recipe_is_refused_and_never_runs(
     assert not marker.exists()
     reference = re.search(r"R-[0-9a-f]{12}", caught.value.diag.message_primary or "")
     assert reference
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         detail = conn.execute(
             "SELECT detail FROM topk.refusals WHERE reference = %s", [reference[0]]
         ).fetchone()[0]
@@ -238,7 +241,7 @@ def test_refusals_tell_the_analyst_no_data_fact(
     """Bad scores and k above m: the analyst gets one message with a reference and neither the
     kind of fault, the value nor m; topk.refusals has them for the operator."""
     table = register([9.5, 5.0, 3.0, 1.0])  # float8 scores; a live table takes writes
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         column = sql.Identifier(SCORE_COLUMN).as_string(conn)
         conn.execute(f"UPDATE {table} SET {column} = {bad} WHERE {column} = 3.0")
     analyst = make_role(epsilon=10.0)
@@ -251,7 +254,7 @@ def test_refusals_tell_the_analyst_no_data_fact(
             assert data_fact not in message.split("HINT")[0], (data_fact, message)
         reference = re.search(r"R-[0-9a-f]{12}", message)
         assert reference
-        with _connect(pg_conninfo) as conn:
+        with kept(pg_conninfo) as conn:
             detail = conn.execute(
                 "SELECT detail FROM topk.refusals WHERE reference = %s", [reference[0]]
             ).fetchone()[0]
@@ -277,9 +280,8 @@ def test_an_analyst_reads_its_own_budget(
 ) -> None:
     analyst = make_role(epsilon=3.0)
     release(analyst, zipf_table, 2, 0.5)
-    with _connect(analyst) as conn:
-        mine = conn.execute("SELECT epsilon, releases, epsilon_total FROM topk.my_budget()")
-        epsilon, releases, total = mine.fetchone()
+    mine = session(analyst).execute("SELECT epsilon, releases, epsilon_total FROM topk.my_budget()")
+    epsilon, releases, total = mine.fetchone()
     assert (epsilon, releases, total) == (pytest.approx(0.5), 1, 3.0)
     assert spent(pg_conninfo, analyst) == (pytest.approx(0.5), 1)
 
@@ -313,7 +315,7 @@ def test_names_the_role_may_not_use_get_the_project_refusal(
     PL/Python traceback, and a CONTEXT of at most the front's own line."""
     analyst = make_role(epsilon=10.0, functions=(*ANALYST_FUNCTIONS, BY_NAME))
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
-    with _connect(pg_conninfo) as conn:
+    with kept(pg_conninfo) as conn:
         conn.execute(
             sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(
                 sql.Identifier(pg_schema), sql.Identifier(role)
@@ -329,8 +331,8 @@ def test_names_the_role_may_not_use_get_the_project_refusal(
         ("SELECT * FROM topk.private_top_k(987654321::oid::regclass, 2, 1.0, %s)", 0.0),
     ]
     for query, argument in calls:
-        with _connect(analyst) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
-            conn.execute(query, [argument])
+        with pytest.raises(psycopg.errors.UndefinedObject) as caught:
+            session(analyst).execute(query, [argument])
         primary = caught.value.diag.message_primary or ""
         assert primary.startswith("topk: ") and "is not registered" in primary, primary
         assert "may not name it" in primary

@@ -150,8 +150,11 @@ def test_in_lists_are_chunked(make_source: Callable[..., Any]) -> None:
     assert rows.ids.tolist() == reference.read_positions(ranks).ids.tolist()
     asked = ids[:7]
     assert source.read_ids(asked).tolist() == reference.read_ids(asked).tolist()
-    result = private_top_k(source, k=3, epsilon=1.0, seed=5)
-    assert result.items == private_top_k(reference, k=3, epsilon=1.0, seed=5).items
+    # a threshold run (pinned) reads ranks and ids through the chunked lists
+    result = private_top_k(source, k=3, epsilon=1.0, seed=5, method="threshold")
+    want = private_top_k(reference, k=3, epsilon=1.0, seed=5, method="threshold")
+    assert result.method == want.method == "threshold"
+    assert result.items == want.items and result.accesses.random > 0
 
 
 @pytest.mark.parametrize(
@@ -184,8 +187,11 @@ def test_private_top_k_on_plateau_reads_a_fraction(make_source: Callable[..., An
     m = 4000
     scores = np.where(np.arange(m) < 400, 30.0, 0.0)
     source = make_source(scores, None)
-    got = private_top_k(source, k=5, epsilon=1.0, seed=21)
-    want = private_top_k(reference_like(source, scores), k=5, epsilon=1.0, seed=21)
+    got = private_top_k(source, k=5, epsilon=1.0, seed=21, method="threshold")
+    want = private_top_k(
+        reference_like(source, scores), k=5, epsilon=1.0, seed=21, method="threshold"
+    )
+    assert got.method == want.method == "threshold"
     assert got.items == want.items
     assert got.accesses == want.accesses
     assert got.accesses.rows_fetched < m
@@ -582,14 +588,16 @@ def test_runs_are_read_in_the_runs_snapshot(make_source: Callable[..., Any]) -> 
     hooked = RunsKept(
         source, before_runs=lambda: rewrite_and_prepare(source.engine, source.table_name, m)
     )
-    got = private_top_k(hooked, k=4, epsilon=1.0, seed=3)
-    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, seed=3)
+    got = private_top_k(hooked, k=4, epsilon=1.0, seed=3, method="threshold")
+    want = private_top_k(ArraySource(scores), k=4, epsilon=1.0, seed=3, method="threshold")
+    assert got.method == want.method == "threshold"
     assert hooked.runs_read == 1 and hooked.before_runs is None  # the write came mid-run
     assert got.items == want.items and got.accesses == want.accesses
     assert got.accesses.rows_inferred > 0
     settle()
     assert source.score_run_count() == 3  # committed: a new snapshot sees the new runs
     new = ArraySource([*(TOP - scores), 1000.0])
-    after = private_top_k(source, k=4, epsilon=1.0, seed=3)
-    assert after.items == private_top_k(new, k=4, epsilon=1.0, seed=3).items
-    assert after.accesses == private_top_k(new, k=4, epsilon=1.0, seed=3).accesses
+    after = private_top_k(source, k=4, epsilon=1.0, seed=3, method="threshold")
+    reference = private_top_k(new, k=4, epsilon=1.0, seed=3, method="threshold")
+    assert after.method == reference.method == "threshold"
+    assert after.items == reference.items and after.accesses == reference.accesses

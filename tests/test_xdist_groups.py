@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_suites_groups_are_found() -> None:
-    assert group_of(ROOT, "tests/test_sql_function.py::test_install_sql_command") == "topk-schema"
+    assert group_of(ROOT, "tests/test_sql_function.py::test_install_sql_command") == "sql-function"
     assert group_of(ROOT, "tests/test_benchmarks.py::test_x[a-1]") == "bench-harness"
     assert group_of(ROOT, "tests/test_noise_laws.py::test_the_classes_hold_their_scale") is None
 

@@ -1,42 +1,29 @@
-"""A durable privacy budget per principal (analyst), kept in a SQL database.
+"""A durable privacy budget per principal (analyst): the budget logic over a store of rows.
 
-`PrivacyLedger(url_or_engine)` opens (and creates, if absent) two tables through SQLAlchemy, which
-speaks to PostgreSQL (psycopg), SQLite and DuckDB (duckdb-engine) alike with one schema:
+`PrivacyLedger(url_or_engine_or_store)`; `ledger.budget(principal, epsilon, delta)` gives a budget
+object usable as `budget=` by every mechanism. A charge is one transaction of the store,
+committed before the mechanism reads any row: the store locks the principal's row and hands this
+module the stored total and every cost charged so far; `charge` composes them with the new one
+(accounting.compose, the rules of PrivacyBudget) and the store inserts the charge only if the
+total still holds. So threads and processes sharing a ledger never overspend it, and a process
+killed after the charge leaves it charged. When the release is done, its row is completed with
+the release time, its guarantee and source, and the operator diagnostics (access counts, method,
+m): operator-side only.
 
-    topk_ledger_principals(principal TEXT PRIMARY KEY, epsilon FLOAT, delta FLOAT,
-                           charges INTEGER)  -- the total allowed, and how many charges so far
-    topk_ledger_charges(principal TEXT, seq INTEGER, charged_at TIMESTAMP, mechanism TEXT,
-                        cost TEXT (JSON), epsilon_after FLOAT, delta_after FLOAT, rule TEXT,
-                        released_at TIMESTAMP NULL, guarantee TEXT NULL (JSON),
-                        source TEXT NULL, diagnostics TEXT NULL (JSON),
-                        PRIMARY KEY (principal, seq))
-
-`ledger.budget(principal, epsilon, delta)` gives a budget object usable as `budget=` by every
-mechanism. A charge is one transaction, committed before the mechanism reads any row: it locks the
-principal's row (PostgreSQL `SELECT ... FOR UPDATE`; SQLite `BEGIN IMMEDIATE`, one writer at a time;
-DuckDB: every charge updates the principal's row, so concurrent charges conflict and are retried),
-reads every cost charged so far, composes them with the new one (accounting.compose, the rules of
-PrivacyBudget) and inserts the charge only if the total still holds. So threads and processes
-sharing a ledger never overspend it, and a process killed after the charge leaves it charged.
-When the release is done, its row is completed with the release time, its guarantee and source,
-and the operator diagnostics (access counts, method, m): operator-side only.
-DuckDB allows one writing process per database file: share a DuckDB ledger between threads, or
-use PostgreSQL / SQLite for several processes.
+Where the rows live is a `LedgerStore`. A URL or an SQLAlchemy engine opens the SQL store of
+adapters/ledger.py (PostgreSQL, SQLite, DuckDB; its docstring gives the tables and how each
+dialect locks), loaded on first use by the name SQL_STORE: the core imports no store driver, and
+that declared name is its one reference to the layer above (tests/test_layers.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
+import importlib
 import json
-import os
 import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
+from typing import Any, Protocol, runtime_checkable
 
 from .accounting import (
     BudgetExceeded,
@@ -47,9 +34,59 @@ from .accounting import (
     refuse_if_over,
 )
 
-PRINCIPALS = "topk_ledger_principals"
-CHARGES = "topk_ledger_charges"
-DUCKDB_RETRIES = 200
+# "module:class" of the store a URL or an engine opens, imported when first needed.
+SQL_STORE = "adapters.ledger:SQLLedgerStore"
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """Where a PrivacyLedger keeps its rows: one row per principal (its total) and one per
+    charge. Costs travel as JSON text (cost_to_json); `append_charge` is the one transaction
+    that must lock."""
+
+    def create_principal(self, principal: str, epsilon: float, delta: float) -> tuple[float, float]:
+        """Insert the principal with this total if absent; the total stored (either way)."""
+        ...
+
+    def total(self, principal: str) -> tuple[float, float] | None:
+        """The principal's stored (epsilon, delta), None if it has no row."""
+        ...
+
+    def append_charge(
+        self,
+        principal: str,
+        mechanism: str,
+        cost: str,
+        decide: Callable[[float, float, list[str]], ComposedGuarantee],
+    ) -> tuple[int, ComposedGuarantee]:
+        """In one transaction holding the principal's row locked (KeyError if it has none):
+        count the charge, call decide(total epsilon, total delta, the stored costs in order),
+        which raises to refuse, and insert the charge with the composition it returned; (its
+        sequence number, that composition)."""
+        ...
+
+    def complete_charge(
+        self, principal: str, seq: int, guarantee: str, source: str, diagnostics: str
+    ) -> None:
+        """Mark charge `seq` released now, with its guarantee, source and diagnostics (JSON)."""
+        ...
+
+    def charged_costs(self, principal: str) -> tuple[float, list[str]]:
+        """(the stored total delta, every stored cost in order), read in one transaction;
+        KeyError if the principal has no row."""
+        ...
+
+    def charge_rows(self, principal: str) -> list[dict[str, Any]]:
+        """The principal's charge rows as dicts, oldest first (the operator's view)."""
+        ...
+
+
+def open_store(target: Any) -> LedgerStore:
+    """`target` if it is a LedgerStore, else the SQL store (SQL_STORE) of a URL or an engine."""
+    if isinstance(target, LedgerStore):
+        return target
+    module, _, name = SQL_STORE.partition(":")
+    return getattr(importlib.import_module(module), name)(target)
 
 
 def cost_to_json(cost: PrivacyCost) -> str:
@@ -121,70 +158,11 @@ def cost_from_json(text: str) -> PrivacyCost:
 
 
 class PrivacyLedger:
-    """Per-principal budgets in a database (module docstring)."""
+    """Per-principal budgets kept in a LedgerStore (module docstring): a URL, an SQLAlchemy
+    engine, or a store object."""
 
-    def __init__(self, url_or_engine: str | sa.URL | sa.Engine) -> None:
-        if isinstance(url_or_engine, sa.Engine):
-            url = url_or_engine.url
-            engine = url_or_engine if url.get_backend_name() != "sqlite" else None
-        else:
-            url = sa.make_url(url_or_engine)
-            engine = None
-        self.dialect = url.get_backend_name()
-        self._file = _ledger_file(url)
-        if self._file is not None:
-            _create_private(self._file, self.dialect)
-        if engine is None:
-            kwargs: dict[str, Any] = {}
-            if self.dialect == "sqlite":
-                kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
-            engine = sa.create_engine(url, **kwargs)
-            if self.dialect == "sqlite":
-                _immediate_transactions(engine)
-        self.engine = engine
-        meta = sa.MetaData()
-        self.principals = sa.Table(
-            PRINCIPALS,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("epsilon", sa.Float(53), nullable=False),
-            sa.Column("delta", sa.Float(53), nullable=False),
-            sa.Column("charges", sa.Integer, nullable=False),
-        )
-        self.charges = sa.Table(
-            CHARGES,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("seq", sa.Integer, primary_key=True),
-            sa.Column("charged_at", sa.DateTime, nullable=False),
-            sa.Column("mechanism", sa.String, nullable=False),
-            sa.Column("cost", sa.Text, nullable=False),
-            sa.Column("epsilon_after", sa.Float(53), nullable=False),
-            sa.Column("delta_after", sa.Float(53), nullable=False),
-            sa.Column("rule", sa.Text, nullable=False),
-            sa.Column("released_at", sa.DateTime),
-            sa.Column("guarantee", sa.Text),
-            sa.Column("source", sa.Text),
-            sa.Column("diagnostics", sa.Text),
-        )
-        self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
-
-    # ----- transactions --------------------------------------------------------------------
-    def _retry(self, work: Any) -> Any:
-        """Run `work(conn)` in one transaction; on DuckDB retry it after a write conflict."""
-        for attempt in range(DUCKDB_RETRIES):
-            try:
-                with self.engine.begin() as conn:
-                    done = work(conn)
-                if self._file is not None and self.dialect == "duckdb":
-                    _owner_only(Path(f"{self._file}.wal"))
-                return done
-            except sa.exc.DBAPIError as error:
-                conflict = "conflict" in str(error).lower() or "already exists" in str(error)
-                if self.dialect != "duckdb" or not conflict or attempt == DUCKDB_RETRIES - 1:
-                    raise
-                time.sleep(0.001 * (attempt + 1))
-        raise AssertionError("unreachable")
+    def __init__(self, url_or_engine_or_store: Any) -> None:
+        self.store = open_store(url_or_engine_or_store)
 
     def budget(self, principal: str, epsilon: float, delta: float = 0.0) -> LedgerBudget:
         """The budget of `principal`: created with this total if new; if it exists, its stored
@@ -193,26 +171,7 @@ class PrivacyLedger:
             raise TypeError(f"principal must be a non-empty string, got {principal!r}")
         check_budget_total(epsilon, delta)
         epsilon, delta = float(epsilon), float(delta)
-
-        def create(conn: sa.Connection) -> tuple[float, float]:
-            row = conn.execute(
-                sa.select(self.principals.c.epsilon, self.principals.c.delta).where(
-                    self.principals.c.principal == principal
-                )
-            ).first()
-            if row is None:
-                conn.execute(
-                    self.principals.insert().values(
-                        principal=principal, epsilon=epsilon, delta=delta, charges=0
-                    )
-                )
-                return epsilon, delta
-            return float(row.epsilon), float(row.delta)
-
-        try:
-            stored = self._retry(create)
-        except sa.exc.IntegrityError:  # created concurrently: read what was stored
-            stored = self._retry(create)
+        stored = self.store.create_principal(principal, epsilon, delta)
         if stored != (epsilon, delta):
             raise ValueError(
                 f"principal {principal!r} has the total (epsilon={stored[0]:g}, "
@@ -220,51 +179,26 @@ class PrivacyLedger:
             )
         return LedgerBudget(self, principal, epsilon, delta)
 
-    def _costs(self, conn: sa.Connection, principal: str) -> list[PrivacyCost]:
-        rows = conn.execute(
-            sa.select(self.charges.c.cost)
-            .where(self.charges.c.principal == principal)
-            .order_by(self.charges.c.seq)
-        )
-        return [cost_from_json(r.cost) for r in rows]
+    def total(self, principal: str) -> tuple[float, float]:
+        """The principal's stored total (epsilon, delta); KeyError if it has no budget."""
+        found = self.store.total(principal)
+        if found is None:
+            raise KeyError(f"principal {principal!r} has no budget in this ledger")
+        return found
 
     def charge(self, principal: str, cost: PrivacyCost) -> tuple[int, ComposedGuarantee]:
         """Add `cost` to the principal's releases in one committed transaction, or raise
         BudgetExceeded and record nothing. Returns (charge seq, composition after it)."""
         text = cost_to_json(cost)
 
-        def work(conn: sa.Connection) -> tuple[int, ComposedGuarantee]:
-            p = self.principals
-            # Lock the principal's row (every dialect: a write; PostgreSQL: FOR UPDATE first).
-            query = sa.select(p.c.epsilon, p.c.delta, p.c.charges).where(p.c.principal == principal)
-            if self.dialect == "postgresql":
-                query = query.with_for_update()
-            row = conn.execute(query).first()
-            if row is None:
-                raise KeyError(f"principal {principal!r} has no budget in this ledger")
-            conn.execute(
-                p.update().where(p.c.principal == principal).values(charges=p.c.charges + 1)
-            )
-            costs = self._costs(conn, principal)
-            before = compose(costs, float(row.delta)) if costs else None
-            after = compose([*costs, cost], float(row.delta))
-            refuse_if_over(after, float(row.epsilon), float(row.delta), cost, before)
-            seq = int(row.charges) + 1
-            conn.execute(
-                self.charges.insert().values(
-                    principal=principal,
-                    seq=seq,
-                    charged_at=dt.datetime.now(dt.UTC).replace(tzinfo=None),
-                    mechanism=cost.mechanism,
-                    cost=text,
-                    epsilon_after=after.epsilon,
-                    delta_after=after.delta,
-                    rule=after.rule,
-                )
-            )
-            return seq, after
+        def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
+            costs = [cost_from_json(c) for c in stored]
+            before = compose(costs, delta) if costs else None
+            after = compose([*costs, cost], delta)
+            refuse_if_over(after, epsilon, delta, cost, before)
+            return after
 
-        return self._retry(work)
+        return self.store.append_charge(principal, cost.mechanism, text, decide)
 
     def log_release(self, principal: str, seq: int, result: Any) -> None:
         """Complete charge `seq` with its release: time, guarantee, source, diagnostics."""
@@ -275,51 +209,33 @@ class PrivacyLedger:
             "m": result.m,
             "accesses": dataclasses.asdict(result.accesses),
         }
-        c = self.charges.c
-        self._retry(
-            lambda conn: conn.execute(
-                self.charges.update()
-                .where((c.principal == principal) & (c.seq == seq))
-                .values(
-                    released_at=dt.datetime.now(dt.UTC).replace(tzinfo=None),
-                    guarantee=json.dumps(guarantee),
-                    source=privacy.derivation,
-                    diagnostics=json.dumps(diagnostics, default=str),
-                )
-            )
+        self.store.complete_charge(
+            principal,
+            seq,
+            json.dumps(guarantee),
+            privacy.derivation,
+            json.dumps(diagnostics, default=str),
         )
+
+    def releases(self, principal: str) -> list[PrivacyCost]:
+        """Every cost charged to `principal`, oldest first."""
+        return [cost_from_json(c) for c in self.store.charged_costs(principal)[1]]
 
     def spent(self, principal: str) -> ComposedGuarantee:
         """The composition of everything charged to `principal` (after any restart)."""
-
-        def work(conn: sa.Connection) -> ComposedGuarantee:
-            row = conn.execute(
-                sa.select(self.principals.c.delta).where(self.principals.c.principal == principal)
-            ).first()
-            if row is None:
-                raise KeyError(f"principal {principal!r} has no budget in this ledger")
-            return compose(self._costs(conn, principal), float(row.delta))
-
-        return self._retry(work)
+        delta, stored = self.store.charged_costs(principal)
+        return compose([cost_from_json(c) for c in stored], delta)
 
     def log(self, principal: str) -> list[dict[str, Any]]:
         """The principal's charges and releases, oldest first (operator view)."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(self.charges)
-                .where(self.charges.c.principal == principal)
-                .order_by(self.charges.c.seq)
-            )
-            return [dict(r._mapping) for r in rows]
+        return self.store.charge_rows(principal)
 
     def dp_events(self, principal: str) -> Any:
         """The principal's releases as one dp_accounting ComposedDpEvent (release_dp_event each;
         needs the dp-accounting extra)."""
         from dp_accounting import dp_event
 
-        with self.engine.connect() as conn:
-            costs = self._costs(conn, principal)
-        return dp_event.ComposedDpEvent([release_dp_event(c) for c in costs])
+        return dp_event.ComposedDpEvent([release_dp_event(c) for c in self.releases(principal)])
 
 
 def release_dp_event(cost: PrivacyCost) -> Any:
@@ -362,67 +278,13 @@ class LedgerBudget:
 
     @property
     def releases(self) -> list[PrivacyCost]:
-        with self.ledger.engine.connect() as conn:
-            return self.ledger._costs(conn, self.principal)
+        return self.ledger.releases(self.principal)
 
 
-def _ledger_file(url: sa.URL) -> Path | None:
-    """The database file of a SQLite / DuckDB ledger URL (None: a server, or in memory)."""
-    if url.get_backend_name() not in ("sqlite", "duckdb"):
-        return None
-    database = url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:") or database.startswith("md:"):
-        return None
-    return Path(database)
-
-
-def _owner_only(path: Path) -> None:
-    """chmod 0600 a file this process owns, if it exists (a DuckDB write-ahead log, which DuckDB
-    creates with the process umask; it holds charges until the next checkpoint)."""
-    try:
-        if path.stat().st_uid == os.geteuid():
-            path.chmod(0o600)
-    except FileNotFoundError:
-        pass
-
-
-def _create_private(path: Path, dialect: str) -> None:
-    """Create a new ledger file readable and writable by its owner only (0600): SQLite accepts
-    an empty file as a new database (its journals take the database file's mode); DuckDB does
-    not, so it creates the file itself under the umask 077. An existing file is left as it is."""
-    if path.exists():
-        return
-    if dialect == "sqlite":
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            pass
-        return
-    import duckdb
-
-    with _UMASK_LOCK:
-        old = os.umask(0o077)
-        try:
-            duckdb.connect(str(path)).close()
-        finally:
-            os.umask(old)
-    _owner_only(path)
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def _immediate_transactions(engine: sa.Engine) -> None:
-    """SQLite: let SQLAlchemy (not pysqlite) open transactions, and open them with BEGIN
-    IMMEDIATE, which takes the database's write lock at once (one charge at a time)."""
-
-    @sa.event.listens_for(engine, "connect")
-    def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @sa.event.listens_for(engine, "begin")
-    def _begin_immediate(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-__all__ = ["BudgetExceeded", "LedgerBudget", "PrivacyLedger", "release_dp_event"]
+__all__ = [
+    "BudgetExceeded",
+    "LedgerBudget",
+    "LedgerStore",
+    "PrivacyLedger",
+    "release_dp_event",
+]

@@ -60,11 +60,11 @@ class Batching:
     The default first block is 2k steps: TA cannot stop before k steps, and on skewed data it
     stops right after them, so 2k usually ends a run in one block (3 round trips in all).
     `jump_to` makes the second block end at that step (a store where a batch of random reads
-    costs one scan whatever its size could want fewer, larger batches). It is no longer the
+    costs one scan whatever its size could want fewer, larger batches). It is not the
     default anywhere: with block-max pruning a block reads random rows only for the items its
     bounds cannot settle, and planning a step of the noise list costs Python ~2-3 us, so the
     doubling blocks won on every store measured (a plateau at m = 10^7 with a pending DuckDB
-    delta: 29 ms against 38 ms with a jump to 1.25 sqrt(mk); 57 ms with the earlier jump to
+    delta: 29 ms against 38 ms with a jump to 1.25 sqrt(mk); 57 ms with a jump to
     Theorem 4.2's bound 2 (sqrt(mk) + sqrt(m/2)), 24,472 steps planned for a run that stopped
     near 10^4).
     """

@@ -1,0 +1,277 @@
+"""SQLLedgerStore: the privacy ledger's two tables in any database SQLAlchemy speaks to.
+
+The store behind `PrivacyLedger(url_or_engine)` (topk_middleware/ledger.py keeps the budget
+logic: composition, the refusal, the recipes of stored costs; this module only keeps rows).
+PostgreSQL (psycopg), SQLite and DuckDB (duckdb-engine) share one schema:
+
+    topk_ledger_principals(principal TEXT PRIMARY KEY, epsilon FLOAT, delta FLOAT,
+                           charges INTEGER)  -- the total allowed, and how many charges so far
+    topk_ledger_charges(principal TEXT, seq INTEGER, charged_at TIMESTAMP, mechanism TEXT,
+                        cost TEXT (JSON), epsilon_after FLOAT, delta_after FLOAT, rule TEXT,
+                        released_at TIMESTAMP NULL, guarantee TEXT NULL (JSON),
+                        source TEXT NULL, diagnostics TEXT NULL (JSON),
+                        PRIMARY KEY (principal, seq))
+
+A charge is one transaction that locks the principal's row (PostgreSQL `SELECT ... FOR UPDATE`;
+SQLite `BEGIN IMMEDIATE`, one writer at a time; DuckDB: every charge updates the principal's row,
+so concurrent charges conflict and are retried), reads every cost charged so far, asks the
+ledger's `decide` whether the new one still fits, and inserts it only then. So threads and
+processes sharing a ledger never overspend it, and a process killed after the charge leaves it
+charged. DuckDB allows one writing process per database file: share a DuckDB ledger between
+threads, or use PostgreSQL / SQLite for several processes. A new SQLite or DuckDB ledger file is
+created readable by its owner only (0600).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from topk_middleware.accounting import ComposedGuarantee
+
+PRINCIPALS = "topk_ledger_principals"
+CHARGES = "topk_ledger_charges"
+DUCKDB_RETRIES = 200
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class SQLLedgerStore:
+    """The ledger's tables through SQLAlchemy: a URL (made into an engine) or an engine."""
+
+    def __init__(self, url_or_engine: str | sa.URL | sa.Engine) -> None:
+        if isinstance(url_or_engine, sa.Engine):
+            url = url_or_engine.url
+            engine = url_or_engine if url.get_backend_name() != "sqlite" else None
+        else:
+            url = sa.make_url(url_or_engine)
+            engine = None
+        self.dialect = url.get_backend_name()
+        self._file = _ledger_file(url)
+        if self._file is not None:
+            _create_private(self._file, self.dialect)
+        if engine is None:
+            kwargs: dict[str, Any] = {}
+            if self.dialect == "sqlite":
+                kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
+            engine = sa.create_engine(url, **kwargs)
+            if self.dialect == "sqlite":
+                _immediate_transactions(engine)
+        self.engine = engine
+        meta = sa.MetaData()
+        self.principals = sa.Table(
+            PRINCIPALS,
+            meta,
+            sa.Column("principal", sa.String, primary_key=True),
+            sa.Column("epsilon", sa.Float(53), nullable=False),
+            sa.Column("delta", sa.Float(53), nullable=False),
+            sa.Column("charges", sa.Integer, nullable=False),
+        )
+        self.charges = sa.Table(
+            CHARGES,
+            meta,
+            sa.Column("principal", sa.String, primary_key=True),
+            sa.Column("seq", sa.Integer, primary_key=True),
+            sa.Column("charged_at", sa.DateTime, nullable=False),
+            sa.Column("mechanism", sa.String, nullable=False),
+            sa.Column("cost", sa.Text, nullable=False),
+            sa.Column("epsilon_after", sa.Float(53), nullable=False),
+            sa.Column("delta_after", sa.Float(53), nullable=False),
+            sa.Column("rule", sa.Text, nullable=False),
+            sa.Column("released_at", sa.DateTime),
+            sa.Column("guarantee", sa.Text),
+            sa.Column("source", sa.Text),
+            sa.Column("diagnostics", sa.Text),
+        )
+        self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
+
+    # ----- transactions --------------------------------------------------------------------
+    def _retry(self, work: Callable[[sa.Connection], Any]) -> Any:
+        """Run `work(conn)` in one transaction; on DuckDB retry it after a write conflict."""
+        for attempt in range(DUCKDB_RETRIES):
+            try:
+                with self.engine.begin() as conn:
+                    done = work(conn)
+                if self._file is not None and self.dialect == "duckdb":
+                    _owner_only(Path(f"{self._file}.wal"))
+                return done
+            except sa.exc.DBAPIError as error:
+                conflict = "conflict" in str(error).lower() or "already exists" in str(error)
+                if self.dialect != "duckdb" or not conflict or attempt == DUCKDB_RETRIES - 1:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _costs(self, conn: sa.Connection, principal: str) -> list[str]:
+        rows = conn.execute(
+            sa.select(self.charges.c.cost)
+            .where(self.charges.c.principal == principal)
+            .order_by(self.charges.c.seq)
+        )
+        return [r.cost for r in rows]
+
+    # ----- the LedgerStore interface (topk_middleware/ledger.py) ----------------------------
+    def create_principal(self, principal: str, epsilon: float, delta: float) -> tuple[float, float]:
+        p = self.principals
+
+        def create(conn: sa.Connection) -> tuple[float, float]:
+            row = conn.execute(
+                sa.select(p.c.epsilon, p.c.delta).where(p.c.principal == principal)
+            ).first()
+            if row is None:
+                conn.execute(
+                    p.insert().values(principal=principal, epsilon=epsilon, delta=delta, charges=0)
+                )
+                return epsilon, delta
+            return float(row.epsilon), float(row.delta)
+
+        try:
+            return self._retry(create)
+        except sa.exc.IntegrityError:  # created concurrently: read what was stored
+            return self._retry(create)
+
+    def total(self, principal: str) -> tuple[float, float] | None:
+        p = self.principals
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(p.c.epsilon, p.c.delta).where(p.c.principal == principal)
+            ).first()
+        return None if row is None else (float(row.epsilon), float(row.delta))
+
+    def append_charge(
+        self, principal: str, mechanism: str, cost: str, decide: Callable[..., ComposedGuarantee]
+    ) -> tuple[int, ComposedGuarantee]:
+        def work(conn: sa.Connection) -> tuple[int, ComposedGuarantee]:
+            p = self.principals
+            # Lock the principal's row (every dialect: a write; PostgreSQL: FOR UPDATE first).
+            query = sa.select(p.c.epsilon, p.c.delta, p.c.charges).where(p.c.principal == principal)
+            if self.dialect == "postgresql":
+                query = query.with_for_update()
+            row = conn.execute(query).first()
+            if row is None:
+                raise KeyError(f"principal {principal!r} has no budget in this ledger")
+            conn.execute(
+                p.update().where(p.c.principal == principal).values(charges=p.c.charges + 1)
+            )
+            after = decide(float(row.epsilon), float(row.delta), self._costs(conn, principal))
+            seq = int(row.charges) + 1
+            conn.execute(
+                self.charges.insert().values(
+                    principal=principal,
+                    seq=seq,
+                    charged_at=_now(),
+                    mechanism=mechanism,
+                    cost=cost,
+                    epsilon_after=after.epsilon,
+                    delta_after=after.delta,
+                    rule=after.rule,
+                )
+            )
+            return seq, after
+
+        return self._retry(work)
+
+    def complete_charge(
+        self, principal: str, seq: int, guarantee: str, source: str, diagnostics: str
+    ) -> None:
+        c = self.charges.c
+        self._retry(
+            lambda conn: conn.execute(
+                self.charges.update()
+                .where((c.principal == principal) & (c.seq == seq))
+                .values(
+                    released_at=_now(), guarantee=guarantee, source=source, diagnostics=diagnostics
+                )
+            )
+        )
+
+    def charged_costs(self, principal: str) -> tuple[float, list[str]]:
+        def work(conn: sa.Connection) -> tuple[float, list[str]]:
+            row = conn.execute(
+                sa.select(self.principals.c.delta).where(self.principals.c.principal == principal)
+            ).first()
+            if row is None:
+                raise KeyError(f"principal {principal!r} has no budget in this ledger")
+            return float(row.delta), self._costs(conn, principal)
+
+        return self._retry(work)
+
+    def charge_rows(self, principal: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(self.charges)
+                .where(self.charges.c.principal == principal)
+                .order_by(self.charges.c.seq)
+            )
+            return [dict(r._mapping) for r in rows]
+
+
+def _ledger_file(url: sa.URL) -> Path | None:
+    """The database file of a SQLite / DuckDB ledger URL (None: a server, or in memory)."""
+    if url.get_backend_name() not in ("sqlite", "duckdb"):
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or database.startswith("md:"):
+        return None
+    return Path(database)
+
+
+def _owner_only(path: Path) -> None:
+    """chmod 0600 a file this process owns, if it exists (a DuckDB write-ahead log, which DuckDB
+    creates with the process umask; it holds charges until the next checkpoint)."""
+    try:
+        if path.stat().st_uid == os.geteuid():
+            path.chmod(0o600)
+    except FileNotFoundError:
+        pass
+
+
+def _create_private(path: Path, dialect: str) -> None:
+    """Create a new ledger file readable and writable by its owner only (0600): SQLite accepts
+    an empty file as a new database (its journals take the database file's mode); DuckDB does
+    not, so it creates the file itself under the umask 077. An existing file is left as it is."""
+    if path.exists():
+        return
+    if dialect == "sqlite":
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        return
+    import duckdb
+
+    with _UMASK_LOCK:
+        old = os.umask(0o077)
+        try:
+            duckdb.connect(str(path)).close()
+        finally:
+            os.umask(old)
+    _owner_only(path)
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _immediate_transactions(engine: sa.Engine) -> None:
+    """SQLite: let SQLAlchemy (not pysqlite) open transactions, and open them with BEGIN
+    IMMEDIATE, which takes the database's write lock at once (one charge at a time)."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin_immediate(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+__all__ = ["CHARGES", "PRINCIPALS", "SQLLedgerStore"]
