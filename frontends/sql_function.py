@@ -219,7 +219,7 @@ SQL_FUNCTIONS = (
         "guarantee text)",
         "server_last_guarantee",
         volatility="VOLATILE",
-        comment="The guarantee of this session's last release (no row before one): epsilon, "
+        comment="The guarantee of the calling session's last release (no row before one): epsilon, "
         "delta, the noise and its scale, the sensitivity it assumes, the score bound, the "
         "counts' share and interval, and the guarantee in words with its derivation.",
         public=True,
@@ -1098,7 +1098,7 @@ def _guarantee_row(release: Any) -> tuple[Any, ...]:
 
 
 def server_last_guarantee(plpy: Any, GD: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """topk.last_guarantee(): the guarantee of this session's last release, or no row."""
+    """topk.last_guarantee(): the guarantee of the calling session's last release, or no row."""
     found = GD.get("topk_last_guarantee")
     return [] if found is None else [found]
 

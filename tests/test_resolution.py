@@ -170,7 +170,7 @@ def test_exact_ties_follow_the_one_shot_rule_in_every_method(scores: np.ndarray)
         {"method": "threshold", "oracle": "eager"},
         {"method": "auto", "oracle": "eager"},
         {"method": "oneshot"},
-        {"method": "oblivious_full_read"},
+        {"method": "oneshot_full_read", "oblivious": True},
     ]
     if 2 * oblivious_depth(m, k, 1e-9) >= m:
         methods.append({"method": "auto", "oblivious": True})
@@ -179,9 +179,6 @@ def test_exact_ties_follow_the_one_shot_rule_in_every_method(scores: np.ndarray)
     for seed in range(150):
         want = private_top_k(source, k, epsilon, method="oneshot_full_read", seed=seed).items
         for options in methods:
-            options = dict(options)
-            if options["method"] == "oblivious_full_read":
-                options.update(method="oneshot_full_read", oblivious=True)
             got = private_top_k(source, k, epsilon, seed=seed, **options).items
             assert got == want, (seed, options)
         values = np.sort(eager_values(scores, k, epsilon, seed))[::-1]

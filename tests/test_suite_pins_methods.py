@@ -74,14 +74,17 @@ def _elements(expr: ast.expr) -> list[ast.expr] | None:
     return list(expr.elts) if isinstance(expr, ast.Tuple | ast.List) else None
 
 
-def _parametrized(function: ast.AST, name: str) -> list[ast.expr] | None:
-    """The values `pytest.mark.parametrize` gives the parameter `name` of `function`."""
+def _parametrized(function: ast.AST, name: str, scopes: list[ast.AST]) -> list[ast.expr] | None:
+    """The values `pytest.mark.parametrize` gives the parameter `name` of `function` (a literal
+    list, or a module constant holding one)."""
     for decorator in getattr(function, "decorator_list", []):
         if not (isinstance(decorator, ast.Call) and len(decorator.args) >= 2):
             continue
         if getattr(decorator.func, "attr", None) != "parametrize":
             continue
         names_node, values = decorator.args[0], _elements(decorator.args[1])
+        if values is None and isinstance(decorator.args[1], ast.Name):
+            values = _constant_elements(decorator.args[1].id, scopes)
         if isinstance(names_node, ast.Constant) and isinstance(names_node.value, str):
             names = [n.strip() for n in names_node.value.split(",")]
         else:
@@ -120,7 +123,7 @@ def name_key_sets(name: str, scopes: list[ast.AST], seen: frozenset[str]) -> Key
                 if elements is None:
                     return None
                 sources.extend(elements)
-        parametrized = _parametrized(scope, name)
+        parametrized = _parametrized(scope, name, scopes)
         if parametrized is not None:
             sources.extend(parametrized)
         if sources:
@@ -137,13 +140,18 @@ def name_key_sets(name: str, scopes: list[ast.AST], seen: frozenset[str]) -> Key
 def _constant_elements(name: str, scopes: list[ast.AST]) -> list[ast.expr] | None:
     """The elements of a literal tuple / list assigned to `name` (a module constant)."""
     for scope in scopes:
-        for node in getattr(scope, "body", []):
-            if (
-                isinstance(node, ast.Assign)
-                and any(getattr(t, "id", None) == name for t in node.targets)
-                and _elements(node.value) is not None
-            ):
-                return _elements(node.value)
+        for node in ast.walk(scope) if isinstance(scope, ast.FunctionDef) else scope.body:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            value = getattr(node, "value", None)
+            if any(getattr(t, "id", None) == name for t in targets) and value is not None:
+                if _elements(value) is not None:
+                    return _elements(value)
     return None
 
 
