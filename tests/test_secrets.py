@@ -1,7 +1,7 @@
 """No secret in any message, output or statement text (issue 20, point 5; DESIGN invariant 12).
 
 What would fail: a password given in a URL (user:password@, ?password=) or a key=value DSN
-(password=...) quoted in a CLI error or in install-sql's output; the in-store one-shot's key or
+(password=..., password='...' or password="...") quoted in a CLI error or in install-sql's output; the in-store one-shot's key or
 its exceedances (positions and noises) written into the SQL text the server shows every role in
 pg_stat_activity; a MariaDB table taking the in-store path, where pymysql interpolates the key into
 the text on the client.
@@ -47,6 +47,9 @@ SECRET = "hunter2Sekret"
         ("host=db password=hunter2Sekret user=bob", "host=db password=*** user=bob"),
         ("host=db password='hun ter2Sekret\\' x' user=bob", "host=db password=*** user=bob"),
         ("host=db PASSWORD = hunter2Sekret", "host=db PASSWORD = ***"),
+        ('host=db password="hunter2Sekret" user=bob', "host=db password=*** user=bob"),
+        ('host=db password="hun ter2\\"Sekret" user=bob', "host=db password=*** user=bob"),
+        ('dsn "host=db password=hunter2Sekret"', 'dsn "host=db password=***"'),
     ],
 )
 def test_mask_secrets(text: str, shown: str) -> None:
@@ -60,6 +63,7 @@ URLS = [
     f"mysql+pymysql://root@127.0.0.1:1/x?password={SECRET}",
     f"sqlite:///no-such-file.sqlite?password={SECRET}",
     f"host=127.0.0.1 port=1 password={SECRET}",
+    f'host=127.0.0.1 port=1 password="{SECRET}"',
 ]
 
 
