@@ -51,6 +51,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from adapters.postgres.oblivious import PINNED_PLAN_SETTINGS
 from topk_middleware.names import first_line, mask_secrets
 
 SCHEMA = "topk"
@@ -78,8 +79,11 @@ BOOT = """if "topk" not in GD:
 # the superuser owner of these SECURITY DEFINER functions), so that an analyst's session settings
 # cannot make the server show it the internal queries, their plans or bound values, and so that
 # the function's reads stay out of the statistics views any role reads (track_counts off:
-# pg_stat_user_tables and pg_stat_xact_user_tables see none of them). Those absent from a
-# server (an extension not loaded) are left out at install time (install_sql_text).
+# pg_stat_user_tables and pg_stat_xact_user_tables see none of them); and the plans of its reads
+# (PINNED_PLAN_SETTINGS of adapters/postgres/oblivious.py: generic plans, no parallel workers,
+# one join method and scan kind per query), so that they follow neither the analyst's settings
+# nor the planner's statistics. Those absent from a server (an extension not loaded) are left
+# out at install time (install_sql_text).
 PINNED_SETTINGS = (
     ("debug_print_parse", "off"),
     ("debug_print_rewritten", "off"),
@@ -97,13 +101,12 @@ PINNED_SETTINGS = (
     ("log_parameter_max_length_on_error", "0"),
     ("trace_sort", "off"),
     ("trace_notify", "off"),
-    ("plan_cache_mode", "auto"),
     ("track_counts", "off"),
     ("track_io_timing", "off"),
     ("track_functions", "none"),
     ("auto_explain.log_min_duration", "-1"),
     ("pg_stat_statements.track", "none"),
-    ("jit", "off"),
+    *PINNED_PLAN_SETTINGS,  # plan_cache_mode = force_generic_plan and jit = off among them
 )
 
 INVALID = "22023"  # invalid_parameter_value

@@ -30,6 +30,7 @@ from psycopg import sql
 
 from adapters.duckdb import DuckDBTable
 from adapters.postgres import PostgresTable
+from adapters.postgres.oblivious import Int8Array
 from frontends import sql_function
 from tests.stores_duckdb import ID_COLUMN as DUCK_ID
 from tests.stores_duckdb import SCORE_COLUMN as DUCK_SCORE
@@ -80,8 +81,15 @@ class LoggedServerCursor(psycopg.ServerCursor):  # type: ignore[type-arg]
 def _shape(cur: Any, query: Any, params: Any) -> tuple[str, tuple[int, ...]]:
     text = query.as_string(cur.connection) if isinstance(query, sql.Composable) else str(query)
     values = params.values() if isinstance(params, dict) else (params or ())
-    sizes = tuple(len(v) if isinstance(v, list | tuple | bytes | str) else -1 for v in values)
+    sizes = tuple(_size(v) for v in values)
     return text, sizes
+
+
+def _size(value: Any) -> int:
+    """A parameter's size: elements of an array (a binary int8[] counted from its bytes)."""
+    if isinstance(value, Int8Array):
+        return (len(value) - 20) // 12  # a 20-byte header, then (length, int8) per element
+    return len(value) if isinstance(value, list | tuple | bytes | str) else -1
 
 
 def logged_connection(conninfo: str) -> psycopg.Connection[Any]:

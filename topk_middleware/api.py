@@ -13,7 +13,6 @@ from .access import (
     Source,
     oblivious_reads,
     offers_in_store,
-    store_costs,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, precheck, record
 from .keyed_noise import KeyedNoise
@@ -22,11 +21,13 @@ from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
 from .mechanisms.oblivious import (
     DEADLINES,
     check_delta_pad,
+    check_read_size,
     oblivious_deadline,
     oblivious_depth,
     oblivious_guarantee,
     oblivious_top_k,
     pad_to,
+    source_oblivious_costs,
 )
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
@@ -268,7 +269,7 @@ def _oblivious_release(
     counts_plan: CountsPlan | None = None,
 ) -> TopKResult:
     """private_top_k(..., oblivious=True): charge, read at a fixed depth (or in full), pad the
-    reads and their computation to the deadline, all from public facts
+    reads, their computation and the noisy counts to the deadline, all from public facts
     (mechanisms/oblivious.py)."""
     with oblivious_reads(source), source.snapshot():
         access = CountedAccess(source, rng=rng)
@@ -276,6 +277,9 @@ def _oblivious_release(
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
+        full_read = method == "oneshot_full_read"
+        depth = m if full_read else oblivious_depth(m, k, delta_pad)
+        check_read_size(source, k, m, depth)  # work known to be excessive: before the charge
         cost = None
         if budget is not None:
             cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
@@ -286,36 +290,33 @@ def _oblivious_release(
         if cost is not None:
             budget.charge(cost)
         distribution = make_noise(noise, guarantee.scale)
-        depth = m if method == "oneshot_full_read" else oblivious_depth(m, k, delta_pad)
+        counted = 0 if counts_plan is None else k
         if deadline is None:
-            deadline = oblivious_deadline(store_costs(source), m, depth)
+            deadline = oblivious_deadline(source_oblivious_costs(source), m, depth, counted)
         # The padded window starts after the charge: its time follows the budget's history,
         # not the table's counts.
         reading = time.perf_counter()
-        if method == "oneshot_full_read":
-            positions = oneshot_top_k(access, distribution.sample(rng, m), k)
-            items = access.ids_of(positions)
-            run = None
-        else:
-            run = oblivious_top_k(access, distribution, rng, k, delta_pad)
-            items = run.items
+        run = oblivious_top_k(access, distribution, rng, k, delta_pad, full_read)
+        items, scores = run.items, run.scores
         if noise == "laplace":
+            by_item = dict(zip(items, scores, strict=True))
             items = unranked_order(items)
+            scores = [by_item[item] for item in items]
         counts = None
-        if counts_plan is not None:  # k random accesses on the winners (k: public), exact noise
-            counts = counts_plan.release(rng, access.random_access_ids(items))
+        if counts_plan is not None:  # the winners' counts were read with them: exact noise
+            counts = counts_plan.release(rng, np.asarray(scores, dtype=np.float64))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
         took, overran = pad_to(reading, deadline)
-    DEADLINES.record(overran)
+    DEADLINES.record(overran, max(0.0, took - deadline))
     plan: dict[str, Any] = {
         "requested": method,
         "in_store": False,
         "oblivious": True,
         "delta_pad": delta_pad,
         "depth": depth,
-        "full_read": run is None or run.full_read,
-        "overlap": None if run is None else run.overlap,
-        "miss": False if run is None else run.missed,
+        "full_read": run.full_read,
+        "overlap": run.overlap,
+        "miss": run.missed,
         "deadline": deadline,
         "work_seconds": took,
         "deadline_missed": overran,

@@ -84,6 +84,7 @@ from topk_middleware.privacy import check_sensitivity
 from topk_middleware.validation import first_line
 
 from ..contributions import check_bounds, clipped_counts_sql, fresh_key, simple_count
+from . import oblivious as oblivious_sql
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
@@ -182,6 +183,8 @@ class PostgresTable:
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
         self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
+        self._pinned_run: Any = None  # the run whose plans are pinned (_oblivious_layout)
+        self._per_page: int | None = None  # its rank table's rows per heap page, if fixed
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -927,6 +930,67 @@ class PostgresTable:
         finally:
             self._oblivious = saved
 
+    # ----- oblivious reads (adapters/postgres/oblivious.py) -------------------------------------
+    def _oblivious_layout(self) -> int | None:
+        """Once per run, before its first oblivious read: pin the plans for the run's transaction
+        and probe the rank table's heap layout; the rows per heap page where ranks have fixed
+        heap addresses (integer ids: fixed-width rows), else None."""
+        run = self._run
+        if self._pinned_run is run:
+            return self._per_page
+        with self._reading() as cur:
+            probe = cur.execute(oblivious_sql.layout_probe(self._ranks, run.m), prepare=False)
+            per_page = oblivious_sql.rows_per_page(probe.fetchone(), run.m)
+        self._pinned_run, self._per_page = run, per_page if self._integer_ids else None
+        return self._per_page
+
+    def _oblivious_sorted(self, start: int, stop: int) -> Rows:
+        """Ranks [start, stop) of the rank table: one range of its rank B-tree, which with a
+        fixed layout covers the same pages whatever the data (integer ids: packed); with other
+        ids (rows of varying width) one lookup per rank, so the pages counted do not follow the
+        ids' lengths."""
+        per_page = self._oblivious_layout()
+        with self._reading() as cur:
+            if per_page is not None:
+                query = sql.SQL("SELECT {} FROM {} AS r WHERE r.rank >= %s AND r.rank < %s").format(
+                    oblivious_sql.PACKED_COLUMNS, self._ranks
+                )
+                packed = cur.execute(query, [start, stop], binary=True, prepare=False)
+                rows = oblivious_sql.unpack(packed.fetchone())
+                wanted = np.arange(start, stop, dtype=np.int64)
+                return oblivious_sql.check_positions(rows, wanted, self.where)
+            query = sql.SQL(
+                "SELECT r.rank, r.id, r.score FROM generate_series(%s::int8, %s::int8) AS q(p) "
+                "CROSS JOIN LATERAL (SELECT rank, id, score FROM {} WHERE rank = q.p OFFSET 0) "
+                "AS r"
+            ).format(self._ranks)
+            records = cur.execute(query, [start, stop - 1], prepare=False).fetchall()
+        return rows_from_records(records)
+
+    def _oblivious_positions(self, ranks: np.ndarray) -> Rows:
+        """The rows at `ranks`, each read on its own (one heap page per rank by its address on a
+        fixed layout, else one rank B-tree lookup per rank), in rank order."""
+        per_page = self._oblivious_layout()
+        wanted = np.unique(ranks)
+        with self._reading() as cur:
+            if per_page is not None:
+                query = oblivious_sql.tid_rows_query(self._ranks, per_page)
+                oblivious_sql.binary_int8_arrays(cur)
+                parameter = oblivious_sql.Int8Array.of(wanted)
+                packed = cur.execute(query, [parameter], binary=True, prepare=False)
+                rows = oblivious_sql.unpack(packed.fetchone())
+                order = np.argsort(rows.positions, kind="stable")
+                rows = Rows(rows.positions[order], rows.ids[order], rows.scores[order])
+                return oblivious_sql.check_positions(rows, wanted, self.where)
+            query = sql.SQL(
+                "SELECT r.rank, r.id, r.score FROM unnest(%b::int8[]) AS q(p) CROSS JOIN LATERAL "
+                "(SELECT rank, id, score FROM {} WHERE rank = q.p OFFSET 0) AS r"
+            ).format(self._ranks)
+            oblivious_sql.binary_int8_arrays(cur)
+            parameter = oblivious_sql.Int8Array.of(wanted)
+            records = cur.execute(query, [parameter], prepare=False).fetchall()
+        return rows_from_records(records)
+
     def _state(self) -> _Run:
         if self._run is not None:
             return self._run
@@ -1094,6 +1158,13 @@ class PostgresTable:
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
+        if (
+            self._oblivious
+            and run.ranked
+            and self._run is not None
+            and (self._integer_ids or stop < run.m)  # a full read's size is public anyway
+        ):
+            return self._oblivious_sorted(start, stop)
         params = [start, stop] if run.ranked else [stop - start, start]
         if run.ranked and self._integer_ids and stop - start >= PACKED_MIN_ROWS:
             rows = self._packed_rows(start, stop)
@@ -1156,6 +1227,8 @@ class PostgresTable:
 
     def read_positions(self, ranks: np.ndarray) -> Rows:
         run = self._state()
+        if self._oblivious and run.ranked and self._run is not None and len(ranks):
+            return self._oblivious_positions(np.asarray(ranks, dtype=np.int64))
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:
             return rows_from_records([])

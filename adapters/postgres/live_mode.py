@@ -115,6 +115,7 @@ from adapters._sql import (
 )
 from topk_middleware.access import AccessError, Rows
 
+from . import oblivious as oblivious_sql
 from .copy_mode import PostgresTable, _seq_scans
 
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
@@ -646,10 +647,11 @@ END
         # scan: every read of a live run has an index path, and statistics gone stale after
         # writes (a value ANALYZE saw in 3 million rows, now in 17,000) made the planner count
         # a run of tied scores by scanning the table (5.3 s at m = 10^7 instead of ~50 ms).
+        # An oblivious run pins every plan of its transaction (adapters/postgres/oblivious.py).
         query = sql.SQL(
             "SELECT set_config('jit', 'off', true), "
             "set_config('cursor_tuple_fraction', {fraction}, true), "
-            "set_config('enable_seqscan', 'off', true), "
+            "set_config('enable_seqscan', 'off', true), {pins}"
             "(SELECT count(*) FROM pg_trigger WHERE tgrelid = {base_name}::regclass "
             "AND tgname LIKE {triggers} AND NOT tgisinternal), "
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
@@ -666,6 +668,7 @@ END
                 else "NULL::float8"
             )
         ).format(
+            pins=oblivious_sql.pin_plans_sql() + sql.SQL(", ") if self._oblivious else sql.SQL(""),
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
             triggers=sql.Literal(self.trigger_function + "%"),
@@ -748,6 +751,8 @@ END
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
+        if self._oblivious and run.runs is None:
+            return self._oblivious_sorted(start, stop)
         drawn = [mid.first for mid in run.middles.values() if mid is not None and mid.named]
         if drawn and stop > min(drawn):
             raise AccessError(
@@ -951,6 +956,8 @@ END
         run = self._live_state()
         if run.runs is not None:
             return self._read_ranks(run.runs, np.asarray(positions, dtype=np.int64))
+        if self._oblivious and len(positions):
+            return self._oblivious_positions(np.asarray(positions, dtype=np.int64))
         wanted = plain_values(np.asarray(positions, dtype=np.int64))
         if not wanted:
             return rows_from_records([])
@@ -960,6 +967,101 @@ END
         ).format(id=self._id, score=self._score, base=self._base, pos=self._pos)
         with self._reading() as cur:
             return rows_from_records(cur.execute(query, [wanted]).fetchall())
+
+    # ----- oblivious reads (adapters/postgres/oblivious.py; plans pinned by _live_facts) ------
+    def _oblivious_sorted(self, start: int, stop: int) -> Rows:
+        """Depths [start, stop) with their positions in one query (no cursor): the (score DESC,
+        id) B-tree in a nested loop with the position table's B-tree on id; integer ids packed."""
+        query = sql.SQL(
+            "SELECT {columns} FROM (SELECT p.position AS rank, b.{id} AS id, b.{score} AS score "
+            "FROM {base} AS b JOIN {pos} AS p ON p.id = b.{id} ORDER BY b.{order} "
+            "LIMIT %s OFFSET %s) AS r"
+        ).format(
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            pos=self._pos,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+        with self._reading() as cur:
+            result = cur.execute(
+                query, [stop - start, start], binary=self._integer_ids, prepare=False
+            )
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        if len(rows) != stop - start:
+            raise AccessError(f"{self.where}: {len(rows)} rows for depths [{start}, {stop})")
+        return rows
+
+    def read_sorted_ids(self, count: int) -> Rows:
+        """access.SortedIds, in an oblivious run: the top `count` rows' ids and scores from the
+        (score DESC, id) B-tree alone, without the position table (positions -1); integer ids
+        packed. Outside one: read_sorted's rows (with their positions)."""
+        run = self._live_state()
+        count = min(int(count), run.m)
+        if not (self._oblivious and run.runs is None):
+            return self.read_sorted(0, count)
+        query = sql.SQL(
+            "SELECT {columns} FROM (SELECT -1::int8 AS rank, b.{id} AS id, b.{score} AS score "
+            "FROM {base} AS b ORDER BY b.{order} LIMIT %s) AS r"
+        ).format(
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+        with self._reading() as cur:
+            result = cur.execute(query, [count], binary=self._integer_ids, prepare=False)
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        if len(rows) != count:
+            raise AccessError(f"{self.where}: {len(rows)} rows for the top {count}")
+        return rows
+
+    def _oblivious_positions(self, positions: np.ndarray) -> Rows:
+        """The rows at `positions`, each read on its own: one lookup of the position table's
+        primary key and one of the table's id B-tree per position (a nested loop over the sorted
+        positions), in position order; integer ids packed."""
+        wanted = np.unique(positions)
+        query = sql.SQL(
+            "SELECT {columns} FROM unnest(%b::int8[]) AS q(p) CROSS JOIN LATERAL "
+            "(SELECT q.p AS rank, b.{id} AS id, b.{score} AS score FROM {pos} AS p "
+            "JOIN {base} AS b ON b.{id} = p.id WHERE p.position = q.p OFFSET 0) AS r"
+        ).format(
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            pos=self._pos,
+        )
+        with self._reading() as cur:
+            oblivious_sql.binary_int8_arrays(cur)
+            result = cur.execute(
+                query,
+                [oblivious_sql.Int8Array.of(wanted)],
+                binary=self._integer_ids,
+                prepare=False,
+            )
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        return oblivious_sql.check_positions(rows, wanted, self.where)
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         wanted = plain_values(ids)
