@@ -1,10 +1,10 @@
 """No secret in any message, output or statement text (issue 20, point 5; DESIGN invariant 12).
 
 What would fail: a password given in a URL (user:password@, ?password=) or a key=value DSN
-(password=..., password='...' or password="...") quoted in a CLI error or in install-sql's output; the in-store one-shot's key or
-its exceedances (positions and noises) written into the SQL text the server shows every role in
-pg_stat_activity; a MariaDB table taking the in-store path, where pymysql interpolates the key into
-the text on the client.
+(password=..., password='...' or password="...") quoted in a CLI error or in install-sql's
+output; the in-store one-shot's key or its exceedances (positions and noises) written into the
+SQL text the server shows every role in pg_stat_activity; a MariaDB table taking the in-store
+path, where pymysql interpolates the key into the text on the client.
 """
 
 from __future__ import annotations
