@@ -38,6 +38,7 @@ import numpy as np
 from adapters._sql import plain_values, rows_from_records, scores_in_order
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.interrupts import check as check_interrupts
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 
@@ -52,6 +53,21 @@ SPI_COSTS = StoreCosts(
 )
 
 
+# What an oblivious release costs through SPI (mechanisms/oblivious.py: its deadline's model),
+# measured on the test server at m = 10^5 to 10^6 under load (90th percentiles of the work).
+SPI_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=5e-3,
+    sorted_row=2e-6,
+    random_row=6e-6,
+    random_miss=1.2e-5,
+    cached_rows=8e5,
+    full_row=5e-6,
+)
+# The most rows an oblivious release reads through SPI (they are held in the server process):
+# more is refused before anything is charged.
+MAX_OBLIVIOUS_ROWS = 5_000_000
+
+
 class SPITable:
     """A registered live table, read through SPI inside the server (module docstring).
 
@@ -62,6 +78,9 @@ class SPITable:
 
     positions_are_ranks = False
     store_costs = SPI_COSTS
+    oblivious_costs = SPI_OBLIVIOUS_COSTS
+    max_oblivious_rows = MAX_OBLIVIOUS_ROWS
+    deadline: float | None = None  # the registration's padding of oblivious releases
 
     def __init__(
         self,

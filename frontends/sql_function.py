@@ -531,15 +531,22 @@ def register_source(
     *,
     schema: str | None = None,
     sensitivity: float = 1,
+    deadline: float | None = None,
 ) -> str:
     """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
     triggers; idempotent) and register it for topk.private_top_k with its id and score columns
     and its declared sensitivity (the most one client changes one count; scales the noise).
+    `deadline`: the seconds an oblivious release from it is padded to (None: the SPI cost
+    model's, mechanisms/oblivious.py), for an operator whose ledger log shows overruns.
     Returns the table's name as regclass prints it."""
     from adapters.postgres import PostgresTable
     from topk_middleware.privacy import check_sensitivity
 
     sensitivity = check_sensitivity(sensitivity, "--sensitivity")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not (math.isfinite(float(deadline)) and deadline > 0)
+    ):
+        raise ValueError(f"--deadline must be a number of seconds > 0, got {deadline!r}")
 
     source = PostgresTable(dsn, table, id=id, score=score, schema=schema, mode="live")
     try:
@@ -550,12 +557,14 @@ def register_source(
         with conn.transaction():
             conn.execute(
                 "INSERT INTO topk.sources (source, id_column, score_column, position_table, "
-                "trigger_prefix, sensitivity) VALUES (%s::regclass, %s, %s, %s::regclass, %s, %s) "
+                "trigger_prefix, sensitivity, deadline) "
+                "VALUES (%s::regclass, %s, %s, %s::regclass, %s, %s, %s) "
                 "ON CONFLICT (source) DO UPDATE SET id_column = excluded.id_column, "
                 "score_column = excluded.score_column, position_table = "
                 "excluded.position_table, trigger_prefix = excluded.trigger_prefix, "
-                "sensitivity = excluded.sensitivity, registered_at = now()",
-                [base, id, score, position_table, source.trigger_function, sensitivity],
+                "sensitivity = excluded.sensitivity, deadline = excluded.deadline, "
+                "registered_at = now()",
+                [base, id, score, position_table, source.trigger_function, sensitivity, deadline],
             )
             return conn.execute("SELECT %s::regclass::text", [base]).fetchone()[0]
     finally:
@@ -597,6 +606,7 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
             "SELECT session_user::text AS role, s.source::text AS relation, s.id_column, "
             "s.score_column, "
             "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
+            "s.deadline, "
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
             "format_type(c.atttypid, c.atttypmod) AS score_type, "
             "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named "
@@ -630,7 +640,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     from frontends.plpython import SPITable
 
     tables = GD.setdefault("topk_tables", {})
-    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named"))
+    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named", "deadline"))
     table = tables.get(key)
     if table is None:
         table = tables[key] = SPITable(
@@ -645,6 +655,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
             bool(found["text_ids"]),
         )
         table.sensitivity = float(found["sensitivity"])  # declared at registration
+    table.deadline = found["deadline"]  # the operator's padding of oblivious releases, or None
     return table
 
 
@@ -792,7 +803,14 @@ def server_release(
         GD,
         source,
         lambda table, budget: private_top_k(
-            table, k, epsilon, delta, noise, budget=budget, oblivious=bool(oblivious)
+            table,
+            k,
+            epsilon,
+            delta,
+            noise,
+            budget=budget,
+            oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
     )
 
@@ -838,6 +856,7 @@ def server_release_with_counts(
             with_counts=True,
             counts_share=counts_share,
             oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
         with_counts=True,
     )
@@ -858,7 +877,11 @@ def server_exponential(
         GD,
         source,
         lambda table, budget: exponential_mechanism(
-            table, epsilon, budget=budget, oblivious=bool(oblivious)
+            table,
+            epsilon,
+            budget=budget,
+            oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
     )
 
@@ -1044,6 +1067,13 @@ def add_install_sql_parser(sub: Any) -> None:
         default=1.0,
         help="the most one client adds to or removes from one of the source's counts (default 1)",
     )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds an oblivious release from the source is padded to (default: the cost "
+        "model's; raise it when topk.topk_ledger_charges logs deadline_missed)",
+    )
     p.set_defaults(handler=run_install_sql)
 
 
@@ -1062,6 +1092,7 @@ def run_install_sql(args: Any) -> int:
             args.score,
             schema=schema or None,
             sensitivity=args.sensitivity,
+            deadline=args.deadline,
         )
         print(
             f"registered {name} (id {args.id}, score {args.score}, sensitivity "

@@ -19,7 +19,9 @@ reads every cost charged so far, composes them with the new one (accounting.comp
 PrivacyBudget) and inserts the charge only if the total still holds. So threads and processes
 sharing a ledger never overspend it, and a process killed after the charge leaves it charged.
 When the release is done, its row is completed with the release time, its guarantee and source,
-and the operator diagnostics (access counts, method, m): operator-side only.
+and the operator diagnostics (access counts, method, m; for an oblivious release also its depth,
+deadline, work time, whether the work overran the deadline and whether it missed: OBLIVIOUS_LOG):
+operator-side only.
 DuckDB allows one writing process per database file: share a DuckDB ledger between threads, or
 use PostgreSQL / SQLite for several processes.
 """
@@ -50,6 +52,10 @@ from .accounting import (
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
 DUCKDB_RETRIES = 200
+# What the log of an oblivious release keeps besides its access counts (mechanisms/oblivious.py):
+# its depth, its deadline, how long its work took, whether that overran the deadline, and whether
+# it missed (read the whole table after the fixed batches).
+OBLIVIOUS_LOG = ("depth", "deadline", "work_seconds", "deadline_missed", "miss", "full_read")
 
 
 def cost_to_json(cost: PrivacyCost) -> str:
@@ -275,6 +281,9 @@ class PrivacyLedger:
             "m": result.m,
             "accesses": dataclasses.asdict(result.accesses),
         }
+        plan = getattr(result, "plan", None) or {}
+        if plan.get("oblivious"):  # what the operator watches: overruns and misses
+            diagnostics["oblivious"] = {key: plan.get(key) for key in OBLIVIOUS_LOG}
         c = self.charges.c
         self._retry(
             lambda conn: conn.execute(

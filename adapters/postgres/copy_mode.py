@@ -51,6 +51,7 @@ rank table's names and fingerprint; live mode is its own module (live_mode.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -80,6 +81,7 @@ from adapters._sql import (
 )
 from topk_middleware.access import Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.privacy import check_sensitivity
 from topk_middleware.validation import first_line
 
@@ -142,6 +144,21 @@ STORE_COSTS = StoreCosts(
 )
 
 
+# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
+# 10^6 on the test server under load (90th percentiles of the work): reads from the rank table
+# (one heap page per drawn rank), and, for a copy not proven current, from the table itself
+# (both batches scan it: `scan_row` per item).
+OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=3e-3,
+    sorted_row=5e-7,
+    random_row=2.2e-6,
+    random_miss=1.5e-5,
+    cached_rows=1.5e6,
+    full_row=2e-6,
+)
+STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
+
+
 class PostgresTable:
     """A histogram held in a PostgreSQL table: one row per item of the public domain.
 
@@ -154,6 +171,10 @@ class PostgresTable:
     """
 
     store_costs = STORE_COSTS
+    # What an oblivious release costs: the rank table's model, or the table's own while a run
+    # reads it (a copy not proven current).
+    oblivious_costs_copy = OBLIVIOUS_COSTS
+    oblivious_costs_table = STALE_OBLIVIOUS_COSTS
     # The class serving each mode other than "copy" (live_mode.py registers itself).
     mode_classes: dict[str, type[PostgresTable]] = {}  # noqa: RUF012
 
@@ -931,10 +952,21 @@ class PostgresTable:
             self._oblivious = saved
 
     # ----- oblivious reads (adapters/postgres/oblivious.py) -------------------------------------
+    @property
+    def oblivious_costs(self) -> ObliviousCosts:
+        """The model of the run in progress: the rank table's, or the table's own when the run
+        reads it (a write since prepare(): a fact of the table's history, not of its counts)."""
+        run = self._run
+        if run is not None and not run.ranked:
+            return self.oblivious_costs_table
+        return self.oblivious_costs_copy
+
     def _oblivious_layout(self) -> int | None:
-        """Once per run, before its first oblivious read: pin the plans for the run's transaction
-        and probe the rank table's heap layout; the rows per heap page where ranks have fixed
-        heap addresses (integer ids: fixed-width rows), else None."""
+        """Once per run that reads the rank table, before its first oblivious read: pin the
+        plans for the run's transaction and probe the rank table's heap layout; the rows per
+        heap page where ranks have fixed heap addresses (integer ids: fixed-width rows), else
+        None. (A run that reads the table itself, a copy not proven current, scans it in every
+        batch and keeps the server's plans: its positions filter is hashed in a custom plan.)"""
         run = self._run
         if self._pinned_run is run:
             return self._per_page
@@ -1158,13 +1190,9 @@ class PostgresTable:
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
-        if (
-            self._oblivious
-            and run.ranked
-            and self._run is not None
-            and (self._integer_ids or stop < run.m)  # a full read's size is public anyway
-        ):
-            return self._oblivious_sorted(start, stop)
+        if self._oblivious and self._run is not None and run.ranked:
+            if self._integer_ids or stop < run.m:  # a full read's size is public anyway
+                return self._oblivious_sorted(start, stop)
         params = [start, stop] if run.ranked else [stop - start, start]
         if run.ranked and self._integer_ids and stop - start >= PACKED_MIN_ROWS:
             rows = self._packed_rows(start, stop)
@@ -1227,7 +1255,7 @@ class PostgresTable:
 
     def read_positions(self, ranks: np.ndarray) -> Rows:
         run = self._state()
-        if self._oblivious and run.ranked and self._run is not None and len(ranks):
+        if self._oblivious and self._run is not None and run.ranked and len(ranks):
             return self._oblivious_positions(np.asarray(ranks, dtype=np.int64))
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:

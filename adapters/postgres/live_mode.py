@@ -114,6 +114,7 @@ from adapters._sql import (
     scores_in_order,
 )
 from topk_middleware.access import AccessError, Rows
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
 from . import oblivious as oblivious_sql
 from .copy_mode import PostgresTable, _seq_scans
@@ -215,8 +216,24 @@ def _short_name(base: str, suffix: str) -> str:
     return head.decode("utf-8", "ignore") + tag
 
 
+# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
+# 10^6 on the test server under load (90th percentiles of the work): a drawn position costs a
+# position-table and an id lookup, which miss the buffer cache once the table, the position
+# table and their B-trees outgrow it.
+LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=4e-3,
+    sorted_row=5e-7,
+    random_row=3e-6,
+    random_miss=1.2e-5,
+    cached_rows=8e5,
+    full_row=3e-6,
+)
+
+
 class LivePostgresTable(PostgresTable):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
+
+    oblivious_costs_copy = oblivious_costs_table = LIVE_OBLIVIOUS_COSTS
 
     _live: _LiveRun | None = None  # the run in progress, inside snapshot()
     # No in-store one-shot: its keyed noise names items by rank, which a live table does not

@@ -143,9 +143,10 @@ class ObliviousCosts:
     at the drawn positions (`random_row` each, plus `random_miss` for the share of them the
     store's cache cannot hold: 1 - cached_rows / m, a read from the operating system), or m rows
     once (`full_row` each, when 2d >= m), and draws `counts` noisy counts (`count` each: exact
-    discrete Laplace noise). Each row's cost includes the client's work on it (noise, numpy).
-    Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables, the SQL
-    function's SPI reads and DuckDB read at very different speeds."""
+    discrete Laplace noise), plus `scan_row` per item of the domain where the batches scan the
+    table or a column of it (no index serves them). Each row's cost includes the client's work
+    on it. Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables
+    and the SQL functions' SPI reads have theirs; a store without one gets `costs_from_store`."""
 
     fixed: float = 5e-3
     sorted_row: float = 2e-6
@@ -154,6 +155,7 @@ class ObliviousCosts:
     cached_rows: float = math.inf
     full_row: float = 2e-6
     count: float = 3e-4
+    scan_row: float = 0.0  # per item of the domain, where the release's batches scan it
 
     def seconds(self, m: int, d: int, counts: int = 0) -> float:
         """The modelled seconds of a release reading d rows of each list (a full read of m rows
@@ -163,16 +165,18 @@ class ObliviousCosts:
         else:
             cold = max(0.0, 1.0 - self.cached_rows / m)
             reads = d * (self.sorted_row + self.random_row + cold * self.random_miss)
+            reads += m * self.scan_row
         return self.fixed + reads + counts * self.count
 
 
 def costs_from_store(costs: StoreCosts) -> ObliviousCosts:
     """An ObliviousCosts from a store's StoreCosts (a store that gives no model of its own)."""
     return ObliviousCosts(
-        fixed=6 * costs.round_trip,
+        fixed=6 * costs.round_trip + costs.random_batch,
         sorted_row=costs.sorted_row + 1e-6,
         random_row=costs.random_row + 1e-6,
         full_row=costs.full_read_row + 1e-6,
+        scan_row=costs.random_batch_item,
     )
 
 
