@@ -109,6 +109,12 @@ PINNED_SETTINGS = (
     *PINNED_PLAN_SETTINGS,  # plan_cache_mode = force_generic_plan and jit = off among them
 )
 
+# The largest k the release functions take: more is work known to be excessive (a release
+# that long is no top-k), refused before anything is read or charged. An oblivious release is
+# also refused, before the charge, when it would read more rows than the SPI store holds
+# (plpython.MAX_OBLIVIOUS_ROWS; the analyst then gets a data refusal's reference).
+MAX_RELEASE_K = 10_000
+
 INVALID = "22023"  # invalid_parameter_value
 NULL_ARGUMENT = "22004"  # null_value_not_allowed
 UNDEFINED = "42704"  # undefined_object: an unregistered source
@@ -772,6 +778,14 @@ def _charged_release(
     return rows
 
 
+def check_release_k(k: int) -> None:
+    """Refuse k above MAX_RELEASE_K (the request's own argument: a public refusal)."""
+    if k > MAX_RELEASE_K:
+        raise ValueError(
+            f"k = {k} is more than the {MAX_RELEASE_K:,} items a release of the SQL functions takes"
+        )
+
+
 def server_release(
     plpy: Any,
     GD: dict[str, Any],
@@ -794,6 +808,7 @@ def server_release(
 
     def check() -> None:
         check_common(k, epsilon, delta)
+        check_release_k(k)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
 
@@ -837,6 +852,7 @@ def server_release_with_counts(
 
     def check() -> None:
         check_common(k, epsilon, delta)
+        check_release_k(k)
         check_counts_share(counts_share)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
