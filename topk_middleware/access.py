@@ -107,6 +107,13 @@ class SortedIds(Protocol):
         ...
 
 
+def parameters_in_text(source: Any) -> bool:
+    """Whether the store's driver writes query parameters into the statement text a server
+    observer reads (an optional `parameters_in_text` attribute: pymysql, psycopg2), so that no
+    secret (a key, drawn positions, noises) may be sent to it as a parameter."""
+    return bool(getattr(source, "parameters_in_text", False))
+
+
 def positions_are_ranks(source: Any) -> bool:
     """Whether the source names every item by its rank in the canonical order (a rank-ordered
     copy). A source says otherwise with a `positions_are_ranks` attribute that is False."""

@@ -13,6 +13,7 @@ from .access import (
     Source,
     oblivious_reads,
     offers_in_store,
+    parameters_in_text,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, precheck, record
 from .keyed_noise import KeyedNoise
@@ -270,14 +271,25 @@ def _oblivious_release(
 ) -> TopKResult:
     """private_top_k(..., oblivious=True): charge, read at a fixed depth (or in full), pad the
     reads, their computation and the noisy counts to the deadline, all from public facts
-    (mechanisms/oblivious.py)."""
+    (mechanisms/oblivious.py). On a store whose driver writes parameters into the statement
+    text (pymysql), the drawn positions would be there for a server observer to read: "auto"
+    reads the whole table instead (m rows, a fixed count), "threshold" is refused."""
+    full_read = method == "oneshot_full_read"
+    if parameters_in_text(source) and not full_read:
+        if method != "auto":
+            raise ValueError(
+                f"method {method!r} cannot run obliviously on this store: its driver writes "
+                "query parameters into the statement text (MySQL / MariaDB drivers, psycopg2), "
+                "where the drawn positions would be seen; use method='auto' or "
+                "'oneshot_full_read' (a full read), or oblivious=False"
+            )
+        full_read = True
     with oblivious_reads(source), source.snapshot():
         access = CountedAccess(source, rng=rng)
         check_k_within(k, access.m)
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
-        full_read = method == "oneshot_full_read"
         depth = m if full_read else oblivious_depth(m, k, delta_pad)
         check_read_size(source, k, m, depth)  # work known to be excessive: before the charge
         cost = None
