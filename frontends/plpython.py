@@ -21,10 +21,11 @@ are not ranks (a live table), so nothing is inferred from tied neighbours.
 Oblivious releases (inside `oblivious_reads()`, mechanisms/oblivious.py) read as the live mode of
 adapters/postgres/live_mode.py does: the top rows from the (score DESC, id) B-tree alone, without
 positions (access.SortedIds), and the rows at the drawn positions one lookup each, in a nested
-loop over the sorted positions; integer ids come back packed in three bytea values, which numpy
-reads without a Python object per row. The plans are pinned by the SQL functions' SET clauses
-(sql_function.PINNED_SETTINGS: generic plans, no parallel workers, no hash or merge join, no
-bitmap or sequential scan, no sort).
+loop over the sorted positions (where the ids are exactly 0..m-1, checked with m by two probes
+of the id B-tree, an item's position is its id and the position table is not read); integer ids
+come back packed in three bytea values, which numpy reads without a Python object per row.
+The plans are pinned by the SQL functions' SET clauses (sql_function.PINNED_SETTINGS: generic
+plans, no parallel workers, no hash or merge join, no bitmap or sequential scan, no sort).
 """
 
 from __future__ import annotations
@@ -125,7 +126,13 @@ class SPITable:
             f"(SELECT position + 1 FROM {position_table} ORDER BY position DESC LIMIT 1) AS m, "
             f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} DESC LIMIT 1) AS top, "
             f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} ASC NULLS LAST LIMIT 1) "
-            "AS bottom"
+            "AS bottom, "
+            + (
+                f"(SELECT b.{i}::int8 FROM {relation} AS b ORDER BY b.{i} ASC LIMIT 1) AS low, "
+                f"(SELECT b.{i}::int8 FROM {relation} AS b ORDER BY b.{i} DESC LIMIT 1) AS high"
+                if id_type in INTEGER_TYPES
+                else "NULL::int8 AS low, NULL::int8 AS high"
+            )
         )
         # oblivious reads (module docstring): packed for integer ids
         self._integer_ids = id_type in INTEGER_TYPES
@@ -144,6 +151,13 @@ class SPITable:
             f"(SELECT q.p AS rank, b.{i} AS id, b.{s} AS score FROM {position_table} AS p "
             f"JOIN {relation} AS b ON b.{i} = p.id WHERE p.position = q.p OFFSET 0) AS r"
         )
+        # dense ids (0..m-1: an item's position is its id): the id B-tree alone
+        self._each_id = (
+            f"SELECT {columns} FROM pg_catalog.unnest($1::int8[]) AS q(p) CROSS JOIN LATERAL "
+            f"(SELECT q.p AS rank, b.{i} AS id, b.{s} AS score FROM {relation} AS b "
+            f"WHERE b.{i} = q.p OFFSET 0) AS r"
+        )
+        self._dense = False
         self._oblivious = False
         self._types = {"id": id_type, "score": score_type}
         self._plans: dict[str, Any] = {}
@@ -225,6 +239,8 @@ class SPITable:
         if row["bottom"] < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {row['bottom']!r}")
         self._m_value = int(row["m"])
+        # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
+        self._dense = row["low"] == 0 and row["high"] == self._m_value - 1
         return self._m_value
 
     def read_sorted(self, start: int, count: int) -> Rows:
@@ -244,21 +260,26 @@ class SPITable:
         if len(result):
             last = result[len(result) - 1]
             self._last, self._depth = (last["raw"], last["id"]), start + len(result)
-        return self._records(result)
+        return self._records(result, by_id=self._oblivious and self._dense)
 
-    def _records(self, result: Any) -> Rows:
-        """(position, id, score) rows of a result, checking interrupts every 4,096 rows."""
+    def _records(self, result: Any, by_id: bool = False) -> Rows:
+        """(position, id, score) rows of a result, checking interrupts every 4,096 rows;
+        `by_id`: an oblivious run over dense ids, whose positions are the ids."""
         records = []
+        key = "id" if by_id else "position"
         for number, r in enumerate(result):
             if number % 4096 == 0:
                 check_interrupts()
-            records.append((r["position"], r["id"], r["score"]))
+            records.append((r[key], r["id"], r["score"]))
         return rows_from_records(records)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
         if self._oblivious and len(positions):
             wanted = np.unique(np.asarray(positions, dtype=np.int64))
-            plan = self._plan("each_position", self._each_position, ["bigint[]"])
+            if self._dense:  # an item's position is its id (domain_size)
+                plan = self._plan("each_id", self._each_id, ["bigint[]"])
+            else:
+                plan = self._plan("each_position", self._each_position, ["bigint[]"])
             rows = self._rows(self.plpy.execute(plan, [wanted.tolist()]))
             if len(rows) != len(wanted) or not np.array_equal(rows.positions, wanted):
                 raise AccessError(f"{self.where}: a position has no row (prepare it again)")

@@ -37,6 +37,14 @@ By default positions are not ranks: nothing is inferred from tied neighbours and
 tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row
 at m = 10^7, the ~10^4 random accesses of a plateau run included).
 
+Oblivious runs (inside `oblivious_reads()`, mechanisms/oblivious.py; adapters/postgres/
+oblivious.py) pin their plans in the first query, take no runs of tied scores, read the top
+rows from the (score DESC, id) B-tree alone (access.SortedIds: no position), and read each drawn
+position on its own, one lookup of the position table and one of the id B-tree, in a nested
+loop. Where the first query finds the integer ids to be exactly 0..m-1 (the least and the
+largest id, two probes of the id B-tree, and m), an item's position is its id: the position
+table is not read at all (one lookup per drawn position).
+
 Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
 data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
 right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
@@ -191,6 +199,7 @@ class _LiveRun:
     last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
     middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
     served: set[Any] = field(default_factory=set)  # ids of rows read by rank (never drawn)
+    dense: bool = False  # an oblivious run over ids 0..m-1: an item's position is its id
 
 
 def _numeric_rows(records: list[tuple[Any, ...]], depth: int | None = None) -> Rows:
@@ -233,9 +242,10 @@ LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
 class LivePostgresTable(PostgresTable):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
 
-    oblivious_costs_copy = oblivious_costs_table = LIVE_OBLIVIOUS_COSTS
+    oblivious_costs = LIVE_OBLIVIOUS_COSTS  # type: ignore[assignment]  # one model: no copy
 
     _live: _LiveRun | None = None  # the run in progress, inside snapshot()
+    _dense_ids = False  # whether the last run's first query found ids 0..m-1
     # No in-store one-shot: its keyed noise names items by rank, which a live table does not
     # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
     read_oneshot = None  # type: ignore[assignment]
@@ -490,7 +500,9 @@ END
             self._estimate, self._estimate_read_at = distinct, now
         distinct = self._estimate
         few = distinct is None or distinct <= DISTINCT_ESTIMATE_SLACK * self.max_score_runs
-        return _LiveRun(m, self._score_runs(conn, m) if few else None)
+        run = _LiveRun(m, self._score_runs(conn, m) if few else None)
+        run.dense = self._oblivious and self._dense_ids
+        return run
 
     def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
         """The snapshot's runs of tied scores if they are few and cheap to count, else None:
@@ -674,7 +686,7 @@ END
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
-            "LIMIT 1), "
+            "LIMIT 1), {ids}"
             + (
                 "(SELECT max(CASE WHEN s.n_distinct >= 0 THEN s.n_distinct "
                 "ELSE -s.n_distinct * greatest(c.reltuples, 0) END) FROM pg_class AS c "
@@ -686,6 +698,14 @@ END
             )
         ).format(
             pins=oblivious_sql.pin_plans_sql() + sql.SQL(", ") if self._oblivious else sql.SQL(""),
+            # an oblivious run with integer ids: the least and the largest id (dense ids name
+            # items by themselves, without the position table: _open_run)
+            ids=sql.SQL(
+                "(SELECT b.{id}::int8 FROM {base} AS b ORDER BY b.{id} ASC LIMIT 1), "
+                "(SELECT b.{id}::int8 FROM {base} AS b ORDER BY b.{id} DESC LIMIT 1), "
+            ).format(id=self._id, base=self._base)
+            if self._oblivious and self._integer_ids
+            else sql.SQL("NULL::int8, NULL::int8, "),
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
             triggers=sql.Literal(self.trigger_function + "%"),
@@ -695,7 +715,7 @@ END
             score_name=sql.Literal(self.score_column),
         )
         try:
-            *_, triggers, m, top, bottom, distinct = reader.execute(query).fetchone()
+            *_, triggers, m, top, bottom, low, high, distinct = reader.execute(query).fetchone()
         except psycopg.errors.UndefinedTable:
             triggers = 0
         if triggers != 3:
@@ -712,6 +732,8 @@ END
             raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
         if bottom < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
+        # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
+        self._dense_ids = low == 0 and high == int(m) - 1
         return int(m), None if distinct is None else float(distinct)
 
     def _live_state(self) -> _LiveRun:
@@ -988,12 +1010,17 @@ END
     # ----- oblivious reads (adapters/postgres/oblivious.py; plans pinned by _live_facts) ------
     def _oblivious_sorted(self, start: int, stop: int) -> Rows:
         """Depths [start, stop) with their positions in one query (no cursor): the (score DESC,
-        id) B-tree in a nested loop with the position table's B-tree on id; integer ids packed."""
+        id) B-tree in a nested loop with the position table's B-tree on id (with dense ids, the
+        B-tree alone: an item's position is its id); integer ids packed."""
+        dense = self._live_state().dense
         query = sql.SQL(
-            "SELECT {columns} FROM (SELECT p.position AS rank, b.{id} AS id, b.{score} AS score "
-            "FROM {base} AS b JOIN {pos} AS p ON p.id = b.{id} ORDER BY b.{order} "
-            "LIMIT %s OFFSET %s) AS r"
+            "SELECT {columns} FROM (SELECT {position} AS rank, b.{id} AS id, b.{score} AS score "
+            "FROM {base} AS b{join} ORDER BY b.{order} LIMIT %s OFFSET %s) AS r"
         ).format(
+            position=sql.SQL("b.{}::int8").format(self._id) if dense else sql.SQL("p.position"),
+            join=sql.SQL("")
+            if dense
+            else sql.SQL(" JOIN {} AS p ON p.id = b.{}").format(self._pos, self._id),
             columns=oblivious_sql.PACKED_COLUMNS
             if self._integer_ids
             else sql.SQL("r.rank, r.id, r.score::float8"),
@@ -1049,14 +1076,21 @@ END
 
     def _oblivious_positions(self, positions: np.ndarray) -> Rows:
         """The rows at `positions`, each read on its own: one lookup of the position table's
-        primary key and one of the table's id B-tree per position (a nested loop over the sorted
-        positions), in position order; integer ids packed."""
+        primary key and one of the table's id B-tree per position (with dense ids, the id
+        B-tree alone), in a nested loop over the sorted positions; integer ids packed."""
         wanted = np.unique(positions)
+        dense = self._live_state().dense
         query = sql.SQL(
             "SELECT {columns} FROM unnest(%b::int8[]) AS q(p) CROSS JOIN LATERAL "
-            "(SELECT q.p AS rank, b.{id} AS id, b.{score} AS score FROM {pos} AS p "
-            "JOIN {base} AS b ON b.{id} = p.id WHERE p.position = q.p OFFSET 0) AS r"
+            "(SELECT q.p AS rank, b.{id} AS id, b.{score} AS score FROM {source} "
+            "WHERE {match} OFFSET 0) AS r"
         ).format(
+            source=sql.SQL("{} AS b").format(self._base)
+            if dense
+            else sql.SQL("{} AS p JOIN {} AS b ON b.{} = p.id").format(
+                self._pos, self._base, self._id
+            ),
+            match=sql.SQL("b.{} = q.p").format(self._id) if dense else sql.SQL("p.position = q.p"),
             columns=oblivious_sql.PACKED_COLUMNS
             if self._integer_ids
             else sql.SQL("r.rank, r.id, r.score::float8"),
