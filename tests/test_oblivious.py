@@ -11,6 +11,7 @@ before anything is read or charged.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any
@@ -24,7 +25,7 @@ from adapters.memory import ArraySource
 from tests.helpers import plackett_luce
 from tests.test_duckdb_delta import pending
 from topk_middleware import PrivacyBudget, private_top_k
-from topk_middleware.access import parameters_in_text
+from topk_middleware.access import StoreCosts, parameters_in_text
 from topk_middleware.accounting import BudgetExceeded, oblivious_cost
 from topk_middleware.mechanisms.exponential import exponential_mechanism
 from topk_middleware.mechanisms.oblivious import miss_probability, oblivious_depth
@@ -397,3 +398,61 @@ def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
         assert seen == {(m, 3)} and result.plan["full_read"]
     else:
         assert seen == {(2 * d + 1, 4)}
+
+
+def test_each_store_and_mode_has_its_own_deadline_model() -> None:
+    """PostgreSQL copy, a copy read from the table itself, live tables and the SQL functions'
+    SPI reads each give their own ObliviousCosts; a store without one gets a model from its
+    StoreCosts. The deadline grows with the noisy counts of with_counts (k of them) and with m
+    past what the store's cache holds."""
+    from adapters.postgres.copy_mode import OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS
+    from adapters.postgres.live_mode import LIVE_OBLIVIOUS_COSTS, LivePostgresTable
+    from frontends.plpython import SPI_OBLIVIOUS_COSTS, SPITable
+    from topk_middleware.mechanisms.oblivious import (
+        costs_from_store,
+        oblivious_deadline,
+        source_oblivious_costs,
+    )
+
+    models = {OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS, LIVE_OBLIVIOUS_COSTS, SPI_OBLIVIOUS_COSTS}
+    assert len(models) == 4
+    assert LivePostgresTable.oblivious_costs is LIVE_OBLIVIOUS_COSTS
+    assert SPITable.oblivious_costs is SPI_OBLIVIOUS_COSTS
+    source = ArraySource(np.arange(100.0))  # no model, no StoreCosts: the generic guess
+    assert source_oblivious_costs(source) == costs_from_store(StoreCosts())
+    m, d = 10**7, oblivious_depth(10**7, 10, 1e-9)
+    for costs in models:
+        plain = oblivious_deadline(costs, m, d)
+        assert oblivious_deadline(costs, m, d, counts=10) > plain
+        assert plain > oblivious_deadline(costs, 10**6, oblivious_depth(10**6, 10, 1e-9))
+    # a copy not proven current scans the table in both batches: far dearer
+    assert oblivious_deadline(STALE_OBLIVIOUS_COSTS, m, d) > 10 * oblivious_deadline(
+        OBLIVIOUS_COSTS, m, d
+    )
+
+
+def test_an_overrun_is_logged_for_the_operator(tmp_path: Any) -> None:
+    """A deadline shorter than the work: the release returns when the work ends, says so in its
+    diagnostics (deadline_missed, work_seconds) and in the process count, and a ledger's log of
+    the release keeps the depth, the deadline, the work's time and the overrun; a release
+    within its deadline is padded to it and logged as such."""
+    from topk_middleware import PrivacyLedger
+    from topk_middleware.mechanisms.oblivious import deadline_misses
+
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    budget = ledger.budget("ana", 10.0, 1e-3)
+    source = ArraySource(np.arange(20_000, dtype=float))
+    before = deadline_misses()
+    late = private_top_k(source, 5, 1.0, oblivious=True, deadline=1e-6, budget=budget)
+    assert late.plan["deadline_missed"] and late.plan["work_seconds"] > 1e-6
+    after = deadline_misses()
+    assert after["missed"] == before["missed"] + 1
+    assert after["worst_overrun"] >= late.plan["work_seconds"] - 1e-6 - 1e-9
+    padded = private_top_k(source, 5, 1.0, oblivious=True, deadline=0.3, budget=budget)
+    assert not padded.plan["deadline_missed"] and padded.timings["total"] >= 0.3
+    log = [json.loads(row["diagnostics"])["oblivious"] for row in ledger.log("ana")]
+    assert [entry["deadline_missed"] for entry in log] == [True, False]
+    assert log[0]["deadline"] == 1e-6 and log[1]["deadline"] == 0.3
+    assert log[0]["depth"] == oblivious_depth(20_000, 5, 1e-9)
+    assert log[0]["work_seconds"] == pytest.approx(late.plan["work_seconds"])
+    assert log[1]["miss"] is False and log[1]["full_read"] is False

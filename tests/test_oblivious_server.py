@@ -143,12 +143,15 @@ def vacuum_schema(conninfo: str, schema: str) -> None:
 
 
 def fresh_source(conninfo: str, schema: str, scores: np.ndarray, mode: str) -> PostgresTable:
-    """A table of `scores` in its own (new) schema, prepared in `mode`, vacuumed, read through a
-    connection that logs what it sends."""
+    """A table of `scores` in its own (new) schema, prepared in `mode` ("live-sparse": live,
+    ids 7, 10, 13, ... so that positions come from the position table, not from the ids),
+    vacuumed, read through a connection that logs what it sends."""
+    ids = 7 + 3 * np.arange(len(scores)) if mode == "live-sparse" else None
+    mode = "live" if mode == "live-sparse" else mode
     with _connect(conninfo) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        create_table(conn, schema, "votes", scores, None)
+        create_table(conn, schema, "votes", scores, ids)
     source = PostgresTable(
         logged_connection(conninfo), "votes", ID_COLUMN, SCORE_COLUMN, schema=schema, mode=mode
     )
@@ -206,13 +209,14 @@ def settled_stats(conninfo: str, schema: str, before: Any) -> Any:
     return last
 
 
-@pytest.mark.parametrize("mode", ["copy", "live"])
+@pytest.mark.parametrize("mode", ["copy", "live", "live-sparse"])
 def test_postgres_statements_and_statistics_do_not_depend_on_the_data(
     pg_conninfo: str, schema: str, mode: str
 ) -> None:
     """Neighbours (26 vs 27 at the head) and a zipf table, each vacuumed: every release sends
     the same statements with the same parameter sizes, and touches the same tables the same
-    way: scans, tuples, heap and index buffers (pg_statio_user_tables)."""
+    way: scans, tuples, heap and index buffers (pg_statio_user_tables). Live tables with ids
+    0..m-1 read the drawn rows by id, others through the position table (live-sparse)."""
     low, high = neighbours()
     observed = [
         observe_python_api(pg_conninfo, schema, scores, mode, range(3))
@@ -228,6 +232,8 @@ def test_postgres_statements_and_statistics_do_not_depend_on_the_data(
             assert delta == first[1]
     # the sorted batch and the random batch: d rows each, one parameter of d positions
     assert any(sizes == (d,) for _, sizes in first[0])
+    through_positions = any("_topk_pos" in text and sizes == (d,) for text, sizes in first[0])
+    assert through_positions == (mode == "live-sparse")
 
 
 def update_head(conninfo: str, schema: str, score: float) -> None:

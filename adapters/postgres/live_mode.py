@@ -226,14 +226,15 @@ def _short_name(base: str, suffix: str) -> str:
 
 
 # Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
-# 10^6 on the test server under load (90th percentiles of the work): a drawn position costs a
-# position-table and an id lookup, which miss the buffer cache once the table, the position
-# table and their B-trees outgrow it.
+# 10^6 on the test server (2 cores shared by several loads: the median work at 10^6 is 30 ms at
+# a load average of 5, 61 ms at 8): a drawn position costs an id lookup (and a position-table
+# lookup where the ids are not 0..m-1), which miss the buffer cache once the table and its
+# B-trees outgrow it.
 LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
     fixed=4e-3,
     sorted_row=5e-7,
-    random_row=3e-6,
-    random_miss=1.2e-5,
+    random_row=5e-6,
+    random_miss=1e-5,
     cached_rows=8e5,
     full_row=3e-6,
 )
