@@ -294,6 +294,34 @@ def test_a_neighbour_made_by_an_update(pg_conninfo: str, schema: str, mode: str)
     assert buffers(again) == buffers(before)
 
 
+@pytest.mark.parametrize("mode", ["copy", "live", "live-sparse"])
+def test_plans_are_pinned(pg_conninfo: str, schema: str, mode: str) -> None:
+    """The plans of an oblivious run follow neither the planner's statistics nor the session's
+    cost settings nor the plan cache: after three releases, the session's planner costs are
+    turned upside down (sequential pages dear, random ones cheap, operators costly), the tables
+    are analyzed again on a sample of 100 rows, and six more releases (past psycopg's and
+    PostgreSQL's fifth execution, where a query would be prepared and its plan cached) touch the
+    same buffers with the same statements."""
+    low, _ = neighbours()
+    source = fresh_source(pg_conninfo, schema, low, mode)
+    try:
+        first = observe(pg_conninfo, schema, source, range(3))
+        for setting in ("random_page_cost = 0.01", "seq_page_cost = 50", "cpu_operator_cost = 5"):
+            source._conn.execute(f"SET {setting}")
+        with _connect(pg_conninfo) as admin:
+            for (table,) in admin.execute(
+                "SELECT format('%%I.%%I', schemaname, tablename) FROM pg_tables "
+                "WHERE schemaname = %s",
+                [schema],
+            ).fetchall():
+                admin.execute(f"SET default_statistics_target = 1; ANALYZE {table}")
+        later = observe(pg_conninfo, schema, source, range(3, 9))
+    finally:
+        source._conn.close()
+    assert len(shapes(first + later)) == 1
+    assert len(buffers(first + later)) == 1
+
+
 def test_duckdb_reads_do_not_depend_on_the_data() -> None:
     counts = set()
     for scores in (*neighbours(), zipf()):
