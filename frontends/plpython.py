@@ -24,7 +24,7 @@ positions (access.SortedIds), and the rows at the drawn positions one lookup eac
 loop over the sorted positions (where the ids are exactly 0..m-1, checked with m by two probes
 of the id B-tree, an item's position is its id and the position table is not read); integer ids
 come back packed in three bytea values, which numpy reads without a Python object per row.
-The plans are pinned by the SQL functions' SET clauses (sql_function.PINNED_SETTINGS: generic
+The plans are pinned by the SQL functions' SET clauses (sql_function.pinned_settings(): generic
 plans, no parallel workers, no hash or merge join, no bitmap or sequential scan, no sort).
 """
 

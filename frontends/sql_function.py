@@ -51,7 +51,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from adapters.postgres.oblivious import PINNED_PLAN_SETTINGS
 from topk_middleware.names import first_line, mask_secrets
 
 SCHEMA = "topk"
@@ -79,11 +78,12 @@ BOOT = """if "topk" not in GD:
 # the superuser owner of these SECURITY DEFINER functions), so that an analyst's session settings
 # cannot make the server show it the internal queries, their plans or bound values, and so that
 # the function's reads stay out of the statistics views any role reads (track_counts off:
-# pg_stat_user_tables and pg_stat_xact_user_tables see none of them); and the plans of its reads
-# (PINNED_PLAN_SETTINGS of adapters/postgres/oblivious.py: generic plans, no parallel workers,
-# one join method and scan kind per query), so that they follow neither the analyst's settings
-# nor the planner's statistics. Those absent from a server (an extension not loaded) are left
-# out at install time (install_sql_text).
+# pg_stat_user_tables and pg_stat_xact_user_tables see none of them); with them, the plans of
+# its reads (PINNED_PLAN_SETTINGS of adapters/postgres/oblivious.py: generic plans, no parallel
+# workers, one join method and scan kind per query; added by pinned_settings(), which imports
+# them only when SQL is written, so that the command line's help stays light), so that they
+# follow neither the analyst's settings nor the planner's statistics. Those absent from a server
+# (an extension not loaded) are left out at install time (install_sql_text).
 PINNED_SETTINGS = (
     ("debug_print_parse", "off"),
     ("debug_print_rewritten", "off"),
@@ -106,8 +106,16 @@ PINNED_SETTINGS = (
     ("track_functions", "none"),
     ("auto_explain.log_min_duration", "-1"),
     ("pg_stat_statements.track", "none"),
-    *PINNED_PLAN_SETTINGS,  # plan_cache_mode = force_generic_plan and jit = off among them
 )
+
+
+def pinned_settings() -> tuple[tuple[str, str], ...]:
+    """PINNED_SETTINGS and the pinned plan settings (plan_cache_mode = force_generic_plan and
+    jit = off among them)."""
+    from adapters.postgres.oblivious import PINNED_PLAN_SETTINGS
+
+    return (*PINNED_SETTINGS, *PINNED_PLAN_SETTINGS)
+
 
 # The largest k the release functions take: more is work known to be excessive (a release
 # that long is no top-k), refused before anything is read or charged. An oblivious release is
@@ -276,10 +284,10 @@ def _parameters(params: str) -> tuple[str, str]:
 
 
 def pinned_clauses(available: Collection[str] | None = None) -> str:
-    """The SET clauses of PINNED_SETTINGS (those in `available`, the server's pg_settings)."""
+    """The SET clauses of pinned_settings() (those in `available`, the server's pg_settings)."""
     return " ".join(
         f"SET {name} = '{value}'"
-        for name, value in PINNED_SETTINGS
+        for name, value in pinned_settings()
         if available is None or name in available
     )
 
@@ -372,7 +380,7 @@ COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
 
 def install_sql_text(available: Collection[str] | None = None) -> str:
     """install.sql (schema, tables, helpers) followed by every SqlFunction; `available` the
-    server's setting names (pg_settings), which PINNED_SETTINGS are filtered by."""
+    server's setting names (pg_settings), which pinned_settings() are filtered by."""
     static = (
         resources.files("frontends")
         .joinpath("sql/install.sql")

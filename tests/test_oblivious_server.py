@@ -139,7 +139,23 @@ def vacuum_schema(conninfo: str, schema: str) -> None:
             [schema],
         ).fetchall():
             admin.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-            admin.execute(f"VACUUM (ANALYZE, INDEX_CLEANUP ON) {table}")
+            all_visible(admin, table)
+
+
+def all_visible(admin: psycopg.Connection[Any], table: str, seconds: float = 60.0) -> None:
+    """VACUUM `table` until every page of it is marked all-visible: VACUUM marks a page so only
+    once no open transaction (another test's, on this shared database) could still see an older
+    state of it, and until then index-only scans visit the heap (docs/oblivious.md)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        admin.execute(f"VACUUM (ANALYZE, INDEX_CLEANUP ON) {table}")
+        pages, visible = admin.execute(
+            "SELECT relpages, relallvisible FROM pg_class WHERE oid = %s::regclass", [table]
+        ).fetchone()
+        if visible >= pages:
+            return
+        assert time.monotonic() < deadline, f"{table}: {visible} of {pages} pages all-visible"
+        time.sleep(0.5)
 
 
 def fresh_source(conninfo: str, schema: str, scores: np.ndarray, mode: str) -> PostgresTable:
@@ -470,7 +486,7 @@ def settle(conninfo: str, tables: list[str]) -> None:
             ).fetchone()[0]
             for name in (table, position):
                 admin.execute(f"ALTER TABLE {name} SET (autovacuum_enabled = false)")
-                admin.execute(f"VACUUM (ANALYZE) {name}")
+                all_visible(admin, name)
 
 
 def test_fixed_depth_reads_inside_the_sql_function(
