@@ -17,6 +17,15 @@ ranges, compared in the columns' own types (a float8 parameter would hide the in
 at any other depth falls back to OFFSET. Random access by position goes through the position
 table's primary key, by id through the id B-tree (`= ANY($1)`), one query per batch. Positions
 are not ranks (a live table), so nothing is inferred from tied neighbours.
+
+Oblivious releases (inside `oblivious_reads()`, mechanisms/oblivious.py) read as the live mode of
+adapters/postgres/live_mode.py does: the top rows from the (score DESC, id) B-tree alone, without
+positions (access.SortedIds), and the rows at the drawn positions one lookup each, in a nested
+loop over the sorted positions (where the ids are exactly 0..m-1, checked with m by two probes
+of the id B-tree, an item's position is its id and the position table is not read); integer ids
+come back packed in three bytea values, which numpy reads without a Python object per row.
+The plans are pinned by the SQL functions' SET clauses (sql_function.pinned_settings(): generic
+plans, no parallel workers, no hash or merge join, no bitmap or sequential scan, no sort).
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ import numpy as np
 
 from adapters._sql import plain_values, rows_from_records, scores_in_order
 from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.interrupts import check as check_interrupts
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
+
+INTEGER_TYPES = ("smallint", "integer", "bigint")
 
 # What SPI reads cost inside the server (rows come back as Python dicts, a few microseconds
 # each): the oblivious deadline's model (mechanisms/oblivious.py), generous on a busy server.
@@ -41,6 +54,21 @@ SPI_COSTS = StoreCosts(
 )
 
 
+# What an oblivious release costs through SPI (mechanisms/oblivious.py: its deadline's model),
+# measured on the test server at m = 10^5 to 10^6 under load (90th percentiles of the work).
+SPI_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=5e-3,
+    sorted_row=2e-6,
+    random_row=6e-6,
+    random_miss=1.2e-5,
+    cached_rows=8e5,
+    full_row=5e-6,
+)
+# The most rows an oblivious release reads through SPI (they are held in the server process):
+# more is refused before anything is charged.
+MAX_OBLIVIOUS_ROWS = 5_000_000
+
+
 class SPITable:
     """A registered live table, read through SPI inside the server (module docstring).
 
@@ -51,6 +79,9 @@ class SPITable:
 
     positions_are_ranks = False
     store_costs = SPI_COSTS
+    oblivious_costs = SPI_OBLIVIOUS_COSTS
+    max_oblivious_rows = MAX_OBLIVIOUS_ROWS
+    deadline: float | None = None  # the registration's padding of oblivious releases
 
     def __init__(
         self,
@@ -100,8 +131,39 @@ class SPITable:
             f"(SELECT position + 1 FROM {position_table} ORDER BY position DESC LIMIT 1) AS m, "
             f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} DESC LIMIT 1) AS top, "
             f"(SELECT b.{s}::float8 FROM {relation} AS b ORDER BY b.{s} ASC NULLS LAST LIMIT 1) "
-            "AS bottom"
+            "AS bottom, "
+            + (
+                f"(SELECT b.{i}::int8 FROM {relation} AS b ORDER BY b.{i} ASC LIMIT 1) AS low, "
+                f"(SELECT b.{i}::int8 FROM {relation} AS b ORDER BY b.{i} DESC LIMIT 1) AS high"
+                if id_type in INTEGER_TYPES
+                else "NULL::int8 AS low, NULL::int8 AS high"
+            )
         )
+        # oblivious reads (module docstring): packed for integer ids
+        self._integer_ids = id_type in INTEGER_TYPES
+        packed = (
+            "string_agg(int8send(r.rank::int8), ''::bytea) AS ranks, "
+            "string_agg(int8send(r.id::int8), ''::bytea) AS ids, "
+            "string_agg(float8send(r.score::float8), ''::bytea) AS scores"
+        )
+        columns = packed if self._integer_ids else "r.rank, r.id, r.score::float8 AS score"
+        self._top_ids = (
+            f"SELECT {columns} FROM (SELECT -1::int8 AS rank, b.{i} AS id, b.{s} AS score "
+            f"FROM {relation} AS b {order} LIMIT $1) AS r"
+        )
+        self._each_position = (
+            f"SELECT {columns} FROM pg_catalog.unnest($1::int8[]) AS q(p) CROSS JOIN LATERAL "
+            f"(SELECT q.p AS rank, b.{i} AS id, b.{s} AS score FROM {position_table} AS p "
+            f"JOIN {relation} AS b ON b.{i} = p.id WHERE p.position = q.p OFFSET 0) AS r"
+        )
+        # dense ids (0..m-1: an item's position is its id): the id B-tree alone
+        self._each_id = (
+            f"SELECT {columns} FROM pg_catalog.unnest($1::int8[]) AS q(p) CROSS JOIN LATERAL "
+            f"(SELECT q.p AS rank, b.{i} AS id, b.{s} AS score FROM {relation} AS b "
+            f"WHERE b.{i} = q.p OFFSET 0) AS r"
+        )
+        self._dense = False
+        self._oblivious = False
         self._types = {"id": id_type, "score": score_type}
         self._plans: dict[str, Any] = {}
         self._m_value: int | None = None
@@ -124,6 +186,43 @@ class SPITable:
         finally:
             self._m_value, self._depth, self._last = None, 0, None
 
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: the reads of the module docstring's last paragraph."""
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
+
+    def _rows(self, result: Any) -> Rows:
+        """Rows of an oblivious read: unpacked (integer ids) or one record per row."""
+        if self._integer_ids:
+            row = result[0] if len(result) else None
+            if row is None or row["ranks"] is None:
+                return rows_from_records([])
+            return Rows(
+                np.frombuffer(row["ranks"], ">i8").astype(np.int64),
+                np.frombuffer(row["ids"], ">i8").astype(np.int64),
+                np.frombuffer(row["scores"], ">f8").astype(np.float64),
+            )
+        records = []
+        for number, r in enumerate(result):
+            if number % 4096 == 0:
+                check_interrupts()
+            records.append((r["rank"], r["id"], r["score"]))
+        return rows_from_records(records)
+
+    def read_sorted_ids(self, count: int) -> Rows:
+        """access.SortedIds: the top `count` rows' ids and scores (positions -1), in oblivious
+        reads; read_sorted's rows otherwise."""
+        if not self._oblivious:
+            return self.read_sorted(0, count)
+        count = min(int(count), self.domain_size())
+        return self._rows(
+            self.plpy.execute(self._plan("top_ids", self._top_ids, ["bigint"]), [count])
+        )
+
     def domain_size(self) -> int:
         """m, after checking the triggers and the scores' extremes: four index probes."""
         if self._m_value is not None:
@@ -145,6 +244,8 @@ class SPITable:
         if row["bottom"] < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {row['bottom']!r}")
         self._m_value = int(row["m"])
+        # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
+        self._dense = row["low"] == 0 and row["high"] == self._m_value - 1
         return self._m_value
 
     def read_sorted(self, start: int, count: int) -> Rows:
@@ -164,15 +265,35 @@ class SPITable:
         if len(result):
             last = result[len(result) - 1]
             self._last, self._depth = (last["raw"], last["id"]), start + len(result)
-        return rows_from_records([(r["position"], r["id"], r["score"]) for r in result])
+        return self._records(result, by_id=self._oblivious and self._dense)
+
+    def _records(self, result: Any, by_id: bool = False) -> Rows:
+        """(position, id, score) rows of a result, checking interrupts every 4,096 rows;
+        `by_id`: an oblivious run over dense ids, whose positions are the ids."""
+        records = []
+        key = "id" if by_id else "position"
+        for number, r in enumerate(result):
+            if number % 4096 == 0:
+                check_interrupts()
+            records.append((r[key], r["id"], r["score"]))
+        return rows_from_records(records)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
+        if self._oblivious and len(positions):
+            wanted = np.unique(np.asarray(positions, dtype=np.int64))
+            if self._dense:  # an item's position is its id (domain_size)
+                plan = self._plan("each_id", self._each_id, ["bigint[]"])
+            else:
+                plan = self._plan("each_position", self._each_position, ["bigint[]"])
+            rows = self._rows(self.plpy.execute(plan, [wanted.tolist()]))
+            if len(rows) != len(wanted) or not np.array_equal(rows.positions, wanted):
+                raise AccessError(f"{self.where}: a position has no row (prepare it again)")
+            return rows
         wanted = plain_values(np.asarray(positions, dtype=np.int64))
         if not wanted:
             return rows_from_records([])
         plan = self._plan("positions", self._positions, ["bigint[]"])
-        result = self.plpy.execute(plan, [wanted])
-        return rows_from_records([(r["position"], r["id"], r["score"]) for r in result])
+        return self._records(self.plpy.execute(plan, [wanted]))
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         wanted = plain_values(ids)

@@ -80,8 +80,12 @@ BOOT = """if "topk" not in GD:
 # the superuser owner of these SECURITY DEFINER functions), so that an analyst's session settings
 # cannot make the server show it the internal queries, their plans or bound values, and so that
 # the function's reads stay out of the statistics views any role reads (track_counts off:
-# pg_stat_user_tables and pg_stat_xact_user_tables see none of them). Those absent from a
-# server (an extension not loaded) are left out at install time (install_sql_text).
+# pg_stat_user_tables and pg_stat_xact_user_tables see none of them); with them, the plans of
+# its reads (PINNED_PLAN_SETTINGS of adapters/postgres/oblivious.py: generic plans, no parallel
+# workers, one join method and scan kind per query; added by pinned_settings(), which imports
+# them only when SQL is written, so that the command line's help stays light), so that they
+# follow neither the analyst's settings nor the planner's statistics. Those absent from a server
+# (an extension not loaded) are left out at install time (install_sql_text).
 PINNED_SETTINGS = (
     ("debug_print_parse", "off"),
     ("debug_print_rewritten", "off"),
@@ -99,14 +103,27 @@ PINNED_SETTINGS = (
     ("log_parameter_max_length_on_error", "0"),
     ("trace_sort", "off"),
     ("trace_notify", "off"),
-    ("plan_cache_mode", "auto"),
     ("track_counts", "off"),
     ("track_io_timing", "off"),
     ("track_functions", "none"),
     ("auto_explain.log_min_duration", "-1"),
     ("pg_stat_statements.track", "none"),
-    ("jit", "off"),
 )
+
+
+def pinned_settings() -> tuple[tuple[str, str], ...]:
+    """PINNED_SETTINGS and the pinned plan settings (plan_cache_mode = force_generic_plan and
+    jit = off among them)."""
+    from adapters.postgres.oblivious import PINNED_PLAN_SETTINGS
+
+    return (*PINNED_SETTINGS, *PINNED_PLAN_SETTINGS)
+
+
+# The largest k the release functions take: more is work known to be excessive (a release
+# that long is no top-k), refused before anything is read or charged. An oblivious release is
+# also refused, before the charge, when it would read more rows than the SPI store holds
+# (plpython.MAX_OBLIVIOUS_ROWS; the analyst then gets a data refusal's reference).
+MAX_RELEASE_K = 10_000
 
 INVALID = "22023"  # invalid_parameter_value
 NULL_ARGUMENT = "22004"  # null_value_not_allowed
@@ -284,10 +301,10 @@ def _parameters(params: str) -> tuple[str, str]:
 
 
 def pinned_clauses(available: Collection[str] | None = None) -> str:
-    """The SET clauses of PINNED_SETTINGS (those in `available`, the server's pg_settings)."""
+    """The SET clauses of pinned_settings() (those in `available`, the server's pg_settings)."""
     return " ".join(
         f"SET {name} = '{value}'"
-        for name, value in PINNED_SETTINGS
+        for name, value in pinned_settings()
         if available is None or name in available
     )
 
@@ -380,7 +397,7 @@ COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
 
 def install_sql_text(available: Collection[str] | None = None) -> str:
     """install.sql (schema, tables, helpers) followed by every SqlFunction; `available` the
-    server's setting names (pg_settings), which PINNED_SETTINGS are filtered by."""
+    server's setting names (pg_settings), which pinned_settings() are filtered by."""
     static = (
         resources.files("frontends")
         .joinpath("sql/install.sql")
@@ -645,18 +662,24 @@ def register_source(
     *,
     schema: str | None = None,
     sensitivity: float | None = None,
+    deadline: float | None = None,
 ) -> str:
     """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
     triggers; idempotent) and register it for topk.private_top_k with its id and score columns
     and its sensitivity (the most one client changes one count; scales the noise): the one
     declared, else what from_votes recorded with the table, else 1; a declaration below the
-    record is refused (privacy.resolve_declared). Returns the table's name as regclass prints
-    it."""
+    record is refused (privacy.resolve_declared). `deadline`: the seconds an oblivious release
+    from it is padded to (None: the SPI cost model's, mechanisms/oblivious.py), for an operator
+    whose ledger log shows overruns. Returns the table's name as regclass prints it."""
     from adapters.postgres import PostgresTable
     from topk_middleware.privacy import check_sensitivity
 
     if sensitivity is not None:
         sensitivity = check_sensitivity(sensitivity, "--sensitivity")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not (math.isfinite(float(deadline)) and deadline > 0)
+    ):
+        raise ValueError(f"--deadline must be a number of seconds > 0, got {deadline!r}")
 
     source = PostgresTable(
         dsn, table, id=id, score=score, schema=schema, mode="live", sensitivity=sensitivity
@@ -670,12 +693,14 @@ def register_source(
         with conn.transaction():
             conn.execute(
                 "INSERT INTO topk.sources (source, id_column, score_column, position_table, "
-                "trigger_prefix, sensitivity) VALUES (%s::regclass, %s, %s, %s::regclass, %s, %s) "
+                "trigger_prefix, sensitivity, deadline) "
+                "VALUES (%s::regclass, %s, %s, %s::regclass, %s, %s, %s) "
                 "ON CONFLICT (source) DO UPDATE SET id_column = excluded.id_column, "
                 "score_column = excluded.score_column, position_table = "
                 "excluded.position_table, trigger_prefix = excluded.trigger_prefix, "
-                "sensitivity = excluded.sensitivity, registered_at = now()",
-                [base, id, score, position_table, source.trigger_function, sensitivity],
+                "sensitivity = excluded.sensitivity, deadline = excluded.deadline, "
+                "registered_at = now()",
+                [base, id, score, position_table, source.trigger_function, sensitivity, deadline],
             )
             return conn.execute("SELECT %s::regclass::text", [base]).fetchone()[0]
     finally:
@@ -730,6 +755,7 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
             "SELECT session_user::text AS role, s.source::text AS relation, s.id_column, "
             "s.score_column, "
             "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
+            "s.deadline, "
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
             "format_type(c.atttypid, c.atttypmod) AS score_type, "
             "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named, "
@@ -766,7 +792,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     from topk_middleware.privacy import resolve_declared
 
     tables = GD.setdefault("topk_tables", {})
-    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named"))
+    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named", "deadline"))
     table = tables.get(key)
     if table is None:
         table = tables[key] = SPITable(
@@ -785,6 +811,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     table.sensitivity, table.max_items_per_client = resolve_declared(
         float(found["sensitivity"]), None, parse_record(found["comment"]), table.where
     )
+    table.deadline = found["deadline"]  # the operator's padding of oblivious releases, or None
     return table
 
 
@@ -914,6 +941,14 @@ def _charged_release(
     return rows
 
 
+def check_release_k(k: int) -> None:
+    """Refuse k above MAX_RELEASE_K (the request's own argument: a public refusal)."""
+    if k > MAX_RELEASE_K:
+        raise ValueError(
+            f"k = {k} is more than the {MAX_RELEASE_K:,} items a release of the SQL functions takes"
+        )
+
+
 def server_release(
     plpy: Any,
     GD: dict[str, Any],
@@ -936,6 +971,7 @@ def server_release(
 
     def check() -> None:
         check_common(k, epsilon, delta)
+        check_release_k(k)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
 
@@ -945,7 +981,14 @@ def server_release(
         GD,
         source,
         lambda table, budget: private_top_k(
-            table, k, epsilon, delta, noise, budget=budget, oblivious=bool(oblivious)
+            table,
+            k,
+            epsilon,
+            delta,
+            noise,
+            budget=budget,
+            oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
     )
 
@@ -972,6 +1015,7 @@ def server_release_with_counts(
 
     def check() -> None:
         check_common(k, epsilon, delta)
+        check_release_k(k)
         check_counts_share(counts_share)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
@@ -991,6 +1035,7 @@ def server_release_with_counts(
             with_counts=True,
             counts_share=counts_share,
             oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
         with_counts=True,
     )
@@ -1011,7 +1056,11 @@ def server_exponential(
         GD,
         source,
         lambda table, budget: exponential_mechanism(
-            table, epsilon, budget=budget, oblivious=bool(oblivious)
+            table,
+            epsilon,
+            budget=budget,
+            oblivious=bool(oblivious),
+            deadline=table.deadline if oblivious else None,
         ),
     )
 
@@ -1224,6 +1273,13 @@ def add_install_sql_parser(sub: Any) -> None:
         help="the most one client adds to or removes from one of the source's counts (default: "
         "what from_votes recorded with the table, else 1; a value below the record is refused)",
     )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds an oblivious release from the source is padded to (default: the cost "
+        "model's; raise it when topk.topk_ledger_charges logs deadline_missed)",
+    )
     p.set_defaults(handler=run_install_sql)
 
 
@@ -1277,6 +1333,7 @@ def run_install_sql(args: Any) -> int:
             args.score,
             schema=schema or None,
             sensitivity=args.sensitivity,
+            deadline=args.deadline,
         )
         sensitivity = registered_sensitivity(args.dsn, name)
         print(

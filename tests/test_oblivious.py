@@ -11,6 +11,7 @@ before anything is read or charged.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any
@@ -24,6 +25,7 @@ from adapters.memory import ArraySource
 from tests.helpers import plackett_luce
 from tests.test_duckdb_delta import pending
 from topk_middleware import PrivacyBudget, private_top_k
+from topk_middleware.access import StoreCosts, parameters_in_text
 from topk_middleware.accounting import BudgetExceeded, oblivious_cost
 from topk_middleware.mechanisms.exponential import exponential_mechanism
 from topk_middleware.mechanisms.oblivious import miss_probability, oblivious_depth
@@ -170,6 +172,100 @@ def test_laplace_release_is_the_one_shot_law() -> None:
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+def test_laplace_top_k_set_is_the_one_shot_law() -> None:
+    """k = 2 with Laplace(b): the released set is {a, b} exactly when min(X_a, X_b) beats every
+    other X_j = h_j + Z_j, so P({a, b}) = integral of [f_a(z) (1 - F_b(z)) + f_b(z) (1 - F_a(z))]
+    prod_{j not in {a, b}} F_j(z) dz (numerical integration); chi-square over 3,000 fixed-seed
+    oblivious runs (2d < m, misses frequent at delta_pad = 0.2), the release a set."""
+    m, k = 300, 2
+    scores = np.zeros(m)
+    scores[:4] = [5.0, 4.0, 3.0, 2.0]
+    source = ArraySource(scores)
+    first = private_top_k(source, k, 1.0, noise="laplace", oblivious=True, delta_pad=0.2, seed=0)
+    assert 2 * first.plan["depth"] < m and not first.plan["full_read"]
+    law = stats.laplace(scale=first.privacy.scale)
+    b_scale = first.privacy.scale
+
+    def pair(a: int, b: int) -> float:
+        others = np.delete(scores, [a, b])
+        levels, counts = np.unique(others, return_counts=True)
+
+        def density(z: float) -> float:
+            tie = law.pdf(z - scores[a]) * law.sf(z - scores[b])
+            tie += law.pdf(z - scores[b]) * law.sf(z - scores[a])
+            return tie * np.prod(law.cdf(z - levels) ** counts)
+
+        points = [0.0, 2.0, 3.0, 4.0, 5.0]
+        return integrate.quad(density, -60 * b_scale, 60 * b_scale, points=points, limit=400)[0]
+
+    cells = [(a, b) for a in range(4) for b in range(a + 1, 4)]
+    exact = [pair(a, b) for a, b in cells]
+    runs = 3_000
+    rng = np.random.default_rng(13)
+    got: Counter[frozenset[int]] = Counter()
+    misses = 0
+    for _ in range(runs):
+        result = private_top_k(
+            source, k, 1.0, noise="laplace", oblivious=True, delta_pad=0.2, seed=rng, deadline=0
+        )
+        assert result.items == sorted(result.items)  # a set: in id order, not by noisy value
+        got[frozenset(result.items)] += 1
+        misses += result.plan["miss"]
+    observed = [got[frozenset(c)] for c in cells]
+    expected = [runs * p for p in exact]
+    observed.append(runs - sum(observed))
+    expected.append(runs - sum(expected))
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    assert misses > 0
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "laplace"])
+def test_with_counts_are_the_released_items_counts_plus_discrete_laplace(noise: str) -> None:
+    """Oblivious with_counts: each released count is floor(count) of the item it stands beside
+    (in the release's order, a set's id order for Laplace) plus discrete Laplace noise of scale
+    t = k / (share epsilon), whatever the depth path (fixed depth, miss, full read); the
+    residuals of 1,500 runs (k = 3) against the exact pmf (chi-square). The counts are read
+    exactly, by id, after the selection: k more random accesses in one more round trip, a
+    shape fixed by k."""
+    from topk_middleware.discrete_noise import discrete_laplace_pmf
+
+    m, k, eps, share = 400, 3, 2.0, 0.5
+    scores = np.floor(np.linspace(60.0, 0.0, m))
+    by_id = dict(enumerate(scores.tolist()))
+    source = ArraySource(scores)
+    rng = np.random.default_rng(17)
+    residuals: list[int] = []
+    options = {"noise": noise, "oblivious": True, "delta_pad": 0.3, "deadline": 0}
+    plain = private_top_k(source, k, eps, seed=0, **options)
+    counted = private_top_k(source, k, eps, seed=0, with_counts=True, **options)
+    assert not plain.plan["miss"] and not counted.plan["miss"]
+    assert counted.accesses.sorted == plain.accesses.sorted
+    assert counted.accesses.random == plain.accesses.random + k
+    assert counted.accesses.rows_fetched == plain.accesses.rows_fetched + k
+    assert counted.accesses.round_trips == plain.accesses.round_trips + 1
+    for _ in range(1_500):
+        result = private_top_k(
+            source, k, eps, noise=noise, oblivious=True, delta_pad=0.3, seed=rng, deadline=0,
+            with_counts=True, counts_share=share,
+        )  # fmt: skip
+        assert result.counts is not None and len(result.counts) == k
+        if noise == "laplace":
+            assert result.items == sorted(result.items)
+        residuals += [
+            c - math.floor(by_id[i]) for i, c in zip(result.items, result.counts, strict=True)
+        ]
+    t = k / (share * eps)
+    values, seen = np.unique(residuals, return_counts=True)
+    edge = 8
+    pmf = discrete_laplace_pmf(np.arange(-edge, edge + 1), t)
+    observed = [int(seen[values < -edge].sum())]
+    observed += [int(seen[values == v].sum()) for v in range(-edge, edge + 1)]
+    observed += [int(seen[values > edge].sum())]
+    tail = (1.0 - pmf.sum()) / 2.0
+    expected = len(residuals) * np.concatenate(([tail], pmf, [tail]))
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
 def test_miss_rate_is_the_hypergeometric_tail() -> None:
     """A large delta_pad makes misses frequent: their rate over 600 runs on each of two tables
     P(Hypergeom(m, d, d) < k) (two-sided binomial test), whatever the data, and a miss reads
@@ -281,7 +377,9 @@ def test_duckdb_copy_and_pending_delta_read_fixed_sizes() -> None:
 def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
     """Every store of the conformance suite (memory, DuckDB, PostgreSQL copy and live, SQLite,
     MariaDB and DuckDB through SQLAlchemy, live SQLAlchemy tables): neighbouring tables (26 vs
-    27 at the head over a tied plateau) read 2d rows in 3 round trips (m, two batches)."""
+    27 at the head over a tied plateau) read 2d rows and the top row in 4 round trips (the top
+    row, two batches, m); MariaDB, whose driver writes parameters into the statement text, reads
+    the whole table (m rows) in 3."""
     m, k = 3_000, 3
     low = np.full(m, 2.0)
     low[:20] = 20.0
@@ -297,4 +395,65 @@ def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
             result = private_top_k(source, k, 1.0, oblivious=True, seed=seed, deadline=0)
             assert not result.plan["miss"] and len(set(result.items)) == k
             seen.add((result.accesses.rows_fetched, result.accesses.round_trips))
-    assert seen == {(2 * d, 3)}
+    if parameters_in_text(source):  # MariaDB (pymysql): the whole table, no drawn position sent
+        assert seen == {(m, 2)} and result.plan["full_read"]
+    else:
+        assert seen == {(2 * d, 3)}
+
+
+def test_each_store_and_mode_has_its_own_deadline_model() -> None:
+    """PostgreSQL copy, a copy read from the table itself, live tables and the SQL functions'
+    SPI reads each give their own ObliviousCosts; a store without one gets a model from its
+    StoreCosts. The deadline grows with the noisy counts of with_counts (k of them) and with m
+    past what the store's cache holds."""
+    from adapters.postgres.copy_mode import OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS
+    from adapters.postgres.live_mode import LIVE_OBLIVIOUS_COSTS, LivePostgresTable
+    from frontends.plpython import SPI_OBLIVIOUS_COSTS, SPITable
+    from topk_middleware.mechanisms.oblivious import (
+        costs_from_store,
+        oblivious_deadline,
+        source_oblivious_costs,
+    )
+
+    models = {OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS, LIVE_OBLIVIOUS_COSTS, SPI_OBLIVIOUS_COSTS}
+    assert len(models) == 4
+    assert LivePostgresTable.oblivious_costs is LIVE_OBLIVIOUS_COSTS
+    assert SPITable.oblivious_costs is SPI_OBLIVIOUS_COSTS
+    source = ArraySource(np.arange(100.0))  # no model, no StoreCosts: the generic guess
+    assert source_oblivious_costs(source) == costs_from_store(StoreCosts())
+    m, d = 10**7, oblivious_depth(10**7, 10, 1e-9)
+    for costs in models:
+        plain = oblivious_deadline(costs, m, d)
+        assert oblivious_deadline(costs, m, d, counts=10) > plain
+        assert plain > oblivious_deadline(costs, 10**6, oblivious_depth(10**6, 10, 1e-9))
+    # a copy not proven current scans the table in both batches: far dearer
+    assert oblivious_deadline(STALE_OBLIVIOUS_COSTS, m, d) > 10 * oblivious_deadline(
+        OBLIVIOUS_COSTS, m, d
+    )
+
+
+def test_an_overrun_is_logged_for_the_operator(tmp_path: Any) -> None:
+    """A deadline shorter than the work: the release returns when the work ends, says so in its
+    diagnostics (deadline_missed, work_seconds) and in the process count, and a ledger's log of
+    the release keeps the depth, the deadline, the work's time and the overrun; a release
+    within its deadline is padded to it and logged as such."""
+    from topk_middleware import PrivacyLedger
+    from topk_middleware.mechanisms.oblivious import deadline_misses
+
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    budget = ledger.budget("ana", 10.0, 1e-3)
+    source = ArraySource(np.arange(20_000, dtype=float))
+    before = deadline_misses()
+    late = private_top_k(source, 5, 1.0, oblivious=True, deadline=1e-6, budget=budget)
+    assert late.plan["deadline_missed"] and late.plan["work_seconds"] > 1e-6
+    after = deadline_misses()
+    assert after["missed"] == before["missed"] + 1
+    assert after["worst_overrun"] >= late.plan["work_seconds"] - 1e-6 - 1e-9
+    padded = private_top_k(source, 5, 1.0, oblivious=True, deadline=0.3, budget=budget)
+    assert not padded.plan["deadline_missed"] and padded.timings["total"] >= 0.3
+    log = [json.loads(row["diagnostics"])["oblivious"] for row in ledger.log("ana")]
+    assert [entry["deadline_missed"] for entry in log] == [True, False]
+    assert log[0]["deadline"] == 1e-6 and log[1]["deadline"] == 0.3
+    assert log[0]["depth"] == oblivious_depth(20_000, 5, 1e-9)
+    assert log[0]["work_seconds"] == pytest.approx(late.plan["work_seconds"])
+    assert log[1]["miss"] is False and log[1]["full_read"] is False

@@ -1,10 +1,10 @@
 """No secret in any message, output or statement text (DESIGN invariant 12).
 
 What would fail: a password given in a URL (user:password@, ?password=) or a key=value DSN
-(password=...) quoted in a CLI error or in install-sql's output; the in-store one-shot's key or
-its exceedances (positions and noises) written into the SQL text the server shows every role in
-pg_stat_activity; a MariaDB table taking the in-store path, where pymysql interpolates the key into
-the text on the client.
+(password=..., password='...' or password="...") quoted in a CLI error or in install-sql's
+output; the in-store one-shot's key or its exceedances (positions and noises) written into the
+SQL text the server shows every role in pg_stat_activity; a MariaDB table taking the in-store
+path, where pymysql interpolates the key into the text on the client.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ SECRET = "hunter2Sekret"
         ("host=db password=hunter2Sekret user=bob", "host=db password=*** user=bob"),
         ("host=db password='hun ter2Sekret\\' x' user=bob", "host=db password=*** user=bob"),
         ("host=db PASSWORD = hunter2Sekret", "host=db PASSWORD = ***"),
+        ('host=db password="hunter2Sekret" user=bob', "host=db password=*** user=bob"),
+        ('host=db password="hun ter2\\"Sekret" user=bob', "host=db password=*** user=bob"),
+        ('dsn "host=db password=hunter2Sekret"', 'dsn "host=db password=***"'),
     ],
 )
 def test_mask_secrets(text: str, shown: str) -> None:
@@ -57,6 +60,7 @@ URLS = [
     f"mysql+pymysql://root@127.0.0.1:1/x?password={SECRET}",
     f"sqlite:///no-such-file.sqlite?password={SECRET}",
     f"host=127.0.0.1 port=1 password={SECRET}",
+    f'host=127.0.0.1 port=1 password="{SECRET}"',
 ]
 
 
@@ -160,3 +164,70 @@ def test_mariadb_takes_no_in_store_path(
     assert result.diagnostics.plan["in_store"] is False
     assert len(result.items) == 3 and sent
     assert not any(re.search(r"[0-9a-f]{32}", s) or "sha2" in s.lower() for s in sent)
+
+
+def statements_mariadb_saw(engine: sa.Engine, names: list[str], run: Any) -> list[str]:
+    """Run `run()` with MariaDB's general query log written to its table, and return the text of
+    every statement the server received that names one of `names` (the test's own tables: other
+    sessions on the shared server are left out). The log settings are restored after."""
+    with engine.connect() as admin:
+        saved = admin.exec_driver_sql("SELECT @@GLOBAL.general_log, @@GLOBAL.log_output").one()
+        admin.exec_driver_sql("SET GLOBAL log_output = 'TABLE'")
+        admin.exec_driver_sql("SET GLOBAL general_log = 'ON'")
+        started = admin.exec_driver_sql("SELECT NOW(6)").scalar_one()
+        try:
+            run()
+        finally:
+            admin.exec_driver_sql(f"SET GLOBAL general_log = {int(saved[0])}")
+            admin.exec_driver_sql("SET GLOBAL log_output = %s", (saved[1],))
+        texts = [
+            row[0].decode() if isinstance(row[0], bytes) else str(row[0])
+            for row in admin.exec_driver_sql(
+                "SELECT argument FROM mysql.general_log WHERE event_time >= %s "
+                "AND command_type IN ('Query', 'Execute')",
+                (started,),
+            )
+        ]
+    return [t for t in texts if any(name in t for name in names)]
+
+
+@pytest.mark.parametrize("mode", ["copy", "live"])
+def test_mariadb_oblivious_release_sends_no_drawn_position(
+    mode: str,
+    make_sqlalchemy_mariadb_source: Any,
+    make_sqlalchemy_live_mariadb_source: Any,
+    sqlalchemy_mariadb_engine: sa.Engine,
+) -> None:
+    """pymysql writes every parameter into the statement text, which the server's general log
+    (and its process list) shows. An oblivious release there must not send the positions of the
+    largest noises: method="auto" reads the whole table instead (m rows), and no statement the
+    server saw carries a list of positions (an IN list, as the fixed-depth random read sends) or
+    the top score (a keyset page would); method="threshold" is refused before any statement."""
+    m = 3000
+    scores = np.floor(1e4 / np.arange(1, m + 1))
+    make = make_sqlalchemy_mariadb_source if mode == "copy" else make_sqlalchemy_live_mariadb_source
+    source = make(scores, None)
+    names = [source._source.name]
+    names += [n for n in (getattr(source, "rank_table_name", None),) if n and mode == "copy"]
+    got: list[Any] = []
+    texts = statements_mariadb_saw(
+        sqlalchemy_mariadb_engine,
+        names,
+        lambda: got.append(private_top_k(source, 3, 1.0, oblivious=True, seed=4)),
+    )
+    result = got[0]
+    assert result.diagnostics.plan["full_read"] and len(result.items) == 3
+    assert texts and any("SELECT" in t.upper() for t in texts)  # the log did see the reads
+    for text in texts:
+        assert not re.search(r"\bIN\s*\(\s*\d+\s*,\s*\d+", text, re.IGNORECASE), text[:200]
+        assert "10000" not in text, text[:200]  # the top score (1e4 / 1)
+    errors: list[Exception] = []
+
+    def refused_run() -> None:
+        try:
+            private_top_k(source, 3, 1.0, method="threshold", oblivious=True, seed=4)
+        except ValueError as error:
+            errors.append(error)
+
+    refused = statements_mariadb_saw(sqlalchemy_mariadb_engine, names, refused_run)
+    assert len(errors) == 1 and "statement text" in str(errors[0]) and refused == []

@@ -27,8 +27,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from frontends import sql_function
+
 from .sql_sessions import kept, session
-from .stores_postgres import SCORE_COLUMN, _connect
+from .stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_table
 from .test_sql_function import (  # noqa: F401  (fixtures)
     ANALYST_FUNCTIONS,
     _sessions_per_test,
@@ -180,6 +182,90 @@ def test_cancel_timeout_and_terminate_stop_a_release_within_a_second(
         assert isinstance(error, psycopg.OperationalError) and seconds < 1.5, (seconds, error)
     # Each attempt was charged before it read (never under-charged): three releases of 1e-9.
     assert spent(pg_conninfo, analyst)[1] == 3
+
+
+@pytest.fixture(scope="module")
+def padded_table(pg_conninfo: str, pg_schema: str, installed: Any) -> str:
+    """A table registered with an operator's deadline of PADDED_DEADLINE seconds: its default
+    (oblivious) release sleeps that long before it returns (the padding)."""
+    name = f"topk_padded_{uuid.uuid4().hex[:8]}"
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 20_001)), None)
+    return sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, deadline=PADDED_DEADLINE
+    )
+
+
+PADDED_DEADLINE = 3.0
+
+
+def default_release(dsn: str, table: str, interrupt: Callable[[int], None] | None, setup: str = ""):
+    """topk.private_top_k(table, 10, 1) with its defaults (oblivious) as `dsn`; 1 s in, call
+    interrupt(backend pid). (seconds from the interrupt, or the start, to the end; the error)."""
+    conn = _connect(dsn)
+    pid = conn.info.backend_pid
+    conn.execute("SELECT * FROM topk.my_budget()").fetchall()  # the session's imports
+    if setup:
+        conn.execute(setup)
+    asked: list[float] = []
+    timer = None
+    if interrupt is not None:
+
+        def fire() -> None:
+            asked.append(time.monotonic())
+            interrupt(pid)
+
+        timer = threading.Timer(1.0, fire)
+    started = time.monotonic()
+    if timer is not None:
+        timer.start()
+    error: Exception | None = None
+    try:
+        conn.execute("SELECT * FROM topk.private_top_k(%s::regclass, 10, 1.0)", [table]).fetchall()
+    except psycopg.Error as caught:
+        error = caught
+    ended = time.monotonic()
+    if timer is not None:
+        timer.join()
+    conn.close()
+    return ended - (asked[0] if asked else started), error
+
+
+def test_cancel_and_timeout_stop_the_default_oblivious_release_within_a_second(
+    pg_conninfo: str, padded_table: str, make_role: Callable[..., str]
+) -> None:
+    """The default release of a table whose operator set a 3 s deadline runs 3 s or more (the
+    padding, slept in slices of 50 ms with an interrupt check after each); a pg_cancel_backend
+    1 s in, or a statement_timeout of 1 s, ends it within 1 s (a padding slept in one piece, or
+    a padding loop that never checks, would run to its 3 s). Each attempt stays charged."""
+    analyst = make_role(epsilon=10.0)
+    seconds, error = default_release(analyst, padded_table, None)
+    assert error is None and seconds >= PADDED_DEADLINE, (seconds, error)
+    with _connect(pg_conninfo) as admin:
+
+        def cancel(pid: int) -> None:
+            admin.execute("SELECT pg_cancel_backend(%s)", [pid])
+
+        seconds, error = default_release(analyst, padded_table, cancel)
+        assert isinstance(error, psycopg.errors.QueryCanceled) and seconds < 1.0, (seconds, error)
+    seconds, error = default_release(analyst, padded_table, None, "SET statement_timeout = '1s'")
+    assert isinstance(error, psycopg.errors.QueryCanceled), error
+    assert seconds < 2.0, seconds  # the timeout fires 1 s in: answered within 1 s
+    assert spent(pg_conninfo, analyst)[1] == 3
+
+
+def test_a_release_past_the_sql_functions_bounds_is_refused_before_any_charge(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    """k above MAX_RELEASE_K is refused in the request's own terms; nothing is charged."""
+    analyst = make_role(epsilon=10.0)
+    with _connect(analyst) as conn, pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        conn.execute(
+            "SELECT * FROM topk.private_top_k(%s::regclass, %s, 1.0)",
+            [zipf_table, sql_function.MAX_RELEASE_K + 1],
+        )
+    assert f"k = {sql_function.MAX_RELEASE_K + 1}" in (caught.value.diag.message_primary or "")
+    assert spent(pg_conninfo, analyst) == (0.0, 0)
 
 
 def test_excessive_work_is_refused_before_any_charge(

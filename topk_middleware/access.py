@@ -95,6 +95,25 @@ class Source(SortedAccess, RandomAccess, Protocol):
         ...
 
 
+@runtime_checkable
+class SortedIds(Protocol):
+    """Optional: the top rows of the canonical order without their positions, where a store
+    finds a position only through another lookup per row (PostgreSQL's live tables: the
+    position table). Oblivious releases (mechanisms/oblivious.py) match the top rows with the
+    rows read by position through their ids, so they need no position of a top row."""
+
+    def read_sorted_ids(self, count: int) -> Rows:
+        """The ids and scores of depths 0 .. count - 1 in one batch, positions all -1."""
+        ...
+
+
+def parameters_in_text(source: Any) -> bool:
+    """Whether the store's driver writes query parameters into the statement text a server
+    observer reads (an optional `parameters_in_text` attribute: pymysql, psycopg2), so that no
+    secret (a key, drawn positions, noises) may be sent to it as a parameter."""
+    return bool(getattr(source, "parameters_in_text", False))
+
+
 def positions_are_ranks(source: Any) -> bool:
     """Whether the source names every item by its rank in the canonical order (a rank-ordered
     copy). A source says otherwise with a `positions_are_ranks` attribute that is False."""
@@ -637,15 +656,22 @@ class CountedAccess:
         prefix = self._prefix
         return Rows(prefix.positions.copy(), prefix.ids.copy(), prefix.scores.copy())
 
-    def read_sorted_batch(self, count: int) -> Rows:
+    def read_sorted_batch(self, count: int, positions: bool = True) -> Rows:
         """Oblivious reads (mechanisms/oblivious.py): the top `count` rows of the canonical order
         in one batch, as the store serves them: no read-ahead, inference or runs, so the rows
-        fetched are exactly `count` whatever the data. Counted as `count` sorted accesses."""
+        fetched are exactly `count` whatever the data. Counted as `count` sorted accesses.
+        `positions=False`: a SortedIds store may leave the positions out (all -1)."""
         count = min(int(count), self.m)
-        rows = self._capped_rows(self.source.read_sorted(0, count))
+        if not positions and isinstance(self.source, SortedIds):
+            rows = self.source.read_sorted_ids(count)
+            if len(rows) == count and not bool(np.all(np.asarray(rows.positions) == -1)):
+                raise AccessError("read_sorted_ids returned positions")
+        else:
+            rows = self.source.read_sorted(0, count)
+            self._checked_positions(rows)
+        rows = self._capped_rows(rows)
         if len(rows) != count:
             raise AccessError(f"store returned {len(rows)} rows for sorted depths [0, {count})")
-        self._checked_positions(rows)
         self._count_fetch(rows)
         self.stats.sorted += count
         return rows

@@ -13,7 +13,7 @@ from .access import (
     Source,
     oblivious_reads,
     offers_in_store,
-    store_costs,
+    parameters_in_text,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, record
 from .keyed_noise import KeyedNoise
@@ -22,11 +22,13 @@ from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
 from .mechanisms.oblivious import (
     DEADLINES,
     check_delta_pad,
+    check_read_size,
     oblivious_deadline,
     oblivious_depth,
     oblivious_guarantee,
     oblivious_top_k,
     pad_to,
+    source_oblivious_costs,
 )
 from .mechanisms.oneshot import oneshot_top_k
 from .mechanisms.threshold import Batching, private_threshold_top_k
@@ -278,8 +280,20 @@ def _oblivious_release(
     counts_plan: CountsPlan | None = None,
 ) -> TopKResult:
     """private_top_k(..., oblivious=True): charge, read at a fixed depth (or in full), pad the
-    reads and their computation to the deadline, all from public facts
-    (mechanisms/oblivious.py)."""
+    reads, their computation and the noisy counts to the deadline, all from public facts
+    (mechanisms/oblivious.py). On a store whose driver writes parameters into the statement
+    text (pymysql), the drawn positions would be there for a server observer to read: "auto"
+    reads the whole table instead (m rows, a fixed count), "threshold" is refused."""
+    full_read = method == "oneshot_full_read"
+    if parameters_in_text(source) and not full_read:
+        if method != "auto":
+            raise ValueError(
+                f"method {method!r} cannot run obliviously on this store: its driver writes "
+                "query parameters into the statement text (MySQL / MariaDB drivers, psycopg2), "
+                "where the drawn positions would be seen; use method='auto' or "
+                "'oneshot_full_read' (a full read), or oblivious=False"
+            )
+        full_read = True
     with oblivious_reads(source), source.snapshot():
         access = CountedAccess(source, rng=rng)
         check_k_within(k, access.m)
@@ -287,13 +301,15 @@ def _oblivious_release(
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
         access.cap_scores(base.score_bound or np.inf)  # every score read as min(score, B)
+        depth = m if full_read else oblivious_depth(m, k, delta_pad)
+        check_read_size(source, k, m, depth)  # work known to be excessive: before the charge
         if budget is not None:
             cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
             budget.charge(cost if counts_plan is None else with_counts_cost(cost, counts_plan))
         distribution = make_noise(noise, guarantee.scale)
-        depth = m if method == "oneshot_full_read" else oblivious_depth(m, k, delta_pad)
+        counted = 0 if counts_plan is None else k
         if deadline is None:
-            deadline = oblivious_deadline(store_costs(source), m, depth)
+            deadline = oblivious_deadline(source_oblivious_costs(source), m, depth, counted)
             if counts_plan is not None:  # their noise is drawn inside the window
                 deadline += counts_seconds(k)
         # The padded window starts after the charge: its time follows the budget's history,
@@ -302,13 +318,8 @@ def _oblivious_release(
         # the counts' noise first, before any read: the sampler's time (which grows with |Z|)
         # is inside the padded window
         count_noises = None if counts_plan is None else counts_plan.draw(rng)
-        if method == "oneshot_full_read":
-            positions = oneshot_top_k(access, distribution.sample(rng, m), k)
-            items = access.ids_of(positions)
-            run = None
-        else:
-            run = oblivious_top_k(access, distribution, rng, k, delta_pad)
-            items = run.items
+        run = oblivious_top_k(access, distribution, rng, k, delta_pad, full_read)
+        items = run.items
         if noise == "laplace":
             items = unranked_order(items)
         counts = None
@@ -316,16 +327,19 @@ def _oblivious_release(
             counts = counts_plan.release(count_noises, *access.exact_scores_of(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
         took, overran = pad_to(reading, deadline)
-    DEADLINES.record(overran)
+    if deadline > 0:  # deadline=0 (no padding: statistical tests) is not an overrun
+        DEADLINES.record(overran, took - deadline)
+    else:
+        overran = False
     plan: dict[str, Any] = {
         "requested": method,
         "in_store": False,
         "oblivious": True,
         "delta_pad": delta_pad,
         "depth": depth,
-        "full_read": run is None or run.full_read,
-        "overlap": None if run is None else run.overlap,
-        "miss": False if run is None else run.missed,
+        "full_read": run.full_read,
+        "overlap": run.overlap,
+        "miss": run.missed,
         "deadline": deadline,
         "work_seconds": took,
         "deadline_missed": overran,

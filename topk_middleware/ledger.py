@@ -8,7 +8,8 @@ module the stored total and every cost charged so far; `charge` composes them wi
 total still holds. So threads and processes sharing a ledger never overspend it, and a process
 killed after the charge leaves it charged. When the release is done, its row is completed with
 the release time, its guarantee and source, and the operator diagnostics (access counts, method,
-m): operator-side only.
+m; for an oblivious release also its depth, deadline, work time, whether the work overran the
+deadline and whether it missed: OBLIVIOUS_LOG): operator-side only.
 
 Where the rows live is a `LedgerStore`. A URL or an SQLAlchemy engine opens the SQL store of
 adapters/ledger.py (PostgreSQL, SQLite, DuckDB; its docstring gives the tables and how each
@@ -36,6 +37,10 @@ from .accounting import (
 
 # "module:class" of the store a URL or an engine opens, imported when first needed.
 SQL_STORE = "adapters.ledger:SQLLedgerStore"
+# What the log of an oblivious release keeps besides its access counts (mechanisms/oblivious.py):
+# its depth, its deadline, how long its work took, whether that overran the deadline, and whether
+# it missed (read the whole table after the fixed batches).
+OBLIVIOUS_LOG = ("depth", "deadline", "work_seconds", "deadline_missed", "miss", "full_read")
 
 
 @runtime_checkable
@@ -209,6 +214,9 @@ class PrivacyLedger:
             "m": result.m,
             "accesses": dataclasses.asdict(result.accesses),
         }
+        plan = getattr(result, "plan", None) or {}
+        if plan.get("oblivious"):  # what the operator watches: overruns and misses
+            diagnostics["oblivious"] = {key: plan.get(key) for key in OBLIVIOUS_LOG}
         self.store.complete_charge(
             principal,
             seq,

@@ -27,10 +27,11 @@ MASK = "***"
 # authority, so a password holding '@' or ':' is masked whole.
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s'\"]*:)[^\s'\"/]*@")
 # password=... in a key=value DSN (libpq: a value quoted with '...' and backslash escapes, or up to
-# the next space) and in a URL's query string (?password=... / &password=..., up to '&').
+# the next space; a value quoted with "..." the same way, as some tools write it) and in a URL's
+# query string (?password=... / &password=..., up to '&').
 _KEY_PASSWORD = re.compile(
     r"(?P<head>(?:^|[\s?&;,(\"'])(?:password|passwd|pwd|sslpassword|passfile)\s*=\s*)"
-    r"(?:'(?:[^'\\]|\\.)*'|[^\s&;,)\"']*?(?=:?(?:[\s&;,)\"']|$)))",
+    r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&;,)\"']*?(?=:?(?:[\s&;,)\"']|$)))",
     re.IGNORECASE,
 )
 

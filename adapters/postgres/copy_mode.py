@@ -51,6 +51,7 @@ rank table's names and fingerprint; live mode is its own module (live_mode.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -80,6 +81,7 @@ from adapters._sql import (
 )
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
@@ -91,6 +93,7 @@ from ..contributions import (
     record_text,
     simple_count,
 )
+from . import oblivious as oblivious_sql
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
@@ -148,6 +151,22 @@ STORE_COSTS = StoreCosts(
 )
 
 
+# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
+# 10^6 on the test server (2 cores shared by several loads: the 90th percentile of the work at a
+# load average of 8 is 49 ms at 10^6): reads from the rank table (one heap page per drawn rank,
+# a read from the operating system once the copy outgrows the buffer cache), and, for a copy
+# not proven current, from the table itself (both batches scan it: `scan_row` per item).
+OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=3e-3,
+    sorted_row=5e-7,
+    random_row=4e-6,
+    random_miss=1e-5,
+    cached_rows=1.5e6,
+    full_row=2e-6,
+)
+STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
+
+
 class PostgresTable:
     """A histogram held in a PostgreSQL table: one row per item of the public domain.
 
@@ -160,6 +179,10 @@ class PostgresTable:
     """
 
     store_costs = STORE_COSTS
+    # What an oblivious release costs: the rank table's model, or the table's own while a run
+    # reads it (a copy not proven current).
+    oblivious_costs_copy = OBLIVIOUS_COSTS
+    oblivious_costs_table = STALE_OBLIVIOUS_COSTS
     # The class serving each mode other than "copy" (live_mode.py registers itself).
     mode_classes: dict[str, type[PostgresTable]] = {}  # noqa: RUF012
 
@@ -192,6 +215,8 @@ class PostgresTable:
             sensitivity, max_items_per_client, None, "PostgreSQL table"
         )  # bad: refused
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
+        self._pinned_run: Any = None  # the run whose plans are pinned (_oblivious_layout)
+        self._per_page: int | None = None  # its rank table's rows per heap page, if fixed
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -958,6 +983,78 @@ class PostgresTable:
         finally:
             self._oblivious = saved
 
+    # ----- oblivious reads (adapters/postgres/oblivious.py) -------------------------------------
+    @property
+    def oblivious_costs(self) -> ObliviousCosts:
+        """The model of the run in progress: the rank table's, or the table's own when the run
+        reads it (a write since prepare(): a fact of the table's history, not of its counts)."""
+        run = self._run
+        if run is not None and not run.ranked:
+            return self.oblivious_costs_table
+        return self.oblivious_costs_copy
+
+    def _oblivious_layout(self) -> int | None:
+        """Once per run that reads the rank table, before its first oblivious read: pin the
+        plans for the run's transaction and probe the rank table's heap layout; the rows per
+        heap page where ranks have fixed heap addresses (integer ids: fixed-width rows), else
+        None. (A run that reads the table itself, a copy not proven current, scans it in every
+        batch and keeps the server's plans: its positions filter is hashed in a custom plan.)"""
+        run = self._run
+        if self._pinned_run is run:
+            return self._per_page
+        with self._reading() as cur:
+            probe = cur.execute(oblivious_sql.layout_probe(self._ranks, run.m), prepare=False)
+            per_page = oblivious_sql.rows_per_page(probe.fetchone(), run.m)
+        self._pinned_run, self._per_page = run, per_page if self._integer_ids else None
+        return self._per_page
+
+    def _oblivious_sorted(self, start: int, stop: int) -> Rows:
+        """Ranks [start, stop) of the rank table: one range of its rank B-tree, which with a
+        fixed layout covers the same pages whatever the data (integer ids: packed); with other
+        ids (rows of varying width) one lookup per rank, so the pages counted do not follow the
+        ids' lengths."""
+        per_page = self._oblivious_layout()
+        with self._reading() as cur:
+            if per_page is not None:
+                query = sql.SQL("SELECT {} FROM {} AS r WHERE r.rank >= %s AND r.rank < %s").format(
+                    oblivious_sql.PACKED_COLUMNS, self._ranks
+                )
+                packed = cur.execute(query, [start, stop], binary=True, prepare=False)
+                rows = oblivious_sql.unpack(packed.fetchone())
+                wanted = np.arange(start, stop, dtype=np.int64)
+                return oblivious_sql.check_positions(rows, wanted, self.where)
+            query = sql.SQL(
+                "SELECT r.rank, r.id, r.score FROM generate_series(%s::int8, %s::int8) AS q(p) "
+                "CROSS JOIN LATERAL (SELECT rank, id, score FROM {} WHERE rank = q.p OFFSET 0) "
+                "AS r"
+            ).format(self._ranks)
+            records = cur.execute(query, [start, stop - 1], prepare=False).fetchall()
+        return rows_from_records(records)
+
+    def _oblivious_positions(self, ranks: np.ndarray) -> Rows:
+        """The rows at `ranks`, each read on its own (one heap page per rank by its address on a
+        fixed layout, else one rank B-tree lookup per rank), in rank order."""
+        per_page = self._oblivious_layout()
+        wanted = np.unique(ranks)
+        with self._reading() as cur:
+            if per_page is not None:
+                query = oblivious_sql.tid_rows_query(self._ranks, per_page)
+                oblivious_sql.binary_int8_arrays(cur)
+                parameter = oblivious_sql.Int8Array.of(wanted)
+                packed = cur.execute(query, [parameter], binary=True, prepare=False)
+                rows = oblivious_sql.unpack(packed.fetchone())
+                order = np.argsort(rows.positions, kind="stable")
+                rows = Rows(rows.positions[order], rows.ids[order], rows.scores[order])
+                return oblivious_sql.check_positions(rows, wanted, self.where)
+            query = sql.SQL(
+                "SELECT r.rank, r.id, r.score FROM unnest(%b::int8[]) AS q(p) CROSS JOIN LATERAL "
+                "(SELECT rank, id, score FROM {} WHERE rank = q.p OFFSET 0) AS r"
+            ).format(self._ranks)
+            oblivious_sql.binary_int8_arrays(cur)
+            parameter = oblivious_sql.Int8Array.of(wanted)
+            records = cur.execute(query, [parameter], prepare=False).fetchall()
+        return rows_from_records(records)
+
     def _state(self) -> _Run:
         if self._run is not None:
             return self._run
@@ -1125,6 +1222,9 @@ class PostgresTable:
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
+        if self._oblivious and self._run is not None and run.ranked:
+            if self._integer_ids or stop < run.m:  # a full read's size is public anyway
+                return self._oblivious_sorted(start, stop)
         params = [start, stop] if run.ranked else [stop - start, start]
         if run.ranked and self._integer_ids and stop - start >= PACKED_MIN_ROWS:
             rows = self._packed_rows(start, stop)
@@ -1187,6 +1287,8 @@ class PostgresTable:
 
     def read_positions(self, ranks: np.ndarray) -> Rows:
         run = self._state()
+        if self._oblivious and self._run is not None and run.ranked and len(ranks):
+            return self._oblivious_positions(np.asarray(ranks, dtype=np.int64))
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
         if not wanted:
             return rows_from_records([])

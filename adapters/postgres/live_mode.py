@@ -37,6 +37,14 @@ By default positions are not ranks: nothing is inferred from tied neighbours and
 tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row
 at m = 10^7, the ~10^4 random accesses of a plateau run included).
 
+Oblivious runs (inside `oblivious_reads()`, mechanisms/oblivious.py; adapters/postgres/
+oblivious.py) pin their plans in the first query, take no runs of tied scores, read the top
+rows from the (score DESC, id) B-tree alone (access.SortedIds: no position), and read each drawn
+position on its own, one lookup of the position table and one of the id B-tree, in a nested
+loop. Where the first query finds the integer ids to be exactly 0..m-1 (the least and the
+largest id, two probes of the id B-tree, and m), an item's position is its id: the position
+table is not read at all (one lookup per drawn position).
+
 Runs of tied scores (`max_score_runs`, default MAX_SCORE_RUNS = 32; 0 turns them off). Count
 data often has few distinct scores (a plateau, small counts, zeros). In the run's transaction,
 right after m, one query skips down the (score DESC, id) B-tree (a recursive CTE: one index probe
@@ -114,7 +122,9 @@ from adapters._sql import (
     scores_in_order,
 )
 from topk_middleware.access import AccessError, Rows
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
+from . import oblivious as oblivious_sql
 from .copy_mode import PostgresTable, _seq_scans
 
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
@@ -189,6 +199,7 @@ class _LiveRun:
     last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
     middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
     served: set[Any] = field(default_factory=set)  # ids of rows read by rank (never drawn)
+    dense: bool = False  # an oblivious run over ids 0..m-1: an item's position is its id
 
 
 def _numeric_rows(records: list[tuple[Any, ...]], depth: int | None = None) -> Rows:
@@ -214,10 +225,28 @@ def _short_name(base: str, suffix: str) -> str:
     return head.decode("utf-8", "ignore") + tag
 
 
+# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
+# 10^6 on the test server (2 cores shared by several loads: the median work at 10^6 is 30 ms at
+# a load average of 5, 61 ms at 8): a drawn position costs an id lookup (and a position-table
+# lookup where the ids are not 0..m-1), which miss the buffer cache once the table and its
+# B-trees outgrow it.
+LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=4e-3,
+    sorted_row=5e-7,
+    random_row=5e-6,
+    random_miss=1e-5,
+    cached_rows=8e5,
+    full_row=3e-6,
+)
+
+
 class LivePostgresTable(PostgresTable):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
 
+    oblivious_costs = LIVE_OBLIVIOUS_COSTS  # type: ignore[assignment]  # one model: no copy
+
     _live: _LiveRun | None = None  # the run in progress, inside snapshot()
+    _dense_ids = False  # whether the last run's first query found ids 0..m-1
     # No in-store one-shot: its keyed noise names items by rank, which a live table does not
     # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
     read_oneshot = None  # type: ignore[assignment]
@@ -472,7 +501,9 @@ END
             self._estimate, self._estimate_read_at = distinct, now
         distinct = self._estimate
         few = distinct is None or distinct <= DISTINCT_ESTIMATE_SLACK * self.max_score_runs
-        return _LiveRun(m, self._score_runs(conn, m) if few else None)
+        run = _LiveRun(m, self._score_runs(conn, m) if few else None)
+        run.dense = self._oblivious and self._dense_ids
+        return run
 
     def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
         """The snapshot's runs of tied scores if they are few and cheap to count, else None:
@@ -646,16 +677,17 @@ END
         # scan: every read of a live run has an index path, and statistics gone stale after
         # writes (a value ANALYZE saw in 3 million rows, now in 17,000) made the planner count
         # a run of tied scores by scanning the table (5.3 s at m = 10^7 instead of ~50 ms).
+        # An oblivious run pins every plan of its transaction (adapters/postgres/oblivious.py).
         query = sql.SQL(
             "SELECT set_config('jit', 'off', true), "
             "set_config('cursor_tuple_fraction', {fraction}, true), "
-            "set_config('enable_seqscan', 'off', true), "
+            "set_config('enable_seqscan', 'off', true), {pins}"
             "(SELECT count(*) FROM pg_trigger WHERE tgrelid = {base_name}::regclass "
             "AND tgname LIKE {triggers} AND NOT tgisinternal), "
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
-            "LIMIT 1), "
+            "LIMIT 1), {ids}"
             + (
                 "(SELECT max(CASE WHEN s.n_distinct >= 0 THEN s.n_distinct "
                 "ELSE -s.n_distinct * greatest(c.reltuples, 0) END) FROM pg_class AS c "
@@ -666,6 +698,15 @@ END
                 else "NULL::float8"
             )
         ).format(
+            pins=oblivious_sql.pin_plans_sql() + sql.SQL(", ") if self._oblivious else sql.SQL(""),
+            # an oblivious run with integer ids: the least and the largest id (dense ids name
+            # items by themselves, without the position table: _open_run)
+            ids=sql.SQL(
+                "(SELECT b.{id}::int8 FROM {base} AS b ORDER BY b.{id} ASC LIMIT 1), "
+                "(SELECT b.{id}::int8 FROM {base} AS b ORDER BY b.{id} DESC LIMIT 1), "
+            ).format(id=self._id, base=self._base)
+            if self._oblivious and self._integer_ids
+            else sql.SQL("NULL::int8, NULL::int8, "),
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
             triggers=sql.Literal(self.trigger_function + "%"),
@@ -675,7 +716,7 @@ END
             score_name=sql.Literal(self.score_column),
         )
         try:
-            *_, triggers, m, top, bottom, distinct = reader.execute(query).fetchone()
+            *_, triggers, m, top, bottom, low, high, distinct = reader.execute(query).fetchone()
         except psycopg.errors.UndefinedTable:
             triggers = 0
         if triggers != 3:
@@ -692,6 +733,8 @@ END
             raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
         if bottom < 0:
             raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
+        # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
+        self._dense_ids = low == 0 and high == int(m) - 1
         return int(m), None if distinct is None else float(distinct)
 
     def _live_state(self) -> _LiveRun:
@@ -748,6 +791,8 @@ END
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return rows_from_records([])
+        if self._oblivious and run.runs is None:
+            return self._oblivious_sorted(start, stop)
         drawn = [mid.first for mid in run.middles.values() if mid is not None and mid.named]
         if drawn and stop > min(drawn):
             raise AccessError(
@@ -951,6 +996,8 @@ END
         run = self._live_state()
         if run.runs is not None:
             return self._read_ranks(run.runs, np.asarray(positions, dtype=np.int64))
+        if self._oblivious and len(positions):
+            return self._oblivious_positions(np.asarray(positions, dtype=np.int64))
         wanted = plain_values(np.asarray(positions, dtype=np.int64))
         if not wanted:
             return rows_from_records([])
@@ -960,6 +1007,113 @@ END
         ).format(id=self._id, score=self._score, base=self._base, pos=self._pos)
         with self._reading() as cur:
             return rows_from_records(cur.execute(query, [wanted]).fetchall())
+
+    # ----- oblivious reads (adapters/postgres/oblivious.py; plans pinned by _live_facts) ------
+    def _oblivious_sorted(self, start: int, stop: int) -> Rows:
+        """Depths [start, stop) with their positions in one query (no cursor): the (score DESC,
+        id) B-tree in a nested loop with the position table's B-tree on id (with dense ids, the
+        B-tree alone: an item's position is its id); integer ids packed."""
+        dense = self._live_state().dense
+        query = sql.SQL(
+            "SELECT {columns} FROM (SELECT {position} AS rank, b.{id} AS id, b.{score} AS score "
+            "FROM {base} AS b{join} ORDER BY b.{order} LIMIT %s OFFSET %s) AS r"
+        ).format(
+            position=sql.SQL("b.{}::int8").format(self._id) if dense else sql.SQL("p.position"),
+            join=sql.SQL("")
+            if dense
+            else sql.SQL(" JOIN {} AS p ON p.id = b.{}").format(self._pos, self._id),
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            pos=self._pos,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+        with self._reading() as cur:
+            result = cur.execute(
+                query, [stop - start, start], binary=self._integer_ids, prepare=False
+            )
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        if len(rows) != stop - start:
+            raise AccessError(f"{self.where}: {len(rows)} rows for depths [{start}, {stop})")
+        return rows
+
+    def read_sorted_ids(self, count: int) -> Rows:
+        """access.SortedIds, in an oblivious run: the top `count` rows' ids and scores from the
+        (score DESC, id) B-tree alone, without the position table (positions -1); integer ids
+        packed. Outside one: read_sorted's rows (with their positions)."""
+        run = self._live_state()
+        count = min(int(count), run.m)
+        if not (self._oblivious and run.runs is None):
+            return self.read_sorted(0, count)
+        query = sql.SQL(
+            "SELECT {columns} FROM (SELECT -1::int8 AS rank, b.{id} AS id, b.{score} AS score "
+            "FROM {base} AS b ORDER BY b.{order} LIMIT %s) AS r"
+        ).format(
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            order=sql.SQL(", b.").join(self._order_parts()),
+        )
+        with self._reading() as cur:
+            result = cur.execute(query, [count], binary=self._integer_ids, prepare=False)
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        if len(rows) != count:
+            raise AccessError(f"{self.where}: {len(rows)} rows for the top {count}")
+        return rows
+
+    def _oblivious_positions(self, positions: np.ndarray) -> Rows:
+        """The rows at `positions`, each read on its own: one lookup of the position table's
+        primary key and one of the table's id B-tree per position (with dense ids, the id
+        B-tree alone), in a nested loop over the sorted positions; integer ids packed."""
+        wanted = np.unique(positions)
+        dense = self._live_state().dense
+        query = sql.SQL(
+            "SELECT {columns} FROM unnest(%b::int8[]) AS q(p) CROSS JOIN LATERAL "
+            "(SELECT q.p AS rank, b.{id} AS id, b.{score} AS score FROM {source} "
+            "WHERE {match} OFFSET 0) AS r"
+        ).format(
+            source=sql.SQL("{} AS b").format(self._base)
+            if dense
+            else sql.SQL("{} AS p JOIN {} AS b ON b.{} = p.id").format(
+                self._pos, self._base, self._id
+            ),
+            match=sql.SQL("b.{} = q.p").format(self._id) if dense else sql.SQL("p.position = q.p"),
+            columns=oblivious_sql.PACKED_COLUMNS
+            if self._integer_ids
+            else sql.SQL("r.rank, r.id, r.score::float8"),
+            id=self._id,
+            score=self._score,
+            base=self._base,
+            pos=self._pos,
+        )
+        with self._reading() as cur:
+            oblivious_sql.binary_int8_arrays(cur)
+            result = cur.execute(
+                query,
+                [oblivious_sql.Int8Array.of(wanted)],
+                binary=self._integer_ids,
+                prepare=False,
+            )
+            rows = (
+                oblivious_sql.unpack(result.fetchone())
+                if self._integer_ids
+                else rows_from_records(result.fetchall())
+            )
+        return oblivious_sql.check_positions(rows, wanted, self.where)
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         wanted = plain_values(ids)

@@ -87,6 +87,14 @@ _EXCEEDANCES = {
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
+# Drivers that write every parameter into the statement text on the client (which the server's
+# process list, statement history and logs show): pymysql and the other MySQL / MariaDB drivers
+# (every one but a connector known to bind on the server, of which none is tested), and psycopg2.
+# Such a table is no InStoreOneShot, and an oblivious release does not send it the drawn
+# positions (access.parameters_in_text: it reads the whole table instead).
+TEXT_PARAMETER_DIALECTS = ("mysql", "mariadb")
+TEXT_PARAMETER_DRIVERS = ("psycopg2", "psycopg2cffi")
+
 # Rows per IN list: below every driver's parameter limit (psycopg 65535; SQLite 32766 since
 # 3.32, 999 before).
 DEFAULT_MAX_PARAMS = 10_000
@@ -1506,8 +1514,13 @@ class SQLAlchemyTable:
     # ----- helpers ----------------------------------------------------------------------------
     def _no_keyed_sql(self) -> None:
         """Where the key and exceedances cannot stay out of the statement text (no entry in
-        _EXCEEDANCES: pymysql's client-side interpolation), the table is no InStoreOneShot."""
-        if self.dialect not in _EXCEEDANCES:
+        _EXCEEDANCES, or a driver that interpolates: TEXT_PARAMETER_DIALECTS and
+        TEXT_PARAMETER_DRIVERS), the table is no InStoreOneShot."""
+        self.parameters_in_text = (
+            self.dialect in TEXT_PARAMETER_DIALECTS
+            or self.engine.dialect.driver in TEXT_PARAMETER_DRIVERS
+        )
+        if self.dialect not in _EXCEEDANCES or self.parameters_in_text:
             self.read_oneshot = None  # type: ignore[assignment,method-assign]
 
     def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:

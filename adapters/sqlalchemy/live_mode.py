@@ -703,7 +703,9 @@ $topk$"""
         start, count = int(start), int(count)
         if count <= 0:
             return self._rows([], round_trips=0)
-        cursor = self._cursor if self._conn is not None else None
+        # An oblivious run pages by OFFSET: a keyset would send the last score read, a fact of
+        # the data, as a parameter (in the text, where the driver interpolates).
+        cursor = self._cursor if self._conn is not None and not self._oblivious else None
         query = self._sorted_query(start, count, cursor, self._probes(count))
         with self._connection() as conn:
             records = conn.execute(query).all()

@@ -36,6 +36,9 @@ CREATE TABLE IF NOT EXISTS topk.refusals (
 );
 ALTER TABLE topk.sources ADD COLUMN IF NOT EXISTS
     sensitivity double precision NOT NULL DEFAULT 1 CHECK (sensitivity > 0);
+-- the seconds an oblivious release from the table is padded to (NULL: the cost model's)
+ALTER TABLE topk.sources ADD COLUMN IF NOT EXISTS
+    deadline double precision CHECK (deadline > 0);
 REVOKE ALL ON topk.settings, topk.sources, topk.refusals FROM PUBLIC;
 
 -- A dropped table (or its position table) leaves the registry at once: an OID reused by a later

@@ -34,6 +34,7 @@ def exponential_mechanism(
     neighbours: str = "add_remove",
     oblivious: bool = False,
     delta_pad: float = 1e-9,
+    deadline: float | None = None,
 ) -> TopKResult:
     """One item, drawn with probability proportional to exp(epsilon * count / D) (Corollary
     4.3; D the source's sensitivity, Gumbel scale D / epsilon).
@@ -44,7 +45,8 @@ def exponential_mechanism(
     `neighbours="replace"`: the same epsilon for replace-one-client neighbours (scale 2D/epsilon,
     probabilities proportional to exp(epsilon * count / (2 D))).
     `oblivious=True`: read at a fixed depth (mechanisms/oblivious.py), the guarantee then
-    (epsilon, (1 + e^epsilon) delta_pad) for the release with the server's view of its reads.
+    (epsilon, (1 + e^epsilon) delta_pad) for the release with the server's view of its reads;
+    `deadline` as in private_top_k.
     """
     return private_top_k(
         source,
@@ -60,4 +62,5 @@ def exponential_mechanism(
         neighbours=neighbours,  # type: ignore[arg-type]
         oblivious=oblivious,
         delta_pad=delta_pad,
+        deadline=deadline,
     )

@@ -14,7 +14,9 @@ Algorithm (fixed depth d, two batches):
    the data.
 2. Read the top d rows by sorted access (S: one batch of d rows) and the d rows at R (one batch
    of d rows; on a rank-ordered copy ranks of R below d are read again, so that the row count is
-   2d exactly, not 2d minus an overlap that is a function of the noise).
+   2d exactly, not 2d minus an overlap that is a function of the noise). A store that finds
+   positions only through a lookup per row (access.SortedIds: PostgreSQL's live tables) serves
+   S without positions, and S and R are then matched by id.
 3. If |S ∩ R| >= k: every item outside S ∪ R has score <= every item of S and noise < every noise
    of R, so its h + Z is below that of each of the >= k items of S ∩ R (continuous noise: noise
    ties have probability 0). The exact one-shot answer (top-k of h + Z, Algorithm 2) is therefore
@@ -42,8 +44,10 @@ W0 = {o : (t0, o) in W}:
 so the pair is (eps, delta + (1 + e^eps) delta_pad)-DP. Assumptions: add/remove-one-client
 neighbours (the calibration's), the observer sees sizes and times but not the values bound to
 the queries (positions are bind parameters: the SQL functions pin the debug settings that would
-print them), and the wall time stays under the deadline (a missed deadline is counted in the
-diagnostics, `deadline_misses`).
+print them), and the wall time stays under the deadline. A release whose work overruns its
+deadline returns when the work ends: its wall time is then the work's own, which this guarantee
+does not cover (the reads still are fixed); the overrun is counted (`deadline_misses`, the
+release's diagnostics and, for the SQL functions, the ledger's log).
 
 Not oblivious: mechanisms whose reads depend on the data by design (peeling and the joint
 exponential mechanism read every item; limited_domain, stable and pay_what_you_get stop at a
@@ -64,6 +68,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import hypergeom
 
+from .. import interrupts
 from ..access import CountedAccess, StoreCosts
 from ..noise import NoiseDistribution
 from ..privacy import PrivacyGuarantee
@@ -72,11 +77,12 @@ from .oneshot import top_k_ranks
 # Mechanisms that cannot be made oblivious (module docstring): refused in oblivious mode.
 NOT_OBLIVIOUS = ("peeling", "joint", "limited_domain", "stable", "pay_what_you_get", "cost_aware")
 
-# The deadline: DEADLINE_MARGIN times the modelled cost of the two batches and the noise, plus a
-# floor (scheduling jitter of a loaded machine); the client-side work per candidate row.
-DEADLINE_MARGIN = 2.0
-DEADLINE_FLOOR = 0.02
-CLIENT_ROW_SECONDS = 2e-6
+# The deadline: DEADLINE_MARGIN times the store's modelled cost of the release (ObliviousCosts),
+# plus a floor (scheduling jitter of a loaded machine). The padding sleeps in slices of at most
+# PAD_SLICE seconds and checks for interrupts after each (interrupts.py).
+DEADLINE_MARGIN = 1.5
+DEADLINE_FLOOR = 0.01
+PAD_SLICE = 0.05
 
 
 def check_delta_pad(delta_pad: Any) -> float:
@@ -132,70 +138,145 @@ def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuar
     )
 
 
-def oblivious_deadline(costs: StoreCosts, m: int, d: int) -> float:
-    """Seconds a release may take, from public facts only: the store's cost model for a sorted
-    batch of d rows and a random batch of d rows (or a full read when 2d >= m), with a margin."""
-    if 2 * d >= m:
-        modelled = 2 * costs.round_trip + m * (costs.full_read_row + CLIENT_ROW_SECONDS)
-    else:
-        modelled = (
-            3 * costs.round_trip
-            + d * costs.sorted_row
-            + costs.random_batch_seconds(m)
-            + d * costs.random_row
-            + 2 * d * CLIENT_ROW_SECONDS
+@dataclass(frozen=True)
+class ObliviousCosts:
+    """What an oblivious release costs on one store and mode, in seconds: its deadline's model.
+
+    A release makes a fixed number of round trips (`fixed`: the snapshot, m, the top row, the
+    pinned settings, the commit), reads d rows in score order (`sorted_row` each) and the d rows
+    at the drawn positions (`random_row` each, plus `random_miss` for the share of them the
+    store's cache cannot hold: 1 - cached_rows / m, a read from the operating system), or m rows
+    once (`full_row` each, when 2d >= m), and reads `counts` exact counts of the winners (`count`
+    each; the bound on drawing their noise is noisy_counts.counts_seconds, added by the caller), plus `scan_row` per item of the domain where the batches scan the
+    table or a column of it (no index serves them). Each row's cost includes the client's work
+    on it. Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables
+    and the SQL functions' SPI reads have theirs; a store without one gets `costs_from_store`."""
+
+    fixed: float = 5e-3
+    sorted_row: float = 2e-6
+    random_row: float = 1e-5
+    random_miss: float = 0.0
+    cached_rows: float = math.inf
+    full_row: float = 2e-6
+    count: float = 3e-4
+    scan_row: float = 0.0  # per item of the domain, where the release's batches scan it
+
+    def seconds(self, m: int, d: int, counts: int = 0) -> float:
+        """The modelled seconds of a release reading d rows of each list (a full read of m rows
+        when 2d >= m) and releasing `counts` noisy counts."""
+        if 2 * d >= m:
+            reads = m * self.full_row
+        else:
+            cold = max(0.0, 1.0 - self.cached_rows / m)
+            reads = d * (self.sorted_row + self.random_row + cold * self.random_miss)
+            reads += m * self.scan_row
+        return self.fixed + reads + counts * self.count
+
+
+def costs_from_store(costs: StoreCosts) -> ObliviousCosts:
+    """An ObliviousCosts from a store's StoreCosts (a store that gives no model of its own)."""
+    return ObliviousCosts(
+        fixed=6 * costs.round_trip + costs.random_batch,
+        sorted_row=costs.sorted_row + 1e-6,
+        random_row=costs.random_row + 1e-6,
+        full_row=costs.full_read_row + 1e-6,
+        scan_row=costs.random_batch_item,
+    )
+
+
+def source_oblivious_costs(source: Any) -> ObliviousCosts:
+    """The source's own model (an `oblivious_costs` attribute), else one from its StoreCosts."""
+    costs = getattr(source, "oblivious_costs", None)
+    if isinstance(costs, ObliviousCosts):
+        return costs
+    stored = getattr(source, "store_costs", None)
+    return costs_from_store(stored if isinstance(stored, StoreCosts) else StoreCosts())
+
+
+def check_read_size(source: Any, k: int, m: int, d: int) -> None:
+    """Refuse, before anything is charged, a release that would read more rows than the store
+    allows (an optional `max_oblivious_rows` attribute: the SQL functions' SPI reads hold every
+    row in the server process): ValueError naming k and the bound."""
+    bound = getattr(source, "max_oblivious_rows", None)
+    if bound is not None and rows_read(m, d) > bound:
+        raise ValueError(
+            f"an oblivious top-{k} on this table would read {rows_read(m, d):,} rows, more than "
+            f"the {bound:,} this store takes in one release: ask for a smaller k"
         )
-    return DEADLINE_MARGIN * modelled + DEADLINE_FLOOR
+
+
+def oblivious_deadline(costs: ObliviousCosts, m: int, d: int, counts: int = 0) -> float:
+    """Seconds a release may take, from public facts only (m, d, the number of counts, the
+    store's model): DEADLINE_MARGIN times the model, plus DEADLINE_FLOOR."""
+    return DEADLINE_MARGIN * costs.seconds(m, d, counts) + DEADLINE_FLOOR
 
 
 @dataclass
 class DeadlineLog:
-    """How many oblivious releases ran in this process and how many overran their deadline (an
-    operator diagnostic: an overrun shows the observer a data-independent but longer time)."""
+    """How many oblivious releases ran in this process, how many overran their deadline and by
+    how much at most (an operator diagnostic: an overrun shows the observer the work's own
+    time, which the guarantee does not cover; docs/oblivious.md)."""
 
     releases: int = 0
     missed: int = 0
+    worst_overrun: float = 0.0  # seconds past the deadline, the largest seen
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record(self, missed: bool) -> None:
+    def record(self, missed: bool, overrun: float = 0.0) -> None:
         with self.lock:
             self.releases += 1
             self.missed += int(missed)
+            self.worst_overrun = max(self.worst_overrun, float(overrun))
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         with self.lock:
-            return {"releases": self.releases, "missed": self.missed}
+            return {
+                "releases": self.releases,
+                "missed": self.missed,
+                "worst_overrun": self.worst_overrun,
+            }
 
 
 DEADLINES = DeadlineLog()
 
 
-def deadline_misses() -> dict[str, int]:
-    """{"releases", "missed"}: oblivious releases of this process and their missed deadlines."""
+def deadline_misses() -> dict[str, float]:
+    """{"releases", "missed", "worst_overrun"}: oblivious releases of this process, how many
+    overran their deadline, and the largest overrun in seconds."""
     return DEADLINES.as_dict()
 
 
 def pad_to(started: float, deadline: float) -> tuple[float, bool]:
-    """Sleep until `deadline` seconds after `started` (time.perf_counter); (the seconds the work
-    took, whether it overran the deadline)."""
+    """Sleep until `deadline` seconds after `started` (time.perf_counter), in slices of at most
+    PAD_SLICE seconds with an interrupt check after each (a cancel is answered within about
+    PAD_SLICE + interrupts.INTERVAL); (the seconds the work took, whether it overran)."""
     took = time.perf_counter() - started
     while True:
         left = started + deadline - time.perf_counter()
         if left <= 0:
             break
-        time.sleep(left)
+        time.sleep(min(left, PAD_SLICE))
+        interrupts.check()
     return took, took > deadline
 
 
 @dataclass(frozen=True)
 class ObliviousRun:
-    """What an oblivious run read and found (operator diagnostics)."""
+    """What an oblivious run released (the items, best first, and their scores as read) and
+    what it read and found (operator diagnostics)."""
 
     items: list[Any]
+    scores: list[float]
     depth: int
     overlap: int
     missed: bool
     full_read: bool
+
+
+def rows_read(m: int, d: int) -> int:
+    """The rows an oblivious release reads besides its top row: 2d, or m when 2d >= m (a miss,
+    of probability <= delta_pad, reads m more)."""
+    return m if 2 * d >= m else 2 * d
 
 
 def top_noises(
@@ -226,22 +307,34 @@ def oblivious_top_k(
     rng: np.random.Generator,
     k: int,
     delta_pad: float,
+    full_read: bool = False,
 ) -> ObliviousRun:
     """The exact one-shot top-k (Algorithm 2) of h + Z read at a fixed depth (module docstring):
-    the ids, best first (ties: smaller position)."""
+    the ids, best first (ties: smaller position). `full_read`: read all m rows whatever d."""
     m = access.m
-    d = oblivious_depth(m, k, delta_pad)
+    d = m if full_read else oblivious_depth(m, k, delta_pad)
     if 2 * d >= m:
         rows = access.read_all()
         positions = np.asarray(rows.positions, dtype=np.int64)
         noises = distribution.sample(rng, m)[positions]
         best = top_k_ranks(rows.scores + noises, k, positions)
-        return ObliviousRun(_ids(np.asarray(rows.ids, object)[best]), d, m, False, True)
+        return ObliviousRun(
+            _ids(np.asarray(rows.ids, object)[best]),
+            np.asarray(rows.scores, np.float64)[best].tolist(),
+            d,
+            m,
+            False,
+            True,
+        )
     top_positions, top_values, v_d = top_noises(distribution, rng, m, d)
-    head = access.read_sorted_batch(d)
+    head = access.read_sorted_batch(d, positions=False)
     drawn = access.read_positions_batch(top_positions)
     head_positions = np.asarray(head.positions, dtype=np.int64)
-    in_top = np.isin(head_positions, top_positions, assume_unique=True)
+    if len(head_positions) and head_positions[0] < 0:  # a SortedIds store: match by id
+        in_top = np.isin(_id_keys(head.ids), _id_keys(drawn.ids))
+        head_positions = m + np.arange(len(head_positions), dtype=np.int64)  # tie keys only
+    else:
+        in_top = np.isin(head_positions, top_positions, assume_unique=True)
     overlap = int(in_top.sum())
     order = np.argsort(top_positions)
     sorted_top = top_positions[order]
@@ -250,6 +343,8 @@ def oblivious_top_k(
         drawn_positions = np.asarray(drawn.positions, dtype=np.int64)
         drawn_noises = top_values[order][np.searchsorted(sorted_top, drawn_positions)]
         rest = ~in_top
+        # ties of h + Z (probability 0: continuous noise) go to the smaller key: positions for
+        # the rows of R, and past every position, in sorted order, for the rows of S \ R
         positions = np.concatenate([drawn_positions, head_positions[rest]])
         scores = np.concatenate([drawn.scores, np.asarray(head.scores)[rest]]).astype(np.float64)
         ids = np.concatenate([np.asarray(drawn.ids, object), np.asarray(head.ids, object)[rest]])
@@ -257,15 +352,24 @@ def oblivious_top_k(
             [drawn_noises, noises_below(distribution, rng, v_d, int(rest.sum()))]
         )
         best = top_k_ranks(scores + noises, k, positions)
-        return ObliviousRun(_ids(ids[best]), d, overlap, False, False)
+        return ObliviousRun(_ids(ids[best]), scores[best].tolist(), d, overlap, False, False)
     # A miss (probability <= delta_pad, whatever the data): the full one-shot with the same
     # top noises, every other noise drawn below them.
     rows = access.read_all()
     positions = np.asarray(rows.positions, dtype=np.int64)
     by_position = noises_below(distribution, rng, v_d, m)
     by_position[top_positions] = top_values
-    best = top_k_ranks(np.asarray(rows.scores, np.float64) + by_position[positions], k, positions)
-    return ObliviousRun(_ids(np.asarray(rows.ids, object)[best]), d, overlap, True, False)
+    scores = np.asarray(rows.scores, np.float64)
+    best = top_k_ranks(scores + by_position[positions], k, positions)
+    return ObliviousRun(
+        _ids(np.asarray(rows.ids, object)[best]), scores[best].tolist(), d, overlap, True, False
+    )
+
+
+def _id_keys(ids: Any) -> np.ndarray:
+    """Ids as an array np.isin compares by value (integers as int64, anything else as text)."""
+    values = np.asarray(ids)
+    return values if values.dtype.kind in "iu" else np.asarray([str(v) for v in values.tolist()])
 
 
 def _ids(values: np.ndarray) -> list[Any]:
