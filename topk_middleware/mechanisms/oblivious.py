@@ -142,14 +142,15 @@ def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuar
 class ObliviousCosts:
     """What an oblivious release costs on one store and mode, in seconds: its deadline's model.
 
-    A release makes a fixed number of round trips (`fixed`: the snapshot, m, the top row, the
-    pinned settings, the commit), reads d rows in score order (`sorted_row` each) and the d rows
-    at the drawn positions (`random_row` each, plus `random_miss` for the share of them the
-    store's cache cannot hold: 1 - cached_rows / m, a read from the operating system), or m rows
-    once (`full_row` each, when 2d >= m), and reads `counts` exact counts of the winners (`count`
-    each; the bound on drawing their noise is noisy_counts.counts_seconds, added by the caller), plus `scan_row` per item of the domain where the batches scan the
-    table or a column of it (no index serves them). Each row's cost includes the client's work
-    on it. Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables
+    A release makes a fixed number of round trips (`fixed`: the snapshot, m, the pinned
+    settings, the commit), reads d rows in score order (`sorted_row` each) and the d rows at the
+    drawn positions (`random_row` each, plus `random_miss` for the share of them the store's
+    cache cannot hold: 1 - cached_rows / m, a read from the operating system), or m rows once
+    (`full_row` each, when 2d >= m), and reads `counts` exact counts of the winners (`count`
+    each; the bound on drawing their noise, noisy_counts.counts_seconds, is added by the
+    caller), plus `scan_row` per item of the domain where the batches scan the table or a
+    column of it (no index serves them). Each row's cost includes the client's work on it.
+    Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables
     and the SQL functions' SPI reads have theirs; a store without one gets `costs_from_store`."""
 
     fixed: float = 5e-3
