@@ -63,7 +63,15 @@ from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import check_sensitivity
 
 from .._sql import rank_table_name, scores_in_order
-from .direct import Direct, direct_costs, direct_oneshot, price, read_top, source_facts
+from .direct import (
+    Direct,
+    direct_costs,
+    direct_oneshot,
+    prepare_seconds,
+    price,
+    read_top,
+    source_facts,
+)
 from .layout import (
     BUCKET_CAP,
     DIRECT_SORTED_MAX,
@@ -163,9 +171,12 @@ class SparkTable:
         self._versions: dict[str, Version] = {}  # manifests read (immutable)
         self._frames: dict[str, Any] = {}  # DataFrames of versions read
         self._facts: tuple[str, Any] | None = None  # (fingerprint, direct.Facts) of the source
-        self._rent: dict[str, float] = {}  # modelled seconds of table reads, by copy version
+        self._rent: dict[str, float] = {}  # seconds spent reading the table, by copy version
+        self._prepared: tuple[int, float] | None = None  # (m, seconds) of this object's last write
         self._oblivious = False
         self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
+        # seconds of each Spark query made for runs, where the caller asks (a list: benchmarks)
+        self.query_seconds: list[float] | None = None
         self._id_type = self._check_columns()
 
     def _plan_hash(self, frame: Any) -> str:
@@ -351,6 +362,7 @@ class SparkTable:
         """The pass over the source (direct.source_facts), kept for its fingerprint."""
         if fingerprint and self._facts is not None and self._facts[0] == fingerprint:
             return self._facts[1]
+        started = time.perf_counter()
         facts = source_facts(
             self.spark,
             self._columns(frame),
@@ -360,6 +372,8 @@ class SparkTable:
             distinct=m_guess <= DISTINCT_CHECK_MAX,
             top=TOP_ROWS,
         )
+        if self.query_seconds is not None:
+            self.query_seconds.append(time.perf_counter() - started)
         if fingerprint:
             self._facts = (fingerprint, facts)
         return facts
@@ -387,9 +401,11 @@ class SparkTable:
 
     def _write(self, fingerprint: str, frame: Any, listing: Listing) -> str:
         """Validate, write a new version, switch to it, delete versions no longer kept."""
+        started = time.perf_counter()
         m, content = self.validate(frame)
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         self._write_version(name, m, content, fingerprint, frame)
+        self._prepared = (m, time.perf_counter() - started)
         if fingerprint and self.fingerprint() != fingerprint:  # written while the source changed
             self._storage.delete(f"{self.copy}/manifests/version={name}")
             self._storage.delete(f"{self.copy}/v={name}")
@@ -610,9 +626,17 @@ class SparkTable:
             fingerprint and self._facts is not None and self._facts[0] == fingerprint
         )
         table_seconds, refresh_seconds = price(version.m, bool(known))
+        basis = "modelled"
+        if self._prepared is not None:  # this object's last write, measured, scaled to m
+            m_then, seconds = self._prepared
+            refresh_seconds += seconds * version.m / max(m_then, 1) - prepare_seconds(m_then)
+            basis = "measured"
         rent = self._rent.get(version.name, 0.0)
         freshness.update(
-            table_seconds=table_seconds, refresh_seconds=refresh_seconds, rent_seconds=rent
+            table_seconds=table_seconds,
+            refresh_seconds=refresh_seconds,
+            refresh_basis=basis,
+            rent_seconds=rent,
         )
         if self._oblivious or rent + table_seconds >= refresh_seconds:
             freshness["path"] = "refreshed"
@@ -853,8 +877,9 @@ class SparkTable:
     def _query(self, action: Any, direct: bool = False) -> Any:
         """Run a query on the copy (or the source); a failure of Spark becomes an AccessError
         in our words."""
+        started = time.perf_counter()
         try:
-            return action()
+            got = action()
         except Exception as error:
             kind = type(error).__name__
             if direct:
@@ -863,6 +888,9 @@ class SparkTable:
                 f"{self.where}: a read of its rank-ordered copy at {self.copy} failed ({kind}); "
                 "the copy may have been removed: call prepare(refresh=True)"
             ) from None
+        if self.query_seconds is not None:
+            self.query_seconds.append(time.perf_counter() - started)
+        return got
 
     def __repr__(self) -> str:
         return f"SparkTable({self.where}, copy={self.copy!r})"

@@ -16,9 +16,10 @@ For one release the table is always cheaper (a pass or two against a sort and wr
 row), but every release on a stale copy pays it again, so the choice follows the ski-rental
 rule: read the table while the seconds spent so on this version of the copy (measured: the
 rent) and this release's (modelled) stay below one refresh and the threshold run after it
-(modelled); then refresh. Over the releases between two writes that costs at most about twice
-what the better of "always read the table" and "refresh at once" would have (Karlin,
-Manasse, Rudolph, Sleator 1988: the deterministic ski-rental bound).
+(this object's last prepare(), measured and scaled to m, else modelled); then refresh. Over
+the releases between two writes that costs at most about twice what the better of "always
+read the table" and "refresh at once" would have (Karlin, Manasse, Rudolph, Sleator 1988: the
+deterministic ski-rental bound).
 
 Positions. Keyed noise needs a label per item that the key hashes and that no two items share;
 the split (keyed_noise.py: exceedances drawn by the client) needs more, a dense numbering
@@ -97,8 +98,13 @@ def price(m: int, facts_known: bool) -> tuple[float, float]:
     as measured (SparkTable.snapshot)."""
     scan = JOB_SECONDS + m * SCAN_ROW
     table = (0.0 if facts_known else scan) + scan
-    refresh = PREPARE_JOBS * JOB_SECONDS + m * PREPARE_ROW + 3 * STORE_COSTS.round_trip
-    return table, refresh
+    return table, prepare_seconds(m) + 3 * STORE_COSTS.round_trip
+
+
+def prepare_seconds(m: int) -> float:
+    """Modelled seconds of prepare() on m rows (SparkTable prices a refresh with its own last
+    prepare(), measured and scaled to m, where it made one)."""
+    return PREPARE_JOBS * JOB_SECONDS + m * PREPARE_ROW
 
 
 def direct_costs(m: int) -> StoreCosts:
