@@ -157,7 +157,7 @@ class SparkTable:
         else:  # a DataFrame
             self.table, self.is_path, self._frame = None, False, table
             self.where = "Spark DataFrame"
-            name = "frame_" + self._plan_hash(table)
+            name = "frame_" + self._plan_hash(table) if copy is None else "frame"
         self._schema: tuple[Any, Any] | None = None  # a Parquet path's (its files, schema)
         if copy is None:
             short = rank_table_name(name.replace(".", "_"), id, score)
