@@ -579,8 +579,7 @@ def test_from_votes_bounds_each_client_as_the_other_stores(
     key = "ab" * 32
     monkeypatch.setattr(spark_votes, "fresh_key", lambda: key)
     monkeypatch.setattr(duck_adapter, "fresh_key", lambda: key)
-    cases = [
-        {},
+    cases = [  # COUNT(DISTINCT client), the default, is test_counts_from_votes'
         {"max_per_item": 3},
         {"weight": "w", "max_per_item": 2.5},
         {"max_per_item": 3, "max_items_per_client": 2},

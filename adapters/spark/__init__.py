@@ -16,8 +16,9 @@ storage, so `prepare()` writes a *rank-ordered copy* of the table, in one distri
   switch, and the newest manifest in a listing of `manifests/` is the current version (a file
   listing, no Spark job on a classic session; storage.py). A copy is immutable: a refresh
   writes a new version, and a run (`snapshot()`) reads the version it found at its start,
-  whatever is written meanwhile. After the switch, versions older than the newest `keep` are
-  deleted once superseded for `grace` seconds and read by no snapshot of this process.
+  whatever is written meanwhile. Versions older than the newest `keep` are deleted (after a
+  switch, and by the next run) once superseded for `grace` seconds and read by no snapshot of
+  this process.
 
 Freshness (docs/freshness.md). The fingerprint of the source is its schema and, for every file
 Spark reads it from, the path, length and modification time (Hadoop's FileSystem on a classic
@@ -613,6 +614,8 @@ class SparkTable:
         version = self._version(listing.versions)
         if version is None:
             raise AccessError(f"{self.where} has no rank-ordered copy: call prepare()")
+        if len(listing.versions) > self.keep:  # superseded versions whose grace has passed
+            self._collect(listing.versions)
         proof = "frozen" if self.frozen else ("fingerprint" if fingerprint else "content pass")
         freshness: dict[str, Any] = {"proof": proof, "version": version.name}
         self.last_freshness = freshness
