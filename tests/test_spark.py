@@ -353,6 +353,8 @@ def test_a_rewrite_in_place_is_seen(spark: Any, spark_dir: Path, single_file: bo
     time.sleep(0.01)  # modification times have millisecond resolution
     write_arrow(path, new, ids)
     assert source.fingerprint() != before and source.is_stale()
+    if single_file:
+        return  # the releases below read the table the same way
     got = private_top_k(source, 3, 1000.0, seed=0)
     assert set(got.items) == winners_of(new, ids, 3)
     assert got.diagnostics.plan["freshness"]["path"] == "table"
@@ -475,19 +477,18 @@ def test_old_versions_are_deleted_but_not_under_a_reader(spark: Any, spark_dir: 
 
     other = SparkTable(spark, str(path), id=ID_COLUMN, score=SCORE_COLUMN, copy=source.copy)
     names = [source.prepare()]
-    for round_ in range(1, 4):
-        if round_ == 2:
-            reader = other.snapshot()
-            reader.__enter__()  # reads names[1] while two versions are written
-            reading = other._run.version.name
+    reader = other.snapshot()
+    reader.__enter__()  # reads names[0] while two versions are written
+    reading = other._run.version.name
+    for round_ in (1, 2):
         write_arrow(path, np.roll(np.arange(50), round_), ids)
         names.append(source.prepare(refresh=True))
-    assert reading == names[1]
-    assert on_disk() == sorted([names[1], names[2], names[3]])  # names[1] has a reader
+    assert reading == names[0]
+    assert on_disk() == sorted(names)  # names[0] is older than the newest 2, but has a reader
     reader.__exit__(None, None, None)
     write_arrow(path, np.roll(np.arange(50), 9), ids)
     names.append(patient.prepare(refresh=True))  # grace=3600: nothing deleted
-    assert on_disk() == sorted(names[1:])
+    assert on_disk() == sorted(names)
     write_arrow(path, np.roll(np.arange(50), 11), ids)
     names.append(source.prepare(refresh=True))
     assert on_disk() == names[-2:]
