@@ -5,7 +5,8 @@ prepare(), checks that prepare() added objects, runs uninstall(), and checks tha
 exactly what it was before: the table of counts and its rows untouched, an index the table had
 before kept. Also: uninstall() is idempotent, refuses a rank table prepare() did not build (a
 user's table of that name survives), and a release after uninstall() needs prepare() again.
-Servers: PostgreSQL at TOPK_PG_DSN, MariaDB at TOPK_MARIADB_URL (as tests/stores_*.py).
+Servers: PostgreSQL at TOPK_PG_DSN, MariaDB at TOPK_MARIADB_URL (as tests/stores_*.py); Spark:
+the test run's local session (tests/stores_spark.py), its test in the "spark" group.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from adapters.postgres import PostgresTable
 from adapters.sqlalchemy import SQLAlchemyTable
 from tests.stores_postgres import DEFAULT_PG_DSN
 from tests.stores_sqlalchemy import DEFAULT_MARIADB_URL, postgres_url_and_args
+from topk_middleware.access import AccessError
 from topk_middleware.api import private_top_k
 
 M = 200
@@ -309,3 +311,35 @@ def test_sqlalchemy_uninstall(dialect: str, mode: str, tmp_path: Any) -> None:
             elif dialect == "mariadb":
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
         engine.dispose()
+
+
+# ----- Spark -----------------------------------------------------------------------------------
+@pytest.mark.xdist_group("spark")
+def test_spark_uninstall_every_version(spark: Any, tmp_path: Any) -> None:
+    """Every version, its runs and the manifests go, wherever the copy lives (here a `file:`
+    URI, through Hadoop's FileSystem); the source and a bystander file stay. The storage is
+    the catalog: the files under the copy's parent, but the source's, listed before and after."""
+    from adapters.spark import SparkTable
+
+    rows = [(int(i), int(s)) for i, s in zip(IDS.tolist(), SCORES.tolist(), strict=True)]
+    path = str(tmp_path / "votes")
+    spark.createDataFrame(rows, "id BIGINT, score BIGINT").write.parquet(path)
+    (tmp_path / "bystander.txt").write_text("kept")
+
+    def catalog() -> set[Any]:  # every file but the source's (checked by counts)
+        found = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+        return {f for f in found if not f.startswith("votes/")}
+
+    source = SparkTable(spark, path, copy=f"file:{tmp_path}/votes-copy", keep=3)
+    counts = lambda: _rows(spark.read.parquet(path).collect())  # noqa: E731
+    _check_cycle(catalog, source, counts)
+    before = catalog()
+    source.prepare()
+    scores = [(i, (s + 7) % 601) for i, s in rows]  # a second version
+    spark.createDataFrame(scores, "id BIGINT, score BIGINT").write.mode("overwrite").parquet(path)
+    source.prepare(refresh=True)
+    assert len({p.split("/")[1] for p in catalog() - before if p.startswith("votes-copy/v=")}) == 2
+    source.uninstall()
+    assert catalog() == before and not (tmp_path / "votes-copy").exists()
+    with pytest.raises(AccessError, match="call prepare"):
+        private_top_k(source, k=1, epsilon=1.0, seed=0)

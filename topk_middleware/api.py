@@ -246,6 +246,7 @@ def private_top_k(
     plan["requested"], plan["in_store"] = method, in_store
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
+    _note_freshness(plan, source)
     seconds = {"total": time.perf_counter() - started}
     ran = "threshold" if threshold_ran else "oneshot"  # the mechanism; where: plan
     result = TopKResult(
@@ -345,6 +346,7 @@ def _oblivious_release(
         "deadline_missed": overran,
         "deadline_misses": DEADLINES.as_dict(),
     }
+    _note_freshness(plan, source)
     seconds = {"total": time.perf_counter() - started, "work": took}
     result = TopKResult(
         items,
@@ -359,6 +361,14 @@ def _oblivious_release(
         count_error=None if counts_plan is None else counts_plan.count_error,
     )
     return record(budget, result)
+
+
+def _note_freshness(plan: dict[str, Any], source: Source) -> None:
+    """How the run knew its data current, where the store says (`last_freshness`: what it read
+    and why; operator information, like the rest of the plan)."""
+    freshness = getattr(source, "last_freshness", None)
+    if freshness is not None:
+        plan["freshness"] = dict(freshness) if isinstance(freshness, dict) else freshness
 
 
 def budgeted_private_top_k(

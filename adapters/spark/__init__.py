@@ -9,14 +9,25 @@ storage, so `prepare()` writes a *rank-ordered copy* of the table, in one distri
   buckets (`bucket_of`: 4096 ranks, doubling up to 2^22, then 2^22 each), with row groups of
   about 1 MB. A filter on `bucket` prunes directories when Spark plans the query; a range on
   `rank` skips row groups by their min/max.
-* `<copy>/v=<version>/runs/`: the runs of tied scores (first rank, score).
+* `<copy>/v=<version>/runs/`: the runs of tied scores (first rank, score), where they are many.
 * `<copy>/manifests/version=<version>/`: one Parquet row per version (m, the runs where there
   are few, the fingerprint of the source). A version's files are written before its manifest;
   the manifest's file appearing (renamed into place when its write commits) is the atomic
   switch, and the newest manifest in a listing of `manifests/` is the current version (a file
-  listing, no Spark job; a manifest's row is read once). A copy is immutable: a refresh writes
-  a new version, and a run (`snapshot()`) reads the version it found at its start, whatever is
-  written meanwhile.
+  listing, no Spark job on a classic session; storage.py). A copy is immutable: a refresh
+  writes a new version, and a run (`snapshot()`) reads the version it found at its start,
+  whatever is written meanwhile. Versions older than the newest `keep` are deleted (after a
+  switch, and by the next run) once superseded for `grace` seconds and read by no snapshot of
+  this process.
+
+Freshness (docs/freshness.md). The fingerprint of the source is its schema and, for every file
+Spark reads it from, the path, length and modification time (Hadoop's FileSystem on a classic
+session, one `binaryFile` listing on Spark Connect; storage.py): a rewrite in place changes it.
+A source Spark lists no files for (a DataFrame built in memory) has fingerprint "", and each
+run proves its copy current with one pass comparing m and a hash of the contents. Unless
+`frozen`, a run whose copy is not current reads the table itself or refreshes the copy,
+whichever is priced cheaper (direct.py), and records which in `last_freshness` (the release's
+`diagnostics.plan["freshness"]`).
 
 A Spark query costs 0.05-0.4 s whatever its size (planning, scheduling), so the source reads
 ahead (`sorted_read_rows`), keeps the runs in hand (read with m, in the manifest's row), and
@@ -26,8 +37,10 @@ filters (an IN list of more than about ten values reaches Parquet only as one mi
 The in-store one-shot (keyed_noise.py) runs as one Spark SQL query with `sha2`, and `method=
 "auto"` prices it and the threshold run with the costs measured here (`STORE_COSTS`).
 
-Size: one class, SparkTable, whose methods share the session, the version a run reads and the
-runs in hand; the copy's layout is layout.py and the one-shot query oneshot.py.
+Size: one class, SparkTable, whose methods share the session, the version a run reads, the runs
+in hand and the state of a run on the table itself; the copy's layout is layout.py, the one-shot
+query on the copy oneshot.py, reads of the table itself direct.py, counts from votes votes.py,
+file statuses and deletion storage.py.
 """
 
 from __future__ import annotations
@@ -36,22 +49,34 @@ import hashlib
 import json
 import math
 import os
-import shutil
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import check_sensitivity
 
-from .._sql import TableFacts, raise_if_invalid, rank_table_name, scores_in_order
+from .._sql import rank_table_name, scores_in_order
+from .direct import (
+    Direct,
+    direct_costs,
+    direct_oneshot,
+    prepare_seconds,
+    price,
+    read_top,
+    source_facts,
+)
 from .layout import (
     BUCKET_CAP,
+    DIRECT_SORTED_MAX,
+    DISTINCT_CHECK_MAX,
     FIRST_BUCKET,
     MANIFEST_SCHEMA,
     MAX_RANGES,
@@ -60,6 +85,7 @@ from .layout import (
     SORT_PARTITION_ROWS,
     SORTED_READ_ROWS,
     STORE_COSTS,
+    TOP_ROWS,
     Run,
     Version,
     arrow_rows,
@@ -72,21 +98,30 @@ from .layout import (
     named_column,
 )
 from .oneshot import read_oneshot
+from .storage import Listing, Storage
+from .votes import counts_from_votes
 
 __all__ = ["STORE_COSTS", "SparkTable", "bucket_of", "buckets_between"]
+
+# Versions read by snapshots of this process, by (copy, version): never deleted under them.
+_READERS: Counter[tuple[str, str]] = Counter()
+_READERS_LOCK = threading.Lock()
 
 
 class SparkTable:
     """A histogram in a Spark table: one row per item of the public domain.
 
-    `table` is a catalog table name, a Parquet path (anything with a "/" in it), or a DataFrame
-    (then `copy` is required). `id` is an integer or string column, `score` a numeric one. The
-    rank-ordered copy lives under `copy` (default: beside a Parquet path, else under the
-    session's warehouse directory). Works with a classic SparkSession and with Spark Connect.
-    """
+    `table` is a catalog table name, a Parquet path (anything with a "/" in it), or a DataFrame.
+    `id` is an integer or string column, `score` a numeric one. The rank-ordered copy lives
+    under `copy` (default: beside a Parquet path, else under the session's warehouse directory,
+    named after the table, or for a DataFrame after a hash of its plan). Works with a classic
+    SparkSession and with Spark Connect. `frozen=True` promises that the source does not change
+    after prepare(): runs then read the copy without checking it. `keep` versions of the copy
+    stay on storage (the current one and, by default, the one before it, which a run that began
+    before the switch may still read); older ones are deleted once superseded for `grace`
+    seconds (a run of another process reading them has had that long to finish)."""
 
     sorted_read_rows = SORTED_READ_ROWS
-    store_costs = STORE_COSTS
 
     def __init__(
         self,
@@ -98,12 +133,20 @@ class SparkTable:
         copy: str | None = None,
         sensitivity: float = 1,
         frozen: bool = False,
+        keep: int = 2,
+        grace: float = 300.0,
     ) -> None:
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an integer >= 1 (versions kept), got {keep!r}")
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
+            raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
         self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         self.frozen = frozen  # the caller's promise: the source does not change after prepare()
+        self.keep, self.grace = keep, float(grace)
         self.spark = spark
+        self._storage = Storage(spark)
         self.id_column, self.score_column = id, score
         self._frame = None
         if isinstance(table, str):
@@ -113,10 +156,10 @@ class SparkTable:
             self.where = f"{kind} {table!r}"
             name = os.path.basename(table.rstrip("/")) if self.is_path else table
         else:  # a DataFrame
-            if copy is None:
-                raise ValueError("a SparkTable over a DataFrame needs copy= (where its copy goes)")
             self.table, self.is_path, self._frame = None, False, table
-            self.where, name = "Spark DataFrame", "frame"
+            self.where = "Spark DataFrame"
+            name = "frame_" + self._plan_hash(table) if copy is None else "frame"
+        self._schema: tuple[Any, Any] | None = None  # a Parquet path's (its files, schema)
         if copy is None:
             short = rank_table_name(name.replace(".", "_"), id, score)
             if self.is_path:
@@ -128,21 +171,44 @@ class SparkTable:
         self._run: Run | None = None
         self._versions: dict[str, Version] = {}  # manifests read (immutable)
         self._frames: dict[str, Any] = {}  # DataFrames of versions read
+        self._facts: tuple[str, Any] | None = None  # (fingerprint, direct.Facts) of the source
+        self._rent: dict[str, float] = {}  # seconds spent reading the table, by copy version
+        self._prepared: tuple[int, float] | None = None  # (m, seconds) of this object's last write
+        self._oblivious = False
+        self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
+        # seconds of each Spark query made for runs, where the caller asks (a list: benchmarks)
+        self.query_seconds: list[float] | None = None
         self._id_type = self._check_columns()
 
+    def _plan_hash(self, frame: Any) -> str:
+        """A short hash of a DataFrame's plan (Spark's semantic hash: equal for equal plans)."""
+        try:
+            semantic = frame.semanticHash()
+        except Exception:
+            raise ValueError(
+                "the DataFrame cannot be analysed: pass copy= (where its copy goes)"
+            ) from None
+        return hashlib.sha1(str(semantic).encode()).hexdigest()[:12]
+
     # ----- the source relation and its checks ---------------------------------------------------
-    def _source(self) -> Any:
-        """The source as a DataFrame (a clear error if it cannot be read)."""
+    def _source(self, *, infer: bool = False) -> Any:
+        """The source as a DataFrame (a clear error if it cannot be read). A Parquet path is
+        read with the schema Spark found in its files (schema inference is a Spark job: made
+        once, and again when the files change, `_listing`), or found again if `infer`."""
         if self._frame is not None:
             return self._frame
         try:
-            if self.is_path:
-                return self.spark.read.parquet(self.table)
-            return self.spark.read.table(self.table)
+            if not self.is_path:
+                return self.spark.read.table(self.table)
+            if self._schema is not None and not infer:
+                return self.spark.read.schema(self._schema[1]).parquet(self.table)
+            frame = self.spark.read.parquet(self.table)
         except Exception:
             raise ValueError(
                 f"{self.where} cannot be read: it does not exist or is not readable"
             ) from None
+        self._schema = (None, frame.schema)  # the files it holds for: set by _listing
+        return frame
 
     def _check_columns(self) -> str:
         """The table and its columns exist, ids are integers or text, the score is numeric;
@@ -175,67 +241,67 @@ class SparkTable:
             )
         return "BIGINT" if isinstance(id_type, IntegralType) else "STRING"
 
-    def _columns(self) -> Any:
+    def _columns(self, frame: Any = None) -> Any:
         """The source as (id, score): ids as BIGINT or STRING, scores as DOUBLE."""
-        return self._source().select(
+        return (self._source() if frame is None else frame).select(
             named_column(self.spark, self.id_column).cast(self._id_type).alias("id"),
             named_column(self.spark, self.score_column).cast("double").alias("score"),
         )
 
-    def fingerprint(self) -> str:
-        """The source's identity without a scan: its schema and the list of its files (any
-        rewrite of a Parquet / lakehouse table changes it); "" where Spark lists no files."""
+    def _listing(self, versions: bool = True) -> tuple[str, Any, Listing]:
+        """(the source's fingerprint, its DataFrame as listed now, the storage listing with the
+        copy's versions): Hadoop calls on a classic session, one job on Spark Connect. A Parquet
+        path whose files changed has its schema read again (one job)."""
+        if self.table is not None and not self.is_path:
+            try:
+                self.spark.catalog.refreshTable(self.table)  # drop a cached file listing
+            except Exception:
+                pass
         try:
-            source = self._source()
-            files = sorted(source.inputFiles())
-            schema = source.schema.json()
+            frame = self._source()
+            files = sorted(frame.inputFiles())
+            listing = self._storage.look(files, self.copy if versions else None)
+            statuses = tuple((f.path, f.size, f.modified) for f in listing.files)
+            if self.is_path and self._schema is not None and self._schema[0] != statuses:
+                if self._schema[0] is not None:  # the files changed: so may have their schema
+                    frame = self._source(infer=True)
+                self._schema = (statuses, frame.schema)
+            schema = frame.schema.json()
         except ValueError:
             raise
         except Exception:
             raise ValueError(f"{self.where} cannot be read: it does not exist") from None
-        if not files:
-            return ""
-        text = json.dumps({"files": files, "schema": schema})
-        return hashlib.sha1(text.encode("utf-8")).hexdigest()
+        if not statuses:
+            return "", frame, listing
+        text = json.dumps({"files": statuses, "schema": schema})
+        return hashlib.sha1(text.encode("utf-8")).hexdigest(), frame, listing
 
-    def validate(self) -> tuple[int, int]:
+    def fingerprint(self) -> str:
+        """The source's identity without a scan: its schema and, for each of its files, the
+        path, length and modification time (a rewrite in place, an append, a new snapshot of
+        a lakehouse table change it); "" where Spark lists no files (a DataFrame built in
+        memory: then each run compares contents, one pass)."""
+        return self._listing(versions=False)[0]
+
+    def validate(self, frame: Any = None) -> tuple[int, int]:
         """Check every row in one job: no NULL/NaN/infinite/negative score, no NULL or duplicate
         id, not empty. Returns (m, a hash of the content). Raises ValueError naming the table
         and the column at fault."""
-        F = functions_for(self.spark)
-
-        rows = self._columns()
-        s = F.col("score")
-        bad = F.isnan(s) | (F.abs(s) == float("inf"))
-        got = rows.agg(
-            F.count(F.lit(1)),
-            F.count("id"),
-            F.count_distinct("id"),
-            F.count("score"),
-            F.sum(F.when(bad, 1).otherwise(0)),
-            F.sum(F.when(s < 0, 1).otherwise(0)),
-            F.expr("bit_xor(xxhash64(id, score))"),
-        ).collect()[0]
-        rows_, ids_, distinct, scores_, bad_, negative = (int(x or 0) for x in got[:6])
-        facts = TableFacts(rows_, rows_ - ids_, distinct, rows_ - scores_, bad_, negative)
-        duplicate = None
-        if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
-            found = rows.groupBy("id").count().where("count > 1").limit(1).collect()
-            duplicate = found[0][0] if found else None
-        raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
-        return facts.rows, int(got[6] or 0)
+        facts = source_facts(
+            self.spark,
+            self._columns(frame),
+            self.where,
+            self.id_column,
+            self.score_column,
+            distinct=True,
+            top=0,
+        )
+        return facts.m, facts.content
 
     # ----- versions -------------------------------------------------------------------------------
-    def _latest(self) -> Version | None:
-        """The current version (the newest manifest), or None before the first prepare(): one
-        file listing (no Spark job); a manifest's row is read once and kept (versions are
-        immutable)."""
-        try:
-            listing = self.spark.read.schema("m BIGINT").parquet(self.copy + "/manifests")
-            files = listing.inputFiles()
-        except Exception:
-            return None  # no manifests yet
-        names = {f.split("/version=", 1)[1].split("/", 1)[0] for f in files if "/version=" in f}
+    def _version(self, names: dict[str, int]) -> Version | None:
+        """The current version (the newest of `names`), or None: a manifest's row is read once
+        and kept (versions are immutable)."""
         if not names:
             return None
         name = max(names)
@@ -258,6 +324,9 @@ class SparkTable:
             )
         return self._versions[name]
 
+    def _latest(self) -> Version | None:
+        return self._version(self._storage.versions(self.copy))
+
     def _data(self, version: Version) -> Any:
         """The version's rows as a DataFrame (kept: its file listing is made once)."""
         if version.name not in self._frames:
@@ -272,48 +341,83 @@ class SparkTable:
 
     def is_stale(self) -> bool:
         """Whether the source may differ from the current version of the copy (True without
-        one). From the fingerprint (schema and file list, no scan) where Spark lists the
-        source's files; otherwise one scan comparing m and a hash of the content."""
-        version = self._latest()
+        one). From the fingerprint (no scan) where Spark lists the source's files; otherwise
+        one pass comparing m and a hash of the content."""
+        fingerprint, frame, listing = self._listing()
+        version = self._version(listing.versions)
         if version is None:
             return True
-        self._refresh_catalog()
-        now = self.fingerprint()
-        if now or version.fingerprint:
-            return now != version.fingerprint
-        m, content = self.validate()
-        return (m, content) != (version.m, version.content)
+        return self._differs(version, fingerprint, frame) is not None
 
-    def _refresh_catalog(self) -> None:
-        """Drop Spark's cached file listing of a catalog table (written by another session)."""
-        if self.table is not None and not self.is_path:
-            try:
-                self.spark.catalog.refreshTable(self.table)
-            except Exception:
-                pass
+    def _differs(self, version: Version, fingerprint: str, frame: Any) -> tuple[str, Any] | None:
+        """None if the copy's `version` holds the source as it is; else (how that was found,
+        the facts of the pass over the source where one was made)."""
+        if fingerprint or version.fingerprint:
+            return None if fingerprint == version.fingerprint else ("fingerprint", None)
+        facts = self._source_facts(frame, "", version.m)
+        if (facts.m, facts.content) == (version.m, version.content):
+            return None
+        return "content pass", facts
+
+    def _source_facts(self, frame: Any, fingerprint: str, m_guess: int) -> Any:
+        """The pass over the source (direct.source_facts), kept for its fingerprint."""
+        if fingerprint and self._facts is not None and self._facts[0] == fingerprint:
+            return self._facts[1]
+        started = time.perf_counter()
+        facts = source_facts(
+            self.spark,
+            self._columns(frame),
+            self.where,
+            self.id_column,
+            self.score_column,
+            distinct=m_guess <= DISTINCT_CHECK_MAX,
+            top=TOP_ROWS,
+        )
+        if self.query_seconds is not None:
+            self.query_seconds.append(time.perf_counter() - started)
+        if fingerprint:
+            self._facts = (fingerprint, facts)
+        return facts
 
     def prepare(self, refresh: bool = False) -> str:
         """Write a version of the rank-ordered copy if there is none (or, with `refresh`, if the
         source changed: `is_stale`), and make it current. Returns the current version's name.
 
         The source is validated first (one job; nothing is written if it is refused). Then one
-        sort by (score desc, id asc) into range partitions, kept on disk, gives each row its rank
-        (offsets of the partitions plus the row's place in its partition), and one write puts
-        the rows in rank buckets; the runs of tied scores and the manifest row follow. Readers
-        of the old version are not disturbed (module docstring)."""
+        distributed sort by (score desc, id asc) into range partitions gives each row its rank
+        (offsets of the partitions plus the row's place in its partition), one write puts the
+        rows in rank buckets, the runs of tied scores are read back from it, and the manifest
+        row is written: 4 Spark jobs up to 2^21 rows (checks, sort and write, runs, manifest),
+        2 more above (the sort's sampling and the partitions' sizes). Readers of the old
+        version are not disturbed (module docstring)."""
         if self._run is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        self._refresh_catalog()
-        current = self._latest()
-        if current is not None and not (refresh and self.is_stale()):
-            return current.name
-        fingerprint = self.fingerprint()
-        m, content = self.validate()
+        fingerprint, frame, listing = self._listing()
+        current = self._version(listing.versions)
+        if current is not None:
+            why = self._differs(current, fingerprint, frame) if refresh else None
+            if why is None:
+                return current.name
+        return self._write(fingerprint, frame, listing)
+
+    def _write(self, fingerprint: str, frame: Any, listing: Listing) -> str:
+        """Validate, write a new version, switch to it, delete versions no longer kept."""
+        started = time.perf_counter()
+        m, content = self.validate(frame)
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
-        self._write_version(name, m, content, fingerprint)
+        self._write_version(name, m, content, fingerprint, frame)
+        self._prepared = (m, time.perf_counter() - started)
+        if fingerprint and self.fingerprint() != fingerprint:  # written while the source changed
+            self._storage.delete(f"{self.copy}/manifests/version={name}")
+            self._storage.delete(f"{self.copy}/v={name}")
+            self._versions.pop(name, None)
+            raise AccessError(f"{self.where} changed while its copy was written: retry")
+        versions = dict(listing.versions)
+        versions[name] = int(time.time() * 1000)
+        self._collect(versions)
         return name
 
-    def _write_version(self, name: str, m: int, content: int, fingerprint: str) -> None:
+    def _write_version(self, name: str, m: int, content: int, fingerprint: str, frame: Any) -> None:
         from pyspark import StorageLevel
 
         F = functions_for(self.spark)
@@ -322,7 +426,7 @@ class SparkTable:
         parts = max(1, min(4096, math.ceil(m / SORT_PARTITION_ROWS)))
         order = [F.col("score").desc(), F.col("id").asc()]
         ordered = (
-            self._columns()
+            self._columns(frame)
             .repartitionByRange(parts, *order)
             .sortWithinPartitions(*order)
             .select(
@@ -334,7 +438,6 @@ class SparkTable:
         )
         if parts > 1:  # the partitions' sizes give their offsets: keep the sort on disk
             ordered = ordered.persist(StorageLevel.DISK_ONLY)
-        in_hand, got, count = m <= RUNS_IN_HAND, None, 0
         try:
             offsets = [0]
             if parts > 1:
@@ -356,25 +459,30 @@ class SparkTable:
                 .mode("error")
                 .parquet(base + "/data")
             )
-            runs = ranked.groupBy("score").agg(F.min("rank").alias("first_rank"))
-            if in_hand:  # few rows, so few runs: kept in the manifest's row only
-                got = runs.orderBy("first_rank").toArrow()
-            else:
-                runs.orderBy("first_rank").coalesce(1).write.mode("error").parquet(base + "/runs")
         finally:
             if parts > 1:
                 ordered.unpersist()
-        if not in_hand:
+        # the runs of tied scores, from the copy just written (immutable, unlike the source)
+        schema = f"rank BIGINT, id {self._id_type}, score DOUBLE, bucket INT"
+        written = self.spark.read.schema(schema).parquet(base + "/data")
+        runs = written.groupBy("score").agg(F.min("rank").alias("first_rank"))
+        if m <= RUNS_IN_HAND:  # few rows, so few runs: kept in the manifest's row only
+            got = runs.toArrow().sort_by("first_rank")
+            count = got.num_rows
+        else:  # one file in rank order (one job: no sampling for a global sort)
+            runs.repartition(1).sortWithinPartitions("first_rank").write.mode("error").parquet(
+                base + "/runs"
+            )
             stored = self.spark.read.schema("score DOUBLE, first_rank BIGINT").parquet(
                 base + "/runs"
             )
-            count = stored.count()
-            got = stored.orderBy("first_rank").toArrow() if count <= RUNS_IN_HAND else None
+            got = stored.orderBy("first_rank").limit(RUNS_IN_HAND + 1).toArrow()
+            count = got.num_rows if got.num_rows <= RUNS_IN_HAND else stored.count()
+            got = got if got.num_rows <= RUNS_IN_HAND else None
         first = score = None
         if got is not None:
             first = got.column("first_rank").to_pylist()
             score = got.column("score").to_pylist()
-            count = len(first)
         row = (
             m,
             count,
@@ -390,14 +498,47 @@ class SparkTable:
         manifest = self.spark.createDataFrame([row], MANIFEST_SCHEMA)
         # The switch: the manifest's file appears in the listing when its write commits.
         manifest.coalesce(1).write.mode("error").parquet(f"{self.copy}/manifests/version={name}")
+        self._versions[name] = Version(
+            name,
+            m,
+            count,
+            None if first is None else np.asarray(first, np.int64),
+            None if score is None else np.asarray(score, float),
+            fingerprint,
+            content,
+            self._id_type,
+        )
+
+    def _collect(self, versions: dict[str, int]) -> None:
+        """Delete the versions older than the newest `keep` that were superseded (their
+        successor's manifest written) at least `grace` seconds ago and that no snapshot of this
+        process reads: the manifest first (the version is then no longer listed), then its
+        files."""
+        names = sorted(versions)
+        now = time.time() * 1000
+        for i, name in enumerate(names[: max(0, len(names) - self.keep)]):
+            superseded = versions[names[i + 1]]
+            with _READERS_LOCK:
+                if _READERS[(self.copy, name)] or now - superseded < self.grace * 1000:
+                    continue
+            self._storage.delete(f"{self.copy}/manifests/version={name}")
+            self._storage.delete(f"{self.copy}/v={name}")
+            self._versions.pop(name, None)
+            self._frames.pop(name, None)
+            self._rent.pop(name, None)
 
     def uninstall(self) -> None:
-        """Remove every version of the copy (a local or file: path; elsewhere, delete
-        `self.copy` with the storage's own tools)."""
-        path = self.copy.removeprefix("file:")
-        if "://" in path:
-            raise ValueError(f"remove {self.copy} with the storage's tools: it is not local")
-        shutil.rmtree(path, ignore_errors=True)
+        """Remove everything prepare() made: every version of the copy, its runs and its
+        manifests, wherever the copy lives (Hadoop's FileSystem; on Spark Connect an empty
+        overwrite, which leaves Spark's `_SUCCESS` marker in the copy's directory). The source
+        is not touched; a release then needs prepare() again."""
+        if self._run is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot()")
+        self._storage.delete(self.copy)
+        self._versions.clear()
+        self._frames.clear()
+        self._facts = None
+        self._rent.clear()
 
     # ----- construction from raw votes ----------------------------------------------------------
     @classmethod
@@ -410,83 +551,140 @@ class SparkTable:
         client: str = "client",
         item: str = "item",
         item_id: str = "id",
+        weight: str | None = None,
+        max_per_item: float = 1,
+        max_items_per_client: int | None = None,
         copy: str | None = None,
+        frozen: bool = False,
     ) -> SparkTable:
-        """Counts from raw events: COUNT(DISTINCT client) per item, over the public table of all
-        items (a LEFT JOIN keeps items without votes, score 0: m is the size of `items`).
+        """Counts from raw events, each client's contribution bounded (votes.py): a client adds
+        to an item min(its rows for the item, or the sum of their `weight`, `max_per_item`)
+        (COUNT(DISTINCT client) when that is 1 without weight), to at most
+        `max_items_per_client` items chosen by a keyed hash; the source's sensitivity is
+        `max_per_item`. `items` is the public domain (a LEFT JOIN keeps items without votes,
+        score 0: m is its size); a vote for an item missing from it is refused, as is a
+        negative, NaN or infinite weight.
 
         `votes` and `items` are catalog tables, Parquet paths or DataFrames. The counts are not
-        stored: `prepare()` computes them in the job that writes the copy, whose fingerprint is
-        the file lists of both inputs. A vote for an item missing from `items` is refused."""
-        F = functions_for(spark)
-
-        def frame(what: Any, label: str, columns: tuple[str, ...]) -> Any:
-            where = f"{label} {what!r}" if isinstance(what, str) else label
-            try:
-                df = what
-                if isinstance(what, str):
-                    read = spark.read
-                    df = read.parquet(what) if "/" in what else read.table(what)
-                names = set(df.columns)
-            except Exception:
-                raise ValueError(f"{where} cannot be read: it does not exist") from None
-            for column in columns:
-                if column not in names:
-                    raise ValueError(f"{where} has no column {column!r} (columns: {sorted(names)})")
-            return df
-
-        v = frame(votes, "votes table", (client, item))
-        i = frame(items, "items table", (item_id,))
-        v_kind = dict(v.dtypes)[item]
-        i_kind = dict(i.dtypes)[item_id]
-        if (v_kind == "string") != (i_kind == "string"):
-            raise TypeError(
-                f"votes column {item!r} is {v_kind} and items column {item_id!r} is {i_kind}: "
-                "item ids must be of one type"
-            )
-        domain = i.select(named_column(spark, item_id).alias("id"))
-        counted = v.where(named_column(spark, item).isNotNull()).groupBy(
-            named_column(spark, item).alias("id")
+        stored: prepare() computes them in the job that writes the copy, whose fingerprint is
+        the file listings of both inputs. The copy's default place is named after a hash of the
+        counts' plan (inputs, columns, bounds and the hash's key), so two sources of other votes
+        never share one; pass `copy=` to find a copy again from another process."""
+        counts, bound = counts_from_votes(
+            spark,
+            votes,
+            items,
+            client=client,
+            item=item,
+            item_id=item_id,
+            weight=weight,
+            max_per_item=max_per_item,
+            max_items_per_client=max_items_per_client,
         )
-        counted = counted.agg(F.count_distinct(named_column(spark, client)).alias("score"))
-        stray = counted.join(domain, "id", "left_anti").limit(1).collect()
-        if stray:
-            raise ValueError(
-                f"the votes have votes for items not in the items table (e.g. {stray[0][0]!r}): "
-                "the domain must list every item"
-            )
-        counts = domain.join(counted, "id", "left").select(
-            "id", F.coalesce(F.col("score"), F.lit(0)).alias("score")
-        )
-        if copy is None:
-            label = "_".join(x if isinstance(x, str) else "frame" for x in (votes, items))
-            warehouse = spark.conf.get("spark.sql.warehouse.dir")
-            copy = (
-                warehouse.rstrip("/")
-                + "/_topk_rank/"
-                + rank_table_name(label.replace("/", "_"), client, item)
-            )
-        source = cls(spark, counts, "id", "score", copy=copy)
+        source = cls(spark, counts, "id", "score", copy=copy, sensitivity=bound, frozen=frozen)
         source.where = "counts of votes"
         return source
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        """Every read of the run sees the version current at its start (copies are immutable).
-        Unless `frozen`, a source that changed since the current version gets a new one first."""
+        """Every read of the run sees one state of the data: the version of the copy current at
+        its start (copies are immutable), proven to hold the source as it is unless `frozen`
+        (module docstring); where it does not, the table itself or a new version (direct.py)."""
         if self._run is not None:
             yield
             return
-        if not self.frozen and self.is_prepared() and self.is_stale():
-            # never a state older than the run's start: a new version first (is_stale: the
-            # source's file listing where Spark has one, else one scan)
-            self.prepare(refresh=True)
-        self._run = self._state()
+        started = time.perf_counter()
+        run = self._open()
+        self._run = run
         try:
             yield
         finally:
             self._run = None
+            self._release(run)
+            if run.direct is not None and self.last_freshness is not None:
+                # the rent of the ski-rental rule (direct.py): what reading the table took
+                name = self.last_freshness["version"]
+                paid = time.perf_counter() - started
+                self._rent[name] = self._rent.get(name, 0.0) + paid
+
+    def _open(self) -> Run:
+        """The state of a new run, and `last_freshness`: how it knows its data current."""
+        fingerprint, frame, listing = self._listing()
+        version = self._version(listing.versions)
+        if version is None:
+            raise AccessError(f"{self.where} has no rank-ordered copy: call prepare()")
+        if len(listing.versions) > self.keep:  # superseded versions whose grace has passed
+            self._collect(listing.versions)
+        proof = "frozen" if self.frozen else ("fingerprint" if fingerprint else "content pass")
+        freshness: dict[str, Any] = {"proof": proof, "version": version.name}
+        self.last_freshness = freshness
+        why = None if self.frozen else self._differs(version, fingerprint, frame)
+        if why is None:
+            freshness["path"] = "copy"
+            return self._copy_run(version)
+        freshness["current"] = False
+        facts = why[1]
+        known = facts is not None or (
+            fingerprint and self._facts is not None and self._facts[0] == fingerprint
+        )
+        table_seconds, refresh_seconds = price(version.m, bool(known))
+        basis = "modelled"
+        if self._prepared is not None:  # this object's last write, measured, scaled to m
+            m_then, seconds = self._prepared
+            refresh_seconds += seconds * version.m / max(m_then, 1) - prepare_seconds(m_then)
+            basis = "measured"
+        rent = self._rent.get(version.name, 0.0)
+        freshness.update(
+            table_seconds=table_seconds,
+            refresh_seconds=refresh_seconds,
+            refresh_basis=basis,
+            rent_seconds=rent,
+        )
+        if self._oblivious or rent + table_seconds >= refresh_seconds:
+            freshness["path"] = "refreshed"
+            freshness["why"] = "oblivious" if self._oblivious else "ski rental"
+            name = self._write(fingerprint, frame, listing)
+            freshness["version"] = name
+            return self._copy_run(self._versions[name])
+        freshness["path"] = "table"
+        if facts is None:
+            facts = self._source_facts(frame, fingerprint, version.m)
+        return Run(None, None, direct=Direct(frame, fingerprint, facts, table_seconds))
+
+    def _copy_run(self, version: Version) -> Run:
+        with _READERS_LOCK:
+            _READERS[(self.copy, version.name)] += 1
+        return Run(version, self._data(version))
+
+    def _release(self, run: Run) -> None:
+        if run.version is not None:
+            with _READERS_LOCK:
+                _READERS[(self.copy, run.version.name)] -= 1
+
+    def _to_copy(self, run: Run) -> None:
+        """A read only the copy serves, in a run on the table itself: refresh the copy to the
+        state the run started from (checked: fingerprint, or m and the content's hash), and go
+        on on the new version."""
+        direct = run.direct
+        fingerprint, frame, listing = self._listing()
+        if fingerprint != direct.fingerprint:
+            raise AccessError(f"{self.where} changed during the run: retry")
+        m, content = self.validate(frame)
+        if (m, content) != (direct.facts.m, direct.facts.content):
+            raise AccessError(f"{self.where} changed during the run: retry")
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        self._write_version(name, m, content, fingerprint, frame)
+        versions = dict(listing.versions)
+        versions[name] = int(time.time() * 1000)
+        self._collect(versions)
+        version = self._versions[name]
+        with _READERS_LOCK:
+            _READERS[(self.copy, name)] += 1
+        run.version, run.data, run.direct = version, self._data(version), None
+        if self.last_freshness is not None:
+            self.last_freshness.update(path="refreshed", why="a read only the copy serves")
+            self.last_freshness["version"] = name
 
     def _state(self) -> Run:
         if self._run is not None:
@@ -496,23 +694,58 @@ class SparkTable:
             raise AccessError(f"{self.where} has no rank-ordered copy: call prepare()")
         return Run(version, self._data(version))
 
+    def _copy_state(self) -> Run:
+        """The run's state on the copy (a run on the table itself refreshes it first)."""
+        run = self._state()
+        if run.direct is not None:
+            self._to_copy(run)
+        return run
+
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """An oblivious release (mechanisms/oblivious.py) reads the copy: a stale one is
+        refreshed first, never read around through the table, whose reads depend on the data."""
+        self._oblivious = True
+        try:
+            yield
+        finally:
+            self._oblivious = False
+
+    @property
+    def store_costs(self) -> StoreCosts:
+        """The copy's costs (STORE_COSTS), or, in a run on the table itself, direct.py's."""
+        run = self._run
+        if run is not None and run.direct is not None:
+            return direct_costs(run.direct.facts.m)
+        return STORE_COSTS
+
+    def oneshot_positions(self) -> int:
+        """How many positions the in-store one-shot draws its exceedances from: m on the copy
+        (its ranks), none on the table itself (no split: direct.py)."""
+        run = self._state()
+        return 0 if run.direct is not None else run.version.m  # type: ignore[union-attr]
+
     @property
     def score_runs_in_hand(self) -> bool:
         """The runs came with m (the manifest's row) where they are few."""
-        return self._state().version.runs_first is not None
+        run = self._state()
+        return run.direct is None and run.version.runs_first is not None  # type: ignore[union-attr]
 
     def domain_size(self) -> int:
-        return self._state().version.m
+        run = self._state()
+        return run.direct.facts.m if run.direct is not None else run.version.m  # type: ignore[union-attr]
 
-    def score_run_count(self) -> int:
-        """ScoreRuns: how many runs of tied scores the version holds."""
-        return self._state().version.runs
+    def score_run_count(self) -> int | None:
+        """ScoreRuns: how many runs of tied scores the version holds (None on the table)."""
+        run = self._state()
+        return None if run.direct is not None else run.version.runs  # type: ignore[union-attr]
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """ScoreRuns: (first rank, score) of every run, in rank order: from the manifest's row,
         else one query."""
-        run = self._state()
+        run = self._copy_state()
         version = run.version
+        assert version is not None
         if version.runs_first is not None and version.runs_score is not None:
             return version.runs_first, version.runs_score
         path = f"{self.copy}/v={version.name}/runs"
@@ -528,10 +761,25 @@ class SparkTable:
 
     def read_sorted(self, start: int, count: int) -> Rows:
         """Rows of ranks [start, start + count): from the prefix read ahead, else one query over
-        the buckets holding them, reading on to at least SORTED_READ_ROWS (or twice the prefix)."""
+        the buckets holding them, reading on to at least SORTED_READ_ROWS (or twice the prefix).
+        On the table itself, the top rows of the run's pass (a top-N query where they do not
+        reach), and beyond DIRECT_SORTED_MAX the copy, refreshed."""
         run = self._state()
+        start = int(start)
+        if run.direct is not None:
+            facts = run.direct.facts
+            stop = min(start + int(count), facts.m)
+            if stop <= start:
+                return empty_rows(self._id_type)
+            if stop > facts.canonical and stop <= DIRECT_SORTED_MAX:
+                read_top(self, run.direct, max(stop, min(facts.m, 2 * facts.canonical)))
+            if stop <= facts.canonical:
+                ranks = np.arange(start, max(start, stop), dtype=np.int64)
+                return Rows(ranks, facts.ids[start:stop], facts.scores[start:stop])
+            self._to_copy(run)
+        assert run.version is not None
         m = run.version.m
-        start, stop = int(start), min(int(start) + int(count), m)
+        stop = min(start + int(count), m)
         if stop <= start:
             return empty_rows(run.version.id_type)
         have = 0 if run.ahead is None else len(run.ahead)
@@ -559,7 +807,8 @@ class SparkTable:
     def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks in one query: bucket filters (pruned when Spark plans) and
         up to MAX_RANGES rank ranges (row groups skipped by min/max), then the exact ranks."""
-        run = self._state()
+        run = self._copy_state()
+        assert run.version is not None
         wanted = np.unique(np.asarray(ranks, dtype=np.int64))
         if not len(wanted):
             return empty_rows(run.version.id_type)
@@ -584,18 +833,27 @@ class SparkTable:
         return rows
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
-        """Scores of the named items: one query, a join with the ids asked for."""
+        """Scores of the named items: one query, a join with the ids asked for (on the table
+        itself, none for the rows the run already read)."""
         run = self._state()
         wanted = [v.item() if isinstance(v, np.generic) else v for v in ids]
         if not wanted:
             return np.empty(0, dtype=np.float64)
-        schema = f"id {run.version.id_type}"
+        if run.direct is not None:
+            known = run.direct.known
+            facts = run.direct.facts
+            known.update(zip(facts.ids.tolist(), facts.scores.tolist(), strict=True))
+            if all(v in known for v in wanted):
+                return scores_in_order(known, wanted, self.where)
+        id_type = self._id_type if run.version is None else run.version.id_type
         try:
-            asked = self.spark.createDataFrame([(v,) for v in wanted], schema)
+            asked = self.spark.createDataFrame([(v,) for v in wanted], f"id {id_type}")
         except Exception:
             raise AccessError(f"{self.where}: ids of another type than the table's") from None
+        rows = self._columns(run.direct.frame) if run.direct is not None else run.data
         got = self._query(
-            lambda: run.data.join(asked, "id", "left_semi").select("id", "score").toArrow()
+            lambda: rows.join(asked, "id", "left_semi").select("id", "score").toArrow(),
+            direct=run.direct is not None,
         )
         found = dict(
             zip(got.column("id").to_pylist(), got.column("score").to_pylist(), strict=True)
@@ -603,25 +861,39 @@ class SparkTable:
         return scores_in_order(found, wanted, self.where)
 
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows:
-        """InStoreOneShot: the k rows of largest score + keyed noise, best first, ties by
-        smaller rank, hashing in Spark only the rows that can win (adapters/spark/oneshot.py)."""
-        return read_oneshot(self, self._state(), noise, k)
+        """InStoreOneShot: the k rows of largest score + keyed noise, best first. On the copy,
+        hashing in Spark only the rows that can win (oneshot.py); on the table itself, keyed by
+        id without a split (direct.py), the source's listing checked unchanged afterwards."""
+        run = self._state()
+        if run.direct is None:
+            return read_oneshot(self, run, noise, k)
+        rows = direct_oneshot(self, run.direct, noise, k)
+        if run.direct.fingerprint and self.fingerprint() != run.direct.fingerprint:
+            raise AccessError(f"{self.where} changed while it was read: retry")
+        return rows
 
     # ----- queries ------------------------------------------------------------------------------
     def _fetch(self, run: Run, where: str) -> Rows:
         got = self._query(lambda: run.data.where(where).select("rank", "id", "score").toArrow())
         return arrow_rows(got, "rank")
 
-    def _query(self, action: Any) -> Any:
-        """Run a query on the copy; a failure of Spark becomes an AccessError in our words."""
+    def _query(self, action: Any, direct: bool = False) -> Any:
+        """Run a query on the copy (or the source); a failure of Spark becomes an AccessError
+        in our words."""
+        started = time.perf_counter()
         try:
-            return action()
+            got = action()
         except Exception as error:
             kind = type(error).__name__
+            if direct:
+                raise AccessError(f"{self.where}: a read of the table failed ({kind})") from None
             raise AccessError(
                 f"{self.where}: a read of its rank-ordered copy at {self.copy} failed ({kind}); "
                 "the copy may have been removed: call prepare(refresh=True)"
             ) from None
+        if self.query_seconds is not None:
+            self.query_seconds.append(time.perf_counter() - started)
+        return got
 
     def __repr__(self) -> str:
         return f"SparkTable({self.where}, copy={self.copy!r})"

@@ -37,6 +37,26 @@ STORE_COSTS = StoreCosts(
     oneshot_row=6e-7,
     full_read_row=1e-6,
 )
+# Reading the source itself (a copy that is not current; direct.py), measured at m = 10^6 on the
+# same machine under load (2 cores, load average 7-9): a Spark job over the source costs about
+# JOB_SECONDS besides its rows, a pass over (id, score) with the checks' aggregates about
+# SCAN_ROW a row (0.45-0.8 s), the keyed hash and the inverse CDF about HASH_ROW a hashed row
+# (1.9-2.5 s for 10^6 rows; Spark's own one-shot query took 0.6-0.9 s); prepare() is
+# PREPARE_JOBS jobs and about PREPARE_ROW a row (3.9-5.7 s at 10^6; 64-119 s at 10^7 and
+# 263-743 s at 10^8 in docs/benchmarks-spark.md).
+JOB_SECONDS = 0.3
+SCAN_ROW = 3e-7
+HASH_ROW = 2e-6
+PREPARE_JOBS = 5
+PREPARE_ROW = 5e-6
+# The top rows of the source one pass of the checks keeps (max_by): they bound the in-store
+# one-shot's cut and serve the first sorted reads; deeper ones are a top-N query up to
+# DIRECT_SORTED_MAX rows, beyond which a run needs the copy (direct.py).
+TOP_ROWS = 1024
+DIRECT_SORTED_MAX = 4096
+# Sources up to this many rows have their ids counted (count(DISTINCT), a shuffle) when read
+# directly; beyond, the rows a run reads are checked (as DuckDB's tables read as they are now).
+DISTINCT_CHECK_MAX = 100_000
 MANIFEST_SCHEMA = (
     "m BIGINT, runs BIGINT, runs_first ARRAY<BIGINT>, runs_score ARRAY<DOUBLE>, "
     "fingerprint STRING, content BIGINT, id_type STRING, first_bucket BIGINT, "
@@ -84,11 +104,14 @@ class Version:
 
 @dataclass
 class Run:
-    """The state of one snapshot: the version it reads, its data, and the prefix read ahead."""
+    """The state of one snapshot: the version it reads, its data, and the prefix read ahead;
+    or, where the copy is not current, the source read directly (`direct`, direct.py) until a
+    read only the copy serves refreshes it (then `version` and `data` are set)."""
 
-    version: Version
+    version: Version | None
     data: Any  # DataFrame of the version's rows
     ahead: Rows | None = None
+    direct: Any = None  # direct.Direct while the source is read directly
 
 
 def functions_for(spark: Any) -> Any:

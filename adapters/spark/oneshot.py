@@ -23,7 +23,9 @@ def read_oneshot(table: Any, run: Run, noise: KeyedNoise, k: int) -> Rows:
     row outside the exceedances can reach T only if its score >= T - bound: in the
     rank-ordered copy, a prefix of ranks [0, R). One query then hashes that prefix in Spark
     (`sha2` of "key:rank"; the exceedances left out) and keeps its k best, and fetches the
-    exceedances whose noisy score reaches T; the k best of both are the answer."""
+    exceedances whose noisy score reaches T; the k best of both are the answer. The key and
+    the cut are parameters of the query (Spark binds them into its plan, which the Spark UI
+    shows); the exceedances' ranks are in its text, as bucket and rank filters for pruning."""
     m = run.version.m
     k = min(int(k), m)
     exceed = np.asarray(noise.exceed_positions, dtype=np.int64)
@@ -50,12 +52,12 @@ def read_oneshot(table: Any, run: Run, noise: KeyedNoise, k: int) -> Rows:
         left_out = exceed[exceed < prefix]
     else:
         where, left_out = "TRUE", exceed
-    where += f" AND score >= CAST('{low!r}' AS DOUBLE)"
+    where += " AND score >= :low"
     if len(left_out):
         where += f" AND NOT rank IN ({listed(left_out.tolist())})"
     digits = (
-        f"CAST(conv(substr(sha2(concat('{noise.key}', ':', CAST(rank AS STRING)), 256), "
-        "1, 13), 16, 10) AS DOUBLE)"
+        "CAST(conv(substr(sha2(concat(:key, ':', CAST(rank AS STRING)), 256), 1, 13), 16, 10) "
+        "AS DOUBLE)"
     )
     value = f"{capped_sql('score', noise.score_cap)} + {noise.sql(uniform_from_hex_sql(digits))}"
     query = (
@@ -68,7 +70,8 @@ def read_oneshot(table: Any, run: Run, noise: KeyedNoise, k: int) -> Rows:
             " UNION ALL (SELECT rank, id, score, CAST(NULL AS DOUBLE) AS v FROM {rel} "
             f"WHERE bucket IN ({buckets}) AND rank IN ({listed(candidates.tolist())}))"
         )
-    got = table._query(lambda: table.spark.sql(query, rel=run.data).toArrow())
+    args = {"key": noise.key, "low": low}  # parameters: not in the statement's text
+    got = table._query(lambda: table.spark.sql(query, args=args, rel=run.data).toArrow())
     rows = arrow_rows(got, "rank", in_rank_order=False)
     v = got.column("v").to_pylist()
     ranks = rows.positions.tolist()
