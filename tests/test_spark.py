@@ -387,7 +387,8 @@ def test_the_table_itself_computes_the_keyed_noise(spark: Any, spark_dir: Path) 
     """On a stale copy the in-store one-shot reads the table: its top-k under a key is the
     top-k of score + the keyed noise of each id (direct.id_noises, hashlib here) over the
     table's current rows, with scores spread so that the cut leaves most rows unhashed and
-    the best rows are not the top scores (a wrong cut, hash message or tie order fails it)."""
+    the best rows are not the top scores (a wrong cut, hash message or tie order fails it), and
+    with a score bound below the top scores (min(score, B) + noise: an unclamped read fails)."""
     path = spark_dir / "direct-noise"
     rng = np.random.default_rng(11)
     ids = rng.permutation(3000) + 10
@@ -408,10 +409,11 @@ def test_the_table_itself_computes_the_keyed_noise(spark: Any, spark_dir: Path) 
             3,
             4,
         ]
-        for trial, (noise, scale) in enumerate([("gumbel", 2.0), ("laplace", 3.0)]):
-            keyed = KeyedNoise.draw(np.random.default_rng(trial), noise, scale)
+        trials = [("gumbel", 2.0, np.inf), ("laplace", 3.0, np.inf), ("gumbel", 2.0, 256.0)]
+        for trial, (noise, scale, cap) in enumerate(trials):
+            keyed = KeyedNoise.draw(np.random.default_rng(trial), noise, scale, score_cap=cap)
             rows = source.read_oneshot(keyed, 6)
-            values = scores + id_noises(keyed, ids)
+            values = np.minimum(scores, cap) + id_noises(keyed, ids)  # the score bound clamps
             want = np.lexsort((ids, -values))[:6]
             assert rows.ids.tolist() == ids[want].tolist()
             assert rows.scores.tolist() == scores[want].astype(float).tolist()

@@ -52,7 +52,13 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
-from topk_middleware.keyed_noise import UNIFORM_BITS, UNIFORM_HEX, KeyedNoise, uniform_from_hex_sql
+from topk_middleware.keyed_noise import (
+    UNIFORM_BITS,
+    UNIFORM_HEX,
+    KeyedNoise,
+    capped_sql,
+    uniform_from_hex_sql,
+)
 
 from .._sql import TableFacts, raise_if_invalid
 from .layout import (
@@ -216,14 +222,14 @@ def direct_oneshot(table: Any, direct: Direct, noise: KeyedNoise, k: int) -> Row
     facts = direct.facts
     if len(facts.ids) < k:
         read_top(table, direct, k)
-    values = facts.scores + id_noises(noise, facts.ids)
+    values = noise.capped(facts.scores) + id_noises(noise, facts.ids)  # min(score, B) + noise
     cut = float(np.sort(values)[-k])
     low = cut - noise.bound - 1e-12 * abs(cut)
     digits = (
         "CAST(conv(substr(sha2(concat(:key, ':', CAST(id AS STRING)), 256), 1, 13), 16, 10) "
         "AS DOUBLE)"
     )
-    value = f"score + {noise.sql(uniform_from_hex_sql(digits))}"
+    value = f"{capped_sql('score', noise.score_cap)} + {noise.sql(uniform_from_hex_sql(digits))}"
     query = (
         f"SELECT id, score, {value} AS v FROM {{rows}} WHERE score >= :low "
         f"ORDER BY v DESC, id ASC LIMIT {int(k)}"
