@@ -260,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES))
-    parser.add_argument("--dialects", nargs="+", default=list(DIALECTS))
+    parser.add_argument("--dialects", nargs="*", default=list(DIALECTS))
     parser.add_argument("--skip-postgres", action="store_true", help="no psycopg copy mode")
 
 
@@ -298,4 +298,3 @@ def main(args: argparse.Namespace) -> Path:
     path = common.write_json(Path(out) / f"{args.name or 'freshness_copy'}.json", payload)
     print(report(payload))
     return path
-

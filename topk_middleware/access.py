@@ -343,8 +343,14 @@ class CountedAccess:
     def top_score(self) -> float:
         """The largest score: the first row of the canonical order, fetched (one row, counted in
         rows_fetched) if it was not; no sorted access is counted (the run's own first sorted
-        access is served from it). privacy.check_resolution needs it before the charge."""
+        access is served from it). privacy.check_resolution needs it before the charge. A
+        store that read it in the run's first query says so (an optional `max_score()`, None
+        where it did not): a store whose every sorted read is a scan then reads no row for it."""
         if self.prefix_fetched == 0:
+            known = getattr(self.source, "max_score", None)
+            value = known() if callable(known) else None
+            if value is not None:  # the store read it with m (a table read as it is now)
+                return float(value)
             self.fetch_sorted_until(1)
             self._top_row_only = 1
         return float(self._prefix.scores[0])
@@ -859,6 +865,14 @@ def store_costs(source: Any) -> StoreCosts:
     """The store's own `store_costs` (an optional StoreCosts attribute), else a generic guess."""
     costs = getattr(source, "store_costs", None)
     return costs if isinstance(costs, StoreCosts) else StoreCosts()
+
+
+def run_freshness(source: Any) -> dict[str, Any] | None:
+    """How the store knew the run's data current (an optional `run_freshness()`, called inside
+    the run's snapshot: a copy proven current, or why not and what the run read instead), for
+    the operator's diagnostics; None where the store does not say."""
+    report = getattr(source, "run_freshness", None)
+    return report() if callable(report) else None
 
 
 @runtime_checkable

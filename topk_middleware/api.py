@@ -13,6 +13,7 @@ from .access import (
     Source,
     oblivious_reads,
     offers_in_store,
+    run_freshness,
     store_costs,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, precheck, record
@@ -175,6 +176,7 @@ def private_top_k(
         )
     with source.snapshot():
         access = CountedAccess(source, rng=rng)
+        freshness = run_freshness(source)
         check_k_within(k, access.m)
         guarantee = calibrate(
             noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
@@ -232,6 +234,8 @@ def private_top_k(
         "cost_aware": threshold_ran and costs is not None,
     }
     plan["requested"], plan["in_store"] = method, in_store
+    if freshness is not None:
+        plan["freshness"] = freshness
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
@@ -272,6 +276,7 @@ def _oblivious_release(
     (mechanisms/oblivious.py)."""
     with oblivious_reads(source), source.snapshot():
         access = CountedAccess(source, rng=rng)
+        freshness = run_freshness(source)
         check_k_within(k, access.m)
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
@@ -321,6 +326,8 @@ def _oblivious_release(
         "deadline_missed": overran,
         "deadline_misses": DEADLINES.as_dict(),
     }
+    if freshness is not None:
+        plan["freshness"] = freshness
     seconds = {"total": time.perf_counter() - started, "work": took}
     result = TopKResult(
         items,
