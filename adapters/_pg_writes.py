@@ -53,13 +53,28 @@ def copy_key(copy_name: str) -> int:
     return int.from_bytes(hashlib.sha1(copy_name.encode("utf-8")).digest()[:8], "big", signed=True)
 
 
-def setup_statements(log: str, function: str) -> list[str]:
-    """The log table and its index (idempotent); then `function_statement`. `log` and
-    `function` are quoted names, qualified or found through the search_path."""
+def setup_statements(log: str) -> list[str]:
+    """The log table and its index (idempotent, but each takes a lock on the log: run them only
+    where `installed_sql` says they are missing). `log` is a quoted name, qualified or found
+    through the search_path."""
     return [
         f"CREATE TABLE IF NOT EXISTS {log} (copy bigint NOT NULL, xid xid8 NOT NULL)",
         f"CREATE INDEX IF NOT EXISTS topk_write_log_copy_xid ON {log} (copy, xid)",
     ]
+
+
+def installed_sql(log: str, function: str) -> str:
+    """One row: whether the log table has its index, and the trigger function's body (NULL
+    where missing)."""
+    return (
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index x JOIN pg_catalog.pg_class i "
+        "ON i.oid = x.indexrelid WHERE x.indrelid = pg_catalog.to_regclass("
+        + literal(log)
+        + ") AND i.relname = 'topk_write_log_copy_xid'), (SELECT p.prosrc FROM "
+        "pg_catalog.pg_proc p WHERE p.oid = pg_catalog.to_regprocedure("
+        + literal(function + "()")
+        + "))"
+    )
 
 
 def qualified_sql(log: str) -> str:
@@ -72,20 +87,25 @@ def qualified_sql(log: str) -> str:
     )
 
 
-def function_statement(function: str, qualified_log: str) -> str:
-    """The trigger function: one log row per writing transaction and copy (SECURITY DEFINER,
-    with a search_path of pg_catalog only: writers need no right on the log)."""
+def function_body(qualified_log: str) -> str:
+    """The trigger function's body: one log row per writing transaction and copy."""
     log = qualified_log
-    body = (
+    return (
         "BEGIN "
         f"INSERT INTO {log} (copy, xid) SELECT TG_ARGV[0]::bigint, pg_catalog.pg_current_xact_id() "
         f"WHERE NOT EXISTS (SELECT 1 FROM {log} l WHERE l.copy = TG_ARGV[0]::bigint "
         "AND l.xid = pg_catalog.pg_current_xact_id()); "
         "RETURN NULL; END"
     )
+
+
+def function_statement(function: str, qualified_log: str) -> str:
+    """The trigger function (SECURITY DEFINER, with a search_path of pg_catalog only: writers
+    need no right on the log)."""
     return (
         f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
-        f"SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {literal(body)}"
+        f"SECURITY DEFINER SET search_path = pg_catalog, pg_temp "
+        f"AS {literal(function_body(qualified_log))}"
     )
 
 

@@ -176,7 +176,6 @@ def private_top_k(
         )
     with source.snapshot():
         access = CountedAccess(source, rng=rng)
-        freshness = run_freshness(source)
         check_k_within(k, access.m)
         guarantee = calibrate(
             noise, k, access.m, select_epsilon, float(delta), neighbours, sensitivity
@@ -227,6 +226,7 @@ def private_top_k(
         if counts_plan is not None:  # k random accesses on the winners, then exact noise
             counts = counts_plan.release(rng, access.random_access_ids(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
+        freshness = run_freshness(source)  # the store's own account, still in the snapshot
     # The oracle and the cost model are the threshold run's: None / False when it did not run.
     threshold_ran = chosen == "threshold"
     plan: dict[str, Any] = {
@@ -276,7 +276,6 @@ def _oblivious_release(
     (mechanisms/oblivious.py)."""
     with oblivious_reads(source), source.snapshot():
         access = CountedAccess(source, rng=rng)
-        freshness = run_freshness(source)
         check_k_within(k, access.m)
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
@@ -311,6 +310,7 @@ def _oblivious_release(
             counts = counts_plan.release(rng, access.random_access_ids(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
         took, overran = pad_to(reading, deadline)
+        freshness = run_freshness(source)
     DEADLINES.record(overran)
     plan: dict[str, Any] = {
         "requested": method,

@@ -61,11 +61,14 @@ class WriteLog:
         and the copy's trigger, ENABLE ALWAYS, on the table and each relation below it, where
         missing or not in that state. Without the right to create triggers (the table's owner
         has it), a warning: runs then read the table itself."""
-        log = self._text(self._log)
-        for statement in pgw.setup_statements(log, self._text(self._log_function)):
-            conn.execute(statement)
+        log, function = self._text(self._log), self._text(self._log_function)
+        indexed, body = conn.execute(pgw.installed_sql(log, function)).fetchone()
+        if not indexed:  # CREATE .. IF NOT EXISTS would lock the log (and wait for writers)
+            for statement in pgw.setup_statements(log):
+                conn.execute(statement)
         qualified = conn.execute(pgw.qualified_sql(log)).fetchone()[0]
-        conn.execute(pgw.function_statement(self._text(self._log_function), qualified))
+        if body != pgw.function_body(qualified):
+            conn.execute(pgw.function_statement(function, qualified))
         relations = conn.execute(
             pgw.relations_sql(
                 self._text(self._base),
