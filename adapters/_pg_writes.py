@@ -19,8 +19,8 @@ snapshot (`pg_current_snapshot()`) and with a digest of the catalog facts the pr
   table or a partitioned table, none a logical replication target (the apply worker fires
   row triggers only; PostgreSQL documents this in its logical replication chapter);
 * and no log row of the copy visible to the run was written by a transaction the copy's
-  snapshot does not see (`pg_visible_in_snapshot`): an EXISTS over the log's (copy, xid) index
-  from the snapshot's xmin up, which stops at the first such row.
+  snapshot does not see (the rule of `pg_visible_in_snapshot`): an EXISTS over the log's
+  (copy, xid) index from the snapshot's xmin up, which stops at the first such row.
 
 Both are exact under MVCC: a write the run sees committed before the run's snapshot, and its
 log row with it; a transaction that began before the copy's snapshot and committed after it is
@@ -168,16 +168,28 @@ def stamp_sql(state: str) -> str:
 
 def proof_sql(stamp: str, state: str, log: str, key: int) -> str:
     """A scalar subquery, the stamp where it proves the copy current in the run's snapshot,
-    else NULL. `stamp` is SQL text of the stored stamp (the copy's comment line)."""
-    snap = "pg_catalog.split_part(s.line, ' ', 2)::pg_catalog.pg_snapshot"
+    else NULL. `stamp` is SQL text of the stored stamp (the copy's comment line). The copy's
+    snapshot "xmin:xmax:xip,..." is read field by field: a log row is invisible to it iff its
+    xid >= xmin and (xid >= xmax or xid is in xip), pg_visible_in_snapshot's rule. Every cast
+    is guarded (the planner evaluates stable expressions while it estimates, whatever a CASE
+    around them says): a stamp of another format proves nothing and breaks no query."""
+    field = "pg_catalog.split_part(s.line, ' ', 2)"
+    well_formed = f"{field} ~ '^[0-9]{{1,19}}:[0-9]{{1,19}}:([0-9]{{1,19}}(,[0-9]{{1,19}})*)?$'"
+
+    def part(n: int, default: str) -> str:
+        value = f"pg_catalog.split_part({field}, ':', {n})"
+        return f"(CASE WHEN {well_formed} THEN {value} ELSE '{default}' END)"
+
+    xmin, xmax = f"{part(1, '0')}::xid8", f"{part(2, '0')}::xid8"
+    xip = f"pg_catalog.string_to_array(NULLIF({part(3, '')}, ''), ',')::xid8[]"
     return (
-        f"(SELECT s.line FROM (SELECT {stamp} AS line) s "
-        f"WHERE pg_catalog.split_part(s.line, ' ', 1) = {literal(STAMP_TAG)} "
+        f"(SELECT s.line FROM (SELECT {stamp} AS line) s WHERE CASE "
+        f"WHEN pg_catalog.split_part(s.line, ' ', 1) = {literal(STAMP_TAG)} AND {well_formed} "
         f"AND pg_catalog.right(s.line, 1) <> {literal(UNPROVABLE)} "
         f"AND pg_catalog.split_part(s.line, ' ', 3) = {state} "
-        f"AND NOT EXISTS (SELECT 1 FROM {log} l WHERE l.copy = {int(key)} "
-        f"AND l.xid >= pg_catalog.pg_snapshot_xmin({snap}) "
-        f"AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, {snap})))"
+        f"THEN NOT EXISTS (SELECT 1 FROM {log} l WHERE l.copy = {int(key)} AND l.xid >= {xmin} "
+        f"AND (l.xid >= {xmax} OR l.xid = ANY(coalesce({xip}, '{{}}'::xid8[])))) "
+        "ELSE false END)"
     )
 
 
