@@ -294,3 +294,21 @@ def test_duckdb_one_shot_on_the_table_has_the_exponential_law() -> None:
         item = int(result.items[0])
         counts[item if item < 5 else 5] += 1
     assert stats.chisquare(counts, expected * runs).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("store", ["sqlalchemy-live-mariadb"], indirect=True)
+def test_mariadb_live_after_truncate(store: Store) -> None:
+    """TRUNCATE fires no DELETE trigger on MariaDB (it re-creates the table): re-inserting ids
+    that had positions must not fail the writer's INSERT (the trigger found them placed), and
+    the next release rebuilds the positions and names the new table's top-3."""
+    assert top(store, "threshold") == [299, 298, 297]
+    store.execute(f"TRUNCATE TABLE {store.table}", {})
+    for item, score in ((7, 5), (8, 3), (9, 1), (10, 0)):
+        store.insert(item, score)  # ids that had positions before the TRUNCATE
+    for method in METHODS:
+        assert top(store, method) == [7, 8, 9], method
+    store.execute(f"TRUNCATE TABLE {store.table}", {})
+    store.insert(500, 9)  # an id never seen; the old positions are still there
+    store.insert(501, 8)
+    store.insert(502, 7)
+    assert top(store, "threshold") == [500, 501, 502]
