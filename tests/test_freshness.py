@@ -40,6 +40,7 @@ COPY_STORES = [
     "sqlalchemy-sqlite",
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
 ]
 LIVE_STORES = [
     "postgres-live",
@@ -226,17 +227,28 @@ def test_postgres_copy_is_proven_current_until_a_write(store: Store) -> None:
     assert top(store, "threshold") == [299, 298, 297]
 
 
-@pytest.mark.parametrize("store", ["sqlalchemy-sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "store",
+    ["sqlalchemy-sqlite", "sqlalchemy-postgres", "sqlalchemy-mariadb", "sqlalchemy-duckdb"],
+    indirect=True,
+)
 def test_sqlalchemy_copy_says_how_it_knew(store: Store) -> None:
-    """SQLAlchemy copy mode compares the copy with the table in the run's snapshot and
-    refreshes it where they differ; `last_freshness` says which happened."""
-    top(store, "threshold")
-    assert store.source.last_freshness == "compared"
+    """SQLAlchemy copy mode proves its copy current by the triggers' record (DuckDB, without
+    triggers, by comparing the copy with the table); after a write the run reads the table
+    itself (the in-store one-shot on it; MariaDB: a full read), and a refresh makes the copy
+    current again. result.diagnostics.plan["freshness"] says which."""
+    proof = "compared" if store.source.dialect == "duckdb" else "triggers"
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert result.plan["freshness"] == {"refreshes": 0, "copy": "current", "proof": proof}
     store.update(5, 10_000)
-    assert top(store, "threshold") == [5, 299, 298]
-    assert store.source.last_freshness == "refreshed"
-    top(store, "threshold")
-    assert store.source.last_freshness == "compared"
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert [int(i) for i in result.items] == [5, 299, 298]
+    report = result.plan["freshness"]
+    assert report["copy"] == "stale" and report["read"] == "table", report
+    assert result.plan["in_store"] == (store.source.dialect not in ("mysql", "mariadb"))
+    store.source.prepare(refresh=True)
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert result.plan["freshness"]["copy"] == "current"
 
 
 def test_duckdb_checks_what_it_reads_now() -> None:

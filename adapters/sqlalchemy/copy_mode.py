@@ -55,35 +55,14 @@ from adapters._sql import (
     id_array,
     plain_values,
 )
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import check_sensitivity
 
 from ..contributions import check_bounds, fresh_key, simple_count
-
-# The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
-# the run's secret key, a bound parameter.
-_KEYED_DIGITS = {
-    "postgresql": (
-        "(('x' || encode(substring(sha256((:key || ':' || {rank})::bytea) FROM 1 FOR 7), "
-        "'hex'))::bit(56)::bigint >> 4)::float8"
-    ),
-    "duckdb": (
-        "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE"
-    ),
-}
-# The exceedances (position, noise) as bound arrays, per dialect: never literals in the statement
-# text, which pg_stat_activity and the server's logs show. SQLite (in-process, no server) reads
-# them from two bound JSON arrays. MySQL / MariaDB have no such path: pymysql interpolates every
-# parameter into the text on the client, key included, so there the one-shot runs in the client.
-_EXCEEDANCES = {
-    "postgresql": "SELECT * FROM unnest(CAST(:positions AS bigint[]), CAST(:noises AS float8[]))",
-    "duckdb": "SELECT unnest(CAST(:positions AS BIGINT[])), unnest(CAST(:noises AS DOUBLE[]))",
-    "sqlite": (
-        "SELECT CAST(p.value AS INTEGER), z.value FROM json_each(:positions) AS p "
-        "JOIN json_each(:noises) AS z ON z.key = p.key"
-    ),
-}
+from .freshness import WriteProof
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS
+from .table_read import TableRun, refresh_seconds, table_costs, table_seconds
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
@@ -148,7 +127,7 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     )
 
 
-class SQLAlchemyTable:
+class SQLAlchemyTable(WriteProof, TableRun):
     """A histogram in a database table, read through an SQLAlchemy engine (any dialect).
 
     `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
@@ -188,7 +167,7 @@ class SQLAlchemyTable:
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
-        self.last_freshness: str | None = None  # how the last run knew its copy current
+        self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         self.sensitivity = check_sensitivity(sensitivity)  # the most one client moves a count
         self.engine = engine
         self.dialect = engine.dialect.name
@@ -595,14 +574,19 @@ class SQLAlchemyTable:
         digest = hashlib.sha1(text.encode("utf-8")).digest()[:8]
         return int.from_bytes(digest, "big", signed=True)
 
-    def _check_mark(self, stored: Any, facts: Sequence[Any]) -> None:
-        """Raise RankTableMismatchError unless the stored mark is the current one."""
+    def _check_mark(self, stored: Any, facts: Sequence[Any], strict: bool = True) -> bool:
+        """Whether the stored mark is the current one. A rank table without a mark raises
+        RankTableMismatchError; so does one built from an earlier table of this name (dropped
+        and re-created, truncated on MariaDB) where `strict`, while a run that is not frozen
+        reads the table instead (False)."""
         if stored is None:
             why = "prepare() did not build it (no fingerprint)"
         elif int(stored) != self._mark_of(facts):
+            if not strict:
+                return False
             why = "it was built from an earlier table of this name, or the table was re-created"
         else:
-            return
+            return True
         raise RankTableMismatchError(
             f"{self.where}: the rank table {self._ranks.name!r} does not belong to this table "
             f"({why}): call prepare(refresh=True)"
@@ -706,6 +690,8 @@ class SQLAlchemyTable:
                 runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
                 if filled and runs_filled and not refresh:
                     refresh = not self._trusted(conn)
+            if self._source is not None:
+                self._install_proof()  # committed before the copy's transaction (freshness.py)
             if filled and runs_filled and not refresh:
                 self._with_runs = True
                 return
@@ -719,10 +705,12 @@ class SQLAlchemyTable:
                         else:
                             self._fill(conn)
                         self._stamp(conn)
+                        self._stamp_proof(conn)
                 else:
                     with self.engine.connect() as conn, conn.begin():
                         self._fill(conn)
                         self._stamp(conn)
+                        self._stamp_proof(conn)
             except sa.exc.OperationalError as error:
                 if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
                     raise
@@ -731,6 +719,7 @@ class SQLAlchemyTable:
                     f"{statement_timeout} s; nothing was changed"
                 ) from None
         self._analyze()
+        self._proof_seen = False  # look for the proof's tables again at the next run
         with self.engine.connect() as conn:
             self._proof = self._proof_now(conn)
 
@@ -762,6 +751,8 @@ class SQLAlchemyTable:
                     )
             for table in (self._runs, self._ranks):
                 table.drop(conn, checkfirst=True)
+            self._uninstall_proof(conn)
+            self._proof_seen = False
             if with_marks:
                 conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
                 if conn.execute(sa.select(f.c.rank_table).limit(1)).first() is None:
@@ -1214,34 +1205,98 @@ class SQLAlchemyTable:
 
     def _close_run(self) -> None:
         self._m = self._run_count = None
+        self._table = None
+
+    def _proof_ready(self, conn: Connection) -> bool:
+        """Whether the run's first query can name the proof's tables (looked up until seen)."""
+        if getattr(self, "frozen", False):
+            return True
+        if not getattr(self, "_proof_seen", False):
+            self._proof_seen = self._proof_tables_exist(conn)
+        return self._proof_seen
 
     def _current_copy(
         self, conn: Connection, transaction: sa.RootTransaction
     ) -> sa.RootTransaction:
-        """Copy mode, not frozen: prove the copy current in the run's snapshot by comparing it
-        with the table (`_copy_differs`: one join over both), and where they differ refresh the
-        copy (prepare(refresh=True), outside the snapshot) and take a new snapshot, until the
-        copy is the table's state at the snapshot (at most REFRESH_TRIES times). The run then
-        never reads a state older than its start. (A write counter, as on PostgresTable, would
-        make the proof a key lookup; these dialects do not have one yet.)"""
+        """Copy mode, not frozen: use the copy only where the run's first query proved it current
+        (triggers, freshness.py; DuckDB: the copy compared with the table, one join). Otherwise
+        the run reads the table itself in its snapshot (table_read.py), or, where that is priced
+        dearer than a refresh of the copy plus a run on it, or the run is oblivious (its reads
+        must not depend on the data; a refresh's shape depends on m and on whether the table
+        was written, which the database's statistics show anyway), the copy is refreshed
+        (prepare(refresh=True), outside the snapshot) and the run opens again, at most
+        REFRESH_TRIES times."""
         frozen = getattr(self, "frozen", False)  # from_votes() builds without __init__
         if frozen or isinstance(self, tuple(self.mode_classes.values())):
-            self.last_freshness = "frozen" if frozen else None
+            self.last_freshness = {"copy": "frozen"} if frozen else None
             return transaction
-        for attempt in range(REFRESH_TRIES):
-            if not self._copy_differs(conn):
-                self.last_freshness = "refreshed" if attempt else "compared"
+        for attempt in range(REFRESH_TRIES + 1):
+            why = getattr(self, "_why", "unproven")
+            if why == "unproven" and not self.proves_by_triggers():
+                why = "written" if self._copy_differs(conn) else None
+                how = "compared"
+            else:
+                how = "triggers"
+            report: dict[str, Any] = {"refreshes": attempt}
+            if why is None:
+                self.last_freshness = report | {"copy": "current", "proof": how}
+                return transaction
+            report |= {"copy": "stale", "why": why}
+            m = self._m or 0
+            in_store = self._in_store_dialect()
+            table, rebuild = table_seconds(m, in_store), refresh_seconds(m)
+            report |= {"table_seconds": table, "refresh_seconds": rebuild}
+            refresh = self._oblivious or (rebuild < table and attempt == 0)
+            if not refresh or attempt == REFRESH_TRIES:
+                if self._oblivious:
+                    self._end(conn, transaction)
+                    raise RuntimeError(
+                        f"{self.where} kept changing while its copy was refreshed "
+                        f"({REFRESH_TRIES} times): try again, or use mode='live'"
+                    )
+                report["read"] = "table"
+                self._m = self._open_table_run(conn, report)
+                self._run_count = None
+                self.last_freshness = report
                 return transaction
             self._end(conn, transaction)
             self._close_run()
             self.prepare(refresh=True)
             transaction = self._begin(conn)
             transaction = self._open_run(conn, transaction)
-        self._end(conn, transaction)
-        raise RuntimeError(
-            f"{self.where} kept changing while its copy was refreshed ({REFRESH_TRIES} times): "
-            "try again, or use mode='live'"
-        )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _in_store_dialect(self) -> bool:
+        """Whether this dialect runs the in-store one-shot (not MariaDB / MySQL)."""
+        return self.dialect in _EXCEEDANCES
+
+    def run_freshness(self) -> dict[str, Any] | None:
+        """How the run in progress knew its data current (access.run_freshness): operator
+        diagnostics, result.diagnostics.plan["freshness"]."""
+        if self._conn is None:
+            return None
+        report = dict(self.last_freshness or {})
+        if self._table is not None:
+            report |= self._table.report
+        return report
+
+    @property
+    def store_costs(self) -> StoreCosts | None:  # type: ignore[override]
+        """In a run that reads the table, the table's costs (every sorted read a sort or an
+        index walk, each batch of reads by rank a window over the table)."""
+        if self._table is None:
+            return None
+        return table_costs(self._table.m, self._in_store_dialect() and self._table.slots > 0)
+
+    def oneshot_positions(self) -> int:
+        """Positions of the in-store one-shot: the table's slots in a table run, else m."""
+        if self._table is not None and self._table.slots:
+            return self._table.slots
+        return self.domain_size()
+
+    def max_score(self) -> float | None:
+        """The largest score where the table run's first query read it."""
+        return None if self._table is None else self._table.max_score
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn`."""
@@ -1294,6 +1349,9 @@ class SQLAlchemyTable:
         if with_runs:
             last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
             columns.append(last.scalar_subquery())
+        proof = self._proof_column() if self._proof_ready(conn) else None
+        if proof is not None:
+            columns.append(proof)
         try:
             low, high, stored, *rest = conn.execute(sa.select(*columns)).one()
         except sa.exc.DBAPIError as error:
@@ -1314,7 +1372,21 @@ class SQLAlchemyTable:
             raise RuntimeError(
                 f"rank table {self._ranks.name!r} of {self.where} is empty: call prepare() first"
             )
-        self._check_mark(stored, rest[: len(facts)])
+        frozen = getattr(self, "frozen", False)
+        belongs = self._check_mark(stored, rest[: len(facts)], strict=frozen)
+        if proof is not None:
+            proven, rest = rest[-1], rest[:-1]
+        else:
+            proven = None
+        self._why = (
+            "another table"
+            if not belongs
+            else None
+            if proven is not None
+            else "written"
+            if proof is not None
+            else "unproven"
+        )
         runs = rest[len(facts) :]
         if low != 0:
             raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
@@ -1358,7 +1430,11 @@ class SQLAlchemyTable:
         return first, self._checked(scores)
 
     def read_sorted(self, start: int, count: int) -> Rows:
-        """Ranks start .. start+count-1: one range read of the rank primary key."""
+        """Ranks start .. start+count-1: one range read of the rank primary key (in a table
+        run, ORDER BY .. LIMIT OFFSET on the table)."""
+        if self._table is not None:
+            with self._connection() as conn:
+                return self._table_sorted(conn, start, count)
         r = self._ranks.c
         query = (
             sa.select(r.rank, r.id, r.score)
@@ -1371,6 +1447,9 @@ class SQLAlchemyTable:
     def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
+        if self._table is not None:
+            with self._connection() as conn:
+                return self._table_positions(conn, wanted)
         r = self._ranks.c
         query = sa.select(r.rank, r.id, r.score).where(
             r.rank.in_(sa.bindparam("ranks", expanding=True))
@@ -1397,9 +1476,12 @@ class SQLAlchemyTable:
         query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
         found: dict[Any, float] = {}
         with self._connection() as conn:
-            for chunk in self._chunks(list(dict.fromkeys(wanted))):
-                for item, score in conn.execute(query, {"ids": chunk}):
-                    found[item] = float(score)
+            if self._table is not None:
+                found = self._table_ids(conn, wanted)
+            else:
+                for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                    for item, score in conn.execute(query, {"ids": chunk}):
+                        found[item] = float(score)
         try:
             scores = np.asarray([found[item] for item in wanted], dtype=np.float64)
         except KeyError as missing:
@@ -1417,6 +1499,11 @@ class SQLAlchemyTable:
         exceedances = _EXCEEDANCES.get(self.dialect)
         if exceedances is None:
             return None
+        if self._table is not None:
+            if not self._table.slots:
+                return None  # a table without positions: the one-shot over a full read
+            with self._connection() as conn:
+                return self._table_oneshot(conn, noise, k)
         positions = noise.exceed_positions.tolist() or [-1]  # -1: a position no item has
         noises = noise.exceed_noises.tolist() or [0.0]
         with self._connection() as conn:
