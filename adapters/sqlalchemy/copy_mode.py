@@ -1341,8 +1341,10 @@ class SQLAlchemyTable(WriteProof, TableRun):
         r, u = self._ranks.c, self._runs.c
         facts = self._facts()
         columns: list[Any] = [
-            sa.func.min(r.rank),
-            sa.func.max(r.rank),
+            # one probe of the rank primary key each (min() and max() together, beside other
+            # columns, make SQLite and MariaDB scan the whole rank table)
+            sa.select(r.rank).order_by(r.rank).limit(1).scalar_subquery(),
+            sa.select(r.rank).order_by(r.rank.desc()).limit(1).scalar_subquery(),
             self._stored_mark(),
             *facts,
         ]
