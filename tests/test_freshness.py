@@ -324,3 +324,77 @@ def test_mariadb_live_after_truncate(store: Store) -> None:
     store.insert(501, 8)
     store.insert(502, 7)
     assert top(store, "threshold") == [500, 501, 502]
+
+
+SQLALCHEMY_COPY = [
+    "sqlalchemy-sqlite",
+    "sqlalchemy-postgres",
+    "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
+]
+
+
+@pytest.mark.parametrize("store", SQLALCHEMY_COPY, indirect=True)
+def test_sqlalchemy_copy_after_truncate_and_recreate(store: Store) -> None:
+    """TRUNCATE (SQLite: DELETE without WHERE) and a table dropped and re-created with the same
+    definition (MariaDB's TRUNCATE is one: a new table id; SQLite may reuse the root page; the
+    triggers go with the table): the release names the table's top-3, never the copy's."""
+    from tests.stores_sqlalchemy import create_counts_table
+
+    source = store.source
+    sqlite = source.dialect == "sqlite"
+    store.execute(f"DELETE FROM {store.table}" if sqlite else f"TRUNCATE TABLE {store.table}", {})
+    for item, score in ((7, 5), (8, 3), (9, 1), (10, 0)):
+        store.insert(item, score)
+    for method in METHODS:
+        assert top(store, method) == [7, 8, 9], method
+    with source.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE {store.table}")
+    create_counts_table(source.engine, source.table_name, SCORES[::-1], None)  # id 0 on top
+    for method in METHODS:
+        assert top(store, method) == [0, 1, 2], method
+    source.prepare()  # rebuilds the copy of the new table and its triggers
+    assert top(store, "threshold") == [0, 1, 2]
+    result = private_top_k(source, k=K, epsilon=EPSILON, seed=2)
+    assert result.plan["freshness"]["copy"] == "current"
+    store.update(1, 10_000)
+    assert top(store, "auto") == [1, 0, 2]
+
+
+@pytest.mark.parametrize("store", ["sqlalchemy-postgres"], indirect=True)
+def test_sqlalchemy_postgres_copy_after_what_fires_no_dml_trigger(store: Store) -> None:
+    """On PostgreSQL the SQLAlchemy copy shares PostgresTable's proof: a rewrite by ALTER TYPE,
+    writes with the triggers disabled, and a replica-role session are all seen."""
+    t = store.table
+    store.execute(
+        f"ALTER TABLE {t} ALTER score TYPE bigint USING (CASE WHEN id = 5 THEN 10000 "
+        "ELSE score END)",
+        {},
+    )
+    assert top(store, "auto") == [5, 299, 298]
+    store.source.prepare(refresh=True)
+    store.execute(f"ALTER TABLE {t} DISABLE TRIGGER ALL", {})
+    store.update(6, 20_000)
+    assert top(store, "auto") == [6, 5, 299]
+    store.execute(f"ALTER TABLE {t} ENABLE TRIGGER ALL", {})
+    store.source.prepare(refresh=True)
+    with store.source.engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.exec_driver_sql(f"UPDATE {t} SET score = 30000 WHERE id = 7")
+    assert top(store, "auto") == [7, 6, 5]
+
+
+@pytest.mark.parametrize("store", ["postgres-live", "sqlalchemy-live-postgres"], indirect=True)
+def test_postgres_live_positions_follow_replica_role_writes(store: Store, pg_conninfo: str) -> None:
+    """A session with session_replication_role = replica skips ordinary triggers; the live
+    position triggers are ENABLE ALWAYS, so an item inserted there takes a position and is
+    released (it was missing from every release before)."""
+    conn = psycopg.connect(pg_conninfo, autocommit=True)
+    try:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(f"INSERT INTO {store.table} ({store.id}, {store.score}) VALUES (1000, 20000)")
+        conn.execute(f"DELETE FROM {store.table} WHERE {store.id} = 299")
+    finally:
+        conn.close()
+    for method in METHODS:
+        assert top(store, method) == [1000, 298, 297], method

@@ -451,6 +451,11 @@ END
                     + " EXECUTE FUNCTION {fn}()"
                 ).format(name=name, base=self._base, id=self._id, fn=self._function)
             )
+            # fired under session_replication_role = replica too (logical replication
+            # subscribers, pg_restore): positions must follow every write
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(self._base, name)
+            )
 
     def is_stale(self) -> bool:
         """Never: a live run reads the table as it is."""

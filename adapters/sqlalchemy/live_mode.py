@@ -446,6 +446,9 @@ $topk$"""
                 name = self._trigger(event)
                 conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {n['table']}")
                 conn.exec_driver_sql(f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {function}()")
+                # fired under session_replication_role = replica too (logical replication
+                # subscribers, pg_restore): positions must follow every write
+                conn.exec_driver_sql(f"ALTER TABLE {n['table']} ENABLE ALWAYS TRIGGER {name}")
 
     def _install_mysql(self) -> None:
         n = self._names()
