@@ -13,18 +13,21 @@ Why not read the live table for sorted access (keyset on a (score DESC, id) B-tr
 a positional index, and a position is only meaningful in the order it was computed in. If sorted
 access read the live table while sampling read ranks computed at `prepare()` time, any write in
 between would make the two disagree (an item seen twice or never, a wrong m). Reading both from
-the rank table keeps them consistent by construction. The consequence for concurrent writers: they
-are never blocked and never change a run, and a run sees the table as of the last
-`prepare(refresh=True)`, not as of its start. Refreshing builds new tables beside the old ones
-and swaps them in at the end of its transaction (see `prepare()`), so runs in progress keep their
-snapshot; the swap waits for them a bounded time (`swap_timeout`), then gives up with a clear error
-and changes nothing (copying the rows in instead would leave a table's worth of dead rows).
+the rank table keeps them consistent by construction. Concurrent writers are never blocked and
+never change a run; a run serves the copy only where its first query proves it current
+("Freshness" below), so its release reflects the table as of its start. Refreshing builds new
+tables beside the old ones and swaps them in at the end of its transaction (see `prepare()`), so
+runs in progress keep their snapshot; the swap waits for them a bounded time (`swap_timeout`),
+then gives up with a clear error and changes nothing (copying the rows in instead would leave a
+table's worth of dead rows).
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
-Without a rank table the adapter still works, reading the live table in that snapshot: sorted
-access by ORDER BY .. OFFSET (served by a B-tree on (score DESC, id COLLATE "C") if the table has
-one), random access by id by `id = ANY(...)` (a B-tree on id if any), sampling by a window over the
-whole table (a full scan per batch, whatever the indexes); `check()` says which, from EXPLAIN.
+Without a rank table, or with one not proven current, the adapter reads the table in that
+snapshot: the in-store one-shot on its rows by ctid (table_read.py), and for an explicit
+threshold run sorted access by ORDER BY .. OFFSET (served by a B-tree on (score DESC, id
+COLLATE "C") if the table has one), random access by id by `id = ANY(...)` (a B-tree on id if
+any), sampling by a window over the whole table (a full scan per batch, whatever the indexes);
+`check()` says which, from EXPLAIN.
 `prepare()` creates no index on the live table: runs never read it, and indexes there would only
 slow its writers.
 
@@ -40,10 +43,11 @@ one from the next `prepare()`, computed from the rank table (not the live table)
 the rank table.
 
 Freshness (docs/freshness.md). Unless the table is `frozen=True`, a run serves the copy only
-where it is proven current: `prepare()` installs a statement-level trigger that counts writes to
-the table (`topk_write_counts`, one row per table) and records the count its snapshot saw on the
-rank table (the second line of its comment); the run's first query compares the two. Any write
-since, or no trigger, and the run reads the table itself in its snapshot.
+where it is proven current: `prepare()` installs statement-level triggers that log each writing
+transaction (adapters/_pg_writes.py, freshness.py) and stamps the copy with its snapshot (the
+second line of the rank table's comment); the run's first query checks the stamp against the
+log and the catalog. Otherwise the run reads the table itself in its snapshot, or, where that is
+priced dearer or the run is oblivious, has the copy rebuilt first (`_stale_run`).
 
 Size: one class, PostgresTable, whose methods share one connection, one snapshot and the
 rank table's names and fingerprint; live mode is its own module (live_mode.py).

@@ -9,10 +9,12 @@ sorted access at depth t is a range of ranks, item sampling (Algorithm 3 of Wu, 
 ICML 2023, samples a uniformly random unseen item) is `rank IN (...)`, and random access by id is
 `id IN (...)`; all three are index reads, so a run reads O(rows it needs), not the table.
 
-Consistency. The rank table is a snapshot of the counts taken by `prepare()`: writes to the counts
-table after it are not seen until `prepare()` runs again (it rebuilds the rank table in one
-transaction, so a run in progress keeps the old snapshot). `is_stale()` says, at the price of one
-full scan, whether the counts table has changed since. Every read of one run happens inside
+Consistency. The rank table is a snapshot of the counts taken by `prepare()`. Unless the source
+is frozen, a run serves it only where its first query proves it current (triggers record the
+writes since: freshness.py; DuckDB compares the copy with the table); otherwise the run reads
+the counts table itself (table_read.py) or has the copy rebuilt first (`_current_copy`), so a
+release reflects the table as of its start. `is_stale()` says, at the price of one full scan,
+whether the counts table differs from the copy. Every read of one run happens inside
 `snapshot()`, one read-only transaction with the strongest read-consistent isolation of the
 dialect, so a concurrent `prepare()` cannot mix two versions into one answer.
 

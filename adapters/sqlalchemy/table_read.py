@@ -120,6 +120,30 @@ class TableRun:
                 {"s": schema, "n": name},
             ).scalars()
             return any(list(names) == wanted for names in found)
+        if self.dialect == "postgresql":  # one catalog query (the inspector makes three)
+            preparer = self.engine.dialect.identifier_preparer
+            return bool(
+                conn.execute(
+                    sa.text(
+                        "SELECT EXISTS (SELECT 1 FROM pg_index x JOIN pg_attribute a "
+                        "ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] "
+                        "WHERE x.indrelid = to_regclass(:t) AND x.indisunique AND x.indisvalid "
+                        "AND x.indnkeyatts = 1 AND x.indexprs IS NULL AND x.indpred IS NULL "
+                        "AND a.attname = :id)"
+                    ),
+                    {"t": preparer.format_table(self._source), "id": self.id_column},
+                ).scalar()
+            )
+        if self.dialect in ("mysql", "mariadb"):
+            found = conn.execute(
+                sa.text(
+                    "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = "
+                    "coalesce(:s, database()) AND TABLE_NAME = :n AND NON_UNIQUE = 0 "
+                    "GROUP BY INDEX_NAME HAVING count(*) = 1 AND max(COLUMN_NAME) = :id"
+                ),
+                {"s": schema, "n": name, "id": self.id_column},
+            ).first()
+            return found is not None
         inspector = sa.inspect(conn)
         if inspector.get_pk_constraint(name, schema=schema).get("constrained_columns") == wanted:
             return True
