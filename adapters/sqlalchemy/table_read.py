@@ -45,8 +45,9 @@ from adapters._sql import TableFacts, id_array, raise_if_invalid
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, uniform_from_hex_sql
 
-from .keyed import _KEYED_DIGITS
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS
 
+REFRESH_TRIES = 3  # copy mode, not frozen: refreshes of a changing copy before a run gives up
 # Ids are counted distinct on tables of at most this many rows without a unique key.
 DISTINCT_CHECK_MAX = 100_000
 SCAN_ROW = 1e-7  # a pass over the table, per row (SQLite, the slowest of the four, ~1e-7 s)
@@ -103,6 +104,12 @@ class TableRun:
     id_column: str
     score_column: str
     _table: TableState | None = None
+    _m: int | None
+    _run_count: int | None
+    _oblivious: bool
+    _conn: Connection | None
+    last_freshness: dict[str, Any] | None
+    mode_classes: dict[str, type]
 
     # ----- the run's first query --------------------------------------------------------------
     def _unique_ids(self, conn: Connection) -> bool:
@@ -275,6 +282,90 @@ class TableRun:
         ).scalar()
         facts = TableFacts(m, 0, distinct, 0, 0, 0)
         raise_if_invalid(facts, self.where, self.id_column, self.score_column, duplicate)
+
+    # ----- the stale copy: read the table, or refresh ----------------------------------------
+    def _current_copy(
+        self, conn: Connection, transaction: sa.RootTransaction
+    ) -> sa.RootTransaction:
+        """Copy mode, not frozen: use the copy only where the run's first query proved it current
+        (triggers, freshness.py; DuckDB: the copy compared with the table, one join). Otherwise
+        the run reads the table itself in its snapshot (table_read.py), or, where that is priced
+        dearer than a refresh of the copy plus a run on it, or the run is oblivious (its reads
+        must not depend on the data; a refresh's shape depends on m and on whether the table
+        was written, which the database's statistics show anyway), the copy is refreshed
+        (prepare(refresh=True), outside the snapshot) and the run opens again, at most
+        REFRESH_TRIES times."""
+        frozen = getattr(self, "frozen", False)  # from_votes() builds without __init__
+        if frozen or isinstance(self, tuple(self.mode_classes.values())):
+            self.last_freshness = {"copy": "frozen"} if frozen else None
+            return transaction
+        for attempt in range(REFRESH_TRIES + 1):
+            why = getattr(self, "_why", "unproven")
+            if why == "unproven" and not self.proves_by_triggers():
+                why = "written" if self._copy_differs(conn) else None
+                how = "compared"
+            else:
+                how = "triggers"
+            report: dict[str, Any] = {"refreshes": attempt}
+            if why is None:
+                self.last_freshness = report | {"copy": "current", "proof": how}
+                return transaction
+            report |= {"copy": "stale", "why": why}
+            m = self._m or 0
+            in_store = self._in_store_dialect()
+            table, rebuild = table_seconds(m, in_store), refresh_seconds(m)
+            report |= {"table_seconds": table, "refresh_seconds": rebuild}
+            refresh = self._oblivious or (rebuild < table and attempt == 0)
+            if not refresh or attempt == REFRESH_TRIES:
+                if self._oblivious:
+                    self._end(conn, transaction)
+                    raise RuntimeError(
+                        f"{self.where} kept changing while its copy was refreshed "
+                        f"({REFRESH_TRIES} times): try again, or use mode='live'"
+                    )
+                report["read"] = "table"
+                self._m = self._open_table_run(conn, report)
+                self._run_count = None
+                self.last_freshness = report
+                return transaction
+            self._end(conn, transaction)
+            self._close_run()
+            self.prepare(refresh=True)
+            transaction = self._begin(conn)
+            transaction = self._open_run(conn, transaction)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _in_store_dialect(self) -> bool:
+        """Whether this dialect runs the in-store one-shot (not MariaDB / MySQL)."""
+        return self.dialect in _EXCEEDANCES
+
+    def run_freshness(self) -> dict[str, Any] | None:
+        """How the run in progress knew its data current (access.run_freshness): operator
+        diagnostics, result.diagnostics.plan["freshness"]."""
+        if self._conn is None:
+            return None
+        report = dict(self.last_freshness or {})
+        if self._table is not None:
+            report |= self._table.report
+        return report
+
+    @property
+    def store_costs(self) -> StoreCosts | None:  # type: ignore[override]
+        """In a run that reads the table, the table's costs (every sorted read a sort or an
+        index walk, each batch of reads by rank a window over the table)."""
+        if self._table is None:
+            return None
+        return table_costs(self._table.m, self._in_store_dialect() and self._table.slots > 0)
+
+    def oneshot_positions(self) -> int:
+        """Positions of the in-store one-shot: the table's slots in a table run, else m."""
+        if self._table is not None and self._table.slots:
+            return self._table.slots
+        return self.domain_size()
+
+    def max_score(self) -> float | None:
+        """The largest score where the table run's first query read it."""
+        return None if self._table is None else self._table.max_score
 
     # ----- reads by rank on the table (an explicit threshold run, a full read) ----------------
     def _order(self) -> list[Any]:
