@@ -398,3 +398,16 @@ def test_postgres_live_positions_follow_replica_role_writes(store: Store, pg_con
         conn.close()
     for method in METHODS:
         assert top(store, method) == [1000, 298, 297], method
+
+
+@pytest.mark.parametrize("store", ["postgres-live"], indirect=True)
+def test_postgres_live_positions_after_disabled_triggers(store: Store) -> None:
+    """Items inserted and deleted while the position triggers were disabled (then enabled
+    again) are not in the positions: the run sees the triggers' catalog rows changed, has
+    prepare() fill the positions again, and releases the table's top-3."""
+    store.execute(f"ALTER TABLE {store.table} DISABLE TRIGGER ALL", {})
+    store.insert(1000, 20_000)
+    store.delete(299)
+    store.execute(f"ALTER TABLE {store.table} ENABLE TRIGGER ALL", {})
+    for method in METHODS:
+        assert top(store, method) == [1000, 298, 297], method
