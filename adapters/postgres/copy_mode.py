@@ -1015,7 +1015,10 @@ class PostgresTable(WriteLog, TableRead):
         query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {}, {}, {}, {} FROM {}").format(
             runs, stored, current, self._proof_sql(), self._ranks
         )
-        m, count, stored_print, current_print, proof = reader.execute(query).fetchone()
+        # prepared: the proof's catalog subqueries cost ~1-3 ms to plan and ~0.5 ms to run
+        m, count, stored_print, current_print, proof = reader.execute(
+            query, prepare=True
+        ).fetchone()
         why = self._why_stale(stored_print, current_print, proof)
         # No row (a runs table created after this snapshot began) is no runs table.
         return int(m), None if count is None else int(count), why
