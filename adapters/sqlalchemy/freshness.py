@@ -349,11 +349,30 @@ class WriteProof:
             left = conn.exec_driver_sql(f"SELECT count(*) FROM {n['stamps']}").scalar_one()
         if left:
             return
-        # no copy stamped any more: the shared tables go (PostgreSQL: once no trigger calls
-        # the log function, which PostgresTable's copies share)
+        # no copy stamped any more: the shared tables go, once no trigger writes to the log
+        # (PostgreSQL: calls its function, which PostgresTable's copies share; elsewhere: names
+        # it in its body; another copy may be between installing its triggers and its stamp)
         if self.dialect == "postgresql":
             if conn.exec_driver_sql(pgw.function_users_sql(n["function"])).scalar_one():
                 return
             conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {n['function']}()")
+        elif self.dialect == "sqlite":
+            master = n["prefix"] + "sqlite_master"
+            users = conn.execute(
+                sa.text(f"SELECT count(*) FROM {master} WHERE type = 'trigger' AND instr(sql, :t)"),
+                {"t": LITE_COUNTS},
+            ).scalar_one()
+            if users:
+                return
+        else:
+            users = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = "
+                    "coalesce(:s, database()) AND instr(ACTION_STATEMENT, :t) > 0"
+                ),
+                {"s": schema, "t": MY_LOG},
+            ).scalar_one()
+            if users:
+                return
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {n['log']}")
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {n['stamps']}")
