@@ -4,6 +4,7 @@
     python -m benchmarks wallclock [--quick] [--stores duckdb postgres] ...   real stores
     python -m benchmarks profile [--store duckdb] [--family plateau] ...   where the time goes
     python -m benchmarks freshness [--quick] [--stores duckdb] ...   the first release after writes
+    python -m benchmarks freshness-copy [--m 1e6] ...   PostgreSQL / SQLAlchemy copies after writes
     python -m benchmarks replot [--out DIR]   redraw the PNGs of the results' JSON, nothing run
     python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
     python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import access, freshness, oblivious, wallclock
+    from . import access, freshness, freshness_copy, oblivious, wallclock
 
     p_access = sub.add_parser("access", help="access cost against sqrt(mk) and Theorem 4.2")
     _common_arguments(p_access)
@@ -62,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p_fresh = sub.add_parser("freshness", help="refresh + release after 1%% writes vs SQL")
     _common_arguments(p_fresh)
     freshness.add_arguments(p_fresh)
+
+    p_copy = sub.add_parser("freshness-copy", help="copy mode after writes vs SQL (PostgreSQL)")
+    _common_arguments(p_copy)
+    freshness_copy.add_arguments(p_copy)
 
     p_replot = sub.add_parser("replot", help="redraw the PNG plots from the JSON results")
     p_replot.add_argument(
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             payload = freshness.run(cfg)
             print(freshness.report(payload))
+    elif args.command == "freshness-copy":
+        payload = {"files": [str(freshness_copy.main(args))]}
     elif args.command == "oblivious":
         ocfg = oblivious.config_from_args(args)
         ocfg.seed, ocfg.out = args.seed, args.out

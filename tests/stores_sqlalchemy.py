@@ -150,6 +150,7 @@ def drop_tables(engine: sa.Engine, names: list[str]) -> None:
 
 def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
     created: list[str] = []
+    sources: list[SQLAlchemyTable] = []
 
     def make(scores: Any, ids: Any = None, **options: Any) -> SQLAlchemyTable:
         name = unique_name()
@@ -158,10 +159,16 @@ def _maker(engine: sa.Engine) -> Iterator[MakeSource]:
         options.setdefault("frozen", True)  # tests of the copy (test_freshness.py: not frozen)
         source = SQLAlchemyTable(engine, name, id="id", score="score", **options)
         created.extend([source.rank_table_name, source.runs_table_name])
+        sources.append(source)
         source.prepare()
         return source
 
     yield make
+    for source in sources:  # its triggers and stamp too (the shared tables once unused)
+        try:
+            source.uninstall()
+        except Exception:  # a test may have left the table broken on purpose
+            pass
     drop_tables(engine, created)
 
 

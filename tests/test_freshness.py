@@ -40,6 +40,7 @@ COPY_STORES = [
     "sqlalchemy-sqlite",
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
 ]
 LIVE_STORES = [
     "postgres-live",
@@ -226,17 +227,28 @@ def test_postgres_copy_is_proven_current_until_a_write(store: Store) -> None:
     assert top(store, "threshold") == [299, 298, 297]
 
 
-@pytest.mark.parametrize("store", ["sqlalchemy-sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "store",
+    ["sqlalchemy-sqlite", "sqlalchemy-postgres", "sqlalchemy-mariadb", "sqlalchemy-duckdb"],
+    indirect=True,
+)
 def test_sqlalchemy_copy_says_how_it_knew(store: Store) -> None:
-    """SQLAlchemy copy mode compares the copy with the table in the run's snapshot and
-    refreshes it where they differ; `last_freshness` says which happened."""
-    top(store, "threshold")
-    assert store.source.last_freshness == "compared"
+    """SQLAlchemy copy mode proves its copy current by the triggers' record (DuckDB, without
+    triggers, by comparing the copy with the table); after a write the run reads the table
+    itself (the in-store one-shot on it; MariaDB: a full read), and a refresh makes the copy
+    current again. result.diagnostics.plan["freshness"] says which."""
+    proof = "compared" if store.source.dialect == "duckdb" else "triggers"
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert result.plan["freshness"] == {"refreshes": 0, "copy": "current", "proof": proof}
     store.update(5, 10_000)
-    assert top(store, "threshold") == [5, 299, 298]
-    assert store.source.last_freshness == "refreshed"
-    top(store, "threshold")
-    assert store.source.last_freshness == "compared"
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert [int(i) for i in result.items] == [5, 299, 298]
+    report = result.plan["freshness"]
+    assert report["copy"] == "stale" and report["read"] == "table", report
+    assert result.plan["in_store"] == (store.source.dialect not in ("mysql", "mariadb"))
+    store.source.prepare(refresh=True)
+    result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
+    assert result.plan["freshness"]["copy"] == "current"
 
 
 def test_duckdb_checks_what_it_reads_now() -> None:
@@ -296,3 +308,108 @@ def test_duckdb_one_shot_on_the_table_has_the_exponential_law() -> None:
         item = int(result.items[0])
         counts[item if item < 5 else 5] += 1
     assert stats.chisquare(counts, expected * runs).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("store", ["sqlalchemy-live-mariadb"], indirect=True)
+def test_mariadb_live_after_truncate(store: Store) -> None:
+    """TRUNCATE fires no DELETE trigger on MariaDB (it re-creates the table): re-inserting ids
+    that had positions must not fail the writer's INSERT (the trigger found them placed), and
+    the next release rebuilds the positions and names the new table's top-3."""
+    assert top(store, "threshold") == [299, 298, 297]
+    store.execute(f"TRUNCATE TABLE {store.table}", {})
+    for item, score in ((7, 5), (8, 3), (9, 1), (10, 0)):
+        store.insert(item, score)  # ids that had positions before the TRUNCATE
+    for method in METHODS:
+        assert top(store, method) == [7, 8, 9], method
+    store.execute(f"TRUNCATE TABLE {store.table}", {})
+    store.insert(500, 9)  # an id never seen; the old positions are still there
+    store.insert(501, 8)
+    store.insert(502, 7)
+    assert top(store, "threshold") == [500, 501, 502]
+
+
+SQLALCHEMY_COPY = [
+    "sqlalchemy-sqlite",
+    "sqlalchemy-postgres",
+    "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
+]
+
+
+@pytest.mark.parametrize("store", SQLALCHEMY_COPY, indirect=True)
+def test_sqlalchemy_copy_after_truncate_and_recreate(store: Store) -> None:
+    """TRUNCATE (SQLite: DELETE without WHERE) and a table dropped and re-created with the same
+    definition (MariaDB's TRUNCATE is one: a new table id; SQLite may reuse the root page; the
+    triggers go with the table): the release names the table's top-3, never the copy's."""
+    from tests.stores_sqlalchemy import create_counts_table
+
+    source = store.source
+    sqlite = source.dialect == "sqlite"
+    store.execute(f"DELETE FROM {store.table}" if sqlite else f"TRUNCATE TABLE {store.table}", {})
+    for item, score in ((7, 5), (8, 3), (9, 1), (10, 0)):
+        store.insert(item, score)
+    for method in METHODS:
+        assert top(store, method) == [7, 8, 9], method
+    with source.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE {store.table}")
+    create_counts_table(source.engine, source.table_name, SCORES[::-1], None)  # id 0 on top
+    for method in METHODS:
+        assert top(store, method) == [0, 1, 2], method
+    source.prepare()  # rebuilds the copy of the new table and its triggers
+    assert top(store, "threshold") == [0, 1, 2]
+    result = private_top_k(source, k=K, epsilon=EPSILON, seed=2)
+    assert result.plan["freshness"]["copy"] == "current"
+    store.update(1, 10_000)
+    assert top(store, "auto") == [1, 0, 2]
+
+
+@pytest.mark.parametrize("store", ["sqlalchemy-postgres"], indirect=True)
+def test_sqlalchemy_postgres_copy_after_what_fires_no_dml_trigger(store: Store) -> None:
+    """On PostgreSQL the SQLAlchemy copy shares PostgresTable's proof: a rewrite by ALTER TYPE,
+    writes with the triggers disabled, and a replica-role session are all seen."""
+    t = store.table
+    store.execute(
+        f"ALTER TABLE {t} ALTER score TYPE bigint USING (CASE WHEN id = 5 THEN 10000 "
+        "ELSE score END)",
+        {},
+    )
+    assert top(store, "auto") == [5, 299, 298]
+    store.source.prepare(refresh=True)
+    store.execute(f"ALTER TABLE {t} DISABLE TRIGGER ALL", {})
+    store.update(6, 20_000)
+    assert top(store, "auto") == [6, 5, 299]
+    store.execute(f"ALTER TABLE {t} ENABLE TRIGGER ALL", {})
+    store.source.prepare(refresh=True)
+    with store.source.engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.exec_driver_sql(f"UPDATE {t} SET score = 30000 WHERE id = 7")
+    assert top(store, "auto") == [7, 6, 5]
+
+
+@pytest.mark.parametrize("store", ["postgres-live", "sqlalchemy-live-postgres"], indirect=True)
+def test_postgres_live_positions_follow_replica_role_writes(store: Store, pg_conninfo: str) -> None:
+    """A session with session_replication_role = replica skips ordinary triggers; the live
+    position triggers are ENABLE ALWAYS, so an item inserted there takes a position and is
+    released (it was missing from every release before)."""
+    conn = psycopg.connect(pg_conninfo, autocommit=True)
+    try:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(f"INSERT INTO {store.table} ({store.id}, {store.score}) VALUES (1000, 20000)")
+        conn.execute(f"DELETE FROM {store.table} WHERE {store.id} = 299")
+    finally:
+        conn.close()
+    for method in METHODS:
+        assert top(store, method) == [1000, 298, 297], method
+
+
+@pytest.mark.parametrize("store", ["postgres-live"], indirect=True)
+def test_postgres_live_positions_after_disabled_triggers(store: Store) -> None:
+    """Items inserted and deleted while the position triggers were disabled (then enabled
+    again) are not in the positions: the run sees the triggers' catalog rows changed, has
+    prepare() fill the positions again, and releases the table's top-3."""
+    store.execute(f"ALTER TABLE {store.table} DISABLE TRIGGER ALL", {})
+    store.insert(1000, 20_000)
+    store.delete(299)
+    store.execute(f"ALTER TABLE {store.table} ENABLE TRIGGER ALL", {})
+    for method in METHODS:
+        assert top(store, method) == [1000, 298, 297], method

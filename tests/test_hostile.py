@@ -159,9 +159,14 @@ def test_pg_rank_table_of_a_recreated_table_is_not_trusted(pg_conninfo, pg_table
     source.prepare()
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
     create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # dropped and re-created
+    got = private_top_k(source, k=1, epsilon=1e6, seed=1)  # the new table is read, not the copy
+    assert got.items == [3] and got.plan["freshness"]["why"] == "another table"
+    frozen = _pg_source(pg_conninfo, schema, name, frozen=True)  # served without a proof
     with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
-        private_top_k(source, k=1, epsilon=1e6, seed=1)
+        private_top_k(frozen, k=1, epsilon=1e6, seed=1)
+    frozen.close()
     source.prepare()  # no refresh: the rank table of the old table is rebuilt
+    assert source.serves_copy()
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
     source.close()
 
@@ -185,8 +190,26 @@ def test_pg_planted_rank_table_is_refused(pg_conninfo, pg_table) -> None:
         private_top_k(source, k=1, epsilon=1.0, seed=1)
     source.prepare(refresh=True)  # asked for: replaced
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS 'topk-rank-v1 1 2 3'").format(ranks))
-    with pytest.raises(RankTableMismatchError):  # a forged fingerprint names other oids
-        private_top_k(source, k=1, epsilon=1.0, seed=1)
+    got = private_top_k(source, k=1, epsilon=1e6, seed=1)  # a forged fingerprint: other oids
+    assert got.items == [16] and got.plan["freshness"]["read"] == "table"
+    frozen = _pg_source(pg_conninfo, schema, name, frozen=True)
+    with pytest.raises(RankTableMismatchError):
+        private_top_k(frozen, k=1, epsilon=1.0, seed=1)
+    frozen.close()
+    source.prepare(refresh=True)
+    fingerprint = (
+        conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", [ranks.as_string(conn)])
+        .fetchone()[0]
+        .split("\n")[0]
+    )
+    for stamp in ("topk-writes-v2 not-a-snapshot digest", "topk-writes-v2 9:3:x,5 digest"):
+        conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                ranks, sql.Literal(fingerprint + "\n" + stamp)
+            )
+        )  # a forged stamp proves nothing, and breaks no query
+        assert not source.serves_copy()
+        assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
     assert runs is not None
     source.close()
 
@@ -770,9 +793,13 @@ def test_sqlalchemy_rank_table_of_a_recreated_table_is_not_trusted(sa_counts) ->
     source.prepare()
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
     create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # same definition, same m
+    got = private_top_k(source, k=1, epsilon=1e6, seed=1)  # not the old copy: the new table
+    assert got.items == [3] and got.plan["freshness"]["copy"] == "stale"
     if source.dialect in ("postgresql", "mysql", "mariadb"):  # a lasting table identity
+        assert got.plan["freshness"]["why"] == "another table"
+        frozen = SQLAlchemyTable(engine, name, frozen=True)  # served without proof: refused
         with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
-            private_top_k(source, k=1, epsilon=1e6, seed=1)
+            private_top_k(frozen, k=1, epsilon=1e6, seed=1)
     source.prepare()  # no refresh: rebuilt (identity, or the copy compared with the table)
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [3]
     create([1000 if i == 5 else 0 for i in range(PG_ITEMS)])
@@ -820,8 +847,10 @@ def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
             conn.exec_driver_sql(f"CREATE TABLE {quote('copy_' + name)} AS SELECT * FROM {ranks}")
             conn.exec_driver_sql(f"DROP TABLE {ranks}")
             conn.exec_driver_sql(f"ALTER TABLE {quote('copy_' + name)} RENAME TO {ranks}")
+        got = private_top_k(source, k=1, epsilon=1e6, seed=1)  # the copy is not served
+        assert got.items == [16] and got.plan["freshness"]["why"] == "another table"
         with pytest.raises(RankTableMismatchError, match="does not belong"):
-            private_top_k(source, k=1, epsilon=1.0, seed=1)
+            private_top_k(SQLAlchemyTable(engine, name, frozen=True), k=1, epsilon=1.0, seed=1)
 
 
 # ----- valid edge inputs, released correctly on every store -------------------------------------

@@ -934,6 +934,14 @@ def store_costs(source: Any) -> StoreCosts:
     return costs if isinstance(costs, StoreCosts) else StoreCosts()
 
 
+def run_freshness(source: Any) -> dict[str, Any] | None:
+    """How the store knew the run's data current (an optional `run_freshness()`, called inside
+    the run's snapshot: a copy proven current, or why not and what the run read instead), for
+    the operator's diagnostics; None where the store does not say."""
+    report = getattr(source, "run_freshness", None)
+    return report() if callable(report) else None
+
+
 @runtime_checkable
 class ObliviousReads(Protocol):
     """Optional: a store whose reads take data-dependent shortcuts by default (PostgreSQL's live

@@ -14,6 +14,7 @@ from .access import (
     oblivious_reads,
     offers_in_store,
     parameters_in_text,
+    run_freshness,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, record
 from .keyed_noise import KeyedNoise
@@ -237,6 +238,7 @@ def private_top_k(
         if counts_plan is not None and count_noises is not None:  # k random accesses
             counts = counts_plan.release(count_noises, *access.exact_scores_of(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
+        freshness = run_freshness(source)  # the store's own account, still in the snapshot
     # The oracle and the cost model are the threshold run's: None / False when it did not run.
     threshold_ran = chosen == "threshold"
     plan: dict[str, Any] = {
@@ -244,9 +246,10 @@ def private_top_k(
         "cost_aware": threshold_ran and costs is not None,
     }
     plan["requested"], plan["in_store"] = method, in_store
+    if freshness is not None:
+        plan["freshness"] = freshness
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
-    _note_freshness(plan, source)
     seconds = {"total": time.perf_counter() - started}
     ran = "threshold" if threshold_ran else "oneshot"  # the mechanism; where: plan
     result = TopKResult(
@@ -328,6 +331,7 @@ def _oblivious_release(
             counts = counts_plan.release(count_noises, *access.exact_scores_of(items))
             guarantee = with_counts_guarantee(guarantee, counts_plan)
         took, overran = pad_to(reading, deadline)
+        freshness = run_freshness(source)
     if deadline > 0:  # deadline=0 (no padding: statistical tests) is not an overrun
         DEADLINES.record(overran, took - deadline)
     else:
@@ -346,7 +350,8 @@ def _oblivious_release(
         "deadline_missed": overran,
         "deadline_misses": DEADLINES.as_dict(),
     }
-    _note_freshness(plan, source)
+    if freshness is not None:
+        plan["freshness"] = freshness
     seconds = {"total": time.perf_counter() - started, "work": took}
     result = TopKResult(
         items,
@@ -361,14 +366,6 @@ def _oblivious_release(
         count_error=None if counts_plan is None else counts_plan.count_error,
     )
     return record(budget, result)
-
-
-def _note_freshness(plan: dict[str, Any], source: Source) -> None:
-    """How the run knew its data current, where the store says (`last_freshness`: what it read
-    and why; operator information, like the rest of the plan)."""
-    freshness = getattr(source, "last_freshness", None)
-    if freshness is not None:
-        plan["freshness"] = dict(freshness) if isinstance(freshness, dict) else freshness
 
 
 def budgeted_private_top_k(

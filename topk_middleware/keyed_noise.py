@@ -127,13 +127,16 @@ class KeyedNoise:
     def noises(self, positions: np.ndarray) -> np.ndarray:
         """Z_p for each position: an exceedance's drawn noise, else the keyed noise below t."""
         positions = np.asarray(positions, dtype=np.int64)
-        out = np.array([self.noise_of_uniform(u) for u in self.uniforms(positions)], float)
+        out = np.empty(len(positions), dtype=np.float64)
+        found = np.zeros(len(positions), dtype=bool)
         if len(self.exceed_positions):  # sorted by draw()
             where = np.minimum(
                 np.searchsorted(self.exceed_positions, positions), len(self.exceed_positions) - 1
             )
             found = self.exceed_positions[where] == positions
             out[found] = self.exceed_noises[where[found]]
+        keyed = ~found  # hashed only where no exceedance gives the noise
+        out[keyed] = [self.noise_of_uniform(u) for u in self.uniforms(positions[keyed])]
         return out
 
     @property

@@ -13,18 +13,21 @@ Why not read the live table for sorted access (keyset on a (score DESC, id) B-tr
 a positional index, and a position is only meaningful in the order it was computed in. If sorted
 access read the live table while sampling read ranks computed at `prepare()` time, any write in
 between would make the two disagree (an item seen twice or never, a wrong m). Reading both from
-the rank table keeps them consistent by construction. The consequence for concurrent writers: they
-are never blocked and never change a run, and a run sees the table as of the last
-`prepare(refresh=True)`, not as of its start. Refreshing builds new tables beside the old ones
-and swaps them in at the end of its transaction (see `prepare()`), so runs in progress keep their
-snapshot; the swap waits for them a bounded time (`swap_timeout`), then gives up with a clear error
-and changes nothing (copying the rows in instead would leave a table's worth of dead rows).
+the rank table keeps them consistent by construction. Concurrent writers are never blocked and
+never change a run; a run serves the copy only where its first query proves it current
+("Freshness" below), so its release reflects the table as of its start. Refreshing builds new
+tables beside the old ones and swaps them in at the end of its transaction (see `prepare()`), so
+runs in progress keep their snapshot; the swap waits for them a bounded time (`swap_timeout`),
+then gives up with a clear error and changes nothing (copying the rows in instead would leave a
+table's worth of dead rows).
 
 Every read of a run happens in one `REPEATABLE READ READ ONLY` transaction opened by `snapshot()`.
-Without a rank table the adapter still works, reading the live table in that snapshot: sorted
-access by ORDER BY .. OFFSET (served by a B-tree on (score DESC, id COLLATE "C") if the table has
-one), random access by id by `id = ANY(...)` (a B-tree on id if any), sampling by a window over the
-whole table (a full scan per batch, whatever the indexes); `check()` says which, from EXPLAIN.
+Without a rank table, or with one not proven current, the adapter reads the table in that
+snapshot: the in-store one-shot on its rows by ctid (table_read.py), and for an explicit
+threshold run sorted access by ORDER BY .. OFFSET (served by a B-tree on (score DESC, id
+COLLATE "C") if the table has one), random access by id by `id = ANY(...)` (a B-tree on id if
+any), sampling by a window over the whole table (a full scan per batch, whatever the indexes);
+`check()` says which, from EXPLAIN.
 `prepare()` creates no index on the live table: runs never read it, and indexes there would only
 slow its writers.
 
@@ -40,10 +43,11 @@ one from the next `prepare()`, computed from the rank table (not the live table)
 the rank table.
 
 Freshness (docs/freshness.md). Unless the table is `frozen=True`, a run serves the copy only
-where it is proven current: `prepare()` installs a statement-level trigger that counts writes to
-the table (`topk_write_counts`, one row per table) and records the count its snapshot saw on the
-rank table (the second line of its comment); the run's first query compares the two. Any write
-since, or no trigger, and the run reads the table itself in its snapshot.
+where it is proven current: `prepare()` installs statement-level triggers that log each writing
+transaction (adapters/_pg_writes.py, freshness.py) and stamps the copy with its snapshot (the
+second line of the rank table's comment); the run's first query checks the stamp against the
+log and the catalog. Otherwise the run reads the table itself in its snapshot, or, where that is
+priced dearer or the run is oblivious, has the copy rebuilt first (`_stale_run`).
 
 Size: one class, PostgresTable, whose methods share one connection, one snapshot and the
 rank table's names and fingerprint; live mode is its own module (live_mode.py).
@@ -57,7 +61,7 @@ import json
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +69,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from adapters._pg_writes import STAMP_TAG, UNPROVABLE
 from adapters._sql import (
     FINGERPRINT_TAG,
     MAX_IDENTIFIER_BYTES,
@@ -94,6 +99,8 @@ from ..contributions import (
     simple_count,
 )
 from . import oblivious as oblivious_sql
+from .freshness import WriteLog
+from .table_read import TableRead, TableState, refresh_seconds, table_costs, table_seconds
 
 # Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
 PACKED_MIN_ROWS = 50_000
@@ -119,6 +126,13 @@ class _Run:
     m: int
     runs: int | None = None  # runs of tied scores in the runs table, if there is one
     stale: bool = False  # the copy is not proven current: the run reads the table itself
+    table: TableState | None = None  # the table read by the in-store one-shot (table_read.py)
+    freshness: dict[str, Any] = field(default_factory=dict)  # how the run knew (diagnostics)
+
+
+class _Refresh(Exception):
+    """Raised while a run opens: rebuild the copy (outside the run's transaction) and open
+    the run again."""
 
 
 def runs_table_name(rank_table: str) -> str:
@@ -134,10 +148,7 @@ def runs_table_name(rank_table: str) -> str:
 
 
 MODES = ("copy", "live")
-# The write counter that proves a copy current (module docstring, "Freshness").
-WRITES_TABLE = "topk_write_counts"
-WRITES_FUNCTION = "topk_count_write"
-WRITES_TAG = "topk-writes"
+REFRESH_TRIES = 3  # a run that refreshes its copy (oblivious, or priced cheaper) tries this often
 # Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): 20,000 rows by
 # rank range in about 20 ms, 10^4 random ranks in about 80 ms, a packed full read 3.5 s, the
 # in-store one-shot's keyed hash (SHA-256) about 0.6 us a hashed row.
@@ -167,7 +178,7 @@ OBLIVIOUS_COSTS = ObliviousCosts(
 STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
 
 
-class PostgresTable:
+class PostgresTable(WriteLog, TableRead):
     """A histogram held in a PostgreSQL table: one row per item of the public domain.
 
     `conninfo_or_connection` is a libpq connection string (the adapter opens and owns an
@@ -178,7 +189,6 @@ class PostgresTable:
     after writes (adapters/postgres/live_mode.py).
     """
 
-    store_costs = STORE_COSTS
     # What an oblivious release costs: the rank table's model, or the table's own while a run
     # reads it (a copy not proven current).
     oblivious_costs_copy = OBLIVIOUS_COSTS
@@ -248,12 +258,9 @@ class PostgresTable:
         self.where = "PostgreSQL table " + (
             repr(table) if schema is None else f"{schema!r}.{table!r}"
         )
-        # the write counter (module docstring): a table and a trigger function in the table's
-        # schema, one row per counted table, bumped by a statement-level trigger
-        self._writes = qualify(WRITES_TABLE)
-        self._writes_function = qualify(WRITES_FUNCTION)
-        self._writes_trigger = sql.Identifier(f"topk_{digest}_writes")
+        self._log_names()  # the write log that proves the copy current (freshness.py)
         self._run: _Run | None = None
+        self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         text_ids = self._text_ids = self._check_columns()
         # The most one client moves a count, and how many counts it moves: declared, else what
         # from_votes recorded in the table's comment (contributions.py), else (1, None).
@@ -510,7 +517,7 @@ class PostgresTable:
         names = [
             self._ranks.as_string(self._conn),
             self._runs.as_string(self._conn),
-            self._writes.as_string(self._conn),
+            self._log.as_string(self._conn),
         ]
         with self._reading() as cur:
             cur.execute(
@@ -518,8 +525,8 @@ class PostgresTable:
                 "to_regclass(%s) IS NOT NULL",
                 names,
             )
-            ranks, runs, counter = cur.fetchone()
-        self._has_counter = bool(counter)  # the write counter's table (freshness)
+            ranks, runs, log = cur.fetchone()
+        self._has_log = bool(log)  # the write log's table (freshness.py)
         return bool(ranks), bool(runs)
 
     def has_rank_table(self) -> bool:
@@ -621,6 +628,9 @@ class PostgresTable:
         built = False
         saved = conn.isolation_level
         try:
+            with conn.transaction():  # committed before the copy's snapshot (freshness.py)
+                self._limit_statements(conn, statement_timeout)
+                self._install_log(conn)
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 self._limit_statements(conn, statement_timeout)
@@ -673,14 +683,11 @@ class PostgresTable:
             names = self._build_names() if ranked else None
             target = (self._ranks, self._runs) if names is None else names[:2]
             indexes = (self._rank_index, self._id_index) if names is None else names[2:]
-            self._install_counter(conn)
             self._build(conn, *target, *indexes)
             if names is not None:
                 self._swap(conn, names, swap_timeout)
-            self._record_fingerprint(conn)
-            self._stamp_writes(conn)
+            self._stamp_writes(conn, self._fingerprints(conn)[1])
             return True
-        self._install_counter(conn)  # a copy built before it: unproven until a refresh
         for index, column in ((self._rank_index, "rank"), (self._id_index, "id")):
             conn.execute(
                 sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
@@ -811,7 +818,8 @@ class PostgresTable:
         base, ranks = self._base.as_string(conn), self._ranks.as_string(conn)
         current = sql.SQL(
             "concat_ws(' ', {tag}::text, to_regclass({base})::oid, to_regclass({ranks})::oid, "
-            "(SELECT string_agg(a.attnum || ':' || a.atttypid, ',' ORDER BY a.attname <> {id}) "
+            "(SELECT string_agg(a.attnum || ':' || a.atttypid || ':' || a.atttypmod, ',' "
+            "ORDER BY a.attname <> {id}) "
             "FROM pg_attribute a WHERE a.attrelid = to_regclass({base}) AND NOT a.attisdropped "
             "AND a.attname IN ({id}, {score})))"
         ).format(
@@ -828,24 +836,27 @@ class PostgresTable:
         stored, current = self._fingerprint_sql(self._conn)
         return reader.execute(sql.SQL("SELECT {}, {}").format(stored, current)).fetchone()
 
-    def _record_fingerprint(self, conn: psycopg.Connection[Any]) -> None:
-        current = self._fingerprints(conn)[1]
-        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(current)))
-
-    def _check_fingerprint(self, stored: str | None, current: str) -> None:
-        """Raise RankTableMismatchError unless the rank table was built from this table (the
-        first line of its comment; the second is the write counter's stamp)."""
+    def _check_fingerprint(self, stored: str | None, current: str, strict: bool = True) -> bool:
+        """Whether the rank table was built from this table (the first line of its comment; the
+        second is the write log's stamp, freshness.py). A rank table prepare() did not build
+        raises RankTableMismatchError; so does one built from an earlier table of this name
+        (dropped and re-created, renamed in, its columns changed) where `strict`, while a run
+        that is not frozen reads the table instead (False)."""
         stored = None if stored is None else stored.split("\n")[0]
         if stored != current:
+            built = stored is not None and stored.startswith(FINGERPRINT_TAG)
+            if built and not strict:
+                return False
             why = (
                 "prepare() did not build it"
-                if stored is None or not stored.startswith(FINGERPRINT_TAG)
+                if not built
                 else "it was built from an earlier table of this name, or its columns changed"
             )
             raise RankTableMismatchError(
                 f"{self.where}: the rank table {self.rank_table!r} does not belong to this table "
                 f"({why}): call prepare(refresh=True)"
             )
+        return True
 
     def verify_rank_table(self) -> None:
         """Raise RankTableMismatchError unless the rank table provably belongs to the current
@@ -913,8 +924,10 @@ class PostgresTable:
         saved = conn.isolation_level, conn.read_only
         conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
         yielded = False
+        self._refreshes = 0
         try:
-            for attempt in (1, 2):
+            attempt = 1
+            while True:
                 try:
                     with conn.transaction():
                         self._run = self._open_run(conn)
@@ -924,6 +937,14 @@ class PostgresTable:
                         finally:
                             self._close_run()
                     return
+                except _Refresh:  # rebuild the copy outside the run's transaction, open again
+                    self._refreshes += 1
+                    conn.isolation_level, conn.read_only = saved
+                    self.prepare(refresh=True)
+                    conn = self._usable_connection()
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    conn.read_only = True
+                    continue
                 except RankTableMismatchError:
                     if attempt == 2 or yielded:
                         raise
@@ -936,6 +957,7 @@ class PostgresTable:
                     conn = self._usable_connection()
                     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                     conn.read_only = True
+                attempt += 1
         except psycopg.OperationalError as error:
             if not (conn.closed or conn.broken):
                 raise
@@ -955,22 +977,64 @@ class PostgresTable:
 
     def _open_run(self, conn: psycopg.Connection[Any]) -> Any:
         """What a run needs to know, read in its transaction's first queries: m, the rank table
-        and its runs of tied scores (or, without a rank table, a warning and a validation)."""
+        and its runs of tied scores where the copy is proven current (or frozen); otherwise
+        what reading the table needs (`_stale_run`)."""
         ranked, with_runs = self._catalog()
-        runs = None
-        if ranked:
-            m, runs = self._counts(conn, with_runs)
-            if not self._current:  # writes since the copy, or no proof: read the table now
-                return _Run(False, self.validate(), None, stale=True)
-        else:
+        refreshes = getattr(self, "_refreshes", 0)
+        if not ranked:
             warnings.warn(
-                f"{self.where} has no rank table: sampling reads the whole table; call prepare()",
+                f"{self.where} has no rank table: runs read the table itself; call prepare()",
                 stacklevel=5,
             )
-            m = self.validate()
-        return _Run(ranked, int(m), runs)
+            return self._table_run(conn, {"copy": "none", "refreshes": refreshes})
+        m, runs, why = self._counts(conn, with_runs)
+        if why is None:
+            copy = "frozen" if self.frozen else "current"
+            return _Run(True, m, runs, freshness={"copy": copy, "refreshes": refreshes})
+        return self._stale_run(conn, m, why, refreshes)
+
+    def _stale_run(
+        self, conn: psycopg.Connection[Any], copy_m: int, why: str, refreshes: int
+    ) -> _Run:
+        """A run whose copy is not proven current (`why`): it reads the table itself, or has the
+        copy rebuilt first (raises _Refresh). An oblivious run rebuilds it (a full rebuild: what
+        the server observer sees then depends on m and on whether the table was written, which
+        its statistics views show anyway), unless no copy of this table can be proven current
+        (`why` "unprovable": no trigger); any other run takes the cheaper of the one-shot on
+        the table and a rebuild plus a threshold run, priced from m (table_read.py), once."""
+        report: dict[str, Any] = {"copy": "stale", "why": why, "refreshes": refreshes}
+        if self._oblivious:
+            if why != "unprovable":
+                if refreshes >= REFRESH_TRIES:
+                    raise RuntimeError(
+                        f"{self.where} kept changing while its copy was refreshed "
+                        f"({REFRESH_TRIES} times): try again, or use mode='live'"
+                    )
+                raise _Refresh
+            report["read"] = "table by rank"
+            return _Run(False, self.validate(), None, stale=True, freshness=report)
+        table, rebuild = table_seconds(copy_m, 0), refresh_seconds(copy_m)
+        report |= {"table_seconds": table, "refresh_seconds": rebuild}
+        if rebuild < table and why != "unprovable" and refreshes == 0:
+            raise _Refresh
+        return self._table_run(conn, report)
+
+    def _table_run(self, conn: psycopg.Connection[Any], report: dict[str, Any]) -> _Run:
+        """A run that reads the table itself: through the in-store one-shot on its rows by
+        ctid (table_read.py), or, where the relation has no ctid (a view), by rank as before."""
+        with conn.cursor() as cur:
+            found = self._table_state(cur)
+        if found is None:
+            report["read"] = "table by rank"
+            return _Run(False, self.validate(), None, stale=True, freshness=report)
+        m, state = found
+        report["read"] = "table"
+        state.plan = report
+        return _Run(False, m, None, stale=True, table=state, freshness=report)
 
     def _close_run(self) -> None:
+        if self._run is not None:
+            self.last_freshness = dict(getattr(self._run, "freshness", {}) or {})
         self._run = None
 
     @contextmanager
@@ -1056,24 +1120,20 @@ class PostgresTable:
         return rows_from_records(records)
 
     def _state(self) -> _Run:
+        """The run in progress, or (outside a run) one opened and closed for the question."""
         if self._run is not None:
             return self._run
-        self._usable_connection()
-        ranked, with_runs = self._catalog()
-        if ranked:
-            with self._reading() as cur:
-                counted = self._counts(cur, with_runs)
-            if self._current:
-                return _Run(True, *counted)
-            return _Run(False, self.validate(), None, stale=True)
-        return _Run(False, self.validate())
+        with self.snapshot():
+            return self._run  # type: ignore[return-value]
 
     def _counts(
         self, reader: psycopg.Connection[Any] | psycopg.Cursor[Any], with_runs: bool
-    ) -> tuple[int, int | None]:
-        """m and the number of runs of tied scores (None without a runs table): one query, two
-        index probes (the last rank, and the number of the last run by the key first_rank); and,
-        in the same query, the rank table's fingerprint, checked (RankTableMismatchError)."""
+    ) -> tuple[int, int | None, str | None]:
+        """m, the number of runs of tied scores (None without a runs table) and why the copy is
+        not proven current (None: it is, or is frozen): one query, two index probes (the last
+        rank, and the number of the last run by the key first_rank), the rank table's
+        fingerprint, checked (RankTableMismatchError), and the write log's proof
+        (freshness.py)."""
         runs = (
             sql.SQL("(SELECT run + 1 FROM {} ORDER BY first_rank DESC LIMIT 1)").format(self._runs)
             if with_runs and not self._oblivious
@@ -1081,102 +1141,71 @@ class PostgresTable:
         )
         stored, current = self._fingerprint_sql(self._conn)
         query = sql.SQL("SELECT coalesce(max(rank) + 1, 0), {}, {}, {}, {} FROM {}").format(
-            runs, stored, current, self._writes_sql(), self._ranks
+            runs, stored, current, self._proof_sql(), self._ranks
         )
-        m, count, stored_print, current_print, current_writes = reader.execute(query).fetchone()
-        self._check_fingerprint(stored_print, current_print)
-        self._current = current_writes is not None and current_writes.startswith(WRITES_TAG)
+        # prepared: the proof's catalog subqueries cost ~1-3 ms to plan and ~0.5 ms to run
+        m, count, stored_print, current_print, proof = reader.execute(
+            query, prepare=True
+        ).fetchone()
+        why = self._why_stale(stored_print, current_print, proof)
         # No row (a runs table created after this snapshot began) is no runs table.
-        return int(m), None if count is None else int(count)
+        return int(m), None if count is None else int(count), why
 
-    # ----- freshness: a write counter kept by a statement-level trigger -------------------------
-    def _install_counter(self, conn: psycopg.Connection[Any]) -> None:
-        """In prepare()'s transaction: the counter table, its trigger function and the trigger
-        on the table (AFTER INSERT, UPDATE, DELETE or TRUNCATE, once per statement), unless they
-        exist. Needs the right to create a trigger on the table (its owner); without it the
-        copy stays unproven and runs read the table itself."""
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (relid oid PRIMARY KEY, writes bigint NOT NULL)"
-            ).format(self._writes)
-        )
-        function = conn.execute(
-            "SELECT to_regprocedure(%s)", [self._writes_function.as_string(conn) + "()"]
-        ).fetchone()[0]
-        if function is None:
-            conn.execute(
-                sql.SQL(
-                    "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
-                    "BEGIN INSERT INTO {writes} AS w (relid, writes) VALUES (TG_RELID, 1) "
-                    "ON CONFLICT (relid) DO UPDATE SET writes = w.writes + 1; RETURN NULL; END $$"
-                ).format(function=self._writes_function, writes=self._writes)
-            )
-        exists = conn.execute(
-            "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s",
-            [self._base.as_string(conn), self._writes_trigger.as_string(conn).strip('"')],
-        ).fetchone()[0]
-        if exists:
-            return
-        try:
-            with conn.transaction():  # a savepoint: without the right, prepare() goes on
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
-                        "ON {base} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-                    ).format(
-                        trigger=self._writes_trigger,
-                        base=self._base,
-                        function=self._writes_function,
-                    )
-                )
-        except psycopg.errors.InsufficientPrivilege as error:
-            warnings.warn(
-                f"{self.where}: no trigger to count writes ({first_line(error)}): runs cannot "
-                "prove the copy current and read the table itself; its owner can run prepare()",
-                stacklevel=4,
-            )
+    def _why_stale(self, stored: str | None, current: str, proof: str | None) -> str | None:
+        """None where the copy is proven current (or frozen); else "another table" (the copy
+        is of a table since dropped and re-created, renamed in, or altered), "written" (a write
+        since the copy, or a change to what the proof rests on, or a copy without a stamp), or
+        "unprovable" (the copy's stamp says no trigger could prove it: no right to create one,
+        a view, a logical replication target)."""
+        if not self._check_fingerprint(stored, current, strict=self.frozen):
+            return "another table"
+        if proof is not None:
+            return None
+        lines = (stored or "").split("\n")
+        stamp = lines[1] if len(lines) > 1 else ""
+        if stamp.startswith(STAMP_TAG) and stamp.endswith(UNPROVABLE):
+            return "unprovable"
+        return "written"
 
-    def _writes_text(self) -> sql.Composable:
-        """SQL of the counter's text for the table as this snapshot sees it."""
-        return sql.SQL(
-            "{tag} || ' ' || to_regclass({base})::oid || ' ' || coalesce((SELECT writes FROM "
-            "{writes} WHERE relid = to_regclass({base})), 0)"
-        ).format(
-            tag=sql.Literal(WRITES_TAG),
-            base=sql.Literal(self._base.as_string(self._conn)),
-            writes=self._writes,
-        )
+    def serves_copy(self) -> bool:
+        """Whether a run started now reads the rank-ordered copy (proven current by the write
+        log, or the table is frozen) rather than the table itself: the proof alone, in a
+        transaction of its own."""
+        if self._run is not None:
+            return self._run.ranked
+        self._usable_connection()
+        ranked, with_runs = self._catalog()
+        if not ranked:
+            return False
+        with self._reading() as cur:
+            return self._counts(cur, with_runs)[2] is None
 
-    def _writes_sql(self) -> sql.Composable:
-        """SQL that is the counter's text where the runs table's comment (written by prepare()
-        in the snapshot it copied) equals it and the trigger is in place, else NULL: the copy
-        is proven current in the run's first query (two key lookups and a comment)."""
-        if self.frozen:
-            return sql.SQL("{}").format(sql.Literal(WRITES_TAG))
-        if not getattr(self, "_has_counter", False):
-            return sql.SQL("NULL::text")
-        ranks = sql.Literal(self._ranks.as_string(self._conn))
-        return sql.SQL(
-            "(SELECT c.t FROM (SELECT {text} AS t) AS c "
-            "WHERE c.t = split_part(obj_description(to_regclass({ranks}), 'pg_class'), E'\\n', 2) "
-            "AND to_regclass({writes}) IS NOT NULL "
-            "AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass({base}) "
-            "AND tgname = {trigger}))"
-        ).format(
-            text=self._writes_text(),
-            ranks=ranks,
-            writes=sql.Literal(self._writes.as_string(self._conn)),
-            base=sql.Literal(self._base.as_string(self._conn)),
-            trigger=sql.Literal(self._writes_trigger.as_string(self._conn).strip('"')),
-        )
+    def run_freshness(self) -> dict[str, Any] | None:
+        """How the run in progress knew its data current (access.run_freshness): whether the
+        copy was proven current, and if not why, what the run read and what each way was
+        priced at. Operator diagnostics (result.diagnostics.plan["freshness"])."""
+        return None if self._run is None else dict(getattr(self._run, "freshness", {}) or {})
 
-    def _stamp_writes(self, conn: psycopg.Connection[Any]) -> None:
-        """Write the counter as prepare()'s snapshot sees it on the rank table: the second line
-        of its comment, after the fingerprint."""
-        stored, _ = self._fingerprints(conn)
-        text = conn.execute(sql.SQL("SELECT {}").format(self._writes_text())).fetchone()[0]
-        comment = (stored or "").split("\n")[0] + "\n" + text
-        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(comment)))
+    @property
+    def store_costs(self) -> StoreCosts:
+        """The copy's costs, or, in a run that reads the table itself, the table's (each sorted
+        read a scan: the planner then takes the in-store one-shot without reading first)."""
+        run = self._run
+        table = getattr(run, "table", None)
+        return table_costs(run.m) if run is not None and table is not None else STORE_COSTS
+
+    def oneshot_positions(self) -> int:
+        """How many positions the in-store one-shot draws its exceedances from: the table's
+        slots in a run that reads the table (table_read.py), else m."""
+        run = self._state()
+        return run.table.slots if run.table is not None else run.m
+
+    def max_score(self) -> float | None:
+        """The largest score, where the run's first query read it (a run that reads the table:
+        access.CountedAccess.top_score then reads no row for it)."""
+        run = self._run
+        table = getattr(run, "table", None)
+        return None if table is None else table.max_score
 
     def _ranked_source(self, ranked: bool) -> sql.Composable:
         if ranked:
@@ -1211,11 +1240,6 @@ class PostgresTable:
 
     def domain_size(self) -> int:
         return self._state().m
-
-    def serves_copy(self) -> bool:
-        """Whether a run started now reads the rank-ordered copy (proven current by the write
-        counter, or the table is frozen) rather than the table itself."""
-        return self._state().ranked
 
     def read_sorted(self, start: int, count: int) -> Rows:
         run = self._state()
@@ -1300,8 +1324,11 @@ class PostgresTable:
         """InStoreOneShot: the k rows of largest score + keyed noise (topk_middleware/
         keyed_noise.py), best first, ties by smaller rank, in one query; the key and the
         exceedances are query parameters, the uniform of rank p the first 52 bits of
-        SHA-256("key:p"). Copy mode only (live mode has none: LivePostgresTable.read_oneshot)."""
+        SHA-256("key:p"). A run that reads the table itself runs it there, positions its
+        slots (table_read.py). Copy mode only (live mode has none)."""
         run = self._state()
+        if run.table is not None:
+            return self._table_oneshot(run.table, noise, k)
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || r.rank)::bytea) FROM 1 FOR 7), "
             "'hex'))::bit(56)::bigint >> 4)::float8"
@@ -1389,32 +1416,7 @@ class PostgresTable:
                     "(no fingerprint): uninstall() leaves it alone"
                 )
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._runs, self._ranks))
-            self._uninstall_counter(conn)
-
-    def _uninstall_counter(self, conn: psycopg.Connection[Any]) -> None:
-        """The write counter of this table (its trigger and row); the counter table and its
-        function too once no trigger of the schema calls the function any more."""
-        conn.execute(
-            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(self._writes_trigger, self._base)
-        )
-        writes = self._writes.as_string(conn)
-        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", [writes]).fetchone()[0]:
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE relid = to_regclass(%s)").format(self._writes),
-                [self._base.as_string(conn)],
-            )
-        function = conn.execute(
-            "SELECT to_regprocedure(%s)", [self._writes_function.as_string(conn) + "()"]
-        ).fetchone()[0]
-        users = 0
-        if function is not None:
-            users = conn.execute(
-                "SELECT count(*) FROM pg_trigger WHERE tgfoid = to_regprocedure(%s)",
-                [self._writes_function.as_string(conn) + "()"],
-            ).fetchone()[0]
-        if users == 0:
-            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(self._writes_function))
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._writes))
+            self._uninstall_log(conn)
 
     def close(self) -> None:
         """Close the connection if this object opened it."""

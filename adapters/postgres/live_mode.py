@@ -125,7 +125,7 @@ from topk_middleware.access import AccessError, Rows
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
 from . import oblivious as oblivious_sql
-from .copy_mode import PostgresTable, _seq_scans
+from .copy_mode import PostgresTable, _Refresh, _seq_scans
 
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
 # run reads a small fraction of the table, so the cursor walks the B-tree instead of sorting.
@@ -389,12 +389,33 @@ class LivePostgresTable(PostgresTable):
             return bool(cur.execute(query, [base, self.id_column]).fetchone()[0])
 
     def _positions_installed(self, reader: Any) -> bool:
-        query = (
-            "SELECT to_regclass(%s) IS NOT NULL AND (SELECT count(*) = 3 FROM pg_trigger "
-            "WHERE tgrelid = %s::regclass AND tgname LIKE %s AND NOT tgisinternal)"
+        """The position table and its three triggers are there, as they were when the
+        positions were filled (`_triggers_sql`)."""
+        query = sql.SQL(
+            "SELECT to_regclass({pos_name}) IS NOT NULL AND (SELECT count(*) = 3 FROM pg_trigger "
+            "WHERE tgrelid = {base_name}::regclass AND tgname LIKE {triggers} "
+            "AND NOT tgisinternal) AND {state} IS NOT DISTINCT FROM "
+            "obj_description(to_regclass({pos_name}), 'pg_class')"
+        ).format(
+            pos_name=sql.Literal(self._pos.as_string(self._conn)),
+            base_name=sql.Literal(self._base.as_string(self._conn)),
+            triggers=sql.Literal(self.trigger_function + "%"),
+            state=self._triggers_sql(),
         )
-        params = [self._pos.as_string(self._conn), self._base.as_string(self._conn)]
-        return bool(reader.execute(query, [*params, self.trigger_function + "%"]).fetchone()[0])
+        return bool(reader.execute(query).fetchone()[0])
+
+    def _triggers_sql(self) -> sql.Composable:
+        """A digest of the position triggers' catalog rows (each row's xmin changes whenever
+        the trigger is disabled, enabled or replaced: a write made meanwhile fired nothing, and
+        the positions may have missed it)."""
+        return sql.SQL(
+            "(SELECT md5(string_agg(concat_ws(':', tgname, xmin, tgenabled), ',' "
+            "ORDER BY tgname)) FROM pg_trigger WHERE tgrelid = to_regclass({base_name}) "
+            "AND tgname LIKE {triggers} AND NOT tgisinternal)"
+        ).format(
+            base_name=sql.Literal(self._base.as_string(self._conn)),
+            triggers=sql.Literal(self.trigger_function + "%"),
+        )
 
     def _install_positions(self, conn: psycopg.Connection[Any]) -> None:
         """Position table, filled in id order, and its triggers: one transaction (the caller's)
@@ -480,6 +501,13 @@ END
                     + " EXECUTE FUNCTION {fn}()"
                 ).format(name=name, base=self._base, id=self._id, fn=self._function)
             )
+            # fired under session_replication_role = replica too (logical replication
+            # subscribers, pg_restore): positions must follow every write
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(self._base, name)
+            )
+        state = conn.execute(sql.SQL("SELECT ") + self._triggers_sql()).fetchone()[0]
+        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._pos, sql.Literal(state)))
 
     def is_stale(self) -> bool:
         """Never: a live run reads the table as it is."""
@@ -497,6 +525,8 @@ END
             self._estimate_read_at is None or now - self._estimate_read_at > STATISTICS_TTL
         )
         m, distinct = self._live_facts(conn, with_estimate=stale)
+        if not self._positions_unchanged and getattr(self, "_refreshes", 0) < 2:
+            raise _Refresh  # snapshot() runs prepare(), which fills the positions again
         if stale:
             self._estimate, self._estimate_read_at = distinct, now
         distinct = self._estimate
@@ -684,6 +714,7 @@ END
             "set_config('enable_seqscan', 'off', true), {pins}"
             "(SELECT count(*) FROM pg_trigger WHERE tgrelid = {base_name}::regclass "
             "AND tgname LIKE {triggers} AND NOT tgisinternal), "
+            "{state} IS NOT DISTINCT FROM obj_description(to_regclass({pos_name}), 'pg_class'), "
             "(SELECT position + 1 FROM {pos} ORDER BY position DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} DESC LIMIT 1), "
             "(SELECT b.{score}::float8 FROM {base} AS b ORDER BY b.{score} ASC NULLS LAST "
@@ -710,20 +741,26 @@ END
             fraction=sql.Literal(str(CURSOR_TUPLE_FRACTION)),
             base_name=sql.Literal(self._base.as_string(self._conn)),
             triggers=sql.Literal(self.trigger_function + "%"),
+            state=self._triggers_sql(),
+            pos_name=sql.Literal(self._pos.as_string(self._conn)),
             pos=self._pos,
             score=self._score,
             base=self._base,
             score_name=sql.Literal(self.score_column),
         )
         try:
-            *_, triggers, m, top, bottom, low, high, distinct = reader.execute(query).fetchone()
+            row = reader.execute(query).fetchone()
+            *_, triggers, unchanged, m, top, bottom, low, high, distinct = row
         except psycopg.errors.UndefinedTable:
-            triggers = 0
+            triggers, unchanged = 0, True
         if triggers != 3:
             raise ValueError(
                 f"{self.where} has no position table {self.position_table!r} with its triggers: "
                 "call prepare() (mode='live')"
             )
+        # a trigger disabled (and maybe enabled again) or replaced since the positions were
+        # filled: writes meanwhile may be missing from them (_open_run has them filled again)
+        self._positions_unchanged = bool(unchanged)
         if m is None:
             raise ValueError(f"{self.where} is empty: there is no item to select")
         column = f"{self.where} column {self.score_column!r}"

@@ -608,6 +608,11 @@ class SparkTable:
                 paid = time.perf_counter() - started
                 self._rent[name] = self._rent.get(name, 0.0) + paid
 
+    def run_freshness(self) -> dict[str, Any] | None:
+        """How the run knows its data current (access.run_freshness: the release's
+        plan["freshness"]): the copy's proof, its version and the path taken."""
+        return None if self.last_freshness is None else dict(self.last_freshness)
+
     def _open(self) -> Run:
         """The state of a new run, and `last_freshness`: how it knows its data current."""
         fingerprint, frame, listing = self._listing()

@@ -9,10 +9,12 @@ sorted access at depth t is a range of ranks, item sampling (Algorithm 3 of Wu, 
 ICML 2023, samples a uniformly random unseen item) is `rank IN (...)`, and random access by id is
 `id IN (...)`; all three are index reads, so a run reads O(rows it needs), not the table.
 
-Consistency. The rank table is a snapshot of the counts taken by `prepare()`: writes to the counts
-table after it are not seen until `prepare()` runs again (it rebuilds the rank table in one
-transaction, so a run in progress keeps the old snapshot). `is_stale()` says, at the price of one
-full scan, whether the counts table has changed since. Every read of one run happens inside
+Consistency. The rank table is a snapshot of the counts taken by `prepare()`. Unless the source
+is frozen, a run serves it only where its first query proves it current (triggers record the
+writes since: freshness.py; DuckDB compares the copy with the table); otherwise the run reads
+the counts table itself (table_read.py) or has the copy rebuilt first (`_current_copy`), so a
+release reflects the table as of its start. `is_stale()` says, at the price of one full scan,
+whether the counts table differs from the copy. Every read of one run happens inside
 `snapshot()`, one read-only transaction with the strongest read-consistent isolation of the
 dialect, so a concurrent `prepare()` cannot mix two versions into one answer.
 
@@ -60,30 +62,9 @@ from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_
 from topk_middleware.privacy import resolve_declared
 
 from ..contributions import check_bounds, fresh_key, parse_record, record_text, simple_count
-
-# The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
-# the run's secret key, a bound parameter.
-_KEYED_DIGITS = {
-    "postgresql": (
-        "(('x' || encode(substring(sha256((:key || ':' || {rank})::bytea) FROM 1 FOR 7), "
-        "'hex'))::bit(56)::bigint >> 4)::float8"
-    ),
-    "duckdb": (
-        "('0x' || substr(sha256(:key || ':' || CAST({rank} AS VARCHAR)), 1, 13))::UBIGINT::DOUBLE"
-    ),
-}
-# The exceedances (position, noise) as bound arrays, per dialect: never literals in the statement
-# text, which pg_stat_activity and the server's logs show. SQLite (in-process, no server) reads
-# them from two bound JSON arrays. MySQL / MariaDB have no such path: pymysql interpolates every
-# parameter into the text on the client, key included, so there the one-shot runs in the client.
-_EXCEEDANCES = {
-    "postgresql": "SELECT * FROM unnest(CAST(:positions AS bigint[]), CAST(:noises AS float8[]))",
-    "duckdb": "SELECT unnest(CAST(:positions AS BIGINT[])), unnest(CAST(:noises AS DOUBLE[]))",
-    "sqlite": (
-        "SELECT CAST(p.value AS INTEGER), z.value FROM json_each(:positions) AS p "
-        "JOIN json_each(:noises) AS z ON z.key = p.key"
-    ),
-}
+from .freshness import WriteProof
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS
+from .table_read import TableRun
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
@@ -122,9 +103,6 @@ class StaleRankTableError(RuntimeError):
     """The counts table changed after `prepare()` built the rank table."""
 
 
-REFRESH_TRIES = 3  # copy mode, not frozen: refreshes of a changing copy before a run gives up
-
-
 def _digest(*parts: str | None) -> str:
     return hashlib.sha1("\x00".join(p or "" for p in parts).encode("utf-8")).hexdigest()[:10]
 
@@ -156,7 +134,7 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     )
 
 
-class SQLAlchemyTable:
+class SQLAlchemyTable(WriteProof, TableRun):
     """A histogram in a database table, read through an SQLAlchemy engine (any dialect).
 
     `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
@@ -197,7 +175,7 @@ class SQLAlchemyTable:
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         self.frozen = frozen  # the caller's promise: the table does not change after prepare()
-        self.last_freshness: str | None = None  # how the last run knew its copy current
+        self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         resolve_declared(sensitivity, max_items_per_client, None, "table")  # bad: refused
         self._record: str | None = None  # from_votes: what its rank table records
         self.engine = engine
@@ -617,14 +595,19 @@ class SQLAlchemyTable:
         digest = hashlib.sha1(text.encode("utf-8")).digest()[:8]
         return int.from_bytes(digest, "big", signed=True)
 
-    def _check_mark(self, stored: Any, facts: Sequence[Any]) -> None:
-        """Raise RankTableMismatchError unless the stored mark is the current one."""
+    def _check_mark(self, stored: Any, facts: Sequence[Any], strict: bool = True) -> bool:
+        """Whether the stored mark is the current one. A rank table without a mark raises
+        RankTableMismatchError; so does one built from an earlier table of this name (dropped
+        and re-created, truncated on MariaDB) where `strict`, while a run that is not frozen
+        reads the table instead (False)."""
         if stored is None:
             why = "prepare() did not build it (no fingerprint)"
         elif int(stored) != self._mark_of(facts):
+            if not strict:
+                return False
             why = "it was built from an earlier table of this name, or the table was re-created"
         else:
-            return
+            return True
         raise RankTableMismatchError(
             f"{self.where}: the rank table {self._ranks.name!r} does not belong to this table "
             f"({why}): call prepare(refresh=True)"
@@ -728,6 +711,8 @@ class SQLAlchemyTable:
                 runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
                 if filled and runs_filled and not refresh:
                     refresh = not self._trusted(conn)
+            if self._source is not None:
+                self._install_proof()  # committed before the copy's transaction (freshness.py)
             if filled and runs_filled and not refresh:
                 self._with_runs = True
                 return
@@ -741,10 +726,12 @@ class SQLAlchemyTable:
                         else:
                             self._fill(conn)
                         self._stamp(conn)
+                        self._stamp_proof(conn)
                 else:
                     with self.engine.connect() as conn, conn.begin():
                         self._fill(conn)
                         self._stamp(conn)
+                        self._stamp_proof(conn)
             except sa.exc.OperationalError as error:
                 if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
                     raise
@@ -753,6 +740,7 @@ class SQLAlchemyTable:
                     f"{statement_timeout} s; nothing was changed"
                 ) from None
         self._analyze()
+        self._proof_seen = False  # look for the proof's tables again at the next run
         with self.engine.connect() as conn:
             self._proof = self._proof_now(conn)
 
@@ -784,6 +772,8 @@ class SQLAlchemyTable:
                     )
             for table in (self._runs, self._ranks):
                 table.drop(conn, checkfirst=True)
+            self._uninstall_proof(conn)
+            self._proof_seen = False
             if with_marks:
                 conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
                 if conn.execute(sa.select(f.c.rank_table).limit(1)).first() is None:
@@ -1237,34 +1227,15 @@ class SQLAlchemyTable:
 
     def _close_run(self) -> None:
         self._m = self._run_count = None
+        self._table = None
 
-    def _current_copy(
-        self, conn: Connection, transaction: sa.RootTransaction
-    ) -> sa.RootTransaction:
-        """Copy mode, not frozen: prove the copy current in the run's snapshot by comparing it
-        with the table (`_copy_differs`: one join over both), and where they differ refresh the
-        copy (prepare(refresh=True), outside the snapshot) and take a new snapshot, until the
-        copy is the table's state at the snapshot (at most REFRESH_TRIES times). The run then
-        never reads a state older than its start. (A write counter, as on PostgresTable, would
-        make the proof a key lookup; these dialects do not have one yet.)"""
-        frozen = getattr(self, "frozen", False)  # from_votes() builds without __init__
-        if frozen or isinstance(self, tuple(self.mode_classes.values())):
-            self.last_freshness = "frozen" if frozen else None
-            return transaction
-        for attempt in range(REFRESH_TRIES):
-            if not self._copy_differs(conn):
-                self.last_freshness = "refreshed" if attempt else "compared"
-                return transaction
-            self._end(conn, transaction)
-            self._close_run()
-            self.prepare(refresh=True)
-            transaction = self._begin(conn)
-            transaction = self._open_run(conn, transaction)
-        self._end(conn, transaction)
-        raise RuntimeError(
-            f"{self.where} kept changing while its copy was refreshed ({REFRESH_TRIES} times): "
-            "try again, or use mode='live'"
-        )
+    def _proof_ready(self, conn: Connection) -> bool:
+        """Whether the run's first query can name the proof's tables (looked up until seen)."""
+        if getattr(self, "frozen", False):
+            return True
+        if not getattr(self, "_proof_seen", False):
+            self._proof_seen = self._proof_tables_exist(conn)
+        return self._proof_seen
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn`."""
@@ -1309,14 +1280,19 @@ class SQLAlchemyTable:
         r, u = self._ranks.c, self._runs.c
         facts = self._facts()
         columns: list[Any] = [
-            sa.func.min(r.rank),
-            sa.func.max(r.rank),
+            # one probe of the rank primary key each (min() and max() together, beside other
+            # columns, make SQLite and MariaDB scan the whole rank table)
+            sa.select(r.rank).order_by(r.rank).limit(1).scalar_subquery(),
+            sa.select(r.rank).order_by(r.rank.desc()).limit(1).scalar_subquery(),
             self._stored_mark(),
             *facts,
         ]
         if with_runs:
             last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
             columns.append(last.scalar_subquery())
+        proof = self._proof_column() if self._proof_ready(conn) else None
+        if proof is not None:
+            columns.append(proof)
         try:
             low, high, stored, *rest = conn.execute(sa.select(*columns)).one()
         except sa.exc.DBAPIError as error:
@@ -1337,7 +1313,21 @@ class SQLAlchemyTable:
             raise RuntimeError(
                 f"rank table {self._ranks.name!r} of {self.where} is empty: call prepare() first"
             )
-        self._check_mark(stored, rest[: len(facts)])
+        frozen = getattr(self, "frozen", False)
+        belongs = self._check_mark(stored, rest[: len(facts)], strict=frozen)
+        if proof is not None:
+            proven, rest = rest[-1], rest[:-1]
+        else:
+            proven = None
+        self._why = (
+            "another table"
+            if not belongs
+            else None
+            if proven is not None
+            else "written"
+            if proof is not None
+            else "unproven"
+        )
         runs = rest[len(facts) :]
         if low != 0:
             raise AccessError(f"rank table {self._ranks.name!r} does not start at rank 0")
@@ -1381,7 +1371,11 @@ class SQLAlchemyTable:
         return first, self._checked(scores)
 
     def read_sorted(self, start: int, count: int) -> Rows:
-        """Ranks start .. start+count-1: one range read of the rank primary key."""
+        """Ranks start .. start+count-1: one range read of the rank primary key (in a table
+        run, ORDER BY .. LIMIT OFFSET on the table)."""
+        if self._table is not None:
+            with self._connection() as conn:
+                return self._table_sorted(conn, start, count)
         r = self._ranks.c
         query = (
             sa.select(r.rank, r.id, r.score)
@@ -1394,6 +1388,9 @@ class SQLAlchemyTable:
     def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
+        if self._table is not None:
+            with self._connection() as conn:
+                return self._table_positions(conn, wanted)
         r = self._ranks.c
         query = sa.select(r.rank, r.id, r.score).where(
             r.rank.in_(sa.bindparam("ranks", expanding=True))
@@ -1420,9 +1417,12 @@ class SQLAlchemyTable:
         query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
         found: dict[Any, float] = {}
         with self._connection() as conn:
-            for chunk in self._chunks(list(dict.fromkeys(wanted))):
-                for item, score in conn.execute(query, {"ids": chunk}):
-                    found[item] = float(score)
+            if self._table is not None:
+                found = self._table_ids(conn, wanted)
+            else:
+                for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                    for item, score in conn.execute(query, {"ids": chunk}):
+                        found[item] = float(score)
         try:
             scores = np.asarray([found[item] for item in wanted], dtype=np.float64)
         except KeyError as missing:
@@ -1461,6 +1461,11 @@ class SQLAlchemyTable:
         exceedances = _EXCEEDANCES.get(self.dialect)
         if exceedances is None:
             return None
+        if self._table is not None:
+            if not self._table.slots:
+                return None  # a table without positions: the one-shot over a full read
+            with self._connection() as conn:
+                return self._table_oneshot(conn, noise, k)
         positions = noise.exceed_positions.tolist() or [-1]  # -1: a position no item has
         noises = noise.exceed_noises.tolist() or [0.0]
         with self._connection() as conn:

@@ -51,8 +51,11 @@ Zero-vote items are rows with score 0: they count in m and come last in sorted a
 Positions are not ranks (`positions_are_ranks = False`), so the core infers no scores from the
 sorted order and no runs of tied scores are kept. Scores are validated by `prepare()` once; a run
 then checks every score it reads and raises AccessError on a NULL, NaN or negative one. Writes
-that bypass row triggers (MariaDB TRUNCATE, SQLite REPLACE without recursive_triggers) leave the
-position table behind: runs then fail with AccessError until `prepare()` runs again.
+that bypass row triggers leave the position table behind: on MariaDB / MySQL a TRUNCATE
+(which re-creates the table: its identity, kept in the count row, changes) or a write the
+triggers found an id already placed for is seen by the next run, which rebuilds the positions
+first (under the tables' WRITE locks); elsewhere (SQLite REPLACE without recursive_triggers)
+runs fail with AccessError until `prepare()` runs again.
 
 Size: one class, SQLAlchemyLiveTable, with each dialect's triggers and index reads
 next to the statement they serve.
@@ -331,9 +334,14 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
                 sa.select(position, self._id_column).select_from(self._source),
             )
         )
+        mark = (
+            sa.literal_column(self._identity_sql())
+            if self.dialect in ("mysql", "mariadb")
+            else sa.null()
+        )
         conn.execute(
             sa.insert(self._count).from_select(
-                ["n", "hole"], sa.select(sa.func.count(), sa.null()).select_from(self._pos)
+                ["n", "hole"], sa.select(sa.func.count(), mark).select_from(self._pos)
             )
         )
 
@@ -438,6 +446,9 @@ $topk$"""
                 name = self._trigger(event)
                 conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {n['table']}")
                 conn.exec_driver_sql(f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {function}()")
+                # fired under session_replication_role = replica too (logical replication
+                # subscribers, pg_restore): positions must follow every write
+                conn.exec_driver_sql(f"ALTER TABLE {n['table']} ENABLE ALWAYS TRIGGER {name}")
 
     def _install_mysql(self) -> None:
         n = self._names()
@@ -450,10 +461,19 @@ $topk$"""
         UPDATE {n["pos"]} SET {n["position"]} = v_hole WHERE {n["position"]} = v_last;
         UPDATE {n["count"]} SET n = v_last;
     END IF;"""
+        # An id that already has a position was left there by a write that bypassed the
+        # triggers (TRUNCATE): the positions no longer describe the table. The count row says so
+        # (hole = -1) and the writer's own statement goes on; the next run rebuilds them.
         add = f"""
     SELECT n INTO v_last FROM {n["count"]} FOR UPDATE;
-    UPDATE {n["count"]} SET n = n + 1;
-    INSERT INTO {n["pos"]} ({n["position"]}, id) VALUES (v_last, NEW.{n["id"]});"""
+    SET v_hole = NULL;
+    SELECT {n["position"]} INTO v_hole FROM {n["pos"]} WHERE id = NEW.{n["id"]};
+    IF v_hole IS NULL THEN
+        UPDATE {n["count"]} SET n = n + 1;
+        INSERT INTO {n["pos"]} ({n["position"]}, id) VALUES (v_last, NEW.{n["id"]});
+    ELSE
+        UPDATE {n["count"]} SET hole = -1;
+    END IF;"""
         declare = "DECLARE v_last BIGINT; DECLARE v_hole BIGINT DEFAULT NULL;"
         schema = self._pos.schema
         preparer = self.engine.dialect.identifier_preparer
@@ -478,6 +498,41 @@ $topk$"""
                 self._fill_positions(conn)
                 for event, body in bodies.items():
                     conn.exec_driver_sql(f"CREATE TRIGGER {prefix}{self._trigger(event)} {body}")
+            finally:
+                conn.exec_driver_sql("UNLOCK TABLES")
+
+    def _identity_sql(self) -> str:
+        """MariaDB / MySQL: a number that changes when the table is re-created, as TRUNCATE
+        does (a CRC of its InnoDB table id and creation time), kept in the count row's `hole`
+        (the triggers there need no scratch column); -1 there means the triggers saw a write
+        that bypassed them."""
+        schema = self._pos.schema
+        where = "database()" if schema is None else "'" + schema.replace("'", "''") + "'"
+        name = str(self.table_name).replace("'", "''")
+        table_id = (
+            "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+            f"WHERE NAME = concat({where}, '/', '{name}'))"
+            if getattr(self.engine.dialect, "is_mariadb", False)
+            else "NULL"
+        )
+        return (
+            f"CAST(CRC32(concat_ws(' ', {table_id}, (SELECT CREATE_TIME FROM "
+            f"information_schema.TABLES WHERE TABLE_SCHEMA = {where} "
+            f"AND TABLE_NAME = '{name}'))) AS SIGNED)"
+        )
+
+    def _refill_positions(self) -> None:
+        """MariaDB / MySQL, after a write that bypassed the triggers (TRUNCATE): positions
+        0..m-1 again, under the tables' WRITE locks (writers and readers wait one pass over
+        the ids), and the table's identity in the count row."""
+        n = self._names()
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql(
+                f"LOCK TABLES {n['table']} WRITE, {n['pos']} WRITE, {n['count']} WRITE"
+            )
+            try:
+                self._fill_positions(conn)
             finally:
                 conn.exec_driver_sql("UNLOCK TABLES")
 
@@ -576,10 +631,31 @@ $topk$"""
 
     def _open_run(self, conn: Connection, transaction: sa.RootTransaction) -> sa.RootTransaction:
         """The run's first query (SQLAlchemyTable.snapshot(), as in mode='copy'): m, read from
-        the position table."""
+        the position table. On MariaDB / MySQL, positions left behind by a write that bypassed
+        the triggers (TRUNCATE re-creates the table) are rebuilt first, outside the run's
+        transaction, and the run starts again."""
+        if self.dialect in ("mysql", "mariadb") and not self._positions_current(conn):
+            self._end(conn, transaction)
+            self._refill_positions()
+            transaction = self._begin(conn)
         self._m = self._live_count(conn)
         self._cursor = None
+        self.last_freshness = {"copy": "none", "read": "table"}
         return transaction
+
+    def _positions_current(self, conn: Connection) -> bool:
+        """MariaDB / MySQL: whether the count row names the table as it is (not re-created
+        since, no write that bypassed the triggers)."""
+        try:
+            mark, now = conn.execute(
+                sa.select(
+                    sa.select(sa.func.max(self._count.c.hole)).scalar_subquery(),
+                    sa.literal_column(self._identity_sql()),
+                )
+            ).one()
+        except sa.exc.ProgrammingError:
+            return True  # no count table: _live_count says to call prepare()
+        return mark is not None and now is not None and int(mark) == int(now)
 
     def _close_run(self) -> None:
         self._m = None
