@@ -139,7 +139,7 @@ class DuckDBTable(LiveRead):
         """How far CountedAccess reads ahead: free on the copy (a row-group range); on the
         table read as it is now every sorted read is a top-N over a scan, so no read-ahead."""
         run = self._run
-        return 1 if run is not None and run.rowids else SORTED_READ_ROWS
+        return 1 if run is not None and run.live else SORTED_READ_ROWS
 
     @property
     def store_costs(self) -> StoreCosts:
@@ -147,7 +147,7 @@ class DuckDBTable(LiveRead):
         read as it is now (not frozen) every sorted read is a scan and a batch of random reads
         by rank a sort, while the in-store one-shot is about three scans (live_costs)."""
         run = self._run
-        return live_costs(run.m) if run is not None and run.rowids else STORE_COSTS
+        return live_costs(run.m) if run is not None and run.live else STORE_COSTS
 
     def __init__(
         self,
@@ -193,6 +193,8 @@ class DuckDBTable(LiveRead):
         self._delta_sizes: tuple[Any, ...] | None = None  # (delta, skip, gen), from _counts()
         self._delta_cache: DeltaCache | None = None  # the last delta generation read
         self._run: _Run | None = None
+        self._slots_hint: int | None = None  # the row slots the last live run proved
+        self._oblivious = False  # inside oblivious_reads(): live tables named by rowid slot
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         # The table's catalog oid when this object last built or verified the rank table: an
         # identity within this open database only (oids are handed out again on reopen).
@@ -350,7 +352,6 @@ class DuckDBTable(LiveRead):
             raise TypeError(
                 f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
             )
-        self._whole_scores = score_type.startswith(NUMERIC_TYPES[:10])  # integers: no NaN
         return types[self.id_column].startswith(TEXT_TYPES)
 
     def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -645,8 +646,10 @@ class DuckDBTable(LiveRead):
     @property
     def positions_are_ranks(self) -> bool:
         """False while a delta is pending: positions are then base ranks, moved and appended
-        (adapters/duckdb_delta.py), not ranks of the canonical order."""
-        return self._state().delta is None
+        (adapters/duckdb_delta.py), not ranks of the canonical order; False in oblivious reads
+        of a table read as it is now (rowid slots: adapters/duckdb_live.py)."""
+        run = self._state()
+        return run.delta is None and not run.slots
 
     def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """PositionScores: while a delta is pending, scores at positions without their rows
@@ -697,6 +700,18 @@ class DuckDBTable(LiveRead):
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside name the items of a table read as it is
+        now by rowid slot, so that the sorted batch is one top-d query and the random batch one
+        rowid semi-join, each of a size fixed by d (adapters/duckdb_live.py); the copy's reads
+        have fixed sizes already."""
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
+
+    @contextmanager
     def snapshot(self) -> Iterator[None]:
         """One transaction on a connection of its own: every read of the run sees one state."""
         if self._run is not None:  # nested: the outer snapshot already holds the transaction
@@ -706,7 +721,7 @@ class DuckDBTable(LiveRead):
         try:
             cursor.execute("BEGIN TRANSACTION READ ONLY")
             if not self.frozen:  # no cheap proof that a copy is current: read the table now
-                self._run = self._live_run(cursor)
+                self._run = self._live_run(cursor, own=True)
                 try:
                     yield
                 finally:
@@ -961,6 +976,8 @@ class DuckDBTable(LiveRead):
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return _rows({"rank": [], "id": [], "score": []})
+        if run.slots:
+            return self._slot_sorted(run, start, stop - start)
         if run.ranked:
             # The copy is written in rank order, so row ids are ranks: a row id range is a plain
             # range scan. (A predicate on rank from 0 would go through the ART index, row by row,
@@ -1007,6 +1024,8 @@ class DuckDBTable(LiveRead):
             return _rows({"rank": [], "id": [], "score": []})
         if run.delta is not None:
             return run.delta.read_positions(wanted, INDEX_LOOKUP_MAX if run.indexed else 0)
+        if run.slots:
+            return self._slot_rows(run, wanted)
         source = self._ranked_source(run.ranked)
         if run.indexed and len(wanted) <= INDEX_LOOKUP_MAX:
             # The ART index on rank serves an IN list of constants key by key (about 25 us a key
@@ -1026,7 +1045,7 @@ class DuckDBTable(LiveRead):
         exceedances are query parameters; SHA-256 of "key:position" gives each item its uniform
         (the PRF assumption)."""
         run = self._state()
-        if run.rowids:
+        if run.live:
             return self._live_oneshot(run, noise, k)
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"

@@ -272,6 +272,10 @@ class CountedAccess:
 
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
+        # positions 0 .. slots - 1 name the items (m of them; PositionSlots: a store may name
+        # them by slots, some without an item)
+        slots = getattr(self.source, "position_slots", None)
+        self.slots = int(slots()) if callable(slots) else self.m
         self.stats.round_trips += 1
         self.ranked = positions_are_ranks(self.source)
         self._prefix = _Prefix(keep_positions=not self.ranked)
@@ -343,16 +347,22 @@ class CountedAccess:
     def top_score(self) -> float:
         """The largest score: the first row of the canonical order, fetched (one row, counted in
         rows_fetched) if it was not; no sorted access is counted (the run's own first sorted
-        access is served from it). privacy.check_resolution needs it before the charge."""
+        access is served from it). privacy.check_resolution needs it before the charge. A
+        store that read it with its run's first query (`known_top_score`) gives it without a
+        row."""
         if self.prefix_fetched == 0:
+            known = getattr(self.source, "known_top_score", None)
+            value = known() if callable(known) else None
+            if value is not None:
+                return float(value)
             self.fetch_sorted_until(1)
             self._top_row_only = 1
         return float(self._prefix.scores[0])
 
     def _checked_positions(self, rows: Rows) -> np.ndarray:
         positions = np.asarray(rows.positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
-            raise AccessError(f"store returned a position outside [0, {self.m})")
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.slots):
+            raise AccessError(f"store returned a position outside [0, {self.slots})")
         return positions
 
     def _remember(self, positions: np.ndarray, ids: Any, scores: Any) -> None:
@@ -636,8 +646,8 @@ class CountedAccess:
         where its score is known or could be inferred. Counted as len(positions) random
         accesses."""
         positions = np.asarray(positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
-            raise AccessError(f"position out of range [0, {self.m})")
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.slots):
+            raise AccessError(f"position out of range [0, {self.slots})")
         rows = self.source.read_positions(positions)
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
@@ -859,6 +869,18 @@ def store_costs(source: Any) -> StoreCosts:
     """The store's own `store_costs` (an optional StoreCosts attribute), else a generic guess."""
     costs = getattr(source, "store_costs", None)
     return costs if isinstance(costs, StoreCosts) else StoreCosts()
+
+
+@runtime_checkable
+class PositionSlots(Protocol):
+    """Optional: a store that names its m items by positions 0 .. slots - 1 with slots >= m,
+    some holding no item (DuckDB's rowids in oblivious reads: deleted rows leave their slot).
+    Reading a slot without an item gives a row that never wins (score -inf); sampling uniform
+    slots samples the items uniformly (mechanisms/oblivious.py)."""
+
+    def position_slots(self) -> int:
+        """How many slots positions range over (m where every position holds an item)."""
+        ...
 
 
 @runtime_checkable

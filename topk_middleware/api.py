@@ -286,7 +286,7 @@ def _oblivious_release(
         if cost is not None:
             budget.charge(cost)
         distribution = make_noise(noise, guarantee.scale)
-        depth = m if method == "oneshot_full_read" else oblivious_depth(m, k, delta_pad)
+        depth = m if method == "oneshot_full_read" else oblivious_depth(access.slots, k, delta_pad)
         if deadline is None:
             deadline = oblivious_deadline(store_costs(source), m, depth)
         # The padded window starts after the charge: its time follows the budget's history,

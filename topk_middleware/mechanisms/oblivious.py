@@ -224,8 +224,9 @@ def oblivious_top_k(
     delta_pad: float,
 ) -> ObliviousRun:
     """The exact one-shot top-k (Algorithm 2) of h + Z read at a fixed depth (module docstring):
-    the ids, best first (ties: smaller position)."""
-    m = access.m
+    the ids, best first (ties: smaller position). Positions are the access's slots (m, or more
+    where a store names items by slots some of which hold none: access.PositionSlots)."""
+    m = access.slots
     d = oblivious_depth(m, k, delta_pad)
     if 2 * d >= m:
         rows = access.read_all()
