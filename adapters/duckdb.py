@@ -97,6 +97,12 @@ INDEX_LOOKUP_MAX = 1000
 # A range read of the rank table costs about 0.7 ms up to this many rows (then 0.1 ms more per
 # 2,000 or so; measured at m = 10^7): sorted reads fetch at least this many.
 SORTED_READ_ROWS = 8192
+# The catalog's tables are scanned whole (and filtered in Python) up to this many: a filter in
+# the query costs more than the scan of a small catalog.
+CATALOG_SCAN_MAX = 200
+# The first sorted read of a run on the copy (CountedAccess.top_score) takes this many rows, the
+# planner's probe for k <= 32: a range of the copy costs the same up to thousands of rows.
+FIRST_READ_ROWS = 64
 # Why a rank table does not fit its table (the fingerprint's verdicts that callers act on).
 NOT_BUILT = "prepare() did not build it"
 ROWS_DIFFER = "it was built from"
@@ -140,6 +146,13 @@ class DuckDBTable(LiveRead):
         table read as it is now every sorted read is a top-N over a scan, so no read-ahead."""
         run = self._run
         return 1 if run is not None and run.live else SORTED_READ_ROWS
+
+    @property
+    def first_read_rows(self) -> int:
+        """How many rows the run's first sorted read takes (CountedAccess.top_score): on the
+        copy, the planner's probe in the same round trip; one in oblivious reads (a fixed size
+        either way) and on the table read as it is now (its top score needs no row)."""
+        return FIRST_READ_ROWS if self.frozen and not self._oblivious else 1
 
     @property
     def store_costs(self) -> StoreCosts:
@@ -193,6 +206,7 @@ class DuckDBTable(LiveRead):
         self._delta_sizes: tuple[Any, ...] | None = None  # (delta, skip, gen), from _counts()
         self._delta_cache: DeltaCache | None = None  # the last delta generation read
         self._run: _Run | None = None
+        self._catalog_rows = 0  # tables in the last unfiltered scan of the catalog (_lookup)
         self._slots_hint: int | None = None  # the row slots the last live run proved
         self._oblivious = False  # inside oblivious_reads(): live tables named by rowid slot
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
@@ -526,7 +540,6 @@ class DuckDBTable(LiveRead):
                     f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
                     "ORDER BY rank"
                 )
-                self._stamp(con)
             index = quote_identifier(self._rank_index)
             con.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {self._ranks} (rank)")
             if build or not with_runs:
@@ -536,6 +549,7 @@ class DuckDBTable(LiveRead):
                 )
             if build:
                 self._write_base_extras(con)
+                self._stamp(con)  # with the counts of the base and its runs
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -756,17 +770,15 @@ class DuckDBTable(LiveRead):
             cursor.close()  # after an error: closing the connection rolls its transaction back
 
     def _counts_if_prepared(self, cursor: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
-        """(m, runs) without the catalog lookup (about 1 ms), if this object last saw the rank
-        table, its index and the runs table; None if it did not, or if they are gone (then the
-        failed query's transaction is restarted)."""
+        """(m, runs) without the catalog lookup of the index (about 0.3 ms), if this object last
+        saw the rank table, its index and the runs table; None if it did not, or if the rank or
+        runs table is gone (the catalog scan of `_counts` tells)."""
         if not self._seen_prepared:
             return None
         try:
             m, runs = self._counts(cursor, True)
-        except duckdb.CatalogException:
+        except _Gone:
             self._seen_prepared = self._delta_tables_seen = False
-            cursor.execute("ROLLBACK")
-            cursor.execute("BEGIN TRANSACTION READ ONLY")
             return None
         return m, int(runs)  # type: ignore[arg-type]
 
@@ -786,27 +798,44 @@ class DuckDBTable(LiveRead):
         return run
 
     def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
-        """m and the number of runs of tied scores (None without a runs table): one query,
-        which also reads what the fingerprint check needs (`_check_fingerprint`)."""
-        runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        seen = self._delta_tables_seen
-        looked = self._lookup(
-            con, full=self._proven_oid is None, also=self.delta_table if seen else None
+        """m and the number of runs of tied scores (None without a runs table), after the
+        fingerprint check (`_check_fingerprint`), from one scan of the catalog: the counts of
+        the base and its runs are in the fingerprint prepare() writes, the delta's sizes in the
+        delta table's comment (a copy written before they were is counted: one more query).
+        Raises _Gone where the rank table (or the runs table, `with_runs`) is not there."""
+        delta, skip = self.delta_table.lower(), self.skip_table.lower()
+        layout = (self.shadow_table.lower(), delta, skip)
+        stored, oid, ddl, rows, present = self._lookup(
+            con,
+            full=self._proven_oid is None,
+            also=(self.rank_table, self.runs_table, self.shadow_table, delta, skip),
         )
-        sizes = parse_delta_comment(looked[4]) if seen else None
-        pending = ""  # else the delta's sizes in the same round trip, once its tables were seen
-        if seen and sizes is None:
+        if self.rank_table.lower() not in present or (
+            with_runs and self.runs_table.lower() not in present
+        ):
+            raise _Gone
+        self._check_fingerprint(stored, oid, ddl, rows)
+        recorded = _recorded_counts(stored)
+        self._delta_tables_seen = seen = all(name in present for name in layout)
+        sizes = parse_delta_comment(present.get(delta)) if seen else (0, 0, None)
+        parts = []
+        if recorded is None:
+            runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
+            parts.append(f"(SELECT count(*) FROM {self._ranks}), {runs}")
+        if sizes is None:  # a delta written before its comment held its sizes
             names = self._names()
-            pending = (
-                f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
+            parts.append(
+                f"(SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
                 f"(SELECT gen FROM {names.delta} LIMIT 1)"
             )
-        m, count, *counted = con.execute(  # fails first if a table is gone (see the callers)
-            f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
-        ).fetchone()
-        self._check_fingerprint(*looked[:4])
-        self._delta_sizes = sizes or (tuple(counted) if counted else None)
-        return int(m), None if count is None else int(count)
+        counted = list(con.execute(f"SELECT {', '.join(parts)}").fetchone()) if parts else []
+        if recorded is None:
+            m, count = counted[:2]
+            counted = counted[2:]
+        else:
+            m, count = recorded
+        self._delta_sizes = sizes if sizes is not None else tuple(counted)
+        return int(m), None if count is None or not with_runs else int(count)
 
     # ----- the fingerprint: does the rank table belong to this table? ---------------------------
     # DuckDB has no lasting table identity (catalog oids are handed out again when a database is
@@ -830,26 +859,34 @@ class DuckDBTable(LiveRead):
     )
 
     def _lookup(
-        self, con: duckdb.DuckDBPyConnection, full: bool, also: str | None = None
+        self, con: duckdb.DuckDBPyConnection, full: bool, also: Sequence[str] = ()
     ) -> tuple[Any, ...]:
-        """(stored fingerprint, table's oid, table's definition, table's row count, comment of
-        the table `also` (in the rank table's schema) if asked): one plain scan of the catalog's
+        """(stored fingerprint, table's oid, table's definition, table's row count, the comments
+        of the tables `also` (in the rank table's schema) that exist, by lower-case name): one
+        plain scan of the catalog's
         tables (about 0.2 ms; filters, functions and aggregates in it cost several times more),
         filtered here. Once the copy is proven to this object (`full` False), the table's oid
         settles its identity (an ALTER keeps it; the copy stays the snapshot it was): the mark
         and the oid only. Before that, also the definition (a view's from the catalog's views) and,
         for a table, the row count (from metadata)."""
         home = self._home()
-        extra = "" if also is None else also.lower()
-        names = (self.rank_table.lower(), self.table.lower(), extra)
+        names = (self.rank_table.lower(), self.table.lower(), *(n.lower() for n in also))
+        wanted = set(names)
+        # A filter in the query costs more than the scan itself on a small catalog (0.25 ms
+        # against 0.2 ms at 40 tables): filtered here while the last scan was small.
+        where = ""
+        if self._catalog_rows > CATALOG_SCAN_MAX:
+            where = f" WHERE lower(table_name) IN ({', '.join(_literal(n) for n in names)})"
+        listed = con.execute(
+            "SELECT database_name, schema_name, table_name, table_oid, comment, sql "
+            f"FROM duckdb_tables(){where}"
+        ).fetchall()
+        if not where:
+            self._catalog_rows = len(listed)
         found = {
-            name: (oid, comment, sql_text)
-            for database, schema, name, oid, comment, sql_text in con.execute(
-                "SELECT database_name, lower(schema_name), lower(table_name), table_oid, "
-                "comment, sql FROM duckdb_tables() WHERE lower(table_name) IN "
-                f"({', '.join(_literal(n) for n in names)})"
-            ).fetchall()
-            if (database, schema) == home
+            name.lower(): (oid, comment, sql_text)
+            for database, schema, name, oid, comment, sql_text in listed
+            if name.lower() in wanted and (database, schema.lower()) == home
         }
         stored = found.get(names[0], (None, None, None))[1]
         oid, _, definition = found.get(names[1], (None, None, None))
@@ -863,7 +900,8 @@ class DuckDBTable(LiveRead):
                 ).fetchone()[0]
             else:
                 rows = con.execute(f"SELECT count(*) FROM {self._base}").fetchone()[0]
-        return stored, oid, definition, rows, found.get(extra, (None, None, None))[1]
+        extra = {name: found[name][1] for name in names[2:] if name in found}
+        return stored, oid, definition, rows, extra
 
     def _home(self) -> tuple[str, str]:
         """(database, lower-case schema) of the table, looked up once."""
@@ -939,9 +977,18 @@ class DuckDBTable(LiveRead):
 
     def _stamp(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the fingerprint of the table, as `con`'s transaction sees it, on the rank
-        table (its comment), with a new build mark."""
+        table (its comment), with a new build mark and the counts of the base and of its runs
+        of tied scores (what a run reads instead of counting them)."""
         _, oid, ddl, rows = self._facts(con)
-        mark = {**self._fingerprint_of(ddl, rows), "build": uuid.uuid4().hex}
+        base, runs = con.execute(
+            f"SELECT (SELECT count(*) FROM {self._ranks}), (SELECT count(*) FROM {self._runs})"
+        ).fetchone()
+        mark = {
+            **self._fingerprint_of(ddl, rows),
+            "build": uuid.uuid4().hex,
+            "base": int(base),
+            "runs": int(runs),
+        }
         text = FINGERPRINT_TAG + " " + json.dumps(mark, sort_keys=True)
         con.execute(f"COMMENT ON TABLE {self._ranks} IS '{text}'")  # JSON of hex and digits
         self._stamped_oid = oid
@@ -1047,6 +1094,8 @@ class DuckDBTable(LiveRead):
         run = self._state()
         if run.live:
             return self._live_oneshot(run, noise, k)
+        if run.table is not None:  # frozen with a pending delta: the table itself is cheaper
+            return self._live_oneshot(run.table, noise, k)  # (oneshot_positions chose it)
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"
         else:
@@ -1149,6 +1198,20 @@ def _rows(result: dict[str, Any]) -> Rows:
         order = np.argsort(ranks, kind="stable")
         ranks, ids, scores = ranks[order], ids[order], scores[order]
     return Rows(ranks, ids, scores)
+
+
+class _Gone(Exception):
+    """The rank table (or its runs table) is not in the catalog of this snapshot."""
+
+
+def _recorded_counts(stored: str | None) -> tuple[int, int] | None:
+    """(rows of the base, runs of tied scores) as the fingerprint records them (None where it
+    was written before it recorded them)."""
+    try:
+        recorded = json.loads((stored or "")[len(FINGERPRINT_TAG) + 1 :])
+        return int(recorded["base"]), int(recorded["runs"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _literal(text: str) -> str:

@@ -72,6 +72,8 @@ class _Run:
     top: float | None = None  # the largest score, from the run's first query (live)
     whole: bool = False  # integer scores, as the run's first query typed them (live)
     slots: bool = False  # oblivious reads name items by rowid slot (`slots_as_positions`)
+    table: _Run | None = None  # a frozen copy's table read as it is now (`_table_for_oneshot`)
+    table_checked: bool = False  # whether `_table_for_oneshot` looked
 
 
 def live_costs(m: int) -> StoreCosts:
@@ -135,7 +137,8 @@ class LiveRead:
         the table became a view)."""
         s = self._score
         database, schema = self._home()
-        hint = self._slots_hint
+        # oblivious reads make the same statements whatever this object read before
+        hint = None if self._oblivious else self._slots_hint
         probe = "NULL"
         if hint is not None:  # the slots the last run proved: probe them in this query
             probe = f"(SELECT count(*) FROM {self._base} WHERE rowid >= $hint)"
@@ -154,7 +157,7 @@ class LiveRead:
                 con.execute("ROLLBACK")
                 con.execute("BEGIN TRANSACTION READ ONLY")
                 return self._live_run(con, own)
-            raise ValueError(f"{self.where} cannot be read: {first_line(error)}") from None
+            raise _Unreadable(self._unreadable(error)) from None
         rows, ids, scores, low, high, estimated, beyond = row
         kind = _score_kind(high if high is not None else low)
         if high is not None and kind is None:
@@ -193,6 +196,22 @@ class LiveRead:
         run.rowids = max(slots, 1)
         run.slots = bool(getattr(self, "_oblivious", False))
         return run
+
+    def _unreadable(self, error: duckdb.Error) -> str:
+        """Why the table cannot be read, in the project's words where the catalog tells (on a
+        cursor of its own: the failed query ended the run's transaction)."""
+        cursor = self._con.cursor()  # type: ignore[attr-defined]
+        try:
+            described = cursor.execute(f"DESCRIBE SELECT * FROM {self._base}").fetchall()
+        except duckdb.Error:
+            return f"{self.where} does not exist (any more): nothing to read"
+        finally:
+            cursor.close()
+        columns = sorted(name for name, *_ in described)
+        for column in (self.id_column, self.score_column):
+            if column not in columns:
+                return f"{self.where} has no column {column!r} (columns: {columns})"
+        return f"{self.where} cannot be read: {first_line(error)}"
 
     def _unique_ids(self, con: duckdb.DuckDBPyConnection) -> bool:
         """Whether the table's id column alone carries a PRIMARY KEY or UNIQUE constraint: a
@@ -247,9 +266,35 @@ class LiveRead:
     def oneshot_positions(self) -> int:
         """How many positions the in-store one-shot samples its exceedances from: the rowid
         range while the table is read as it is now (rowids of deleted rows stay unused: each
-        position is still an exceedance with probability q, independently), else m."""
+        position is still an exceedance with probability q, independently), else m. On a
+        frozen copy with a pending delta this also chooses where the run's one-shot reads
+        (`_table_for_oneshot`): the table's slots, or the copy's m positions."""
         run = self._state()
+        table = self._table_for_oneshot(run)
+        if table is not None:
+            return table.rowids
         return run.rowids if run.rowids else run.m
+
+    def _table_for_oneshot(self, run: _Run) -> _Run | None:
+        """For a frozen copy with a pending delta: the table itself, read as it is now in the
+        run's transaction, where its first query finds it valid and of the copy's m (the frozen
+        promise: the table is what the copy and its delta hold). Its in-store one-shot (three
+        scans) is cheaper than one over the base and the delta (an anti-join of the skipped
+        ranks over the whole base, and a union). Looked up once per run; None otherwise."""
+        if run.live or run.delta is None:
+            return None
+        if not run.table_checked:
+            run.table_checked = True
+            self._slots_hint = None  # no rowid in the first query: a view would abort the run
+            try:
+                table = self._live_run(run.cursor)
+            except _Unreadable:
+                raise
+            except (ValueError, TypeError):
+                table = None  # not as promised: the copy's own one-shot
+            if table is not None and table.m == run.m and table.rowids:
+                run.table = table
+        return run.table
 
     def position_slots(self) -> int:
         """access.PositionSlots: the positions items are named by, 0 .. this - 1: the rowid
@@ -413,6 +458,10 @@ class LiveRead:
         ids[at] = np.asarray(got["id"], object)[order]
         scores[at] = np.asarray(got["score"], np.float64)[order]
         return Rows(wanted, ids, scores)
+
+
+class _Unreadable(ValueError):
+    """The table's first query failed (a column or the table is gone): the transaction is over."""
 
 
 # The first 13 hex digits of SHA-256(key ":" position), as DuckDB computes them for the row r.

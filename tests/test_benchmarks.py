@@ -228,7 +228,8 @@ def test_in_store_harness(tmp_path: Path) -> None:
 
 def test_oblivious_harness(tmp_path: Path) -> None:
     """python -m benchmarks oblivious on DuckDB and PostgreSQL (copy and live), small m: every
-    family reads the same 2d rows in 3 round trips, and both timings are recorded."""
+    family reads the same 2d rows (and PostgreSQL the top row: DuckDB, read as it is now, has
+    the top score from its first query), and both timings are recorded."""
     from topk_middleware.mechanisms.oblivious import oblivious_depth
 
     out = tmp_path / "obliv"
@@ -247,6 +248,7 @@ def test_oblivious_harness(tmp_path: Path) -> None:
     }
     d = oblivious_depth(20000, 10, 1e-9)
     for e in entries:
-        assert e["rows_and_round_trips"] == [[2 * d + 1, 4]]  # and the top row
+        top = 0 if e["store"] == "duckdb" else 1  # the top row
+        assert e["rows_and_round_trips"] == [[2 * d + top, 3 + top]]
         assert len(e["seconds"]["oneshot_sql"]) == len(e["seconds"]["oblivious"]) == 2
         assert e["median"]["oblivious"] >= e["deadline"] or e["deadline_missed"] > 0

@@ -346,17 +346,19 @@ class CountedAccess:
 
     def top_score(self) -> float:
         """The largest score: the first row of the canonical order, fetched (one row, counted in
-        rows_fetched) if it was not; no sorted access is counted (the run's own first sorted
-        access is served from it). privacy.check_resolution needs it before the charge. A
-        store that read it with its run's first query (`known_top_score`) gives it without a
-        row."""
+        rows_fetched; or the store's `first_read_rows`, where a read of that many costs it the
+        same: the planner's probe) if it was not; no sorted access is counted (the run's own
+        first sorted access is served from it). privacy.check_resolution needs it before the
+        charge. A store that read it with its run's first query (`known_top_score`) gives it
+        without a row."""
         if self.prefix_fetched == 0:
             known = getattr(self.source, "known_top_score", None)
             value = known() if callable(known) else None
             if value is not None:
                 return float(value)
-            self.fetch_sorted_until(1)
-            self._top_row_only = 1
+            first = int(getattr(self.source, "first_read_rows", 1) or 1)
+            self.fetch_sorted_until(max(1, first))
+            self._top_row_only = 1 if first <= 1 else 0
         return float(self._prefix.scores[0])
 
     def _checked_positions(self, rows: Rows) -> np.ndarray:
