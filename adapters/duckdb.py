@@ -39,6 +39,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import duckdb
@@ -158,9 +159,14 @@ class DuckDBTable(LiveRead):
     def store_costs(self) -> StoreCosts:
         """The cost shape: on the copy a batch of random reads is about one scan; on the table
         read as it is now (not frozen) every sorted read is a scan and a batch of random reads
-        by rank a sort, while the in-store one-shot is about three scans (live_costs)."""
+        by rank a sort, while the in-store one-shot is about three scans (live_costs); a copy
+        with a pending delta is read as the copy, but its in-store one-shot as the table."""
         run = self._run
-        return live_costs(run.m) if run is not None and run.live else STORE_COSTS
+        if run is not None and run.live:
+            return live_costs(run.m)
+        if run is not None and run.delta is not None:  # its one-shot reads the table itself
+            return replace(STORE_COSTS, oneshot_fixed=live_costs(run.m).oneshot_fixed)
+        return STORE_COSTS
 
     def __init__(
         self,
@@ -207,6 +213,7 @@ class DuckDBTable(LiveRead):
         self._delta_cache: DeltaCache | None = None  # the last delta generation read
         self._run: _Run | None = None
         self._catalog_rows = 0  # tables in the last unfiltered scan of the catalog (_lookup)
+        self.last_oneshot_reads: str | None = None  # what the last in-store one-shot read
         self._slots_hint: int | None = None  # the row slots the last live run proved
         self._oblivious = False  # inside oblivious_reads(): live tables named by rowid slot
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
@@ -1093,9 +1100,12 @@ class DuckDBTable(LiveRead):
         (the PRF assumption)."""
         run = self._state()
         if run.live:
+            self.last_oneshot_reads = "the view" if not run.rowids else "the table"
             return self._live_oneshot(run, noise, k)
         if run.table is not None:  # frozen with a pending delta: the table itself is cheaper
-            return self._live_oneshot(run.table, noise, k)  # (oneshot_positions chose it)
+            self.last_oneshot_reads = "the table"  # (oneshot_positions chose it)
+            return self._live_oneshot(run.table, noise, k)
+        self.last_oneshot_reads = "the copy" if run.delta is None else "the copy and its delta"
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"
         else:

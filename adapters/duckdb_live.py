@@ -91,7 +91,8 @@ def live_costs(m: int) -> StoreCosts:
         random_batch_item=3e-7,
         oneshot_row=4e-7,
         full_read_row=5e-8,
-        oneshot_fixed=5e-4 + 3e-9 * m,
+        oneshot_fixed=1.5e-3 + 3e-9 * m,
+        sorted_scans=True,
     )
 
 

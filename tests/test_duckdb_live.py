@@ -13,6 +13,7 @@ parameter sizes, rows and round trips for neighbouring tables) and release the P
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -97,6 +98,7 @@ def test_the_release_is_the_exact_top_k_of_its_keyed_noise(
     for seed in (3, 4, 5):
         result = private_top_k(source, k=10, epsilon=1.0, seed=seed)
         assert result.plan["in_store"] and result.plan["auto"]["chosen"] == "oneshot_in_store"
+        assert result.plan["in_store_reads"] == "the table"
         assert result.items == exact(con, source, "t", seed), seed
 
 
@@ -222,7 +224,7 @@ def test_a_view_one_shot_has_the_exponential_law(con: duckdb.DuckDBPyConnection)
     runs = 300
     for seed in range(runs):
         result = private_top_k(source, k=1, epsilon=1.0, method="oneshot", seed=seed)
-        assert result.plan["in_store"] and result.privacy.scale == b
+        assert result.plan["in_store_reads"] == "the view" and result.privacy.scale == b
         item = int(result.items[0])
         counts[min(item, 5)] += 1
     assert stats.chisquare(counts, weights / weights.sum() * runs).pvalue > 1e-3
@@ -243,13 +245,14 @@ def test_a_frozen_copy_with_a_pending_delta_reads_the_table_for_its_one_shot(
     with source.snapshot():
         assert source.oneshot_positions() > source.domain_size()  # the table's slots
     result = private_top_k(source, k=10, epsilon=1.0, method="oneshot", seed=6)
-    assert result.plan["in_store"]
+    assert result.plan["in_store_reads"] == "the table"
     live = DuckDBTable(con, "t")
     assert result.items == exact(con, live, "t", 6)
     con.execute("DELETE FROM t WHERE id = (SELECT min(id) FROM t)")  # the promise broken
     with source.snapshot():
         assert source.oneshot_positions() == source.domain_size()  # the copy's positions
-    assert private_top_k(source, k=10, epsilon=1.0, method="oneshot", seed=6).plan["in_store"]
+    result = private_top_k(source, k=10, epsilon=1.0, method="oneshot", seed=6)
+    assert result.plan["in_store_reads"] == "the copy and its delta"
 
 
 # ----- oblivious reads by rowid slot ----------------------------------------------------------
@@ -356,3 +359,26 @@ def test_oblivious_release_on_a_live_table_is_plackett_luce() -> None:
     observed.append(runs - sum(observed))
     assert misses > 0 and expected[-1] > 5
     assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_auto_on_a_frozen_copy_with_a_pending_delta_prices_both_and_says_which(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """frozen=True after refresh(): `auto` reads the planner's probe from the copy and its delta
+    and prices the threshold run there against the in-store one-shot on the table (finite
+    costs, both recorded); it takes the cheaper, and the release is the one of the method it
+    names (pinned, same seed)."""
+    make, kind = FAMILIES["zipf"]
+    fill(con, "t", np.asarray(make(np.random.default_rng(2))), kind)
+    source = DuckDBTable(con, "t", frozen=True)
+    source.prepare()
+    con.execute("UPDATE t SET score = score + 1 WHERE id % 50 = 3")
+    assert source.refresh().kind == "delta"
+    result = private_top_k(source, k=10, epsilon=1.0, seed=8)
+    plan = result.plan["auto"]
+    assert plan["probe_rows"] > 0 and math.isfinite(plan["threshold_seconds"])
+    assert math.isfinite(plan["oneshot_seconds"]) and plan["oneshot_kind"] == "oneshot_in_store"
+    cheaper = "threshold" if plan["threshold_seconds"] <= plan["oneshot_seconds"] else "oneshot"
+    assert plan["chosen"] == ("threshold" if cheaper == "threshold" else "oneshot_in_store")
+    pinned = private_top_k(source, k=10, epsilon=1.0, seed=8, method=cheaper)
+    assert pinned.items == result.items

@@ -846,7 +846,8 @@ class StoreCosts:
     is the in-store one-shot's cost per hashed row (InStoreOneShot), `oneshot_fixed` its cost
     besides (where it is not a round trip and a batch of random reads: a store reading its table
     as it is now scans it), `full_read_row` a full read into the client per item (the fallback
-    one-shot)."""
+    one-shot). `sorted_scans`: every sorted read is a scan of the table (no index serves the
+    order), so the planner reads nothing to price the threshold run."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7
@@ -856,6 +857,7 @@ class StoreCosts:
     oneshot_row: float = 5e-7
     full_read_row: float = 5e-7
     oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
+    sorted_scans: bool = False  # every sorted read scans the table
 
     def random_batch_seconds(self, m: int) -> float:
         """The fixed cost of one batch of random reads over a domain of m items."""

@@ -232,6 +232,8 @@ def private_top_k(
         "cost_aware": threshold_ran and costs is not None,
     }
     plan["requested"], plan["in_store"] = method, in_store
+    if in_store:  # where a store's in-store one-shot read, if it says (DuckDB: table or copy)
+        plan["in_store_reads"] = getattr(source, "last_oneshot_reads", None)
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
