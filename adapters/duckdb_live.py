@@ -70,6 +70,7 @@ class _Run:
     rowids: int = 0  # the table read as it is now (not frozen): 1 + its largest rowid
     live: bool = False  # the table (or view) read as it is now
     top: float | None = None  # the largest score, from the run's first query (live)
+    bottom: float = 0.0  # the smallest score, from the same query (live)
     whole: bool = False  # integer scores, as the run's first query typed them (live)
     slots: bool = False  # oblivious reads name items by rowid slot (`slots_as_positions`)
     table: _Run | None = None  # a frozen copy's table read as it is now (`_table_for_oneshot`)
@@ -182,6 +183,7 @@ class LiveRead:
         if rows <= DISTINCT_CHECK_MAX and (view or not self._unique_ids(con)):
             self._refuse_duplicates(con, rows)
         run = _Run(con, False, rows, live=True, top=high_f, whole=kind == "whole")
+        run.bottom = float(low) if low is not None else 0.0
         if view:
             self._slots_hint = None
             return run
@@ -326,6 +328,7 @@ class LiveRead:
             {"key": noise.key, "k": int(k)},
         ).fetchnumpy()
         parts = [known]
+        floor = -np.inf  # a lower bound of the k-th largest noisy score, from noises alone
         if len(exceed):
             top = np.asarray(known["position"], np.int64)
             where = np.minimum(np.searchsorted(exceed, top), len(exceed) - 1)
@@ -334,23 +337,34 @@ class LiveRead:
             values[hit] = np.asarray(known["score"], np.float64)[hit] + drawn[where[hit]]
             known["v"] = values
             t0 = float(values.min()) if len(values) >= k else -np.inf
-            # 2. the exceedances that can reach T0: score >= T0 - their noise, filtered on the
-            # largest noise before the semi-join (a constant: pushed into the scan)
-            reach = t0 - float(drawn.max()) - CUT_SLACK_SCALE * noise.scale
-            reach -= CUT_SLACK_RELATIVE * abs(t0) if np.isfinite(t0) else 0.0
-            cut = f"WHERE t.{ssc} >= $reach" if np.isfinite(reach) else ""
-            got = run.cursor.execute(
-                f"SELECT t.rowid AS position, t.{sid} AS id, t.{ssc}::DOUBLE AS score "
-                f"FROM {table} AS t SEMI JOIN (SELECT unnest($positions::BIGINT[]) AS p) AS e "
-                f"ON t.rowid = e.p {cut}",
-                {"positions": exceed.tolist()}
-                | ({"reach": self._level(run, reach)} if cut else {}),
-            ).fetchnumpy()
-            at = np.searchsorted(exceed, np.asarray(got["position"], np.int64))
-            got["v"] = np.asarray(got["score"], np.float64) + drawn[at]
-            parts.append(got)
+            # Unread exceedances bound it too: each row scores at least the smallest score, and
+            # of the k + (slots - m) largest noises at least k sit on rows (empty slots are at
+            # most slots - m). An exceedance whose noise cannot lift the top score to the larger
+            # bound is not read; the others only where their score can reach it (score >= bound
+            # - their noise: filtered on the largest noise before the semi-join, a constant
+            # pushed into the scan).
+            slack = CUT_SLACK_SCALE * noise.scale
+            enough = k + run.rowids - run.m
+            if len(drawn) >= enough:
+                floor = run.bottom + float(np.partition(drawn, -enough)[-enough]) - slack
+            bar = max(t0, floor)
+            wanted = drawn + float(run.top or 0.0) >= bar - slack - CUT_SLACK_RELATIVE * abs(bar)
+            if wanted.any():
+                reach = bar - float(drawn[wanted].max()) - slack - CUT_SLACK_RELATIVE * abs(bar)
+                cut = f"WHERE t.{ssc} >= $reach" if np.isfinite(reach) else ""
+                got = run.cursor.execute(
+                    f"SELECT t.rowid AS position, t.{sid} AS id, t.{ssc}::DOUBLE AS score "
+                    f"FROM {table} AS t SEMI JOIN (SELECT unnest($positions::BIGINT[]) AS p) "
+                    f"AS e ON t.rowid = e.p {cut}",
+                    {"positions": exceed[wanted].tolist()}
+                    | ({"reach": self._level(run, reach)} if cut else {}),
+                ).fetchnumpy()
+                at = np.searchsorted(exceed, np.asarray(got["position"], np.int64))
+                got["v"] = np.asarray(got["score"], np.float64) + drawn[at]
+                parts.append(got)
         values = np.concatenate([np.asarray(p["v"], np.float64) for p in parts])
         t = float(np.sort(values)[-k]) if len(values) >= k else -np.inf
+        t = max(t, floor)
         low = t - noise.bound - CUT_SLACK_RELATIVE * abs(t) if np.isfinite(t) else -np.inf
         rest_params: dict[str, Any] = {"key": noise.key, "k": int(k)}
         cut = "true"
