@@ -40,6 +40,7 @@ COPY_STORES = [
     "sqlalchemy-sqlite",
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
+    "sqlalchemy-duckdb",
 ]
 LIVE_STORES = [
     "postgres-live",
