@@ -6,26 +6,31 @@ the table itself: its checks come from aggregates DuckDB answers without a pass,
 from the one-shot mechanism (Wu, Ohrimenko, Wirth 2023, Algorithm 2) run inside DuckDB with keyed
 noise (topk_middleware/keyed_noise.py) whose positions are the table's rowids.
 
-The run's first query reads, in one round trip, m, the score checks of `validate()`, the type of
-the scores (from the type of their maximum: a column altered since the last run is read as it is
-now), the table's row slots (the catalog's `estimated_size`, checked by a rowid-range probe) and
-whether the name is a table or a view. The one-shot then takes two queries (`_live_oneshot`):
+The run's first query reads, in one round trip, m, the score checks of `validate()`, the largest
+score (the resolution check needs no row: `known_top_score`), the type of the scores (from the
+type of their maximum: a column altered since the last run is read as it is now), the table's
+row slots (the catalog's `estimated_size`, checked by a rowid-range probe) and whether the name
+is a table or a view. The one-shot then takes three queries (`_live_oneshot`):
 
-1. the k rows of the top scores with their noise (keyed, computed by DuckDB, or an
-   exceedance's), whose k-th largest noisy score T0 bounds the answer's from below; and, in the
-   same statement, the exceedances that can still reach T0 (score >= T0 - their noise: a filter
-   on the score before the rowid semi-join, so few rows are probed);
-2. the rows outside the exceedances with score >= T - bound, T the k-th largest noisy score of
+1. the k rows of the top scores with their noise (keyed, computed by DuckDB; an exceedance's
+   where they are one), whose k-th largest noisy score T0 bounds the answer's from below;
+2. the exceedances that can still reach the bound (the larger of T0 and one from the drawn
+   noises alone): one whose noise cannot lift the largest score to it is not read; the others
+   only where their score can reach it, a constant filter on the score applied in the scan
+   before the rowid semi-join, so few rows are probed;
+3. the rows outside the exceedances with score >= T - bound, T the k-th largest noisy score of
    both reads (the only rows that can reach T), hashed by DuckDB; the best k of all are released.
 
 No noise is computed in Python. A view has no rowids: its one-shot is one statement over the
-view materialised once, positions its row numbers there (`_view_oneshot`).
+view materialised once, positions its row numbers there (`_view_oneshot`). A frozen copy with a
+pending delta takes its one-shot from the table itself where the table holds the copy's m rows
+(`_table_for_oneshot`).
 
 Oblivious reads (`oblivious_reads()`, mechanisms/oblivious.py) on a table name items by rowid
-slot (`slots_as_positions`): the sorted batch is a top-d by `ORDER BY score DESC, id LIMIT d`,
-the random batch the rows at d slots by a rowid semi-join, a slot without a row coming back as
-a row that never wins (score -inf). Both have a size fixed by d, and the number of slots comes
-from the catalog.
+slot (`position_slots`, access.PositionSlots): the sorted batch is a top-d by `ORDER BY score
+DESC, id LIMIT d`, the random batch the rows at d slots by a rowid semi-join, a slot without a
+row coming back as a row that never wins (score -inf). Both have a size fixed by d, and the
+number of slots comes from the catalog.
 
 `LiveRead` is a mixin of DuckDBTable: it uses the table's quoted names (`_base`, `_id`,
 `_score`, `_order`, `_collate`), `where`, `table`, `_home()` and `_state()`.
@@ -72,7 +77,7 @@ class _Run:
     top: float | None = None  # the largest score, from the run's first query (live)
     bottom: float = 0.0  # the smallest score, from the same query (live)
     whole: bool = False  # integer scores, as the run's first query typed them (live)
-    slots: bool = False  # oblivious reads name items by rowid slot (`slots_as_positions`)
+    slots: bool = False  # oblivious reads name items by rowid slot (`position_slots`)
     table: _Run | None = None  # a frozen copy's table read as it is now (`_table_for_oneshot`)
     table_checked: bool = False  # whether `_table_for_oneshot` looked
 
