@@ -742,7 +742,7 @@ class DuckDBTable(LiveRead):
         try:
             cursor.execute("BEGIN TRANSACTION READ ONLY")
             if not self.frozen:  # no cheap proof that a copy is current: read the table now
-                self._run = self._live_run(cursor, own=True)
+                self._run = self._live_run(cursor)
                 try:
                     yield
                 finally:

@@ -9,17 +9,20 @@ noise (topk_middleware/keyed_noise.py) whose positions are the table's rowids.
 The run's first query reads, in one round trip, m, the score checks of `validate()`, the largest
 score (the resolution check needs no row: `known_top_score`), the type of the scores (from the
 type of their maximum: a column altered since the last run is read as it is now), the table's
-row slots (the catalog's `estimated_size`, checked by a rowid-range probe) and whether the name
-is a table or a view. The one-shot then takes three queries (`_live_oneshot`):
+row slots (the catalog's `estimated_size`, checked by a rowid-range probe where it differs from
+the figure a run last proved) and whether the name is a table or a view. The one-shot then
+takes three queries (`_live_oneshot`):
 
-1. the k rows of the top scores with their noise (keyed, computed by DuckDB; an exceedance's
-   where they are one), whose k-th largest noisy score T0 bounds the answer's from below;
-2. the exceedances that can still reach the bound (the larger of T0 and one from the drawn
+1. the k-th largest score s_k (a top-N of the score alone): k rows score at least s_k and no
+   noise is below `KeyedNoise.lowest`, so their sum bounds the answer's k-th noisy score;
+2. the exceedances that can still reach the bound (the larger of that and one from the drawn
    noises alone): one whose noise cannot lift the largest score to it is not read; the others
    only where their score can reach it, a constant filter on the score applied in the scan
    before the rowid semi-join, so few rows are probed;
-3. the rows outside the exceedances with score >= T - bound, T the k-th largest noisy score of
-   both reads (the only rows that can reach T), hashed by DuckDB; the best k of all are released.
+3. the rows with score >= T - bound, T the k-th largest noisy score of the exceedances read (or
+   the bound), hashed by DuckDB: the best k plus as many as there are exceedances, of which the
+   exceedances (keyed values that are not their noise) are dropped; the best k of both reads
+   are released.
 
 No noise is computed in Python. A view has no rowids: its one-shot is one statement over the
 view materialised once, positions its row numbers there (`_view_oneshot`). A frozen copy with a
@@ -129,7 +132,7 @@ class LiveRead:
     id_column: str
     score_column: str
     _run: _Run | None
-    _slots_hint: int | None  # the row slots the last run proved (its probe's argument)
+    _slots_hint: int | None  # the row slots a run last proved by its probe
     _oblivious: bool
 
     def _home(self) -> tuple[str, str]: ...  # DuckDBTable
@@ -137,36 +140,24 @@ class LiveRead:
     def _state(self, cursor: duckdb.DuckDBPyConnection | None = None) -> _Run: ...
 
     # ----- the run's first query -----------------------------------------------------------------
-    def _live_run(self, con: duckdb.DuckDBPyConnection, own: bool = False) -> _Run:
+    def _live_run(self, con: duckdb.DuckDBPyConnection) -> _Run:
         """The state of a run that reads the table itself (module docstring): one query, plus a
-        second where the row slots moved since the last run (an append), and on tables of up to
-        DISTINCT_CHECK_MAX rows the key lookup (and, without a key, the count of distinct ids).
-        `own`: `con` is the run's own transaction (restarted if a probe of rowids fails because
-        the table became a view)."""
+        rowid probe where the row slots moved since the last run (an append), and on tables of
+        up to DISTINCT_CHECK_MAX rows the key lookup (and, without a key, the count of distinct
+        ids)."""
         s = self._score
         database, schema = self._home()
-        # oblivious reads make the same statements whatever this object read before
-        hint = None if self._oblivious else self._slots_hint
-        probe = "NULL"
-        if hint is not None:  # the slots the last run proved: probe them in this query
-            probe = f"(SELECT count(*) FROM {self._base} WHERE rowid >= $hint)"
         try:
             row = con.execute(
                 f"SELECT count(*), count({self._id}), count({s}), min({s}), max({s}), "
                 "(SELECT max(estimated_size) FROM duckdb_tables() WHERE database_name = $db "
-                f"AND lower(schema_name) = $schema AND lower(table_name) = $table), {probe} "
+                f"AND lower(schema_name) = $schema AND lower(table_name) = $table) "
                 f"FROM {self._base}",
-                {"db": database, "schema": schema, "table": self.table.lower()}
-                | ({} if hint is None else {"hint": hint}),
+                {"db": database, "schema": schema, "table": self.table.lower()},
             ).fetchone()
         except duckdb.Error as error:
-            if hint is not None and own:  # rowid is gone: a view now; once more without it
-                self._slots_hint = None
-                con.execute("ROLLBACK")
-                con.execute("BEGIN TRANSACTION READ ONLY")
-                return self._live_run(con, own)
             raise _Unreadable(self._unreadable(error)) from None
-        rows, ids, scores, low, high, estimated, beyond = row
+        rows, ids, scores, low, high, estimated = row
         kind = _score_kind(high if high is not None else low)
         if high is not None and kind is None:
             raise TypeError(
@@ -194,14 +185,17 @@ class LiveRead:
             self._slots_hint = None
             return run
         slots = int(estimated or 0)
-        if hint is None or hint != slots or int(beyond or 0):  # not this run's probe: probe now
+        # The catalog's figure is the rows ever appended (rowids are below it); it is checked
+        # by a rowid-range probe when it differs from the figure a run last proved (appends
+        # only raise it; oblivious reads probe every time: the same statements in every run).
+        if self._oblivious or slots != self._slots_hint:
             beyond = con.execute(
                 f"SELECT count(*) FROM {self._base} WHERE rowid >= $slots", {"slots": slots}
             ).fetchone()[0]
-        if beyond or slots < rows:  # not the catalog's figure: count the rowids
-            slots = int(con.execute(f"SELECT max(rowid) + 1 FROM {self._base}").fetchone()[0])
-        else:
-            self._slots_hint = slots
+            if beyond or slots < rows:  # not the catalog's figure: count the rowids
+                slots = int(con.execute(f"SELECT max(rowid) + 1 FROM {self._base}").fetchone()[0])
+            else:
+                self._slots_hint = slots
         run.rowids = max(slots, 1)
         run.slots = bool(getattr(self, "_oblivious", False))
         return run
@@ -298,7 +292,6 @@ class LiveRead:
             return None
         if not run.table_checked:
             run.table_checked = True
-            self._slots_hint = None  # no rowid in the first query: a view would abort the run
             try:
                 table = self._live_run(run.cursor)
             except _Unreadable:
@@ -324,40 +317,37 @@ class LiveRead:
     # ----- the in-store one-shot -----------------------------------------------------------------
     def _live_oneshot(self, run: _Run, noise: KeyedNoise, k: int) -> Rows:
         """Algorithm 2 with keyed noise on the table itself, positions its rowids (fixed within
-        the transaction): two queries (module docstring)."""
+        the transaction): three queries (module docstring)."""
         if not run.rowids:
             return self._view_oneshot(run, noise, k)
         keyed = noise.sql(uniform_from_hex_sql(_DIGITS))
         table, sid, ssc = self._base, self._id, self._score
         exceed, drawn = noise.exceed_positions, noise.exceed_noises
-        # 1. the k top rows (a top-N), their keyed noise computed by DuckDB
-        known = run.cursor.execute(
-            f"SELECT r.position, r.id, r.score, r.score + {keyed} AS v FROM (SELECT rowid "
-            f"AS position, {sid} AS id, {ssc}::DOUBLE AS score FROM {table} "
-            f"ORDER BY {ssc} DESC LIMIT $k) AS r",
-            {"key": noise.key, "k": int(k)},
-        ).fetchnumpy()
-        parts = [known]
-        floor = -np.inf  # a lower bound of the k-th largest noisy score, from noises alone
+        # 1. the k-th largest score s_k, by a top-N of the score alone (LIMIT a literal: a
+        # parameter there costs DuckDB its top-N plan; the rows themselves are read by 3 where
+        # they can win): k rows score at least s_k and have a noise of at least its lowest
+        # value, so s_k + lowest bounds the k-th largest noisy score from below
+        s_k = run.cursor.execute(
+            f"SELECT min(s) FROM (SELECT {ssc}::DOUBLE AS s FROM {table} "
+            f"ORDER BY {ssc} DESC LIMIT {int(k)})"
+        ).fetchone()[0]
+        slack = CUT_SLACK_SCALE * noise.scale
+        t0 = float(s_k) + noise.lowest - slack if s_k is not None else -np.inf
+        t0 -= CUT_SLACK_RELATIVE * abs(t0) if np.isfinite(t0) else 0.0
+        parts = []
+        floor = t0  # a lower bound of the k-th largest noisy score
         if len(exceed):
-            top = np.asarray(known["position"], np.int64)
-            where = np.minimum(np.searchsorted(exceed, top), len(exceed) - 1)
-            hit = exceed[where] == top  # a top row that is an exceedance: its drawn noise
-            values = np.asarray(known["v"], np.float64)
-            values[hit] = np.asarray(known["score"], np.float64)[hit] + drawn[where[hit]]
-            known["v"] = values
-            t0 = float(values.min()) if len(values) >= k else -np.inf
-            # Unread exceedances bound it too: each row scores at least the smallest score, and
-            # of the k + (slots - m) largest noises at least k sit on rows (empty slots are at
-            # most slots - m). An exceedance whose noise cannot lift the top score to the larger
-            # bound is not read; the others only where their score can reach it (score >= bound
-            # - their noise: filtered on the largest noise before the semi-join, a constant
-            # pushed into the scan).
-            slack = CUT_SLACK_SCALE * noise.scale
+            # 2. Unread exceedances bound it too: each row scores at least the smallest score,
+            # and of the k + (slots - m) largest noises at least k sit on rows (empty slots are
+            # at most slots - m). An exceedance whose noise cannot lift the top score to the
+            # bound is not read; the others only where their score can reach it (score >=
+            # bound - their noise: filtered on the largest noise before the semi-join, a
+            # constant pushed into the scan).
             enough = k + run.rowids - run.m
             if len(drawn) >= enough:
-                floor = run.bottom + float(np.partition(drawn, -enough)[-enough]) - slack
-            bar = max(t0, floor)
+                noises = run.bottom + float(np.partition(drawn, -enough)[-enough])
+                floor = max(floor, noises - slack - CUT_SLACK_RELATIVE * abs(noises))
+            bar = floor
             wanted = drawn + float(run.top or 0.0) >= bar - slack - CUT_SLACK_RELATIVE * abs(bar)
             if wanted.any():
                 reach = bar - float(drawn[wanted].max()) - slack - CUT_SLACK_RELATIVE * abs(bar)
@@ -372,24 +362,27 @@ class LiveRead:
                 at = np.searchsorted(exceed, np.asarray(got["position"], np.int64))
                 got["v"] = np.asarray(got["score"], np.float64) + drawn[at]
                 parts.append(got)
-        values = np.concatenate([np.asarray(p["v"], np.float64) for p in parts])
+        values = np.concatenate([np.asarray(p["v"], np.float64) for p in parts] or [[]])
         t = float(np.sort(values)[-k]) if len(values) >= k else -np.inf
         t = max(t, floor)
         low = t - noise.bound - CUT_SLACK_RELATIVE * abs(t) if np.isfinite(t) else -np.inf
-        rest_params: dict[str, Any] = {"key": noise.key, "k": int(k)}
+        # 3. the rows at or above the cut, keyed noise by DuckDB. An exceedance among them gets
+        # a keyed value that is not its noise: the k + (exceedances) best are read and the
+        # exceedances dropped here (cheaper than excluding them in the query).
+        params: dict[str, Any] = {"key": noise.key}
         cut = "true"
         if np.isfinite(low):
-            cut, rest_params["low"] = f"{ssc} >= $low", self._level(run, low)
-        skip = ""
-        if len(exceed):
-            skip = "AND r.position NOT IN (SELECT unnest($positions::BIGINT[]))"
-            rest_params["positions"] = exceed.tolist()
+            cut, params["low"] = f"{ssc} >= $low", self._level(run, low)
         rest = run.cursor.execute(
             f"SELECT r.position, r.id, r.score, r.score + {keyed} AS v FROM ("
             f"SELECT rowid AS position, {sid} AS id, {ssc}::DOUBLE AS score FROM {table} "
-            f"WHERE {cut}) AS r WHERE true {skip} ORDER BY v DESC, r.position ASC LIMIT $k",
-            rest_params,
+            f"WHERE {cut}) AS r ORDER BY v DESC, r.position ASC LIMIT {int(k) + len(exceed)}",
+            params,
         ).fetchnumpy()
+        if len(exceed):
+            at = np.asarray(rest["position"], np.int64)
+            keep = ~np.isin(at, exceed, assume_unique=True)
+            rest = {name: np.asarray(column)[keep] for name, column in rest.items()}
         return self._best([*parts, rest], k)
 
     def _view_oneshot(self, run: _Run, noise: KeyedNoise, k: int) -> Rows:
@@ -404,13 +397,13 @@ class LiveRead:
             f"{sid} AS id, {ssc}::DOUBLE AS score FROM {self._base}), "
             "e AS MATERIALIZED (SELECT unnest($positions::BIGINT[]) AS p, "
             "unnest($noises::DOUBLE[]) AS z), "
-            "top AS (SELECT * FROM vrows ORDER BY score DESC LIMIT $k), "
+            f"top AS (SELECT * FROM vrows ORDER BY score DESC LIMIT {int(k)}), "
             f"known AS MATERIALIZED (SELECT r.position, r.id, r.score, "
             f"r.score + coalesce(e.z, {keyed}) AS v FROM top AS r LEFT JOIN e ON e.p = r.position "
             "UNION ALL SELECT r.position, r.id, r.score, r.score + e.z FROM vrows AS r "
             "JOIN e ON e.p = r.position), "
             "cut AS (SELECT min(v) - $bound - $relative * abs(min(v)) AS low FROM "
-            "(SELECT v FROM known ORDER BY v DESC LIMIT $k)) "
+            f"(SELECT v FROM known ORDER BY v DESC LIMIT {int(k)})) "
             "SELECT position, id, score, v FROM known UNION ALL "
             f"SELECT r.position, r.id, r.score, r.score + {keyed} FROM vrows AS r "
             "WHERE r.score >= (SELECT low FROM cut) AND r.position NOT IN (SELECT p FROM e)"
@@ -419,7 +412,6 @@ class LiveRead:
             query,
             {
                 "key": noise.key,
-                "k": int(k),
                 "positions": noise.exceed_positions.tolist(),
                 "noises": noise.exceed_noises.tolist(),
                 "bound": float(noise.bound),
