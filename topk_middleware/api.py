@@ -295,7 +295,7 @@ def _oblivious_release(
         # not the table's counts.
         reading = time.perf_counter()
         if method == "oneshot_full_read":
-            positions = oneshot_top_k(access, distribution.sample(rng, m), k)
+            positions = oneshot_top_k(access, distribution.sample(rng, access.slots), k)
             items = access.ids_of(positions)
             run = None
         else:
