@@ -382,3 +382,19 @@ def test_auto_on_a_frozen_copy_with_a_pending_delta_prices_both_and_says_which(
     assert plan["chosen"] == ("threshold" if cheaper == "threshold" else "oneshot_in_store")
     pinned = private_top_k(source, k=10, epsilon=1.0, seed=8, method=cheaper)
     assert pinned.items == result.items
+
+
+def test_an_oblivious_full_read_of_a_live_table_draws_a_noise_per_slot() -> None:
+    """method="oneshot_full_read" in oblivious mode reads the whole table by slot (positions up
+    to the slot count, past m where rows were deleted): every row gets its slot's noise, and
+    the release is the top-k (epsilon 10^4: no rank swaps)."""
+    scores = np.zeros(2500)
+    scores[[0, 2400, 2499]] = [90.0, 80.0, 70.0]  # ids 0, 2880, 2998: slots past m = 2,500
+    con = duckdb.connect()
+    source = slotted(con, scores)
+    result = private_top_k(
+        source, 3, 1e4, oblivious=True, method="oneshot_full_read", seed=1, deadline=0
+    )
+    con.close()
+    assert result.items == [0, 2880, 2998]
+    assert result.accesses.rows_fetched == 2500 and result.plan["full_read"]
