@@ -87,11 +87,11 @@ class _Run:
 
 def live_costs(m: int) -> StoreCosts:
     """The table read as it is now (not frozen), measured at m = 10^6 (benchmarks/freshness.py):
-    a sorted read is an ORDER BY .. LIMIT (a scan of the score column, ~1 ms at 10^6), a batch
-    of random reads by rank a window over the whole table (~0.3 s at 10^6), the in-store
-    one-shot a top-k, a filtered semi-join and a range read (about three scans: ~3-4 ms at 10^6)
-    plus the keyed hash on the rows past the cut, a full read ~0.1 s at 10^7 plus the noise in
-    Python."""
+    a sorted read is an ORDER BY .. LIMIT (a scan of the score column, ~1-3 ms of CPU at 10^6),
+    a batch of random reads by rank a window over the whole table (~0.3 s at 10^6), the in-store
+    one-shot the run's first query, a top-N of the score, a filtered semi-join and a range read
+    (about three scans: ~8-12 ms of CPU at 10^6, half that in wall time on two cores) plus the
+    keyed hash on the rows past the cut, a full read ~0.1 s at 10^7 plus the noise in Python."""
     return StoreCosts(
         round_trip=1e-3 + 3e-9 * m,
         sorted_row=5e-8,
