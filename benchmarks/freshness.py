@@ -39,6 +39,9 @@ a table (id BIGINT, score BIGINT) with shuffled ids and prepares it, then:
 Targets (issue 10): DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
 rank-table run (release_unchanged / release_today, interleaved). `--fold-sweep`: what a delta of
 each size costs against a full rebuild (the fold fraction, adapters/duckdb_delta.py).
+
+Size: the three runs share the store entries, the write batches, the timing helpers and the
+command line, and each writes its own JSON; split, they would import each other's helpers.
 """
 
 from __future__ import annotations
