@@ -75,7 +75,7 @@ from .duckdb_delta import (
     parse_delta_comment,
     shadow_sql,
 )
-from .duckdb_live import LiveRead, _Run, live_costs
+from .duckdb_live import CATALOG_SCAN_MAX, LiveRead, _Run, live_costs
 
 NUMERIC_TYPES = (
     "TINYINT",
@@ -98,9 +98,6 @@ INDEX_LOOKUP_MAX = 1000
 # A range read of the rank table costs about 0.7 ms up to this many rows (then 0.1 ms more per
 # 2,000 or so; measured at m = 10^7): sorted reads fetch at least this many.
 SORTED_READ_ROWS = 8192
-# The catalog's tables are scanned whole (and filtered in Python) up to this many: a filter in
-# the query costs more than the scan of a small catalog.
-CATALOG_SCAN_MAX = 200
 # The first sorted read of a run on the copy (CountedAccess.top_score) takes this many rows, the
 # planner's probe for k <= 32: a range of the copy costs the same up to thousands of rows.
 FIRST_READ_ROWS = 64
