@@ -39,6 +39,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import duckdb
@@ -81,7 +82,7 @@ from .duckdb_delta import (
     parse_delta_comment,
     shadow_sql,
 )
-from .duckdb_live import LiveRead, _Run, live_costs
+from .duckdb_live import CATALOG_SCAN_MAX, LiveRead, _Run, live_costs
 
 NUMERIC_TYPES = (
     "TINYINT",
@@ -146,15 +147,20 @@ class DuckDBTable(LiveRead):
         """How far CountedAccess reads ahead: free on the copy (a row-group range); on the
         table read as it is now every sorted read is a top-N over a scan, so no read-ahead."""
         run = self._run
-        return 1 if run is not None and run.rowids else SORTED_READ_ROWS
+        return 1 if run is not None and run.live else SORTED_READ_ROWS
 
     @property
     def store_costs(self) -> StoreCosts:
         """The cost shape: on the copy a batch of random reads is about one scan; on the table
         read as it is now (not frozen) every sorted read is a scan and a batch of random reads
-        by rank a sort, while the in-store one-shot is about three scans (live_costs)."""
+        by rank a sort, while the in-store one-shot is about three scans (live_costs); a copy
+        with a pending delta is read as the copy, but its in-store one-shot as the table."""
         run = self._run
-        return live_costs(run.m) if run is not None and run.rowids else STORE_COSTS
+        if run is not None and run.live:
+            return live_costs(run.m)
+        if run is not None and run.delta is not None:  # its one-shot reads the table itself
+            return replace(STORE_COSTS, oneshot_fixed=live_costs(run.m).oneshot_fixed)
+        return STORE_COSTS
 
     def __init__(
         self,
@@ -201,6 +207,10 @@ class DuckDBTable(LiveRead):
         self._delta_sizes: tuple[Any, ...] | None = None  # (delta, skip, gen), from _counts()
         self._delta_cache: DeltaCache | None = None  # the last delta generation read
         self._run: _Run | None = None
+        self._catalog_rows = 0  # tables in the last unfiltered scan of the catalog (_lookup)
+        self.last_oneshot_reads: str | None = None  # what the last in-store one-shot read
+        self._slots_hint: int | None = None  # the row slots the last live run proved
+        self._oblivious = False  # inside oblivious_reads(): live tables named by rowid slot
         self._seen_prepared = False  # the last catalog lookup found all that prepare() builds
         # The table's catalog oid when this object last built or verified the rank table: an
         # identity within this open database only (oids are handed out again on reopen).
@@ -414,8 +424,6 @@ class DuckDBTable(LiveRead):
             raise TypeError(
                 f"{self.where} column {self.score_column!r} must be numeric, it is {score_type}"
             )
-        self._whole_scores = score_type.startswith(NUMERIC_TYPES[:10])  # integers: no NaN
-        self.integer_scores = self._whole_scores  # the noisy counts' interval (noisy_counts.py)
         return types[self.id_column].startswith(TEXT_TYPES)
 
     def validate(self, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -590,7 +598,6 @@ class DuckDBTable(LiveRead):
                     f"{self._id} AS id, {self._score}::DOUBLE AS score FROM {self._base} "
                     "ORDER BY rank"
                 )
-                self._stamp(con)
             index = quote_identifier(self._rank_index)
             con.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {self._ranks} (rank)")
             if build or not with_runs:
@@ -600,6 +607,7 @@ class DuckDBTable(LiveRead):
                 )
             if build:
                 self._write_base_extras(con)
+                self._stamp(con)  # with the counts of the base and its runs
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -710,8 +718,10 @@ class DuckDBTable(LiveRead):
     @property
     def positions_are_ranks(self) -> bool:
         """False while a delta is pending: positions are then base ranks, moved and appended
-        (adapters/duckdb_delta.py), not ranks of the canonical order."""
-        return self._state().delta is None
+        (adapters/duckdb_delta.py), not ranks of the canonical order; False in oblivious reads
+        of a table read as it is now (rowid slots: adapters/duckdb_live.py)."""
+        run = self._state()
+        return run.delta is None and not run.slots
 
     def read_position_scores(self, positions: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """PositionScores: while a delta is pending, scores at positions without their rows
@@ -762,6 +772,18 @@ class DuckDBTable(LiveRead):
 
     # ----- the Source protocol ------------------------------------------------------------------
     @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside name the items of a table read as it is
+        now by rowid slot, so that the sorted batch is one top-d query and the random batch one
+        rowid semi-join, each of a size fixed by d (adapters/duckdb_live.py); the copy's reads
+        have fixed sizes already."""
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
+
+    @contextmanager
     def snapshot(self) -> Iterator[None]:
         """One transaction on a connection of its own: every read of the run sees one state."""
         if self._run is not None:  # nested: the outer snapshot already holds the transaction
@@ -806,17 +828,15 @@ class DuckDBTable(LiveRead):
             cursor.close()  # after an error: closing the connection rolls its transaction back
 
     def _counts_if_prepared(self, cursor: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
-        """(m, runs) without the catalog lookup (about 1 ms), if this object last saw the rank
-        table, its index and the runs table; None if it did not, or if they are gone (then the
-        failed query's transaction is restarted)."""
+        """(m, runs) without the catalog lookup of the index (about 0.3 ms), if this object last
+        saw the rank table, its index and the runs table; None if it did not, or if the rank or
+        runs table is gone (the catalog scan of `_counts` tells)."""
         if not self._seen_prepared:
             return None
         try:
             m, runs = self._counts(cursor, True)
-        except duckdb.CatalogException:
+        except _Gone:
             self._seen_prepared = self._delta_tables_seen = False
-            cursor.execute("ROLLBACK")
-            cursor.execute("BEGIN TRANSACTION READ ONLY")
             return None
         return m, int(runs)  # type: ignore[arg-type]
 
@@ -836,27 +856,44 @@ class DuckDBTable(LiveRead):
         return run
 
     def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
-        """m and the number of runs of tied scores (None without a runs table): one query,
-        which also reads what the fingerprint check needs (`_check_fingerprint`)."""
-        runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
-        seen = self._delta_tables_seen
-        looked = self._lookup(
-            con, full=self._proven_oid is None, also=self.delta_table if seen else None
+        """m and the number of runs of tied scores (None without a runs table), after the
+        fingerprint check (`_check_fingerprint`), from one scan of the catalog: the counts of
+        the base and its runs are in the fingerprint prepare() writes, the delta's sizes in the
+        delta table's comment (a copy written before they were is counted: one more query).
+        Raises _Gone where the rank table (or the runs table, `with_runs`) is not there."""
+        delta, skip = self.delta_table.lower(), self.skip_table.lower()
+        layout = (self.shadow_table.lower(), delta, skip)
+        stored, oid, ddl, rows, present = self._lookup(
+            con,
+            full=self._proven_oid is None,
+            also=(self.rank_table, self.runs_table, self.shadow_table, delta, skip),
         )
-        sizes = parse_delta_comment(looked[4]) if seen else None
-        pending = ""  # else the delta's sizes in the same round trip, once its tables were seen
-        if seen and sizes is None:
+        if self.rank_table.lower() not in present or (
+            with_runs and self.runs_table.lower() not in present
+        ):
+            raise _Gone
+        self._check_fingerprint(stored, oid, ddl, rows)
+        recorded = _recorded_counts(stored)
+        self._delta_tables_seen = seen = all(name in present for name in layout)
+        sizes = parse_delta_comment(present.get(delta)) if seen else (0, 0, None)
+        parts = []
+        if recorded is None:
+            runs = f"(SELECT count(*) FROM {self._runs})" if with_runs else "NULL"
+            parts.append(f"(SELECT count(*) FROM {self._ranks}), {runs}")
+        if sizes is None:  # a delta written before its comment held its sizes
             names = self._names()
-            pending = (
-                f", (SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
+            parts.append(
+                f"(SELECT count(*) FROM {names.delta}), (SELECT count(*) FROM {names.skip}), "
                 f"(SELECT gen FROM {names.delta} LIMIT 1)"
             )
-        m, count, *counted = con.execute(  # fails first if a table is gone (see the callers)
-            f"SELECT (SELECT count(*) FROM {self._ranks}), {runs}{pending}"
-        ).fetchone()
-        self._check_fingerprint(*looked[:4])
-        self._delta_sizes = sizes or (tuple(counted) if counted else None)
-        return int(m), None if count is None else int(count)
+        counted = list(con.execute(f"SELECT {', '.join(parts)}").fetchone()) if parts else []
+        if recorded is None:
+            m, count = counted[:2]
+            counted = counted[2:]
+        else:
+            m, count = recorded
+        self._delta_sizes = sizes if sizes is not None else tuple(counted)
+        return int(m), None if count is None or not with_runs else int(count)
 
     # ----- the fingerprint: does the rank table belong to this table? ---------------------------
     # DuckDB has no lasting table identity (catalog oids are handed out again when a database is
@@ -880,26 +917,34 @@ class DuckDBTable(LiveRead):
     )
 
     def _lookup(
-        self, con: duckdb.DuckDBPyConnection, full: bool, also: str | None = None
+        self, con: duckdb.DuckDBPyConnection, full: bool, also: Sequence[str] = ()
     ) -> tuple[Any, ...]:
-        """(stored fingerprint, table's oid, table's definition, table's row count, comment of
-        the table `also` (in the rank table's schema) if asked): one plain scan of the catalog's
+        """(stored fingerprint, table's oid, table's definition, table's row count, the comments
+        of the tables `also` (in the rank table's schema) that exist, by lower-case name): one
+        plain scan of the catalog's
         tables (about 0.2 ms; filters, functions and aggregates in it cost several times more),
         filtered here. Once the copy is proven to this object (`full` False), the table's oid
         settles its identity (an ALTER keeps it; the copy stays the snapshot it was): the mark
         and the oid only. Before that, also the definition (a view's from the catalog's views) and,
         for a table, the row count (from metadata)."""
         home = self._home()
-        extra = "" if also is None else also.lower()
-        names = (self.rank_table.lower(), self.table.lower(), extra)
+        names = (self.rank_table.lower(), self.table.lower(), *(n.lower() for n in also))
+        wanted = set(names)
+        # A filter in the query costs more than the scan itself on a small catalog (0.25 ms
+        # against 0.2 ms at 40 tables): filtered here while the last scan was small.
+        where = ""
+        if self._catalog_rows > CATALOG_SCAN_MAX:
+            where = f" WHERE lower(table_name) IN ({', '.join(_literal(n) for n in names)})"
+        listed = con.execute(
+            "SELECT database_name, schema_name, table_name, table_oid, comment, sql "
+            f"FROM duckdb_tables(){where}"
+        ).fetchall()
+        if not where:
+            self._catalog_rows = len(listed)
         found = {
-            name: (oid, comment, sql_text)
-            for database, schema, name, oid, comment, sql_text in con.execute(
-                "SELECT database_name, lower(schema_name), lower(table_name), table_oid, "
-                "comment, sql FROM duckdb_tables() WHERE lower(table_name) IN "
-                f"({', '.join(_literal(n) for n in names)})"
-            ).fetchall()
-            if (database, schema) == home
+            name.lower(): (oid, comment, sql_text)
+            for database, schema, name, oid, comment, sql_text in listed
+            if name.lower() in wanted and (database, schema.lower()) == home
         }
         stored = found.get(names[0], (None, None, None))[1]
         oid, _, definition = found.get(names[1], (None, None, None))
@@ -913,7 +958,8 @@ class DuckDBTable(LiveRead):
                 ).fetchone()[0]
             else:
                 rows = con.execute(f"SELECT count(*) FROM {self._base}").fetchone()[0]
-        return stored, oid, definition, rows, found.get(extra, (None, None, None))[1]
+        extra = {name: found[name][1] for name in names[2:] if name in found}
+        return stored, oid, definition, rows, extra
 
     def _home(self) -> tuple[str, str]:
         """(database, lower-case schema) of the table, looked up once."""
@@ -989,9 +1035,18 @@ class DuckDBTable(LiveRead):
 
     def _stamp(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the fingerprint of the table, as `con`'s transaction sees it, on the rank
-        table (its comment), with a new build mark."""
+        table (its comment), with a new build mark and the counts of the base and of its runs
+        of tied scores (what a run reads instead of counting them)."""
         _, oid, ddl, rows = self._facts(con)
-        mark = {**self._fingerprint_of(ddl, rows), "build": uuid.uuid4().hex}
+        base, runs = con.execute(
+            f"SELECT (SELECT count(*) FROM {self._ranks}), (SELECT count(*) FROM {self._runs})"
+        ).fetchone()
+        mark = {
+            **self._fingerprint_of(ddl, rows),
+            "build": uuid.uuid4().hex,
+            "base": int(base),
+            "runs": int(runs),
+        }
         text = FINGERPRINT_TAG + " " + json.dumps(mark, sort_keys=True)
         con.execute(f"COMMENT ON TABLE {self._ranks} IS '{text}'")  # JSON of hex and digits
         self._stamped_oid = oid
@@ -1026,6 +1081,8 @@ class DuckDBTable(LiveRead):
         start, stop = int(start), min(int(start) + int(count), run.m)
         if stop <= start:
             return _rows({"rank": [], "id": [], "score": []})
+        if run.slots:
+            return self._slot_sorted(run, start, stop - start)
         if run.ranked:
             # The copy is written in rank order, so row ids are ranks: a row id range is a plain
             # range scan. (A predicate on rank from 0 would go through the ART index, row by row,
@@ -1072,6 +1129,8 @@ class DuckDBTable(LiveRead):
             return _rows({"rank": [], "id": [], "score": []})
         if run.delta is not None:
             return run.delta.read_positions(wanted, INDEX_LOOKUP_MAX if run.indexed else 0)
+        if run.slots:
+            return self._slot_rows(run, wanted)
         source = self._ranked_source(run.ranked)
         if run.indexed and len(wanted) <= INDEX_LOOKUP_MAX:
             # The ART index on rank serves an IN list of constants key by key (about 25 us a key
@@ -1091,8 +1150,13 @@ class DuckDBTable(LiveRead):
         exceedances are query parameters; SHA-256 of "key:position" gives each item its uniform
         (the PRF assumption)."""
         run = self._state()
-        if run.rowids:
+        if run.live:
+            self.last_oneshot_reads = "the view" if not run.rowids else "the table"
             return self._live_oneshot(run, noise, k)
+        if run.table is not None:  # frozen with a pending delta: the table itself is cheaper
+            self.last_oneshot_reads = "the table"  # (oneshot_positions chose it)
+            return self._live_oneshot(run.table, noise, k)
+        self.last_oneshot_reads = "the copy" if run.delta is None else "the copy and its delta"
         if run.delta is not None:  # positions are base ranks moved and appended
             relation, position = run.delta.relation(), "position"
         else:
@@ -1214,6 +1278,20 @@ def _rows(result: dict[str, Any]) -> Rows:
         order = np.argsort(ranks, kind="stable")
         ranks, ids, scores = ranks[order], ids[order], scores[order]
     return Rows(ranks, ids, scores)
+
+
+class _Gone(Exception):
+    """The rank table (or its runs table) is not in the catalog of this snapshot."""
+
+
+def _recorded_counts(stored: str | None) -> tuple[int, int] | None:
+    """(rows of the base, runs of tied scores) as the fingerprint records them (None where it
+    was written before it recorded them)."""
+    try:
+        recorded = json.loads((stored or "")[len(FINGERPRINT_TAG) + 1 :])
+        return int(recorded["base"]), int(recorded["runs"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _literal(text: str) -> str:

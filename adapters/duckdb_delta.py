@@ -195,19 +195,24 @@ class DeltaRefresh:
             f"FROM lv FULL JOIN bs ON lv.id{c} = bs.id{c} "
             "WHERE lv.id IS NULL OR bs.id IS NULL OR lv.score <> bs.score"
         )
-        # An inserted id that the base holds unchanged (its row paired as unchanged) is a
-        # duplicate: one probe of the base by the inserted ids.
         row = self._run(
-            f"SELECT (SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
-            f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL), "
-            "count_if(base_rank IS NULL), count_if(NOT present), "
+            "SELECT count_if(base_rank IS NULL), count_if(NOT present), "
             "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
         ).fetchone()
-        if row[0] is not None:
-            raise ValueError(
-                f"{self.where} has duplicate ids (e.g. {row[0]!r}): each item must appear once"
-            )
-        inserted, deleted, changed = (int(x or 0) for x in row[1:])
+        inserted, deleted, changed = (int(x or 0) for x in row)
+        if inserted:
+            # An inserted id that the base holds unchanged (its row paired as unchanged) is a
+            # duplicate: one probe of the base by the inserted ids (a scan of the base's ids,
+            # so only where something was inserted).
+            duplicate = self._run(
+                f"SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
+                f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL"
+            ).fetchone()[0]
+            if duplicate is not None:
+                raise ValueError(
+                    f"{self.where} has duplicate ids (e.g. {duplicate!r}): each item must appear "
+                    "once"
+                )
         m = m_base + inserted - deleted
         if m <= 0:
             raise ValueError(f"{self.where} is empty: there is no item to select")

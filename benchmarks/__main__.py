@@ -3,7 +3,7 @@
     python -m benchmarks access [--quick] [--runs N] [--max-m M] ...   accesses vs the bounds
     python -m benchmarks wallclock [--quick] [--stores duckdb postgres] ...   real stores
     python -m benchmarks profile [--store duckdb] [--family plateau] ...   where the time goes
-    python -m benchmarks freshness [--quick] [--stores duckdb] ...   the first release after writes
+    python -m benchmarks freshness [--quick] [--m 1e7] [--rounds 3] ...   releases after writes
     python -m benchmarks freshness-copy [--m 1e6] ...   PostgreSQL / SQLAlchemy copies after writes
     python -m benchmarks replot [--out DIR]   redraw the PNGs of the results' JSON, nothing run
     python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_prof)
     wallclock.add_profile_arguments(p_prof)
 
-    p_fresh = sub.add_parser("freshness", help="refresh + release after 1%% writes vs SQL")
+    p_fresh = sub.add_parser("freshness", help="releases after 1%% write rounds vs SQL")
     _common_arguments(p_fresh)
     freshness.add_arguments(p_fresh)
 
@@ -108,24 +108,26 @@ def main(argv: list[str] | None = None) -> int:
         payload = wallclock.run(cfg)
         print(wallclock.report(payload))
     elif args.command == "freshness":
-        cfg = freshness.config_from_args(args)
-        cfg.seed, cfg.out = args.seed, args.out
-        cfg.plots, cfg.quiet = not args.no_plot, args.quiet
-        if args.name:
-            cfg.name = args.name
-        if args.rounds:
-            if not args.families:
-                cfg.families = freshness.ROUND_FAMILIES
-            if not args.name:
-                cfg.name = "freshness_rounds"
-            payload = freshness.rounds_run(cfg, args.rounds, args.with_postgres_live)
+        if args.fold_sweep or args.first_release:
+            cfg = freshness.config_from_args(args)
+            cfg.seed, cfg.out = args.seed, args.out
+            cfg.plots, cfg.quiet = not args.no_plot, args.quiet
+            if args.name:
+                cfg.name = args.name
+            if args.fold_sweep:
+                payload = freshness.fold_sweep(cfg)
+                print(freshness.fold_report(payload))
+            else:
+                payload = freshness.run(cfg)
+                print(freshness.report(payload))
+        else:  # the default: write rounds on every family
+            rcfg = freshness.rounds_config_from_args(args)
+            rcfg.seed, rcfg.out = args.seed, args.out
+            rcfg.plots, rcfg.quiet = not args.no_plot, args.quiet
+            if args.name:
+                rcfg.name = args.name
+            payload = freshness.rounds_run(rcfg)
             print(freshness.rounds_report(payload))
-        elif args.fold_sweep:
-            payload = freshness.fold_sweep(cfg)
-            print(freshness.fold_report(payload))
-        else:
-            payload = freshness.run(cfg)
-            print(freshness.report(payload))
     elif args.command == "freshness-copy":
         payload = {"files": [str(freshness_copy.main(args))]}
     elif args.command == "oblivious":

@@ -1,8 +1,28 @@
-"""Freshness benchmark: the first private release after writes to the counts, against the SQL query.
+"""Freshness benchmark: releases on a table that changes, against the store's own one-shot query.
 
-For each store entry (`STORES`: DuckDB's refresh by delta, PostgreSQL's live mode), each m
-(10^6, 10^7) and each family (zipf, plateau) it loads a table (id BIGINT, score BIGINT) with
-shuffled ids and prepares it, then:
+The default (`python -m benchmarks freshness`, `freshness_rounds.json`): for each
+family of ROUND_FAMILIES (zipf, plateau, distinct, uniform, sparse, band) a DuckDB table of m
+rows (default 10^7) in random row order, with k = 10 and epsilon = 1:
+
+1. a frozen copy (`frozen=True`, prepared) released against DuckDB's own one-shot query
+   ``SELECT id FROM t ORDER BY score - b*ln(-ln(random())) DESC LIMIT k`` (b the release's
+   Gumbel scale), interleaved, before any write;
+2. `--rounds` rounds (3), each after `--writes-per-round` transactions (1) that move the counts
+   of 1% of the items by 1 to 3; the copy's pending delta grows round by round. Each round
+   interleaves, rep by rep: the store's query; the default release (`auto`, not frozen: the
+   table read as it is now); and the frozen alternative, `refresh()` then a release on the copy
+   and its delta (timed whole and in parts; `auto` there chooses between the threshold run on
+   the copy and the in-store one-shot on the table).
+
+PostgreSQL's live mode (`--postgres-families`, zipf by default) gets the same rounds. Every ratio
+is the store's query's median over the release's median in the same run: above 1 the release
+is faster. Targets (at 10^7): DuckDB after writes >= 1x on every family, a frozen copy
+>= 30x on zipf, PostgreSQL live zipf >= 300x. `--quick`: m = 10^5, 3 reps, 2 rounds, into
+benchmarks/scratch/.
+
+`--first-release` (`freshness.json`): for each store entry (`STORES`: DuckDB's refresh
+by delta, PostgreSQL's live mode), each m (10^6, 10^7) and each family (zipf, plateau) it loads
+a table (id BIGINT, score BIGINT) with shuffled ids and prepares it, then:
 
 1. ``release_before``: private_top_k(method="threshold") on the freshly prepared table (today's
    rank-table run, before any write);
@@ -11,23 +31,18 @@ shuffled ids and prepares it, then:
    rank-ordered copy by a full sort: ``full_rebuild_seconds``);
 3. interleaved rep by rep: ``fresh_release`` (a): what the store needs to see the writes (DuckDB:
    `refresh()`, the delta refresh) plus the release, end to end; ``oneshot_sql`` (b): the
-   store's own one-shot query ``ORDER BY score - b*ln(-ln(random())) DESC LIMIT k`` on the
-   written table (b the Gumbel scale of the release); ``release_unchanged``: a release with no
+   store's own one-shot query on the written table; ``release_unchanged``: a release with no
    write since the last refresh (DuckDB: the run reads the base and the pending delta);
    ``release_today``: today's rank-table run on the same counts (the second copy);
 4. the parts of (a): the refresh alone and the release alone.
 
-`--rounds N`: every family of ROUND_FAMILIES on DuckDB, rows in random order: a
-frozen copy against the store's query, then N rounds of 1% writes, each followed by interleaved
-default releases (not frozen: the table read as it is now) and the store's one-shot query;
-`--with-postgres-live` adds PostgreSQL's live mode on zipf (`freshness_rounds.json`).
-
 Targets: DuckDB at 10^7, (a) <= 2x (b); a release on unchanged data <= 1.5x today's
-rank-table run (release_unchanged / release_today, interleaved).
+rank-table run (release_unchanged / release_today, interleaved). `--fold-sweep`: what a delta of
+each size costs against a full rebuild (the fold fraction, adapters/duckdb_delta.py).
 
-Size: one module per benchmark command (benchmarks/__main__.py); the store entries, the
-single-write run, the fold-fraction sweep and the write rounds share the loaders, the
-interleaved timing and the report, so they stay together.
+Size: one module per benchmark command (benchmarks/__main__.py); the write rounds, the
+single-write run and the fold-fraction sweep share the store entries, the write batches, the
+interleaved timing, the report and the command line, so they stay together.
 """
 
 from __future__ import annotations
@@ -584,6 +599,26 @@ TARGET_POSTGRES_LIVE_ZIPF = 300.0
 FROZEN_REPS = 9  # reps of the frozen copy against the store's query (releases of a few ms)
 
 
+@dataclass
+class RoundsConfig:
+    """The default benchmark (`python -m benchmarks freshness`): write rounds, every family."""
+
+    ms: tuple[int, ...] = (10**7,)
+    families: tuple[str, ...] = ROUND_FAMILIES
+    postgres_families: tuple[str, ...] = ("zipf",)
+    rounds: int = 3
+    writes_per_round: int = 1  # 1% write transactions between one round's releases and the next
+    k: int = 10
+    epsilon: float = 1.0
+    reps: int = 5
+    reps_large: int = 5  # at m >= 10^7
+    seed: int = 0
+    out: Path = common.RESULTS_DIR
+    name: str = "freshness_rounds"
+    plots: bool = True
+    quiet: bool = False
+
+
 def round_scores(family: str, m: int, k: int, scale: float) -> np.ndarray:
     """The counts of a family in canonical order: common.family_scores, plus "sparse" (the
     first 1% of ranks zipf, the rest 0) and "band" (every score within scale/3 of the top:
@@ -597,26 +632,39 @@ def round_scores(family: str, m: int, k: int, scale: float) -> np.ndarray:
     return common.family_scores(family, m, k)
 
 
-def rounds_table(cfg: FreshnessConfig, store: Any, family: str, m: int, rounds: int) -> dict:
-    """One family on DuckDB: the table in random row order; a frozen copy released against the
-    store's query before any write; then `rounds` rounds of 1% writes, each followed by
-    interleaved reps of the default release (auto, not frozen: it reads the table as it is
-    now) and the store's one-shot query."""
+def _write_batch(
+    rng: np.random.Generator, m: int, ids: np.ndarray, floating: bool, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """1% of the items, each count moved by 1..MAX_STEP up or down (the band by scale/100
+    steps: it stays a band)."""
+    chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
+    steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice([-1, 1], len(chosen))
+    return ids[chosen], steps * (scale / 100.0) if floating else steps
+
+
+def rounds_table(cfg: RoundsConfig, store: Any, family: str, m: int) -> dict:
+    """One family on DuckDB, rows in random order. Before any write: a frozen copy's release
+    against the store's query. Then `cfg.rounds` rounds, each after `cfg.writes_per_round`
+    transactions of 1% writes (the pending delta of the copy grows round by round), each round
+    interleaving rep by rep: the store's one-shot query; the default release (auto, not frozen:
+    the table read as it is now); the frozen alternative, `refresh()` then a release (auto) on
+    the copy and its delta, timed as a whole and in parts."""
     from adapters.duckdb import DuckDBTable
     from topk_middleware import private_top_k
 
     table = table_name(family, m)
     scale = gumbel_scale(cfg.k, cfg.epsilon, m)
     scores = round_scores(family, m, cfg.k, scale)
+    floating = scores.dtype.kind == "f"
     ids = common.shuffled_ids(m, seed=cfg.seed)
     order = np.random.default_rng(cfg.seed + 1).permutation(m)  # rows not in rank order
-    start = time.perf_counter()
+    started = time.perf_counter()
     store.load(table, ids[order], scores[order])
-    load_seconds = time.perf_counter() - start
-    del order
+    load_seconds = time.perf_counter() - started
+    del order, scores
     reps = cfg.reps_large if m >= 10**7 else cfg.reps
     seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
-    source = DuckDBTable(store.con, table)
+    live = DuckDBTable(store.con, table)
     frozen = DuckDBTable(store.con, table, frozen=True)
     prepare_seconds, _ = _time(lambda: frozen.prepare(refresh=True, full=True))
     oneshot = store.oneshot_sql(table, cfg.k, scale)
@@ -624,7 +672,7 @@ def rounds_table(cfg: FreshnessConfig, store: Any, family: str, m: int, rounds: 
     def release(on: Any) -> Any:
         return private_top_k(on, k=cfg.k, epsilon=cfg.epsilon, seed=next(seeds))
 
-    release(frozen), release(source), oneshot()  # warm-up
+    release(frozen), release(live), oneshot()  # warm-up
     frozen_runs, sql_before = [], []
     for _ in range(max(reps, FROZEN_REPS)):  # a few ms each: more reps steady the median
         frozen_runs.append(_time(lambda: release(frozen))[0])
@@ -633,34 +681,51 @@ def rounds_table(cfg: FreshnessConfig, store: Any, family: str, m: int, rounds: 
     entry.store = store
     rng = np.random.default_rng(cfg.seed + m)
     out_rounds = []
-    for number in range(1, rounds + 1):
-        chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
-        steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice([-1, 1], len(chosen))
-        if scores.dtype.kind == "f":
-            steps = steps * (scale / 100.0)  # the band stays a band
-        written, moves = ids[chosen], steps
-        write_seconds, changed = _time(lambda: entry.write(table, written, moves))  # noqa: B023
-        ours, sql, chosen_plans = [], [], []
+    written = 0
+    for number in range(1, cfg.rounds + 1):
+        write_seconds = changed = 0.0
+        for _ in range(cfg.writes_per_round):
+            batch, moves = _write_batch(rng, m, ids, floating, scale)
+            took, rows = _time(lambda: entry.write(table, batch, moves))  # noqa: B023
+            write_seconds, changed, written = write_seconds + took, changed + rows, written + 1
+        times: dict[str, list[float]] = {
+            "oneshot_sql": [],
+            "release": [],
+            "refresh": [],
+            "frozen_release": [],
+            "refresh_and_release": [],
+        }
+        plans: dict[str, set[str]] = {"release": set(), "frozen_release": set()}
+        report = None
         for _ in range(reps):
-            seconds, result = _time(lambda: release(source))
-            ours.append(seconds)
-            chosen_plans.append(result.plan.get("auto", {}).get("chosen"))
-            sql.append(_time(oneshot)[0])
+            times["oneshot_sql"].append(_time(oneshot)[0])
+            seconds, result = _time(lambda: release(live))
+            times["release"].append(seconds)
+            plans["release"].add(_plan_name(result))
+            refresh_seconds, report = _time(frozen.refresh)
+            seconds, result = _time(lambda: release(frozen))
+            times["refresh"].append(refresh_seconds)
+            times["frozen_release"].append(seconds)
+            times["refresh_and_release"].append(refresh_seconds + seconds)
+            plans["frozen_release"].add(_plan_name(result))
+        med = {name: statistics.median(v) for name, v in times.items()}
         out_rounds.append(
             {
                 "round": number,
-                "items_written_so_far": number * len(chosen),
+                "items_written_so_far": written * max(1, int(CHANGED_FRACTION * m)),
                 "write_seconds": write_seconds,
                 "rows_changed": changed,
-                "release": _summary(ours),
-                "oneshot_sql": _summary(sql),
-                "plans": chosen_plans,
-                "sql_vs_release": statistics.median(sql) / statistics.median(ours),
+                "refresh_report": None
+                if report is None
+                else {"kind": report.kind, "delta_rows": report.delta_rows},
+                **{name: _summary(v) for name, v in times.items()},
+                "plans": {name: sorted(v) for name, v in plans.items()},
+                "sql_vs_release": med["oneshot_sql"] / med["release"],
+                "sql_vs_frozen_release": med["oneshot_sql"] / med["frozen_release"],
+                "sql_vs_refresh_and_release": med["oneshot_sql"] / med["refresh_and_release"],
             }
         )
-    for name in (frozen.rank_table, frozen.runs_table, frozen.shadow_table, frozen.delta_table):
-        store.con.execute(f'DROP TABLE IF EXISTS "{name}"')
-    store.con.execute(f'DROP TABLE IF EXISTS "{frozen.skip_table}"')
+    frozen.uninstall()
     store.con.execute(f"DROP TABLE IF EXISTS {table}")
     return {
         "store": "duckdb",
@@ -671,25 +736,35 @@ def rounds_table(cfg: FreshnessConfig, store: Any, family: str, m: int, rounds: 
         "reps": reps,
         "load_seconds": load_seconds,
         "prepare_seconds": prepare_seconds,
-        "frozen_release": _summary(frozen_runs),
+        "frozen_copy_release": _summary(frozen_runs),
         "oneshot_sql_before": _summary(sql_before),
-        "sql_vs_frozen": statistics.median(sql_before) / statistics.median(frozen_runs),
+        "sql_vs_frozen_copy": statistics.median(sql_before) / statistics.median(frozen_runs),
         "rounds": out_rounds,
         "worst_sql_vs_release": min(r["sql_vs_release"] for r in out_rounds),
     }
 
 
-def rounds_postgres_live(cfg: FreshnessConfig, m: int, rounds: int) -> dict:
-    """PostgreSQL live mode on zipf: 1% write rounds, the release against the store's query."""
+def _plan_name(result: Any) -> str:
+    """What ran: the method auto chose, and where the in-store one-shot read."""
+    plan = result.plan
+    chosen = plan.get("auto", {}).get("chosen", plan.get("requested"))
+    where = plan.get("in_store_reads")
+    return f"{chosen} ({where})" if where else str(chosen)
+
+
+def rounds_postgres_live(cfg: RoundsConfig, family: str, m: int) -> dict:
+    """PostgreSQL live mode: the same write rounds, the release against the store's query."""
     from topk_middleware import private_top_k
 
     entry = PostgresLiveEntry(Path(tempfile.gettempdir()))
-    family, table = "zipf", table_name("zipf", m)
+    table = table_name(family, m)
     scale = gumbel_scale(cfg.k, cfg.epsilon, m)
-    scores = common.family_scores(family, m, cfg.k)
+    scores = round_scores(family, m, cfg.k, scale)
+    floating = scores.dtype.kind == "f"
     ids = common.shuffled_ids(m, seed=cfg.seed)
     order = np.random.default_rng(cfg.seed + 1).permutation(m)
     entry.load(table, ids[order], scores[order])
+    del order, scores
     entry.prepare(table)
     reps = cfg.reps_large if m >= 10**7 else cfg.reps
     seeds = iter(range(cfg.seed + 1, cfg.seed + 10**6))
@@ -702,16 +777,14 @@ def rounds_postgres_live(cfg: FreshnessConfig, m: int, rounds: int) -> dict:
     rng = np.random.default_rng(cfg.seed + m)
     out_rounds = []
     try:
-        for number in range(1, rounds + 1):
-            chosen = rng.choice(m, size=max(1, int(CHANGED_FRACTION * m)), replace=False)
-            steps = rng.integers(1, MAX_STEP + 1, size=len(chosen)) * rng.choice(
-                [-1, 1], len(chosen)
-            )
-            entry.write(table, ids[chosen], steps)
+        for number in range(1, cfg.rounds + 1):
+            for _ in range(cfg.writes_per_round):
+                batch, moves = _write_batch(rng, m, ids, floating, scale)
+                entry.write(table, batch, moves)
             ours, sql = [], []
             for _ in range(reps):
-                ours.append(_time(release)[0])
                 sql.append(_time(oneshot)[0])
+                ours.append(_time(release)[0])
             out_rounds.append(
                 {
                     "round": number,
@@ -733,31 +806,59 @@ def rounds_postgres_live(cfg: FreshnessConfig, m: int, rounds: int) -> dict:
     }
 
 
-def rounds_run(cfg: FreshnessConfig, rounds: int, postgres: bool) -> dict[str, Any]:
-    """Every family on DuckDB (and PostgreSQL live zipf if asked) at each m; writes
-    <out>/<name>.json."""
+def rounds_run(cfg: RoundsConfig) -> dict[str, Any]:
+    """Every family on DuckDB and PostgreSQL live (its families) at each m; writes
+    <out>/<name>.json (and a PNG)."""
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="topk_rounds_"))
     store = DuckDBStore(workdir / "rounds.duckdb")
     results: list[dict[str, Any]] = []
+    cfg.out.mkdir(parents=True, exist_ok=True)
     try:
         plan = [(f, m) for m in cfg.ms for f in cfg.families]
         for family, m in common.progress(plan, desc="duckdb rounds", quiet=cfg.quiet):
-            results.append(rounds_table(cfg, store, family, m, rounds))
+            results.append(rounds_table(cfg, store, family, m))
             common.write_json(cfg.out / f"{cfg.name}.json", {"partial": results})
         version = store.version()
     finally:
         store.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    if postgres:
-        for m in cfg.ms:
-            results.append(rounds_postgres_live(cfg, m, rounds))
+    pg_version = None
+    if cfg.postgres_families:
+        plan = [(f, m) for m in cfg.ms for f in cfg.postgres_families]
+        for family, m in common.progress(plan, desc="postgres live", quiet=cfg.quiet):
+            results.append(rounds_postgres_live(cfg, family, m))
+            common.write_json(cfg.out / f"{cfg.name}.json", {"partial": results})
+        pg_version = PostgresStore(os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN))
+        pg_version, _ = pg_version.version(), pg_version.close()
+    payload = {
+        "benchmark": "freshness_rounds",
+        "machine": {**common.machine_info(None), "duckdb": version, "postgres": pg_version},
+        "config": {
+            **{k: v for k, v in asdict(cfg).items() if k != "out"},
+            "changed_fraction": CHANGED_FRACTION,
+            "max_step": MAX_STEP,
+        },
+        "elapsed_seconds": time.perf_counter() - started,
+        "results": results,
+        "targets": rounds_targets(results),
+    }
+    path = common.write_json(cfg.out / f"{cfg.name}.json", payload)
+    payload["files"] = [str(path)]
+    if cfg.plots and results:
+        payload["files"].append(str(rounds_plot(payload, cfg.out, cfg.name)))
+    return payload
+
+
+def rounds_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The targets (set at m = 10^7; smaller runs report the same ratios against them)."""
     targets = []
     for e in results:
+        where = f"{e['family']} m={e['m']:.0e}"
         if e["store"] == "duckdb":
             targets.append(
                 {
-                    "what": f"duckdb {e['family']} after 1% writes: SQL / release",
+                    "what": f"duckdb {where}, after 1% writes: SQL / release (worst round)",
                     "value": e["worst_sql_vs_release"],
                     "target": TARGET_ROUNDS_VS_SQL,
                     "met": e["worst_sql_vs_release"] >= TARGET_ROUNDS_VS_SQL,
@@ -766,60 +867,60 @@ def rounds_run(cfg: FreshnessConfig, rounds: int, postgres: bool) -> dict[str, A
             if e["family"] == "zipf":
                 targets.append(
                     {
-                        "what": "duckdb zipf, frozen copy: SQL / release",
-                        "value": e["sql_vs_frozen"],
+                        "what": f"duckdb {where}, frozen copy: SQL / release",
+                        "value": e["sql_vs_frozen_copy"],
                         "target": TARGET_FROZEN_ZIPF_VS_SQL,
-                        "met": e["sql_vs_frozen"] >= TARGET_FROZEN_ZIPF_VS_SQL,
+                        "met": e["sql_vs_frozen_copy"] >= TARGET_FROZEN_ZIPF_VS_SQL,
                     }
                 )
-        else:
+        elif e["family"] == "zipf":
             targets.append(
                 {
-                    "what": "postgres-live zipf after 1% writes: SQL / release",
+                    "what": f"postgres-live {where}, after 1% writes: SQL / release (worst round)",
                     "value": e["worst_sql_vs_release"],
                     "target": TARGET_POSTGRES_LIVE_ZIPF,
                     "met": e["worst_sql_vs_release"] >= TARGET_POSTGRES_LIVE_ZIPF,
                 }
             )
-    payload = {
-        "benchmark": "freshness_rounds",
-        "machine": {**common.machine_info(None), "duckdb": version},
-        "config": {
-            **{k: v for k, v in asdict(cfg).items() if k != "out"},
-            "rounds": rounds,
-            "changed_fraction": CHANGED_FRACTION,
-            "max_step": MAX_STEP,
-        },
-        "elapsed_seconds": time.perf_counter() - started,
-        "results": results,
-        "targets": targets,
-    }
-    path = common.write_json(cfg.out / f"{cfg.name}.json", payload)
-    payload["files"] = [str(path)]
-    return payload
+    return targets
 
 
 def rounds_report(payload: dict[str, Any]) -> str:
-    """A Markdown table: per store and family, the release and the store's query per round."""
+    """Markdown tables: DuckDB per family and round (the default release and the frozen
+    alternative, each against the store's query), then PostgreSQL live, then the targets."""
     lines = [
-        "| store | data | m | frozen copy | SQL / frozen | round | release (auto) | plan | "
-        "one-shot SQL | SQL / release |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| data | m | frozen copy, no write | SQL / frozen | round | one-shot SQL | release "
+        "(default) | SQL / release | plan | refresh + release (frozen) | SQL / (refresh + "
+        "release) | release part | plan (frozen) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in payload["results"]:
+        if e["store"] != "duckdb":
+            continue
         for r in e["rounds"]:
-            frozen = e.get("frozen_release")
-            plans = sorted(set(r.get("plans", []) or ["-"]))
             lines.append(
-                f"| {e['store']} | {e['family']} | {e['m']:.0e} | "
-                + (
-                    f"{_ms(frozen['median'])} | {e['sql_vs_frozen']:.1f}x | "
-                    if frozen
-                    else "- | - | "
-                )
-                + f"{r['round']} | {_ms(r['release']['median'])} | {', '.join(plans)} | "
-                f"{_ms(r['oneshot_sql']['median'])} | {r['sql_vs_release']:.2f}x |"
+                f"| {e['family']} | {e['m']:.0e} | {_ms(e['frozen_copy_release']['median'])} | "
+                f"{e['sql_vs_frozen_copy']:.1f}x | {r['round']} | "
+                f"{_ms(r['oneshot_sql']['median'])} | {_ms(r['release']['median'])} | "
+                f"{r['sql_vs_release']:.2f}x | {', '.join(r['plans']['release'])} | "
+                f"{_ms(r['refresh_and_release']['median'])} | "
+                f"{r['sql_vs_refresh_and_release']:.2f}x | {_ms(r['frozen_release']['median'])} | "
+                f"{', '.join(r['plans']['frozen_release'])} |"
             )
+    pg = [e for e in payload["results"] if e["store"] != "duckdb"]
+    if pg:
+        lines += [
+            "",
+            "| store | data | m | round | one-shot SQL | release | SQL / release |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for e in pg:
+            for r in e["rounds"]:
+                lines.append(
+                    f"| {e['store']} | {e['family']} | {e['m']:.0e} | {r['round']} | "
+                    f"{_ms(r['oneshot_sql']['median'])} | {_ms(r['release']['median'])} | "
+                    f"{r['sql_vs_release']:.1f}x |"
+                )
     lines.append("")
     for t in payload["targets"]:
         lines.append(
@@ -830,11 +931,47 @@ def rounds_report(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rounds_plot(payload: dict[str, Any], out: Path, name: str) -> Path:
+    """SQL / release per family and round (log scale): the default release and the frozen
+    alternative (refresh + release), the line at 1x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = [e for e in payload["results"] if e["store"] == "duckdb"]
+    labels, live, frozen = [], [], []
+    for e in entries:
+        for r in e["rounds"]:
+            labels.append(f"{e['family']}\nround {r['round']}")
+            live.append(r["sql_vs_release"])
+            frozen.append(r["sql_vs_refresh_and_release"])
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(labels)), 4.4))
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, live, 0.4, label="default release (the table as it is)")
+    ax.bar(x + 0.2, frozen, 0.4, label="frozen: refresh() + release")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("DuckDB's one-shot query / ours (log)")
+    ms = sorted({e["m"] for e in entries})
+    ax.set_title(f"DuckDB after 1% write rounds, m = {', '.join(f'{m:.0e}' for m in ms)}")
+    common.legend_outside(ax)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # ----- command line --------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="m = 1e4 and 1e5, 2 reps")
-    parser.add_argument("--stores", nargs="+", choices=sorted(STORES), default=None)
-    parser.add_argument("--m", type=float, nargs="+", default=None, help="sizes (1e6 1e7)")
+    parser.add_argument(
+        "--quick", action="store_true", help="m = 1e5, 3 reps, 2 rounds (scratch folder)"
+    )
+    parser.add_argument("--m", type=float, nargs="+", default=None, help="sizes (1e7)")
     parser.add_argument(
         "--families",
         nargs="+",
@@ -844,22 +981,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=None, help="timed reps below 10^7 (5)")
-    parser.add_argument("--reps-large", type=int, default=None, help="timed reps at 10^7 (3)")
+    parser.add_argument("--reps-large", type=int, default=None, help="timed reps at 10^7 (5)")
+    parser.add_argument("--rounds", type=int, default=None, help="1%% write rounds (3)")
+    parser.add_argument(
+        "--writes-per-round", type=int, default=None, help="1%% write batches per round (1)"
+    )
+    parser.add_argument(
+        "--postgres-families",
+        nargs="*",
+        choices=sorted(ROUND_FAMILIES),
+        default=None,
+        help="families on PostgreSQL live (zipf; none: leave PostgreSQL out)",
+    )
+    parser.add_argument(
+        "--first-release",
+        action="store_true",
+        help="the first release after writes vs a full rebuild (DuckDB delta, PostgreSQL live)",
+    )
+    parser.add_argument("--stores", nargs="+", choices=sorted(STORES), default=None)
     parser.add_argument(
         "--fold-sweep", action="store_true", help="delta size against a full rebuild (DuckDB)"
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="write rounds of 1%% between releases, every family (default release, DuckDB)",
-    )
-    parser.add_argument(
-        "--with-postgres-live", action="store_true", help="with --rounds: PostgreSQL live zipf"
     )
 
 
 def config_from_args(args: argparse.Namespace) -> FreshnessConfig:
+    """The configuration of --first-release and --fold-sweep."""
     cfg = FreshnessConfig()
     if args.quick:
         cfg.ms, cfg.reps, cfg.reps_large, cfg.name = (10**4, 10**5), 2, 2, "freshness_quick"
@@ -874,4 +1020,22 @@ def config_from_args(args: argparse.Namespace) -> FreshnessConfig:
         cfg.reps = args.reps
     if args.reps_large is not None:
         cfg.reps_large = args.reps_large
+    return cfg
+
+
+def rounds_config_from_args(args: argparse.Namespace) -> RoundsConfig:
+    """The configuration of the default benchmark (write rounds)."""
+    cfg = RoundsConfig()
+    if args.quick:
+        cfg.ms, cfg.reps, cfg.rounds, cfg.name = (10**5,), 3, 2, "freshness_rounds_quick"
+    if args.m:
+        cfg.ms = tuple(int(m) for m in args.m)
+    if args.families:
+        cfg.families = tuple(args.families)
+    if args.postgres_families is not None:
+        cfg.postgres_families = tuple(args.postgres_families)
+    cfg.k, cfg.epsilon = args.k, args.epsilon
+    for name in ("reps", "reps_large", "rounds", "writes_per_round"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
     return cfg

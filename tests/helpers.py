@@ -77,14 +77,16 @@ def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
 def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     """reference_for(store, scores, ids) with the optional capabilities of `store`: it keeps the
     runs of tied scores (ScoreRuns) only if the store does, and reads ahead as far
-    (sorted_read_rows), so that rows_fetched and round_trips, not only the answer and the access
-    counts, must come out equal. (CountingSource forwards only the Source protocol, so wrapping
-    hides both.)"""
+    (sorted_read_rows), so that rows_fetched and round_trips, not only the
+    answer and the access counts, must come out equal. (CountingSource forwards only the
+    Source protocol, so wrapping hides both.)"""
     reference = reference_for(store, scores, ids)
     reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
     reference.score_runs_in_hand = getattr(store, "score_runs_in_hand", False)  # type: ignore[attr-defined]
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
-    return reference if keeps_runs else _ReadAhead(reference, reference.sorted_read_rows)
+    if keeps_runs:
+        return reference
+    return _ReadAhead(reference, reference.sorted_read_rows)
 
 
 def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:

@@ -297,6 +297,10 @@ class CountedAccess:
 
     def __post_init__(self) -> None:
         self.m = int(self.source.domain_size())
+        # positions 0 .. slots - 1 name the items (m of them; PositionSlots: a store may name
+        # them by slots, some without an item)
+        slots = getattr(self.source, "position_slots", None)
+        self.slots = int(slots()) if callable(slots) else self.m
         self.stats.round_trips += 1
         self.ranked = positions_are_ranks(self.source)
         self._prefix = _Prefix(keep_positions=not self.ranked)
@@ -383,8 +387,8 @@ class CountedAccess:
 
     def _checked_positions(self, rows: Rows) -> np.ndarray:
         positions = np.asarray(rows.positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
-            raise AccessError(f"store returned a position outside [0, {self.m})")
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.slots):
+            raise AccessError(f"store returned a position outside [0, {self.slots})")
         return positions
 
     def _remember(self, positions: np.ndarray, ids: Any, scores: Any) -> None:
@@ -681,8 +685,8 @@ class CountedAccess:
         where its score is known or could be inferred. Counted as len(positions) random
         accesses."""
         positions = np.asarray(positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.m):
-            raise AccessError(f"position out of range [0, {self.m})")
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.slots):
+            raise AccessError(f"position out of range [0, {self.slots})")
         rows = self._capped_rows(self.source.read_positions(positions))
         if len(rows) != len(positions):
             raise AccessError(f"store returned {len(rows)} rows for {len(positions)} positions")
@@ -907,7 +911,8 @@ class StoreCosts:
     is the in-store one-shot's cost per hashed row (InStoreOneShot), `oneshot_fixed` its cost
     besides (where it is not a round trip and a batch of random reads: a store reading its table
     as it is now scans it), `full_read_row` a full read into the client per item (the fallback
-    one-shot)."""
+    one-shot). `sorted_scans`: every sorted read is a scan of the table (no index serves the
+    order), so the planner reads nothing to price the threshold run."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7
@@ -917,6 +922,7 @@ class StoreCosts:
     oneshot_row: float = 5e-7
     full_read_row: float = 5e-7
     oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
+    sorted_scans: bool = False  # every sorted read scans the table
 
     def random_batch_seconds(self, m: int) -> float:
         """The fixed cost of one batch of random reads over a domain of m items."""
@@ -940,6 +946,18 @@ def run_freshness(source: Any) -> dict[str, Any] | None:
     the operator's diagnostics; None where the store does not say."""
     report = getattr(source, "run_freshness", None)
     return report() if callable(report) else None
+
+
+@runtime_checkable
+class PositionSlots(Protocol):
+    """Optional: a store that names its m items by positions 0 .. slots - 1 with slots >= m,
+    some holding no item (DuckDB's rowids in oblivious reads: deleted rows leave their slot).
+    Reading a slot without an item gives a row that never wins (score -inf); sampling uniform
+    slots samples the items uniformly (mechanisms/oblivious.py)."""
+
+    def position_slots(self) -> int:
+        """How many slots positions range over (m where every position holds an item)."""
+        ...
 
 
 @runtime_checkable

@@ -248,6 +248,8 @@ def private_top_k(
     plan["requested"], plan["in_store"] = method, in_store
     if freshness is not None:
         plan["freshness"] = freshness
+    if in_store:  # where a store's in-store one-shot read, if it says (DuckDB: table or copy)
+        plan["in_store_reads"] = getattr(source, "last_oneshot_reads", None)
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}
@@ -305,7 +307,7 @@ def _oblivious_release(
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
         guarantee = oblivious_guarantee(base, delta_pad)
         access.cap_scores(base.score_bound or np.inf)  # every score read as min(score, B)
-        depth = m if full_read else oblivious_depth(m, k, delta_pad)
+        depth = m if full_read else oblivious_depth(access.slots, k, delta_pad)
         check_read_size(source, k, m, depth)  # work known to be excessive: before the charge
         if budget is not None:
             cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)

@@ -145,6 +145,12 @@ class KeyedNoise:
         return self.scale * ((UNIFORM_BITS + 1) * math.log(2.0) + 1.0)
 
     @property
+    def lowest(self) -> float:
+        """A lower bound of every Z_p: the keyed noise at the smallest uniform of the grid,
+        1/2^53 (the inverse CDF increases with U; an exceedance's noise is above the level)."""
+        return self.noise_of_uniform(0.5 / 2.0**UNIFORM_BITS)
+
+    @property
     def bound(self) -> float:
         """An upper bound of every Z_p outside the exceedances: the level plus the rounding
         slack, or the ceiling without a split."""

@@ -13,9 +13,11 @@ The in-store one-shot's cost (in_store_seconds): a round trip, the exceedances' 
 keyed hash on the rows that can win, which the top rows count only where they reach below the
 split's level under the k-th score (skewed data); otherwise the model assumes every row (a
 plateau or a spread of scores looks the same in the top rows), so `auto` takes the in-store
-one-shot only where the top rows show it cheap. A store whose every sorted read is a scan (its
-StoreCosts name `oneshot_fixed`: DuckDB reading its table as it is now) gets the in-store
-one-shot without a read: its probe would cost as much as the one-shot itself.
+one-shot only where the top rows show it cheap. A store whose every sorted read is a scan
+(StoreCosts.sorted_scans: DuckDB reading its table as it is now) gets the in-store one-shot
+without a read: its probe would cost as much as the one-shot itself. A store whose in-store
+one-shot reads another relation than its sorted reads (DuckDB's frozen copy with a pending delta:
+the table itself) prices it by its `oneshot_fixed`.
 
 The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
 largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
@@ -145,10 +147,10 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     """Read the top rows (counted: a threshold run reads them anyway) and choose the method."""
     m = access.m
     costs = store_costs(access.source)
-    if costs.oneshot_fixed is not None and offers_in_store(access.source):
+    if costs.sorted_scans and offers_in_store(access.source):
         # A store that reads its table as it is now (DuckDB, not frozen): every sorted read is
         # a scan as dear as the one-shot's own, so the one-shot, without reading first.
-        fixed = costs.oneshot_fixed
+        fixed = costs.oneshot_fixed if costs.oneshot_fixed is not None else costs.round_trip
         return Plan("oneshot_in_store", 0, 0, math.inf, fixed, "oneshot_in_store")
     probe = min(m, max(2 * k, 64))
     access.fetch_sorted_until(probe)
@@ -156,7 +158,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     steps = estimate_steps(scores, k, m, scale)
     # read on towards the estimate (never past sqrt(mk)), unless the store's one-shot is a
     # few scans (`oneshot_fixed`: a table read as it is now, where each sorted read is a scan)
-    if steps > probe and steps < m and costs.oneshot_fixed is None:
+    if steps > probe and steps < m and costs.oneshot_fixed is None and not costs.sorted_scans:
         more = min(m, math.ceil(math.sqrt(m * k)), 4 * probe)
         access.fetch_sorted_until(more)
         scores = np.asarray(access.prefix_scores()[:more], dtype=np.float64)

@@ -1200,13 +1200,6 @@ class PostgresTable(WriteLog, TableRead):
         run = self._state()
         return run.table.slots if run.table is not None else run.m
 
-    def max_score(self) -> float | None:
-        """The largest score, where the run's first query read it (a run that reads the table:
-        access.CountedAccess.top_score then reads no row for it)."""
-        run = self._run
-        table = getattr(run, "table", None)
-        return None if table is None else table.max_score
-
     def _ranked_source(self, ranked: bool) -> sql.Composable:
         if ranked:
             return self._ranks

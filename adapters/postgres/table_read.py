@@ -12,8 +12,8 @@ any noise is drawn (the relations' sizes, read after the lock). Slots without a 
 positions without an item: each position is still an exceedance with probability q,
 independently, and an empty one never wins, so the release has the one-shot law.
 
-The run's first query is one aggregate pass: m and the largest score (which the core's
-resolution check needs: `max_score`), and the checks of `validate()` that the catalog does not
+The run's first query is one aggregate pass: m and the largest score (`max_score`: the
+planner's bounds), and the checks of `validate()` that the catalog does not
 guarantee. What the catalog guarantees is read, not scanned: ids are unique and present where a
 unique B-tree has exactly the id column as its key; scores are present, finite and >= 0 where
 the table's NOT NULL and validated CHECK constraints refute `score IS NULL OR score < 0 OR score

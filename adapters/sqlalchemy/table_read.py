@@ -363,10 +363,6 @@ class TableRun:
             return self._table.slots
         return self.domain_size()
 
-    def max_score(self) -> float | None:
-        """The largest score where the table run's first query read it."""
-        return None if self._table is None else self._table.max_score
-
     # ----- reads by rank on the table (an explicit threshold run, a full read) ----------------
     def _order(self) -> list[Any]:
         return [self._score.desc(), self._id_key(self._id)]  # type: ignore[attr-defined]

@@ -311,8 +311,10 @@ def oblivious_top_k(
     full_read: bool = False,
 ) -> ObliviousRun:
     """The exact one-shot top-k (Algorithm 2) of h + Z read at a fixed depth (module docstring):
-    the ids, best first (ties: smaller position). `full_read`: read all m rows whatever d."""
-    m = access.m
+    the ids, best first (ties: smaller position). `full_read`: read every row whatever d.
+    Positions are the access's slots (m, or more where a store names items by slots some of
+    which hold none: access.PositionSlots)."""
+    m = access.slots
     d = m if full_read else oblivious_depth(m, k, delta_pad)
     if 2 * d >= m:
         rows = access.read_all()
