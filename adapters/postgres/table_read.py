@@ -86,6 +86,7 @@ def table_costs(m: int) -> StoreCosts:
         oneshot_row=HASH_ROW,
         full_read_row=1e-6,
         oneshot_fixed=2e-3 + SCAN_ROW * m,
+        sorted_scans=True,
     )
 
 

@@ -66,6 +66,7 @@ def table_costs(m: int, in_store: bool) -> StoreCosts:
         oneshot_row=HASH_ROW,
         full_read_row=2e-6,
         oneshot_fixed=(2e-3 + SCAN_ROW * m) if in_store else None,
+        sorted_scans=True,
     )
 
 
