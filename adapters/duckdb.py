@@ -162,6 +162,19 @@ class DuckDBTable(LiveRead):
             return replace(STORE_COSTS, oneshot_fixed=live_costs(run.m).oneshot_fixed)
         return STORE_COSTS
 
+    @property
+    def integer_scores(self) -> bool:
+        """Whether the score column is of an integer type (the noisy counts' interval is then
+        w, else w + 1): the catalog's type when asked, so a column retyped since is seen."""
+        cursor = self._con.cursor()
+        try:
+            kind = cursor.execute(f"DESCRIBE SELECT {self._score} FROM {self._base}").fetchone()
+        except duckdb.Error:
+            return False
+        finally:
+            cursor.close()
+        return kind is not None and str(kind[1]).startswith(NUMERIC_TYPES[:10])
+
     def __init__(
         self,
         connection_or_path: duckdb.DuckDBPyConnection | str | os.PathLike[str],
