@@ -47,6 +47,7 @@ import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
@@ -121,6 +122,13 @@ STORE_COSTS = StoreCosts(
     full_read_row=2e-8,
 )
 
+# Oblivious releases (the deadline's model, mechanisms/oblivious.py), measured on an idle 2-core
+# machine (work of 5-7 releases, k = 10): the rank-ordered copy (frozen) 7.3 / 26 / 79-113 ms at
+# m = 10^5 / 10^6 / 10^7 (d = 2,027 / 6,445 / 20,414); the table read as it is now, by rowid
+# slot (adapters/duckdb_live.py), 10.8 / 34 / 94-114 ms.
+OBLIVIOUS_COSTS_COPY = ObliviousCosts(fixed=3e-3, sorted_row=1e-6, random_row=3e-6)
+OBLIVIOUS_COSTS_LIVE = ObliviousCosts(fixed=6e-3, sorted_row=1e-6, random_row=3.3e-6)
+
 
 def quote_identifier(name: str) -> str:
     """A DuckDB identifier in double quotes (embedded quotes doubled): any name is taken literally.
@@ -161,6 +169,12 @@ class DuckDBTable(LiveRead):
         if run is not None and run.delta is not None:  # its one-shot reads the table itself
             return replace(STORE_COSTS, oneshot_fixed=live_costs(run.m).oneshot_fixed)
         return STORE_COSTS
+
+    @property
+    def oblivious_costs(self) -> ObliviousCosts:
+        """The oblivious release's model: the copy's when the caller promised it current
+        (`frozen`, a public choice), else the table's read by rowid slot."""
+        return OBLIVIOUS_COSTS_COPY if self.frozen else OBLIVIOUS_COSTS_LIVE
 
     @property
     def integer_scores(self) -> bool:

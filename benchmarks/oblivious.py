@@ -1,6 +1,7 @@
 """Oblivious releases against each store's own one-shot query.
 
-    python -m benchmarks oblivious [--m 10000000] [--stores duckdb postgres postgres-live]
+    python -m benchmarks oblivious [--m 10000000]
+        [--stores duckdb duckdb-live postgres postgres-live]
         [--families zipf plateau distinct] [--reps 5] [--reuse] [--keep]
 
 For each store and data family (benchmarks/common.py), in one interleaved loop: the store's own
@@ -9,7 +10,8 @@ one-shot query (`ORDER BY score + Gumbel noise LIMIT k`, as benchmarks/wallclock
 Reported: medians, the ratios one-shot / oblivious (padded) and one-shot / work, the rows
 fetched (2d whatever the family), the deadline, how often the work overran it and by how much
 at most. Tables are built once (--reuse keeps them). Stores: DuckDB's rank-ordered copy
-(`frozen=True`: the caller promises no write after prepare(), so runs read the copy), the
+(`frozen=True`: the caller promises no write after prepare(), so runs read the copy), the DuckDB
+table as it is now (the default, current whatever was written: reads by rowid slot), the
 PostgreSQL copy (proven current by its write counter) and the PostgreSQL live table.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 from . import common
 from .wallclock import DuckDBStore, PostgresStore, gumbel_scale, table_name
 
-STORES = ("duckdb", "postgres", "postgres-live")
+STORES = ("duckdb", "duckdb-live", "postgres", "postgres-live")
 
 
 @dataclass
@@ -71,10 +73,11 @@ def bench(cfg: ObliviousConfig, store: Any, kind: str, family: str) -> dict[str,
     if kind == "postgres-live":
         source = PostgresTable(cfg.pg_dsn, table, mode="live")
         store.sources.append(source)
-    elif kind == "duckdb":
+    elif kind in ("duckdb", "duckdb-live"):
         from adapters.duckdb import DuckDBTable
 
-        source = DuckDBTable(store.con, table, frozen=True)  # the rank-ordered copy, no delta
+        # frozen: the rank-ordered copy, no delta; else the table as it is now
+        source = DuckDBTable(store.con, table, frozen=kind == "duckdb")
     else:
         source = store.source(table)
     entry["prepare_seconds"], _ = _time(lambda: source.prepare())
@@ -106,7 +109,7 @@ def bench(cfg: ObliviousConfig, store: Any, kind: str, family: str) -> dict[str,
     entry["worst_overrun"] = max(0.0, max(work) - entry["deadline"])
     entry["oneshot_over_oblivious"] = entry["median"]["oneshot_sql"] / entry["median"]["oblivious"]
     entry["oneshot_over_work"] = entry["median"]["oneshot_sql"] / entry["work_median"]
-    if kind != "duckdb" and not cfg.keep:
+    if not kind.startswith("duckdb") and not cfg.keep:
         source.uninstall()  # the rank table or the position table and triggers prepare() made
     return entry
 
@@ -117,7 +120,7 @@ def run(cfg: ObliviousConfig) -> dict[str, Any]:
     duck = pg = None
     try:
         for kind in cfg.stores:
-            if kind == "duckdb":
+            if kind.startswith("duckdb"):
                 if duck is None:
                     if cfg.duckdb_path is None:
                         tmp = tempfile.mkdtemp(prefix="topk_oblivious_")
@@ -140,7 +143,8 @@ def run(cfg: ObliviousConfig) -> dict[str, Any]:
                     f"{entry['oneshot_over_work']:.2f}x)  rows {entry['rows_and_round_trips']}",
                     flush=True,
                 )
-            if kind == "duckdb" and not cfg.keep:
+            last_duck = [s for s in cfg.stores if s.startswith("duckdb")][-1:]
+            if [kind] == last_duck and not cfg.keep:  # the DuckDB kinds share their tables
                 for family in cfg.families:
                     store.drop(table_name(family, cfg.m), None)
         if pg is not None and not cfg.keep:
@@ -164,7 +168,9 @@ def run(cfg: ObliviousConfig) -> dict[str, Any]:
         "machine": common.machine_info(cfg.pg_dsn if pg is not None else None),
         "entries": entries,
     }
-    common.write_json(cfg.out / f"{cfg.name}.json", payload)
+    path = cfg.out / f"{cfg.name}.json"
+    common.write_json(path, payload)
+    payload["files"] = [str(path)]
     return payload
 
 

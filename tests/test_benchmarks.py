@@ -285,7 +285,7 @@ def test_oblivious_harness(tmp_path: Path) -> None:
     entries = payload["entries"]
     assert {(e["store"], e["family"]) for e in entries} == {
         (s, f)
-        for s in ("duckdb", "postgres", "postgres-live")
+        for s in ("duckdb", "duckdb-live", "postgres", "postgres-live")
         for f in ("zipf", "plateau", "distinct")
     }
     d = oblivious_depth(20000, 10, 1e-9)

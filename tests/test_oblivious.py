@@ -402,10 +402,14 @@ def test_every_store_reads_the_same_for_neighbours(make_store: Any) -> None:
 
 
 def test_each_store_and_mode_has_its_own_deadline_model() -> None:
-    """PostgreSQL copy, a copy read from the table itself, live tables and the SQL functions'
-    SPI reads each give their own ObliviousCosts; a store without one gets a model from its
-    StoreCosts. The deadline grows with the noisy counts of with_counts (k of them) and with m
-    past what the store's cache holds."""
+    """PostgreSQL copy, a copy read from the table itself, live tables, the SQL functions'
+    SPI reads and DuckDB's copy (frozen) and table (by rowid slot) each give their own
+    ObliviousCosts; a store without one gets a model from its StoreCosts. The deadline grows
+    with the noisy counts of with_counts (k of them) and with m past what the store's cache
+    holds."""
+    import duckdb
+
+    from adapters.duckdb import OBLIVIOUS_COSTS_COPY, OBLIVIOUS_COSTS_LIVE, DuckDBTable
     from adapters.postgres.copy_mode import OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS
     from adapters.postgres.live_mode import LIVE_OBLIVIOUS_COSTS, LivePostgresTable
     from frontends.plpython import SPI_OBLIVIOUS_COSTS, SPITable
@@ -416,9 +420,14 @@ def test_each_store_and_mode_has_its_own_deadline_model() -> None:
     )
 
     models = {OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS, LIVE_OBLIVIOUS_COSTS, SPI_OBLIVIOUS_COSTS}
-    assert len(models) == 4
+    models |= {OBLIVIOUS_COSTS_COPY, OBLIVIOUS_COSTS_LIVE}
+    assert len(models) == 6
     assert LivePostgresTable.oblivious_costs is LIVE_OBLIVIOUS_COSTS
     assert SPITable.oblivious_costs is SPI_OBLIVIOUS_COSTS
+    con = duckdb.connect()
+    con.execute("CREATE TABLE h AS SELECT range AS id, range AS score FROM range(10)")
+    assert source_oblivious_costs(DuckDBTable(con, "h", frozen=True)) is OBLIVIOUS_COSTS_COPY
+    assert source_oblivious_costs(DuckDBTable(con, "h")) is OBLIVIOUS_COSTS_LIVE
     source = ArraySource(np.arange(100.0))  # no model, no StoreCosts: the generic guess
     assert source_oblivious_costs(source) == costs_from_store(StoreCosts())
     m, d = 10**7, oblivious_depth(10**7, 10, 1e-9)
