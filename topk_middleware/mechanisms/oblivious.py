@@ -150,8 +150,9 @@ class ObliviousCosts:
     each; the bound on drawing their noise, noisy_counts.counts_seconds, is added by the
     caller), plus `scan_row` per item of the domain where the batches scan the table or a
     column of it (no index serves them). Each row's cost includes the client's work on it.
-    Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables
-    and the SQL functions' SPI reads have theirs; a store without one gets `costs_from_store`."""
+    Stores give their own (`oblivious_costs` attribute): PostgreSQL copy and live tables,
+    the SQL functions' SPI reads and DuckDB tables (copy and table) have theirs; a store
+    without one gets `costs_from_store`."""
 
     fixed: float = 5e-3
     sorted_row: float = 2e-6
