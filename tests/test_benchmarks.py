@@ -269,9 +269,9 @@ def test_in_store_harness(tmp_path: Path) -> None:
 
 
 def test_oblivious_harness(tmp_path: Path) -> None:
-    """python -m benchmarks oblivious on DuckDB and PostgreSQL (copy and live), small m: every
-    family reads the same 2d rows (and PostgreSQL the top row: DuckDB, read as it is now, has
-    the top score from its first query), and both timings are recorded."""
+    """python -m benchmarks oblivious on DuckDB (copy and table) and PostgreSQL (copy and live),
+    small m: every store and family reads the same 2d rows in 3 round trips, and both timings
+    are recorded."""
     from topk_middleware.mechanisms.oblivious import oblivious_depth
 
     out = tmp_path / "obliv"
