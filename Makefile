@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test plpython lint docs bench-access bench-wallclock clean
+.PHONY: demo test server-side lint docs bench-access bench-wallclock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,13 @@ demo: $(STAMP)
 
 # Parallel workers and the grouping of tests that share a server-side singleton come from
 # pyproject.toml's pytest options (tests/conftest.py); plain `pytest` runs the same way.
-test: $(STAMP) plpython
+test: $(STAMP) server-side
 	$(BIN)/python -m pytest -q
 
-# PL/Python for the SQL function's tests (tests/test_sql_function.py); idempotent, quiet.
-plpython:
-	./scripts/ensure-plpython.sh
+# What the SQL functions need on the local PostgreSQL servers: PL/Python and the library
+# topk_refuse (refusals without CONTEXT lines); idempotent, quiet when in place.
+server-side:
+	./scripts/ensure-server-side.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

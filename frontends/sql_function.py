@@ -141,6 +141,9 @@ class Installed:
     site_packages: str
     ledger_dsn: str
     server: str  # what the server's Python reported (versions, where the project came from)
+    # refusals raised by the library topk_refuse, without CONTEXT lines (False: its PL/pgSQL
+    # form, the server has no such library)
+    plain_refusals: bool = False
 
 
 # ----- client side ------------------------------------------------------------------------------
@@ -148,7 +151,7 @@ class Installed:
 class SqlFunction:
     """A function of schema topk, installed as a pair: a PL/Python body `topk.<body>` that calls
     `<server>` of this module, and the plpgsql front `topk.<name>` that administrators grant,
-    which turns the project's refusals into plain SQL errors (topk._plain_refusal). Both are
+    which turns the project's refusals into plain SQL errors (topk._refuse). Both are
     SECURITY DEFINER, and EXECUTE on both is revoked from PUBLIC. Releases are STABLE: every SPI
     query of a call runs in the calling statement's snapshot, while their writes (the charge, the
     log) go through the ledger's own connection, committed at once."""
@@ -311,9 +314,10 @@ def pinned_clauses(available: Collection[str] | None = None) -> str:
 
 def _front(f: SqlFunction, params: str, call: str, pins: str, search_path: bool = True) -> str:
     """The plpgsql front: the project's refusals (plpy.Error "topk: ...") raised again as plain
-    SQL errors by a RAISE in the front itself, which PL/pgSQL reports without a CONTEXT line;
-    anything else as it came. Every name in it is qualified or syntax, so it is safe without
-    the pinned search_path (`search_path=False`: a text name resolved in the caller's path)."""
+    SQL errors by topk._refuse (without CONTEXT lines where the library topk_refuse is
+    installed: `install`); anything else as it came. Every name in it is qualified or syntax,
+    so it is safe without the pinned search_path (`search_path=False`: a text name resolved in
+    the caller's path)."""
     path = "SET search_path = pg_catalog, pg_temp " if search_path else ""
     return f"""
 CREATE OR REPLACE FUNCTION topk.{f.name}({params})
@@ -330,13 +334,7 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
         hint = PG_EXCEPTION_HINT;
-    IF message OPERATOR(pg_catalog.~~) 'plpy.Error: topk: %' THEN
-        IF coalesce(hint, '') OPERATOR(pg_catalog.=) '' THEN
-            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = pg_catalog.substr(message, 13);
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = pg_catalog.substr(message, 13),
-            HINT = hint;
-    END IF;
+    PERFORM topk._refuse(state, message, hint);
     RAISE;  -- not one of ours: as it came
 END
 $$;
@@ -537,7 +535,7 @@ def install(
         if not available:
             raise InstallError(
                 "the server has no PL/Python (plpython3u): install the Debian package "
-                "postgresql-plpython3-<major> (scripts/ensure-plpython.sh does it, as root)"
+                "postgresql-plpython3-<major> (scripts/ensure-server-side.sh does it, as root)"
             )
         if ledger_dsn is None:
             socket, port, database, user = conn.execute(
@@ -552,6 +550,7 @@ def install(
             with conn.transaction():
                 settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
                 conn.execute(install_sql_text(settings))
+                plain_refusals = _install_plain_refusals(conn)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -580,7 +579,25 @@ def install(
             ) from None
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
-    return Installed(project_path, site_packages, ledger_dsn, server)
+    return Installed(project_path, site_packages, ledger_dsn, server, plain_refusals)
+
+
+def _install_plain_refusals(conn: Any) -> bool:
+    """Replace topk._refuse's PL/pgSQL form (install.sql) with the C form of the library
+    topk_refuse (frontends/sql/refuse, built by scripts/ensure-server-side.sh), whose refusals
+    carry no CONTEXT lines; False where the server has no such library."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            conn.execute(
+                "CREATE OR REPLACE FUNCTION topk._refuse(state text, message text, hint text) "
+                "RETURNS void LANGUAGE c VOLATILE AS '$libdir/topk_refuse', 'topk_refuse'"
+            )
+            conn.execute("REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC")
+    except psycopg.errors.UndefinedFile:
+        return False
+    return True
 
 
 def _recorded_project(conn: Any) -> str | None:
@@ -1324,6 +1341,13 @@ def run_install_sql(args: Any) -> int:
     done = install(args.dsn, args.ledger_dsn)
     print(f"installed schema topk: server {done.server}")
     print(f"  ledger connection: {mask_secrets(done.ledger_dsn)}")
+    if done.plain_refusals:
+        print("  refusals: plain errors without CONTEXT lines (library topk_refuse)")
+    else:
+        print(
+            "  refusals: each carries PL/pgSQL CONTEXT lines (the server has no library "
+            "topk_refuse: run `make server-side` as root on the server's machine)"
+        )
     if args.source:
         schema, _, table = args.source.rpartition(".")
         name = register_source(

@@ -1,9 +1,10 @@
 """topk.private_top_k inside the real PostgreSQL (frontends/sql_function.py).
 
-`make test` installs PL/Python first (scripts/ensure-plpython.sh); these tests install the schema
-topk into the test database (install-sql, idempotent), register tables of the session's schema
-(live mode) and call the function as analyst roles made for the test (LOGIN, EXECUTE on the
-function, USAGE on the schema to name the table, no SELECT on it), dropped at the end.
+`make test` installs PL/Python and the library topk_refuse first (scripts/ensure-server-side.sh);
+these tests install the schema topk into the test database (install-sql, idempotent), register
+tables of the session's schema (live mode) and call the function as analyst roles made for the
+test (LOGIN, EXECUTE on the function, USAGE on the schema to name the table, no SELECT on it),
+dropped at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from itertools import permutations
 from pathlib import Path
 from typing import Any
@@ -461,10 +463,12 @@ ROLE = object()  # stands for the test's role in the arguments below
 
 def clean_refusal(error: pytest.ExceptionInfo[psycopg.Error], words: str) -> None:
     """The refusal came through the plpgsql front: the project's message, without PL/Python's
-    exception name (plpy.Error) or traceback."""
+    exception name (plpy.Error) or traceback, and without a CONTEXT line (topk._refuse's C
+    form)."""
     primary = error.value.diag.message_primary or ""
     assert primary.startswith("topk: ") and words in primary, primary
     assert "plpy" not in primary and "Traceback" not in str(error.value)
+    assert error.value.diag.context is None, error.value.diag.context
 
 
 @pytest.mark.parametrize(
@@ -529,19 +533,49 @@ def test_budget_administration_refusals_are_plain_sql_errors(
 
 
 def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installed: Any) -> None:
-    """topk._plain_refusal, the one helper of every front: a PL/Python refusal of the project
-    comes out as a plain error with its SQLSTATE, message and hint; anything else is left to the
-    front's bare RAISE (as it came)."""
+    """topk._refuse, the one helper of every front, in its C form (the library topk_refuse that
+    `make test` builds first): a PL/Python refusal of the project comes out as a plain error with
+    its SQLSTATE, message and hint and no CONTEXT line, even from inside a PL/pgSQL function;
+    anything else is left to the front's bare RAISE (as it came)."""
+    assert installed.plain_refusals, "no library topk_refuse on the server: make server-side"
     with kept(pg_conninfo) as conn:
+        language = conn.execute(
+            "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+            "WHERE p.oid = 'topk._refuse(text, text, text)'::regprocedure"
+        ).fetchone()[0]
+        assert language == "c"
         assert conn.execute(
-            "SELECT topk._plain_refusal('22012', 'division by zero', NULL)::text"
+            "SELECT topk._refuse('22012', 'division by zero', NULL)::text"
         ).fetchone() == ("",)
         with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute("SELECT topk._refuse('22023', 'plpy.Error: topk: k must be >= 1', 'h')")
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange) as nested:
             conn.execute(
-                "SELECT topk._plain_refusal('22023', 'plpy.Error: topk: k must be >= 1', 'h')"
+                "DO $$ BEGIN PERFORM topk._refuse('22003', 'plpy.Error: topk: too big', ''); END $$"
             )
     assert caught.value.diag.message_primary == "topk: k must be >= 1"
     assert caught.value.diag.message_hint == "h"
+    assert caught.value.diag.context is None
+    assert nested.value.diag.message_primary == "topk: too big"
+    assert nested.value.diag.message_hint is None and nested.value.diag.context is None
+
+
+def test_without_the_library_refusals_keep_their_words(pg_conninfo: str) -> None:
+    """topk._refuse's PL/pgSQL form (install.sql: what a server without the library topk_refuse
+    keeps), made in pg_temp: the same SQLSTATE, message and hint, plus PL/pgSQL's CONTEXT line;
+    anything else returns."""
+    text = resources.files("frontends").joinpath("sql/install.sql").read_text(encoding="utf-8")
+    start = text.index("CREATE OR REPLACE FUNCTION topk._refuse(")
+    body = text[start : text.index("$$;", start) + 3].replace("topk._refuse", "pg_temp.refuse")
+    with kept(pg_conninfo) as conn:
+        conn.execute(body)
+        returned = conn.execute("SELECT pg_temp.refuse('22012', 'division by zero', NULL)::text")
+        assert returned.fetchone() == ("",)
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute("SELECT pg_temp.refuse('22023', 'plpy.Error: topk: k must be >= 1', 'h')")
+    assert caught.value.diag.message_primary == "topk: k must be >= 1"
+    assert caught.value.diag.message_hint == "h"
+    assert "PL/pgSQL function" in (caught.value.diag.context or "")
     with kept(pg_conninfo) as conn, pytest.raises(psycopg.errors.UndefinedObject) as caught:
         conn.execute("SELECT topk.grant_budget('no_such_role_topk', 1.0)")
     assert caught.value.diag.message_primary == 'role "no_such_role_topk" does not exist'

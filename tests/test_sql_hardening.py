@@ -398,7 +398,7 @@ def test_names_the_role_may_not_use_get_the_project_refusal(
 ) -> None:
     """Without USAGE on the table's schema, a regclass 0, a dangling OID, an unregistered table:
     one refusal of the project (undefined_object), no "permission denied for schema", no
-    PL/Python traceback, and a CONTEXT of at most the front's own line."""
+    PL/Python traceback, and no CONTEXT line."""
     analyst = make_role(epsilon=10.0, functions=(*ANALYST_FUNCTIONS, BY_NAME))
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with kept(pg_conninfo) as conn:
@@ -424,8 +424,7 @@ def test_names_the_role_may_not_use_get_the_project_refusal(
         assert "may not name it" in primary
         assert "permission denied" not in str(caught.value)
         assert "Traceback" not in str(caught.value)
-        context = caught.value.diag.context or ""
-        assert "PL/Python" not in context and "SQL statement" not in context, context
+        assert caught.value.diag.context is None, caught.value.diag.context
     assert spent(pg_conninfo, analyst) == (0.0, 0)
 
 

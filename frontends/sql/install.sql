@@ -61,17 +61,20 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.source)
    OR NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.position_table);
 
 -- What analysts and administrators call (sql_function.SQL_FUNCTIONS, appended by install-sql):
--- plpgsql fronts over PL/Python bodies (topk._*),
--- which turn a refusal of the project (plpy.error "topk: ...") into a plain SQL error with its
--- SQLSTATE, message and hint, without PL/Python's exception name and traceback.
-CREATE OR REPLACE FUNCTION topk._plain_refusal(state text, message text, hint text)
+-- plpgsql fronts over PL/Python bodies (topk._*). A front hands every error of its body to
+-- topk._refuse, which raises a refusal of the project (plpy.Error "topk: ...") again as a plain
+-- SQL error with its SQLSTATE, message and hint, without PL/Python's exception name and traceback,
+-- and returns on anything else (the front re-raises it as it came). This is its PL/pgSQL form,
+-- whose errors carry the CONTEXT lines PL/pgSQL adds; install-sql replaces it with the C form of
+-- the library topk_refuse (frontends/sql/refuse), which drops them, where the server has it.
+CREATE OR REPLACE FUNCTION topk._refuse(state text, message text, hint text)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF message NOT LIKE 'plpy.Error: topk: %' THEN
-        RETURN;  -- not a refusal of ours: the caller re-raises it as it came
+        RETURN;
     END IF;
     IF coalesce(hint, '') = '' THEN
         RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13);
@@ -79,6 +82,7 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = state, MESSAGE = substr(message, 13), HINT = hint;
 END
 $$;
+DROP FUNCTION IF EXISTS topk._plain_refusal(text, text, text);
 
 CREATE OR REPLACE FUNCTION topk.unregister_source(source regclass)
 RETURNS boolean
@@ -99,7 +103,7 @@ $$;
 
 -- Explicit even with the default privileges above: those apply to functions created after them,
 -- and CREATE OR REPLACE keeps the grants of a function an older install created.
-REVOKE EXECUTE ON FUNCTION topk._plain_refusal(text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
