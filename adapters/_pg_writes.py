@@ -53,6 +53,13 @@ def copy_key(copy_name: str) -> int:
     return int.from_bytes(hashlib.sha1(copy_name.encode("utf-8")).digest()[:8], "big", signed=True)
 
 
+def setup_lock_sql() -> str:
+    """Serialise, until the transaction ends, the prepares of one database that may create the
+    objects all copies share (the log, its index, its function): two creating them at once
+    would collide on the catalogs' unique indexes."""
+    return f"SELECT pg_catalog.pg_advisory_xact_lock({copy_key('topk_middleware write log')})"
+
+
 def setup_statements(log: str) -> list[str]:
     """The log table and its index (idempotent, but each takes a lock on the log: run them only
     where `installed_sql` says they are missing). `log` is a quoted name, qualified or found

@@ -62,6 +62,7 @@ class WriteLog:
         missing or not in that state. Without the right to create triggers (the table's owner
         has it), a warning: runs then read the table itself."""
         log, function = self._text(self._log), self._text(self._log_function)
+        conn.execute(pgw.setup_lock_sql())
         indexed, body = conn.execute(pgw.installed_sql(log, function)).fetchone()
         if not indexed:  # CREATE .. IF NOT EXISTS would lock the log (and wait for writers)
             for statement in pgw.setup_statements(log):

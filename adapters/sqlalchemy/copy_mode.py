@@ -62,7 +62,7 @@ from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_
 from topk_middleware.privacy import resolve_declared
 
 from ..contributions import check_bounds, fresh_key, parse_record, record_text, simple_count
-from .freshness import WriteProof
+from .freshness import WriteProof, replace_row
 from .keyed import _EXCEEDANCES, _KEYED_DIGITS
 from .table_read import TableRun
 
@@ -617,9 +617,11 @@ class SQLAlchemyTable(WriteProof, TableRun):
         """Record the current mark (in the caller's transaction, after the fill)."""
         columns = self._facts()
         facts = conn.execute(sa.select(*columns)).one() if columns else ()
-        f = self._fingerprints
-        conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
-        conn.execute(sa.insert(f).values(rank_table=self._ranks.name, mark=self._mark_of(facts)))
+        replace_row(
+            conn,
+            conn.dialect.identifier_preparer.format_table(self._fingerprints),
+            {"rank_table": self._ranks.name, "mark": self._mark_of(facts)},
+        )
 
     def _proof_now(self, conn: Connection) -> Any:
         """What proves, to this object, that no table was re-created since it last looked:
@@ -702,6 +704,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
         if not swap_timeout > 0:
             raise ValueError(f"swap_timeout must be > 0 seconds, got {swap_timeout}")
         with self._prepare_lock() as locked:
+            _create_shared(self.engine, self._fingerprints)
             with self._writing(locked) as conn:
                 self._create_rank_table(conn)
                 if index_source:
@@ -750,7 +753,8 @@ class SQLAlchemyTable(WriteProof, TableRun):
         rank table is left in it), and the indexes prepare() put on the table of counts. The
         table's rows are not touched. A filled rank table with no fingerprint (not built by
         prepare()) is refused (RankTableMismatchError) and nothing is dropped. Idempotent;
-        runs need prepare() again afterwards."""
+        runs need prepare() again afterwards. An uninstall that empties topk_rank_fingerprints
+        while another table's prepare() is copying makes that prepare fail; call it again."""
         if self._conn is not None:
             raise RuntimeError("uninstall() cannot run inside snapshot() of the same table")
         schema, f = self._ranks.schema, self._fingerprints
@@ -977,7 +981,6 @@ class SQLAlchemyTable(WriteProof, TableRun):
     def _create_rank_table(self, conn: Connection) -> None:
         """Create the rank table and the runs table where missing (an existing table of the same
         name must have their columns)."""
-        self._fingerprints.create(conn, checkfirst=True)
         inspector = sa.inspect(conn)
         for table, kind in ((self._ranks, "rank"), (self._runs, "runs")):
             schema, name = table.schema, table.name
@@ -1698,6 +1701,18 @@ def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None
     with engine.connect() as conn:
         found = conn.execute(query).first()
     return None if found is None or found[0] is None else str(found[0])
+
+
+def _create_shared(engine: Engine, table: sa.Table) -> None:
+    """Create `table`, which the copies of several tables share, where it is missing, in a
+    transaction of its own: of two prepares creating it at once, the one that loses the race
+    (PostgreSQL's unique index of type names, MariaDB's "already exists") finds it made."""
+    try:
+        with engine.begin() as conn:
+            table.create(conn, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if not sa.inspect(engine).has_table(table.name, schema=table.schema):
+            raise
 
 
 def _create_with_comment(conn: Connection, table: sa.Table) -> None:

@@ -43,6 +43,37 @@ LITE_COUNTS = "topk_write_counts"
 PROVEN = {"postgresql", "mysql", "mariadb", "sqlite"}  # dialects whose copies triggers prove
 
 
+def replace_row(conn: Connection, table: str, row: dict[str, Any]) -> None:
+    """Insert `row` into `table` (SQL text, quoted), replacing the row with the same first
+    column (its primary key). One upsert statement on PostgreSQL, SQLite and MariaDB / MySQL:
+    a DELETE then INSERT of a key that is not there takes InnoDB gap locks, on which two
+    prepares at once deadlock. Elsewhere a DELETE then an INSERT."""
+    key, *rest = row
+    names = ", ".join(row)
+    values = ", ".join(f":{c}" for c in row)
+    dialect = conn.dialect.name
+    if dialect in ("mysql", "mariadb"):
+        update = ", ".join(f"{c} = VALUES({c})" for c in rest)
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} ({names}) VALUES ({values}) ON DUPLICATE KEY UPDATE {update}"
+            ),
+            row,
+        )
+    elif dialect in ("postgresql", "sqlite"):
+        update = ", ".join(f"{c} = excluded.{c}" for c in rest)
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} ({names}) VALUES ({values}) ON CONFLICT ({key}) DO "
+                f"UPDATE SET {update}"
+            ),
+            row,
+        )
+    else:
+        conn.execute(sa.text(f"DELETE FROM {table} WHERE {key} = :{key}"), row)
+        conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES ({values})"), row)
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -118,6 +149,7 @@ class WriteProof:
         n = self._proof_names()
         key = self._copy_key()
         with self.engine.begin() as conn:
+            conn.exec_driver_sql(pgw.setup_lock_sql())
             self._stamps_table(conn, "text")
             indexed, body = conn.exec_driver_sql(pgw.installed_sql(n["log"], n["function"])).one()
             if not indexed:
@@ -246,14 +278,12 @@ class WriteProof:
                 )
             triggers = conn.execute(sa.select(self._mysql_trigger_state())).scalar()
             stamp = None if triggers is None else f"my {triggers}"
-        conn.execute(
-            sa.text(f"DELETE FROM {n['stamps']} WHERE rank_table = :copy"), {"copy": n["copy"]}
-        )
-        if stamp is not None:
+        if stamp is None:
             conn.execute(
-                sa.text(f"INSERT INTO {n['stamps']} (rank_table, stamp) VALUES (:copy, :stamp)"),
-                {"copy": n["copy"], "stamp": stamp},
+                sa.text(f"DELETE FROM {n['stamps']} WHERE rank_table = :copy"), {"copy": n["copy"]}
             )
+            return
+        replace_row(conn, n["stamps"], {"rank_table": n["copy"], "stamp": stamp})
 
     def _mysql_trigger_state(self) -> Any:
         """The copy's three triggers with their creation times, in one text (NULL unless all
