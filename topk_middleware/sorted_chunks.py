@@ -37,7 +37,7 @@ class SortedChunks:
     def get(self, key: int) -> float | None:
         """The value of one key, or None."""
         for keys, values in self.chunks:
-            i = int(np.searchsorted(keys, key))
+            i = int(keys.searchsorted(key))
             if i < len(keys) and keys[i] == key:
                 return float(values[i])
         return None
