@@ -5,7 +5,7 @@
 
 `session(dsn)`: one open connection per DSN (autocommit), made on first use and reused by later
 calls, closed by `close_sessions` (at a role's removal, and at the end of the process). A server
-session imports the project into PL/Python on its first call (about 0.7 s of CPU in the server);
+session imports the project into PL/Python on its first call (about 0.3 s of CPU in the server);
 reusing the session pays that once per role instead of once per call. A test that needs a fresh
 session (a new snapshot, a terminated backend, session settings) opens its own with
 stores_postgres._connect.

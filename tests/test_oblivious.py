@@ -84,6 +84,51 @@ def test_depth_is_the_hypergeometric_bound() -> None:
         assert miss_probability(m, k, d) == pytest.approx(tail_below(m, d, k), rel=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("m", "k", "d"),
+    [
+        (10**7, 10, 20_414),
+        (10**7, 10, 20_413),
+        (10**8, 10**5, 3_191_355),
+        (10**10, 10, 646_046),
+        (10**6, 1, 4_542),
+        (100, 30, 60),  # 2d > m: the least overlap is 20
+        (50, 20, 30),
+        (1000, 5, 501),
+        (10, 1, 3),
+    ],
+)
+def test_miss_probability_is_scipys_hypergeometric_tail(m: int, k: int, d: int) -> None:
+    """miss_probability (log1p products and the pmf's ratio, no scipy import in the release
+    path) against scipy.stats.hypergeom.cdf(k - 1; m, d, d): relative 1e-9 up to m = 10^8
+    (a term or a sign off, or the ratio's (m - 2d + x + 1) as (m - d + x + 1), fails it);
+    5e-6 at m = 10^10, where scipy's own log-gamma differences lose digits."""
+    expected = float(stats.hypergeom.cdf(k - 1, m, d, d))
+    assert miss_probability(m, k, d) == pytest.approx(expected, rel=1e-9 if m <= 10**8 else 5e-6)
+
+
+def test_depth_search_is_the_least_depth_by_scipy() -> None:
+    """oblivious_depth (doubling, then bisection) is the least d with scipy's tail <= delta_pad:
+    bisection over [k, m] with scipy.stats.hypergeom, for small and large m and k."""
+
+    def least(m: int, k: int, pad: float) -> int:
+        low, high = k, m
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (
+                (low, mid)
+                if stats.hypergeom.cdf(k - 1, m, mid, mid) <= pad
+                else (
+                    mid + 1,
+                    high,
+                )
+            )
+        return low
+
+    for m, k, pad in ((10**7, 10, 1e-9), (10**9, 1000, 1e-12), (100, 50, 1e-6), (20, 5, 0.01)):
+        assert oblivious_depth(m, k, pad) == least(m, k, pad)
+
+
 def test_reads_are_fixed_by_public_facts_alone() -> None:
     """Neighbouring histograms (one client apart at the head, as 26 vs 27 in the issue) and
     different data families: the same reads (kind and size, in order), the same counts."""

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from .mechanisms.oblivious import check_delta_pad, oblivious_guarantee
 from .privacy import calibrate, range_bounded_composition_epsilon
@@ -126,6 +125,8 @@ def rdp_to_dp_epsilon(
     if refine if refine is not None else orders is DEFAULT_ORDERS:
         low = grid[i - 1] if i > 0 else 1.0 + 1e-9
         high = grid[i + 1] if i + 1 < len(grid) else grid[i] * 2.0
+        from scipy.optimize import minimize_scalar  # here: half a second to import
+
         found = minimize_scalar(bound, bounds=(low, high), method="bounded")
         if found.success and found.fun < best:
             best, best_alpha = float(found.fun), float(found.x)

@@ -44,7 +44,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
 
 # The calibration floor (DESIGN invariant 6): a per-item epsilon below this would make the noise
 # scale 1/eps0 (and the noise, up to ~745 scales) not a finite double. Refused before anything is
@@ -322,6 +321,8 @@ def _calibrate_add_remove(
             # term grows without bound: double until it passes epsilon, then find the root.
             def excess(e: float) -> float:
                 return gumbel_topk_epsilon(k, e, delta) - epsilon
+
+            from scipy.optimize import brentq  # here: half a second to import
 
             high = 2.0 * eps0
             while excess(high) <= 0.0:

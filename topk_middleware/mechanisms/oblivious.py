@@ -66,7 +66,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.stats import hypergeom
 
 from .. import interrupts
 from ..access import CountedAccess, StoreCosts
@@ -84,6 +83,9 @@ DEADLINE_MARGIN = 1.5
 DEADLINE_FLOOR = 0.01
 PAD_SLICE = 0.05
 
+# miss_probability sums this many log1p terms at most (32 MB of float64); beyond, lgamma.
+LOG1P_TERMS = 1 << 22
+
 
 def check_delta_pad(delta_pad: Any) -> float:
     """delta_pad must be a number in (0, 1): the chance the access pattern departs from the one
@@ -98,20 +100,48 @@ def check_delta_pad(delta_pad: Any) -> float:
 
 def miss_probability(m: int, k: int, d: int) -> float:
     """P(Hypergeometric(m, d, d) < k): the chance that fewer than k of the top-d rows by score
-    are among the d positions holding the d largest noises (Lemma 4.1: a uniform d-subset)."""
+    are among the d positions holding the d largest noises (Lemma 4.1: a uniform d-subset).
+
+    The sum of the probabilities of overlaps x = x0..k-1 (x0 = max(0, 2d - m), the least
+    overlap), each from the one before by the ratio (d - x)^2 / ((x + 1)(m - 2d + x + 1)). The
+    first, at x0 = 0 and d <= LOG1P_TERMS: the product over i < d of (m - d - i) / (m - i), a
+    sum of log1p terms, each exact to an ulp (differences of lgamma near m lose digits: a
+    relative 1e-6 at m = 1e10); else C(d, x0) C(m - d, d - x0) / C(m, d) from lgamma. Agrees
+    with scipy.stats.hypergeom.cdf (tests/test_oblivious.py), which is not imported here:
+    scipy.stats costs half a second of CPU in every process that releases, each PostgreSQL
+    session of the SQL functions included."""
     if d >= m:
         return 0.0
-    return float(hypergeom.cdf(k - 1, m, d, d))
+    first = max(0, 2 * d - m)
+    if first >= k:
+        return 0.0
+    if first == 0 and d <= LOG1P_TERMS:
+        log_first = float(np.log1p(-d / (m - np.arange(d, dtype=np.float64))).sum())
+    else:
+
+        def log_choose(n: int, r: int) -> float:
+            return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
+
+        log_first = log_choose(d, first) + log_choose(m - d, d - first) - log_choose(m, d)
+    x = np.arange(first, k - 1, dtype=np.float64)
+    log_ratios = 2.0 * np.log(d - x) - np.log(x + 1.0) - np.log(m - 2.0 * d + x + 1.0)
+    logs = log_first + np.concatenate(([0.0], np.cumsum(log_ratios)))
+    return min(1.0, float(np.exp(logs).sum()))
 
 
 @lru_cache(maxsize=256)
 def oblivious_depth(m: int, k: int, delta_pad: float) -> int:
-    """The least d in [k, m] with P(Hypergeometric(m, d, d) < k) <= delta_pad (binary search:
-    the miss probability falls as d grows)."""
-    low, high = k, m
+    """The least d in [k, m] with P(Hypergeometric(m, d, d) < k) <= delta_pad (1 - 1e-6) (the
+    margin covers miss_probability's rounding): the miss probability falls as d grows, so the
+    depth doubles from k until it holds, then a binary search between the last two."""
+    target = delta_pad * (1.0 - 1e-6)
+    high = k
+    while high < m and miss_probability(m, k, high) > target:
+        high = min(m, 2 * high)
+    low = max(k, high // 2)
     while low < high:
         mid = (low + high) // 2
-        if miss_probability(m, k, mid) <= delta_pad:
+        if miss_probability(m, k, mid) <= target:
             high = mid
         else:
             low = mid + 1
