@@ -241,7 +241,8 @@ ORACLES: list[dict[str, Any]] = [{}, {"oracle": "eager"}]  # the default oracle,
 def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
     """With one seed, private_top_k returns the same items, in the same order and at the same
     access counts, on this store as on ArraySource, for several seeds, k, noises, methods and
-    oracles. Fails if the store's canonical order, rank map or m differ anywhere they are used."""
+    oracles (the threshold run's; the full read draws every noise and has none). Fails if the
+    store's canonical order, rank map or m differ anywhere they are used."""
     _, make = store
     scores, ids = dataset(data)
     source = make(scores, ids)
@@ -250,7 +251,7 @@ def test_same_seed_same_answer_as_array_source(store, data: str) -> None:
         range(3), (1, 4), ("gumbel", "laplace"), ("threshold", "oneshot_full_read")
     )
     for seed, k, noise, method in combos:
-        for oracle in ORACLES:
+        for oracle in ORACLES if method == "threshold" else ORACLES[:1]:
             options: dict[str, Any] = dict(
                 k=k, epsilon=2.0, noise=noise, method=method, seed=seed, **oracle
             )
