@@ -120,6 +120,16 @@ CLIENT_CHECK_INTERVAL_MS = 1000
 SWAP_TIMEOUT = 2.0
 
 
+def _close_quietly(cursor: Any) -> None:
+    """Close a run's server-side cursor after its transaction ended (psycopg then sends no
+    CLOSE: the transaction's end closed it)."""
+    if cursor is not None and not cursor.closed:
+        try:
+            cursor.close()
+        except psycopg.Error:
+            pass  # the connection is broken: nothing is left to close
+
+
 @dataclass
 class _Run:
     ranked: bool
@@ -929,13 +939,17 @@ class PostgresTable(WriteLog, TableRead):
             attempt = 1
             while True:
                 try:
-                    with conn.transaction():
-                        self._run = self._open_run(conn)
-                        yielded = True
-                        try:
-                            yield
-                        finally:
-                            self._close_run()
+                    cursor = None
+                    try:
+                        with conn.transaction():
+                            self._run = self._open_run(conn)
+                            yielded = True
+                            try:
+                                yield
+                            finally:
+                                cursor = self._end_run()
+                    finally:  # after the COMMIT or ROLLBACK, which closed it on the server
+                        _close_quietly(cursor)
                     return
                 except _Refresh:  # rebuild the copy outside the run's transaction, open again
                     self._refreshes += 1
@@ -1032,10 +1046,13 @@ class PostgresTable(WriteLog, TableRead):
         state.plan = report
         return _Run(False, m, None, stale=True, table=state, freshness=report)
 
-    def _close_run(self) -> None:
+    def _end_run(self) -> Any:
+        """Leave the run (keeping what it learnt of the copy's freshness); the server-side
+        cursor to close once its transaction has ended (none here)."""
         if self._run is not None:
             self.last_freshness = dict(getattr(self._run, "freshness", {}) or {})
         self._run = None
+        return None
 
     @contextmanager
     def oblivious_reads(self) -> Iterator[None]:

@@ -684,14 +684,12 @@ END
         with self.snapshot():
             return self._run.runs is not None  # type: ignore[union-attr]
 
-    def _close_run(self) -> None:
+    def _end_run(self) -> Any:
+        """Leave the run; its server-side cursor (or None), to be closed once the transaction
+        has ended: its COMMIT closes it on the server, so psycopg sends no CLOSE (one round trip
+        fewer a release)."""
         run, self._run = self._run, None
-        cursor = getattr(run, "cursor", None)
-        if cursor is not None and not cursor.closed:
-            try:
-                cursor.close()
-            except psycopg.Error:
-                pass  # the transaction is failing: its end closes the cursor
+        return getattr(run, "cursor", None)
 
     def _live_m(self, reader: Any) -> int:
         return self._live_facts(reader)[0]
