@@ -142,8 +142,9 @@ class Installed:
     ledger_dsn: str
     server: str  # what the server's Python reported (versions, where the project came from)
     # refusals raised by the library topk_refuse, without CONTEXT lines (False: its PL/pgSQL
-    # form, the server has no such library)
+    # form, because of `refusals_why`, the server's words)
     plain_refusals: bool = False
+    refusals_why: str = ""
 
 
 # ----- client side ------------------------------------------------------------------------------
@@ -550,7 +551,7 @@ def install(
             with conn.transaction():
                 settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
                 conn.execute(install_sql_text(settings))
-                plain_refusals = _install_plain_refusals(conn)
+                plain_refusals, refusals_why = _install_plain_refusals(conn)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -579,13 +580,14 @@ def install(
             ) from None
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
-    return Installed(project_path, site_packages, ledger_dsn, server, plain_refusals)
+    return Installed(project_path, site_packages, ledger_dsn, server, plain_refusals, refusals_why)
 
 
-def _install_plain_refusals(conn: Any) -> bool:
+def _install_plain_refusals(conn: Any) -> tuple[bool, str]:
     """Replace topk._refuse's PL/pgSQL form (install.sql) with the C form of the library
     topk_refuse (frontends/sql/refuse, built by scripts/ensure-server-side.sh), whose refusals
-    carry no CONTEXT lines; False where the server has no such library."""
+    carry no CONTEXT lines: (True, "") where it did, else (False, why: the server's words, e.g.
+    no such file, or a library built for another major version)."""
     import psycopg
 
     try:
@@ -595,9 +597,9 @@ def _install_plain_refusals(conn: Any) -> bool:
                 "RETURNS void LANGUAGE c VOLATILE AS '$libdir/topk_refuse', 'topk_refuse'"
             )
             conn.execute("REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC")
-    except psycopg.errors.UndefinedFile:
-        return False
-    return True
+    except psycopg.Error as error:  # the savepoint rolled back: the PL/pgSQL form stays
+        return False, first_line(error)
+    return True, ""
 
 
 def _recorded_project(conn: Any) -> str | None:
@@ -1345,8 +1347,9 @@ def run_install_sql(args: Any) -> int:
         print("  refusals: plain errors without CONTEXT lines (library topk_refuse)")
     else:
         print(
-            "  refusals: each carries PL/pgSQL CONTEXT lines (the server has no library "
-            "topk_refuse: run `make server-side` as root on the server's machine)"
+            "  refusals: each carries PL/pgSQL CONTEXT lines (the server could not load the "
+            f"library topk_refuse: {done.refusals_why}; run `make server-side` as root on the "
+            "server's machine)"
         )
     if args.source:
         schema, _, table = args.source.rpartition(".")

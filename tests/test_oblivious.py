@@ -96,6 +96,7 @@ def test_depth_is_the_hypergeometric_bound() -> None:
         (50, 20, 30),
         (1000, 5, 501),
         (10, 1, 3),
+        (1000, 10, 5),  # d < k: a miss for sure
     ],
 )
 def test_miss_probability_is_scipys_hypergeometric_tail(m: int, k: int, d: int) -> None:

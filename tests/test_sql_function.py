@@ -184,7 +184,9 @@ def test_install_reports_the_server_python(installed: sql_function.Installed) ->
 
 def test_install_sql_command(pg_conninfo: str, installed: Any, capsys: Any) -> None:
     assert cli.main(["install-sql", "--dsn", pg_conninfo]) == 0
-    assert "installed schema topk" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "installed schema topk" in out
+    assert "refusals: plain errors without CONTEXT lines (library topk_refuse)" in out
     assert cli.main(["install-sql", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2"]) == 1
     assert "install-sql: error: cannot connect" in capsys.readouterr().err
 

@@ -112,6 +112,8 @@ def miss_probability(m: int, k: int, d: int) -> float:
     session of the SQL functions included."""
     if d >= m:
         return 0.0
+    if d < k:  # the overlap is at most d
+        return 1.0
     first = max(0, 2 * d - m)
     if first >= k:
         return 0.0
