@@ -512,3 +512,31 @@ def test_an_overrun_is_logged_for_the_operator(tmp_path: Any) -> None:
     assert log[0]["depth"] == oblivious_depth(20_000, 5, 1e-9)
     assert log[0]["work_seconds"] == pytest.approx(late.plan["work_seconds"])
     assert log[1]["miss"] is False and log[1]["full_read"] is False
+
+
+def test_the_release_path_imports_no_scipy() -> None:
+    """A fresh process that loads the SQL functions' server side (frontends.plpython) and runs
+    releases (auto, oblivious, Laplace, with noisy counts) never imports scipy: scipy.stats costs
+    half a second of CPU in each process that imports it, each PostgreSQL session of the SQL
+    functions included (miss_probability's docstring). Fails if a module of the release path
+    imports scipy at its top again."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, numpy as np\n"
+        "import frontends.plpython\n"
+        "from adapters.memory import ArraySource\n"
+        "from topk_middleware import private_top_k\n"
+        "s = ArraySource(np.arange(5000.0))\n"
+        "for options in ({}, {'oblivious': True}, {'noise': 'laplace'}, {'with_counts': True}):\n"
+        "    assert len(private_top_k(s, 5, 1.0, seed=1, **options).items) == 5\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
