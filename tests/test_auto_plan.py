@@ -181,8 +181,8 @@ def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, 
     with weights exp(h / scale): 1,500 keys from a fixed seed, chi-square over the ordered pairs
     of 5 items, the pairs expected fewer than 5 times pooled into one cell (19 cells). A wrong
     scale (e.g. b/2: the law sharpens) or a uniform that is not uniform (e.g. 13 hex digits
-    read as 12) fails it (p < 1e-3); so does a scale 20% off, with probability 0.998
-    (noncentral chi-square)."""
+    read as 12) fails it (p < 1e-3); so does a scale 20% below b with probability 0.999, and
+    one 20% above b with probability 0.96 (noncentral chi-square over the 19 cells)."""
     h = np.array([3.0, 2.0, 2.0, 1.0, 0.0])
     source = make(request, store, h)
     k, scale, runs = 2, 1.0, 1500
