@@ -23,7 +23,8 @@ test: $(STAMP) server-side
 	$(BIN)/python -m pytest -q
 
 # What the SQL functions need on the local PostgreSQL servers: PL/Python and the library
-# topk_refuse (refusals without CONTEXT lines); idempotent, quiet when in place.
+# topk_server (refusals without CONTEXT lines, the functions' reads kept out of the caller's
+# EXPLAIN); idempotent, quiet when in place.
 server-side:
 	./scripts/ensure-server-side.sh
 

@@ -141,10 +141,11 @@ class Installed:
     site_packages: str
     ledger_dsn: str
     server: str  # what the server's Python reported (versions, where the project came from)
-    # refusals raised by the library topk_refuse, without CONTEXT lines (False: its PL/pgSQL
-    # form, because of `refusals_why`, the server's words)
-    plain_refusals: bool = False
-    refusals_why: str = ""
+    # the C helpers of the library topk_server in place: refusals without CONTEXT lines, the
+    # calls' reads kept out of the caller's EXPLAIN (False: their PL/pgSQL forms, because of
+    # `native_why`, the server's words)
+    native: bool = False
+    native_why: str = ""
 
 
 # ----- client side ------------------------------------------------------------------------------
@@ -314,11 +315,12 @@ def pinned_clauses(available: Collection[str] | None = None) -> str:
 
 
 def _front(f: SqlFunction, params: str, call: str, pins: str, search_path: bool = True) -> str:
-    """The plpgsql front: the project's refusals (plpy.Error "topk: ...") raised again as plain
-    SQL errors by topk._refuse (without CONTEXT lines where the library topk_refuse is
-    installed: `install`); anything else as it came. Every name in it is qualified or syntax,
-    so it is safe without the pinned search_path (`search_path=False`: a text name resolved in
-    the caller's path)."""
+    """The plpgsql front: the body's buffer and WAL use kept out of the caller's instrumentation
+    (topk._hide_io_begin / _hide_io_end, on the error path too); the project's refusals
+    (plpy.Error "topk: ...") raised again as plain SQL errors by topk._refuse (without CONTEXT
+    lines); anything else as it came. Both helpers are the library topk_server's where it is
+    installed (`install`). Every name in it is qualified or syntax, so it is safe without the
+    pinned search_path (`search_path=False`: a text name resolved in the caller's path)."""
     path = "SET search_path = pg_catalog, pg_temp " if search_path else ""
     return f"""
 CREATE OR REPLACE FUNCTION topk.{f.name}({params})
@@ -331,10 +333,13 @@ DECLARE
     message pg_catalog.text;
     hint pg_catalog.text;
 BEGIN
+    PERFORM topk._hide_io_begin();
     {call}
+    PERFORM topk._hide_io_end();
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
         hint = PG_EXCEPTION_HINT;
+    PERFORM topk._hide_io_end();
     PERFORM topk._refuse(state, message, hint);
     RAISE;  -- not one of ours: as it came
 END
@@ -551,7 +556,7 @@ def install(
             with conn.transaction():
                 settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
                 conn.execute(install_sql_text(settings))
-                plain_refusals, refusals_why = _install_plain_refusals(conn)
+                native, native_why = _install_native(conn)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -580,24 +585,35 @@ def install(
             ) from None
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
-    return Installed(project_path, site_packages, ledger_dsn, server, plain_refusals, refusals_why)
+    return Installed(project_path, site_packages, ledger_dsn, server, native, native_why)
 
 
-def _install_plain_refusals(conn: Any) -> tuple[bool, str]:
-    """Replace topk._refuse's PL/pgSQL form (install.sql) with the C form of the library
-    topk_refuse (frontends/sql/refuse, built by scripts/ensure-server-side.sh), whose refusals
-    carry no CONTEXT lines: (True, "") where it did, else (False, why: the server's words, e.g.
-    no such file, or a library built for another major version)."""
+# The C helpers of the library topk_server (frontends/sql/server/topk_server.c):
+# (signature, C symbol).
+NATIVE_FUNCTIONS = (
+    ("_refuse(state text, message text, hint text)", "topk_refuse"),
+    ("_hide_io_begin()", "topk_hide_io_begin"),
+    ("_hide_io_end()", "topk_hide_io_end"),
+)
+
+
+def _install_native(conn: Any) -> tuple[bool, str]:
+    """Replace the PL/pgSQL forms of install.sql (topk._refuse, _hide_io_begin, _hide_io_end)
+    with the C forms of the library topk_server (built by scripts/ensure-server-side.sh), all or
+    none: (True, "") where it did, else (False, why: the server's words, e.g. no such file, or a
+    library built for another major version)."""
     import psycopg
 
     try:
         with conn.transaction():
-            conn.execute(
-                "CREATE OR REPLACE FUNCTION topk._refuse(state text, message text, hint text) "
-                "RETURNS void LANGUAGE c VOLATILE AS '$libdir/topk_refuse', 'topk_refuse'"
-            )
-            conn.execute("REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC")
-    except psycopg.Error as error:  # the savepoint rolled back: the PL/pgSQL form stays
+            for signature, symbol in NATIVE_FUNCTIONS:
+                conn.execute(
+                    f"CREATE OR REPLACE FUNCTION topk.{signature} RETURNS void LANGUAGE c "
+                    f"VOLATILE AS '$libdir/topk_server', '{symbol}'"
+                )
+                bare = re.sub(r"\b(state|message|hint) ", "", signature)
+                conn.execute(f"REVOKE EXECUTE ON FUNCTION topk.{bare} FROM PUBLIC")
+    except psycopg.Error as error:  # the savepoint rolled back: the PL/pgSQL forms stay
         return False, first_line(error)
     return True, ""
 
@@ -1343,12 +1359,16 @@ def run_install_sql(args: Any) -> int:
     done = install(args.dsn, args.ledger_dsn)
     print(f"installed schema topk: server {done.server}")
     print(f"  ledger connection: {mask_secrets(done.ledger_dsn)}")
-    if done.plain_refusals:
-        print("  refusals: plain errors without CONTEXT lines (library topk_refuse)")
+    if done.native:
+        print(
+            "  library topk_server: refusals without CONTEXT lines; the functions' reads kept "
+            "out of the caller's EXPLAIN"
+        )
     else:
         print(
-            "  refusals: each carries PL/pgSQL CONTEXT lines (the server could not load the "
-            f"library topk_refuse: {done.refusals_why}; run `make server-side` as root on the "
+            "  library topk_server missing: each refusal carries PL/pgSQL CONTEXT lines and "
+            "EXPLAIN (ANALYZE, BUFFERS) of a call counts the function's reads (the server "
+            f"could not load it: {done.native_why}; run `make server-side` as root on the "
             "server's machine)"
         )
     if args.source:

@@ -1,6 +1,6 @@
 """topk.private_top_k inside the real PostgreSQL (frontends/sql_function.py).
 
-`make test` installs PL/Python and the library topk_refuse first (scripts/ensure-server-side.sh);
+`make test` installs PL/Python and the library topk_server first (scripts/ensure-server-side.sh);
 these tests install the schema topk into the test database (install-sql, idempotent), register
 tables of the session's schema (live mode) and call the function as analyst roles made for the
 test (LOGIN, EXECUTE on the function, USAGE on the schema to name the table, no SELECT on it),
@@ -186,7 +186,7 @@ def test_install_sql_command(pg_conninfo: str, installed: Any, capsys: Any) -> N
     assert cli.main(["install-sql", "--dsn", pg_conninfo]) == 0
     out = capsys.readouterr().out
     assert "installed schema topk" in out
-    assert "refusals: plain errors without CONTEXT lines (library topk_refuse)" in out
+    assert "library topk_server: refusals without CONTEXT lines" in out
     assert cli.main(["install-sql", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2"]) == 1
     assert "install-sql: error: cannot connect" in capsys.readouterr().err
 
@@ -535,11 +535,11 @@ def test_budget_administration_refusals_are_plain_sql_errors(
 
 
 def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installed: Any) -> None:
-    """topk._refuse, the one helper of every front, in its C form (the library topk_refuse that
+    """topk._refuse, the one helper of every front, in its C form (the library topk_server that
     `make test` builds first): a PL/Python refusal of the project comes out as a plain error with
     its SQLSTATE, message and hint and no CONTEXT line, even from inside a PL/pgSQL function;
     anything else is left to the front's bare RAISE (as it came)."""
-    assert installed.plain_refusals, "no library topk_refuse on the server: make server-side"
+    assert installed.native, "no library topk_server on the server: make server-side"
     with kept(pg_conninfo) as conn:
         language = conn.execute(
             "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
@@ -563,7 +563,7 @@ def test_the_front_rewrites_only_the_project_refusals(pg_conninfo: str, installe
 
 
 def test_without_the_library_refusals_keep_their_words(pg_conninfo: str) -> None:
-    """topk._refuse's PL/pgSQL form (install.sql: what a server without the library topk_refuse
+    """topk._refuse's PL/pgSQL form (install.sql: what a server without the library topk_server
     keeps), made in pg_temp: the same SQLSTATE, message and hint, plus PL/pgSQL's CONTEXT line;
     anything else returns."""
     text = resources.files("frontends").joinpath("sql/install.sql").read_text(encoding="utf-8")

@@ -119,6 +119,90 @@ def test_reads_stay_out_of_the_statistics_views(
     assert before == after == 0
 
 
+EXPLAIN_COUNTERS = (
+    "Shared Hit Blocks",
+    "Shared Read Blocks",
+    "Shared Dirtied Blocks",
+    "Shared Written Blocks",
+    "Local Hit Blocks",
+    "Local Read Blocks",
+    "Temp Read Blocks",
+    "Temp Written Blocks",
+    "WAL Records",
+    "WAL FPI",
+    "WAL Bytes",
+)
+
+
+def explained(conn: psycopg.Connection[Any], query: str, params: Any = None) -> dict[str, int]:
+    """The top node's buffer and WAL counters in EXPLAIN (ANALYZE, BUFFERS, WAL) of `query`."""
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + query, params)
+    top = plan.fetchone()[0][0]["Plan"]
+    return {name: int(top.get(name, 0)) for name in EXPLAIN_COUNTERS}
+
+
+def test_hidden_io_adds_nothing_to_the_callers_explain(
+    pg_conninfo: str, pg_schema: str, installed: Any
+) -> None:
+    """topk._hide_io_begin / _hide_io_end (library topk_server), which every front calls around
+    its body: a function that scans a 100,000-row table (and, in a second form, writes to it)
+    between them adds nothing to its caller's EXPLAIN (ANALYZE, BUFFERS, WAL), while the same
+    function without them shows the scan's pages and the write's WAL records. Nested pairs
+    restore once, at the outermost end. A call cut off between the two by statement_timeout
+    leaves nothing behind: the next statement's counters are whole, neither hidden nor negative."""
+    assert installed.native, "no library topk_server on the server: make server-side"
+    table = sql.Identifier(pg_schema, f"hidden_{uuid.uuid4().hex[:8]}")
+    with _connect(pg_conninfo) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} AS SELECT g AS x FROM generate_series(1, 100000) g").format(
+                table
+            )
+        )
+        conn.execute(sql.SQL("VACUUM {}").format(table))
+        body = sql.SQL(
+            "CREATE FUNCTION pg_temp.touch(hidden int, write boolean) RETURNS bigint "
+            "LANGUAGE plpgsql AS $$ DECLARE n bigint; BEGIN "
+            "FOR i IN 1..hidden LOOP PERFORM topk._hide_io_begin(); END LOOP; "
+            "IF write THEN INSERT INTO {t} SELECT generate_series(1, 100); END IF; "
+            "SELECT count(*) INTO n FROM {t}; "
+            "IF hidden = 2 THEN PERFORM topk._hide_io_end(); SELECT n + count(*) INTO n FROM {t};"
+            " END IF; "
+            "IF hidden > 0 THEN PERFORM topk._hide_io_end(); END IF; "
+            "RETURN n; END $$"
+        ).format(t=table)
+        conn.execute(body)
+        for hidden in (0, 1, 2):  # the catalog and the library into the backend's caches
+            conn.execute("SELECT pg_temp.touch(%s, false)", [hidden])
+        shown = explained(conn, "SELECT pg_temp.touch(0, false)")
+        assert shown["Shared Hit Blocks"] + shown["Shared Read Blocks"] >= 400  # 443 pages
+        assert explained(conn, "SELECT pg_temp.touch(1, false)") == dict.fromkeys(
+            EXPLAIN_COUNTERS, 0
+        )
+        assert explained(conn, "SELECT pg_temp.touch(2, false)") == dict.fromkeys(
+            EXPLAIN_COUNTERS, 0
+        )
+        with conn.transaction(force_rollback=True):
+            written = explained(conn, "SELECT pg_temp.touch(0, true)")
+            assert written["WAL Records"] >= 100
+            hidden = explained(conn, "SELECT pg_temp.touch(1, true)")
+        assert hidden == dict.fromkeys(EXPLAIN_COUNTERS, 0)
+        conn.execute(
+            "CREATE FUNCTION pg_temp.stuck() RETURNS void LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM topk._hide_io_begin(); PERFORM pg_catalog.pg_sleep(5); END $$"
+        )
+        conn.execute("SET statement_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_temp.stuck()")
+        conn.execute("RESET statement_timeout")
+        after = explained(conn, "SELECT pg_temp.touch(0, false)")
+        assert after["Shared Hit Blocks"] + after["Shared Read Blocks"] >= 400
+        assert min(after.values()) >= 0
+        assert explained(conn, "SELECT pg_temp.touch(1, false)") == dict.fromkeys(
+            EXPLAIN_COUNTERS, 0
+        )
+        conn.execute(sql.SQL("DROP TABLE {}").format(table))
+
+
 @pytest.fixture(scope="module")
 def slow_table(register: Callable[..., str]) -> str:
     """A table on which joint_top_k(k = 30, epsilon = 1e-9) enumerates every threshold: several
@@ -431,10 +515,12 @@ def test_names_the_role_may_not_use_get_the_project_refusal(
 def test_no_key_or_password_in_statement_text_while_a_release_runs(
     pg_conninfo: str, slow_table: str, make_role: Callable[..., str]
 ) -> None:
-    """pg_stat_activity of every session (read as a superuser) while a release runs: the
-    analyst's statement and the ledger connection's, with placeholders, no password and no
-    32-hex-digit key."""
+    """pg_stat_activity (read as a superuser) while a release runs: the statements of the
+    analyst's session and of the ledger connection in this database, with placeholders, no
+    password and no 32-hex-digit key. (Other sessions of the server, such as other test
+    workers', are not the release's and may carry digests of their own.)"""
     analyst = make_role(epsilon=10.0)
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     texts: list[str] = []
 
     done = threading.Event()
@@ -442,7 +528,12 @@ def test_no_key_or_password_in_statement_text_while_a_release_runs(
     def watch() -> None:
         with _connect(pg_conninfo) as conn:
             while not done.is_set():
-                texts.extend(r[0] or "" for r in conn.execute("SELECT query FROM pg_stat_activity"))
+                rows = conn.execute(
+                    "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND (usename = %s OR application_name = %s)",
+                    [role, sql_function.APPLICATION_NAME],
+                )
+                texts.extend(r[0] or "" for r in rows)
                 time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)

@@ -237,6 +237,8 @@ class PostgresTable(WriteLog, TableRead):
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
         self._pinned_run: Any = None  # the run whose plans are pinned (_oblivious_layout)
         self._per_page: int | None = None  # its rank table's rows per heap page, if fixed
+        # (connection, whether its role may set track_counts): hides_statistics()
+        self._hides_statistics: tuple[Any, bool] | None = None
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -942,6 +944,8 @@ class PostgresTable(WriteLog, TableRead):
                     cursor = None
                     try:
                         with conn.transaction():
+                            if self._oblivious and self.hides_statistics():
+                                conn.execute("SET LOCAL track_counts = off")
                             self._run = self._open_run(conn)
                             yielded = True
                             try:
@@ -988,6 +992,23 @@ class PostgresTable(WriteLog, TableRead):
         finally:
             if not conn.closed:
                 conn.isolation_level, conn.read_only = saved
+
+    def hides_statistics(self) -> bool:
+        """Whether oblivious runs keep their reads out of the statistics views any role reads
+        (pg_stat_user_tables, pg_statio_user_tables): they set track_counts off for their
+        transaction where the connection's role may set it (a superuser, or a role granted
+        `SET ON PARAMETER track_counts`, PostgreSQL 15 and later). Asked of the server once per
+        connection; a fact of the role, not of the data (docs/oblivious.md)."""
+        conn = self._usable_connection()
+        known = self._hides_statistics
+        if known is not None and known[0] is conn:
+            return known[1]
+        query = "SELECT current_setting('is_superuser') = 'on'"
+        if conn.info.server_version >= 150000:
+            query += " OR has_parameter_privilege('track_counts', 'SET')"
+        allowed = bool(conn.execute(query).fetchone()[0])
+        self._hides_statistics = (conn, allowed)
+        return allowed
 
     def _open_run(self, conn: psycopg.Connection[Any]) -> Any:
         """What a run needs to know, read in its transaction's first queries: m, the rank table

@@ -66,7 +66,7 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.source)
 -- SQL error with its SQLSTATE, message and hint, without PL/Python's exception name and traceback,
 -- and returns on anything else (the front re-raises it as it came). This is its PL/pgSQL form,
 -- whose errors carry the CONTEXT lines PL/pgSQL adds; install-sql replaces it with the C form of
--- the library topk_refuse (frontends/sql/refuse), which drops them, where the server has it.
+-- the library topk_server (frontends/sql/server), which drops them, where the server has it.
 CREATE OR REPLACE FUNCTION topk._refuse(state text, message text, hint text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -83,6 +83,21 @@ BEGIN
 END
 $$;
 DROP FUNCTION IF EXISTS topk._plain_refusal(text, text, text);
+
+-- Every front calls topk._hide_io_begin() before its body and topk._hide_io_end() after it. In
+-- the C form of the library topk_server they keep the body's buffer and WAL use out of the
+-- caller's EXPLAIN (ANALYZE, BUFFERS, WAL) and pg_stat_statements; these PL/pgSQL forms, what a
+-- server without the library keeps, do nothing.
+CREATE OR REPLACE FUNCTION topk._hide_io_begin()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN END $$;
+CREATE OR REPLACE FUNCTION topk._hide_io_end()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN END $$;
 
 CREATE OR REPLACE FUNCTION topk.unregister_source(source regclass)
 RETURNS boolean
@@ -104,6 +119,7 @@ $$;
 -- Explicit even with the default privileges above: those apply to functions created after them,
 -- and CREATE OR REPLACE keeps the grants of a function an older install created.
 REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk._hide_io_begin(), topk._hide_io_end() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
