@@ -239,6 +239,7 @@ class PostgresTable(WriteLog, TableRead):
         self._per_page: int | None = None  # its rank table's rows per heap page, if fixed
         # (connection, whether its role may set track_counts): hides_statistics()
         self._hides_statistics: tuple[Any, bool] | None = None
+        self._warned_statistics = False  # _hide_statistics() said so once
         if isinstance(conninfo_or_connection, psycopg.Connection):
             self._conn = conninfo_or_connection
             self._owns_connection = False
@@ -944,8 +945,8 @@ class PostgresTable(WriteLog, TableRead):
                     cursor = None
                     try:
                         with conn.transaction():
-                            if self._oblivious and self.hides_statistics():
-                                conn.execute("SET LOCAL track_counts = off")
+                            if self._oblivious:
+                                self._hide_statistics(conn)
                             self._run = self._open_run(conn)
                             yielded = True
                             try:
@@ -1009,6 +1010,23 @@ class PostgresTable(WriteLog, TableRead):
         allowed = bool(conn.execute(query).fetchone()[0])
         self._hides_statistics = (conn, allowed)
         return allowed
+
+    def _hide_statistics(self, conn: psycopg.Connection[Any]) -> None:
+        """An oblivious run's first statement: track_counts off for its transaction where the
+        role may set it (hides_statistics()). Where it may not, a live table tells the
+        statistics views whether rows written since its last VACUUM were among the rows read
+        (docs/oblivious.md, "What is left"): said once per source."""
+        if self.hides_statistics():
+            conn.execute("SET LOCAL track_counts = off")
+        elif self.mode == "live" and not self._warned_statistics:
+            self._warned_statistics = True
+            warnings.warn(
+                f"{self.where}: this role may not set track_counts, so pg_statio_user_tables "
+                "shows the buffers of oblivious runs on this live table, which after writes "
+                "depend on whether written rows were read; grant it SET ON PARAMETER "
+                "track_counts, or VACUUM (INDEX_CLEANUP ON) after writes (docs/oblivious.md)",
+                stacklevel=4,
+            )
 
     def _open_run(self, conn: psycopg.Connection[Any]) -> Any:
         """What a run needs to know, read in its transaction's first queries: m, the rank table
