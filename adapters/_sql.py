@@ -26,6 +26,20 @@ FINGERPRINT_TAG = "topk-rank-v1"
 MAX_IDENTIFIER_BYTES = 63
 
 
+# An oblivious run's first statement on PostgreSQL where its role may set track_counts: its
+# reads then stay out of the statistics views any role reads (docs/oblivious.md).
+HIDE_STATISTICS = "SET LOCAL track_counts = off"
+
+
+def may_hide_statistics_sql(server_version: int) -> str:
+    """The query of whether a PostgreSQL connection's role may set track_counts: a superuser, or
+    (PostgreSQL 15 and later, server_version as PG_VERSION_NUM) a role granted SET on it."""
+    query = "SELECT current_setting('is_superuser') = 'on'"
+    if server_version >= 150000:
+        query += " OR has_parameter_privilege('track_counts', 'SET')"
+    return query
+
+
 def rank_table_name(table: str, id_column: str, score_column: str) -> str:
     """The default name of the rank table of `table` ordered by (score_column, id_column).
 

@@ -32,11 +32,13 @@ import duckdb
 import numpy as np
 import psycopg
 import pytest
+import sqlalchemy as sa
 from psycopg import sql
 
 from adapters.duckdb import DuckDBTable
 from adapters.postgres import PostgresTable
 from adapters.postgres.oblivious import Int8Array
+from adapters.sqlalchemy import SQLAlchemyTable
 from frontends import sql_function
 from tests.stores_duckdb import ID_COLUMN as DUCK_ID
 from tests.stores_duckdb import SCORE_COLUMN as DUCK_SCORE
@@ -398,6 +400,46 @@ def test_a_role_that_may_set_track_counts_leaves_no_statistics(
     assert shapes(written) == shapes(before) and len(shapes(before)) == 1
     for _, delta, _ in before + written:
         assert all(v == 0 for t, values in delta.items() for v in values), delta
+
+
+@pytest.mark.parametrize("mode", ["copy", "live"])
+def test_sqlalchemy_on_postgresql_leaves_no_statistics_where_the_role_may(
+    pg_conninfo: str, schema: str, mode: str
+) -> None:
+    """SQLAlchemyTable on PostgreSQL, as a superuser (hides_statistics()): oblivious releases
+    on a table written since its last VACUUM leave the schema's statistics where they were
+    (their backends flushed by closing them), while one adaptive release moves them."""
+    low, high = neighbours()
+    with _connect(pg_conninfo) as conn:
+        create_table(conn, schema, "votes", low, None)
+    engine = sa.create_engine(
+        "postgresql+psycopg://", connect_args=psycopg.conninfo.conninfo_to_dict(pg_conninfo)
+    )
+    try:
+        source = SQLAlchemyTable(
+            engine, "votes", id=ID_COLUMN, score=SCORE_COLUMN, schema=schema, mode=mode
+        )
+        source.prepare()
+        vacuum_schema(pg_conninfo, schema)
+        update_head(pg_conninfo, schema, high[0])
+        if mode == "copy":
+            source.prepare(refresh=True)
+        assert source.hides_statistics()
+
+        def flushed() -> dict[str, tuple[int, ...]]:
+            engine.dispose()  # the pool's backends end, and flush what they counted
+            time.sleep(0.5)
+            return table_stats(pg_conninfo, schema)
+
+        before = flushed()
+        for seed in range(3):
+            private_top_k(source, K, EPSILON, oblivious=True, seed=seed, deadline=0)
+        assert flushed() == before
+        private_top_k(source, K, EPSILON, method="threshold", seed=0)
+        engine.dispose()
+        assert settled_stats(pg_conninfo, schema, before) != before
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("mode", ["copy", "live", "live-sparse"])

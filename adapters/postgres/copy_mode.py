@@ -72,12 +72,14 @@ from psycopg.pq import TransactionStatus
 from adapters._pg_writes import STAMP_TAG, UNPROVABLE
 from adapters._sql import (
     FINGERPRINT_TAG,
+    HIDE_STATISTICS,
     MAX_IDENTIFIER_BYTES,
     AccessCheck,
     AccessPath,
     RankTableMismatchError,
     TableFacts,
     id_array,
+    may_hide_statistics_sql,
     plain_values,
     raise_if_invalid,
     rank_table_name,
@@ -1004,9 +1006,7 @@ class PostgresTable(WriteLog, TableRead):
         known = self._hides_statistics
         if known is not None and known[0] is conn:
             return known[1]
-        query = "SELECT current_setting('is_superuser') = 'on'"
-        if conn.info.server_version >= 150000:
-            query += " OR has_parameter_privilege('track_counts', 'SET')"
+        query = may_hide_statistics_sql(conn.info.server_version)
         allowed = bool(conn.execute(query).fetchone()[0])
         self._hides_statistics = (conn, allowed)
         return allowed
@@ -1017,7 +1017,7 @@ class PostgresTable(WriteLog, TableRead):
         statistics views whether rows written since its last VACUUM were among the rows read
         (docs/oblivious.md, "What is left"): said once per source."""
         if self.hides_statistics():
-            conn.execute("SET LOCAL track_counts = off")
+            conn.execute(HIDE_STATISTICS)
         elif self.mode == "live" and not self._warned_statistics:
             self._warned_statistics = True
             warnings.warn(

@@ -51,10 +51,12 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from adapters._sql import (
     FINGERPRINT_TAG,
+    HIDE_STATISTICS,
     AccessCheck,
     AccessPath,
     RankTableMismatchError,
     id_array,
+    may_hide_statistics_sql,
     plain_values,
 )
 from topk_middleware.access import AccessError, Rows
@@ -1240,9 +1242,29 @@ class SQLAlchemyTable(WriteProof, TableRun):
             self._proof_seen = self._proof_tables_exist(conn)
         return self._proof_seen
 
+    def hides_statistics(self) -> bool:
+        """Whether oblivious runs keep their reads out of the statistics views: on PostgreSQL,
+        where the engine's role may set track_counts (a superuser, or a role granted `SET ON
+        PARAMETER track_counts`), they set it off for their transaction. Asked once per source;
+        False on the other dialects (docs/oblivious.md)."""
+        if self._hides_statistics is None:
+            allowed = False
+            if self.dialect == "postgresql":
+                with self.engine.connect() as conn:
+                    major, minor = (conn.dialect.server_version_info or (0, 0))[:2]
+                    query = may_hide_statistics_sql(major * 10000 + minor)
+                    allowed = bool(conn.exec_driver_sql(query).scalar())
+            self._hides_statistics = allowed
+        return self._hides_statistics
+
+    _hides_statistics: bool | None = None  # hides_statistics(), once asked
+
     def _begin(self, conn: Connection) -> sa.RootTransaction:
-        """Open the snapshot's read-only transaction on `conn`."""
+        """Open the snapshot's read-only transaction on `conn` (an oblivious run's keeps its
+        reads out of the statistics views where the role may: hides_statistics())."""
         transaction = conn.begin()
+        if self._oblivious and self.hides_statistics():
+            conn.exec_driver_sql(HIDE_STATISTICS)
         if self.dialect in ("mysql", "mariadb"):
             conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         elif self.dialect == "sqlite":
