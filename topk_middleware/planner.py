@@ -39,7 +39,7 @@ within a few b ln(m) of the top, no ties), pruning reads more and the estimate i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ class Plan:
     oneshot_kind: str  # which one-shot was priced
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
