@@ -382,6 +382,10 @@ class CountedAccess:
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
+        # A store that read the first rows of the canonical order with m, in the run's first
+        # query, says how many (optional attribute): a first sorted read within them makes no
+        # round trip of its own.
+        self._rows_in_hand = int(getattr(self.source, "sorted_rows_in_hand", 0) or 0)
 
     @property
     def run_count(self) -> int | None:
@@ -432,7 +436,8 @@ class CountedAccess:
                 f"store returned {len(rows)} rows for sorted depths [{start}, {end}); the domain "
                 "changed during the run or the store does not serve its canonical order"
             )
-        self._count_fetch(rows)
+        in_hand = start == 0 and end <= self._rows_in_hand
+        self._count_fetch(rows, 0 if in_hand else None)
         self._prefix.append(rows)
         if not self.ranked:
             positions = self._checked_positions(rows)
@@ -751,9 +756,9 @@ class CountedAccess:
         self.stats.random += len(positions)
         return rows
 
-    def _count_fetch(self, rows: Rows) -> None:
+    def _count_fetch(self, rows: Rows, round_trips: int | None = None) -> None:
         self.stats.rows_fetched += len(rows)
-        self.stats.round_trips += rows.round_trips
+        self.stats.round_trips += rows.round_trips if round_trips is None else round_trips
 
     # ----- accesses: the steps of the sequential algorithm -----------------------------------
     def sorted_access(self) -> tuple[int, float]:

@@ -49,6 +49,9 @@ from .keyed_noise import KeyedNoise, default_exceedances, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
+# The top rows the planner reads first: max(2k, PROBE_ROWS) (stores may serve them with the
+# run's first query: DuckDB's frozen copy, PostgreSQL's live table).
+PROBE_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         # a scan as dear as the one-shot's own, so the one-shot, without reading first.
         fixed = costs.oneshot_fixed if costs.oneshot_fixed is not None else costs.round_trip
         return Plan("oneshot_in_store", 0, 0, math.inf, fixed, "oneshot_in_store")
-    probe = min(m, max(2 * k, 64))
+    probe = min(m, max(2 * k, PROBE_ROWS))
     access.fetch_sorted_until(probe)
     scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
     steps = estimate_steps(scores, k, m, scale)
