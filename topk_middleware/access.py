@@ -441,8 +441,12 @@ class CountedAccess:
         self._prefix.append(rows)
         if not self.ranked:
             positions = self._checked_positions(rows)
-            new = ~self._known.lookup(positions)[0]
-            self._known.add(positions[new], np.asarray(rows.scores, dtype=np.float64)[new])
+            scores = np.asarray(rows.scores, dtype=np.float64)
+            if self._known.count:
+                new = ~self._known.lookup(positions)[0]
+                self._known.add(positions[new], scores[new])
+            else:
+                self._known.add(positions, scores)
             depths = np.arange(start, end, dtype=np.float64)
             self._depth_of.add(positions, depths)
 
@@ -869,11 +873,18 @@ class CountedAccess:
         positions = [int(p) for p in positions]
         if not self.ranked:
             missing = np.array([p for p in positions if p not in self._ids_by_position], np.int64)
-            if len(missing):  # rows of the prefix (a full read keeps no map by position)
-                prefix = self._prefix.positions
-                depths = np.flatnonzero(np.isin(prefix, missing))
+            if len(missing):  # rows of the prefix, by the map of their depths
+                found, at = self._depth_of.lookup(missing)
+                depths = at[found].astype(np.int64)
+                if not found.all():  # a full read keeps no map by position
+                    prefix = self._prefix.positions
+                    depths = np.flatnonzero(np.isin(prefix, missing))
                 self._ids_by_position.update(
-                    zip(prefix[depths].tolist(), self._prefix.ids[depths].tolist(), strict=True)
+                    zip(
+                        self._prefix.positions[depths].tolist(),
+                        self._prefix.ids[depths].tolist(),
+                        strict=True,
+                    )
                 )
             unread = sorted({p for p in positions if p not in self._ids_by_position})
             if unread:  # scores known without rows (PositionScores): read the rows now
