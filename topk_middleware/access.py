@@ -974,6 +974,17 @@ def offers_in_store(source: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class CopyRefresh:
+    """A store reading its table itself (its copy is stale) that serves some reads only from the
+    copy, refreshed first (Spark: reads by rank and sorted reads past the rows a run has read):
+    the refresh's seconds and the copy's costs for the rest of the run. The planner adds the
+    refresh to the price of a method that would make such a read."""
+
+    seconds: float
+    costs: StoreCosts
+
+
+@dataclass(frozen=True)
 class StoreCosts:
     """What a store's reads cost, in seconds (measured on the store; the planner's input).
 
@@ -984,7 +995,8 @@ class StoreCosts:
     besides (where it is not a round trip and a batch of random reads: a store reading its table
     as it is now scans it), `full_read_row` a full read into the client per item (the fallback
     one-shot). `sorted_scans`: every sorted read is a scan of the table (no index serves the
-    order), so the planner reads nothing to price the threshold run."""
+    order), so the planner reads nothing to price the threshold run. `copy_refresh`: reads
+    only a refreshed copy serves (CopyRefresh)."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7
@@ -995,6 +1007,7 @@ class StoreCosts:
     full_read_row: float = 5e-7
     oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
     sorted_scans: bool = False  # every sorted read scans the table
+    copy_refresh: CopyRefresh | None = None  # reads by rank refresh a stale copy first
 
     def random_batch_seconds(self, m: int) -> float:
         """The fixed cost of one batch of random reads over a domain of m items."""
