@@ -181,7 +181,12 @@ class _SampledAhead:
         )
 
     def add(self, pos: np.ndarray, v: np.ndarray, item: np.ndarray, noise: np.ndarray) -> None:
-        """Merge new (unsampled) positions, in any order."""
+        """Merge new (unsampled) positions, in any order (taken as they are, ascending, where
+        there are none yet)."""
+        if not len(self) and (len(pos) < 2 or bool(np.all(pos[1:] > pos[:-1]))):
+            self.start = 0
+            self.pos, self.v, self.item, self.noise = pos, v, item, noise
+            return
         columns = [
             np.concatenate([old[self.start :], new])
             for old, new in ((self.pos, pos), (self.v, v), (self.item, item), (self.noise, noise))
@@ -396,17 +401,24 @@ class LazyNoiseList:
         pos, items = positions[by_position], items[by_position]
         n = len(pos)
         ahead = self._ahead
-        # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
-        ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
-        ext_v = np.concatenate([[self._last_v], ahead.v[ahead.start :], [1.0]])
-        ext_noise = np.concatenate([[self._last_noise], ahead.noise[ahead.start :], [-math.inf]])
         gap = np.searchsorted(keys, pos)  # new position between ext[gap] and ext[gap + 1]
         if gap[0] == gap[-1]:  # one gap (the first block's items): the same draws, unpadded
-            v = self._one_gap(pos, ext_pos, ext_v, int(gap[0]))
+            g = int(gap[0])
+            left, v_l, noise_l = self._neighbour(g)
+            right, v_r, noise_r = self._neighbour(g + 1)
+            v = self._one_gap(pos, left, right, v_l, v_r)
+            z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+            noise = np.minimum(np.maximum(z, noise_r), noise_l)  # np.clip's, on scalars
         else:
+            # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
+            ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
+            ext_v = np.concatenate([[self._last_v], ahead.v[ahead.start :], [1.0]])
+            ext_noise = np.concatenate(
+                [[self._last_noise], ahead.noise[ahead.start :], [-math.inf]]
+            )
             v = self._gaps(pos, gap, ext_pos, ext_v)
-        z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
-        noise = np.minimum(np.maximum(z, ext_noise[gap + 1]), ext_noise[gap])  # np.clip's
+            z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+            noise = np.minimum(np.maximum(z, ext_noise[gap + 1]), ext_noise[gap])  # np.clip's
         ahead.add(pos, v, items, noise)
         by_item = np.empty(n)
         by_item[by_position] = noise
@@ -415,16 +427,27 @@ class LazyNoiseList:
             self._placed_sorted.update(items.tolist())
         return by_item
 
+    def _neighbour(self, g: int) -> tuple[int, float, float]:
+        """(position, v, noise) of the g-th sampled neighbour of the positions ahead: 0 the
+        cursor's predecessor (the sentinel v_(-1) = 0 at the start), then the sampled positions
+        ahead, then the sentinel v_(m) = 1."""
+        ahead = self._ahead
+        if g == 0:
+            return self._cursor - 1, self._last_v, self._last_noise
+        if g > len(ahead):
+            return self.m, 1.0, -math.inf
+        i = ahead.start + g - 1
+        return int(ahead.pos[i]), float(ahead.v[i]), float(ahead.noise[i])
+
     def _one_gap(
-        self, pos: np.ndarray, ext_pos: np.ndarray, ext_v: np.ndarray, g: int
+        self, pos: np.ndarray, left: int, right: int, v_l: float, v_r: float
     ) -> np.ndarray:
-        """The v of new positions `pos` (ascending) all in the gap between ext[g] and
-        ext[g + 1]: its q + 1 spacings Dirichlet, as `_gaps` draws them (a gamma of shape 0 is
-        exactly 0 and takes no draw: the same stream and the same values without the padding)."""
-        bounds = np.concatenate(([ext_pos[g]], pos, [ext_pos[g + 1]]))
+        """The v of new positions `pos` (ascending) all in the gap (left, right) between two
+        sampled positions: its q + 1 spacings Dirichlet, as `_gaps` draws them (a gamma of shape
+        0 is exactly 0 and takes no draw: the same stream and the same values, unpadded)."""
+        bounds = np.concatenate(([left], pos, [right]))
         sums = np.cumsum(self.rng.standard_gamma(np.diff(bounds)))
-        lv, rv = ext_v[g], ext_v[g + 1]
-        return np.minimum(np.maximum(lv + (rv - lv) * (sums[:-1] / sums[-1]), lv), rv)
+        return np.minimum(np.maximum(v_l + (v_r - v_l) * (sums[:-1] / sums[-1]), v_l), v_r)
 
     def _gaps(
         self, pos: np.ndarray, gap: np.ndarray, ext_pos: np.ndarray, ext_v: np.ndarray
