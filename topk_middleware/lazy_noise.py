@@ -33,6 +33,10 @@ cursor's predecessor; positions after it that random access has sampled sit in s
 arrays (`_SampledAhead`) for predecessor / successor lookup. Items map to their noise in
 `SortedChunks` (single placements gather in a small dict first). Time and memory are
 O(accesses log accesses) for batched access, never O(m).
+
+Size: one class, LazyNoiseList, and the three small structures that hold its state (items
+placed, positions sampled ahead, buffered draws); its batched accesses sample the joint law
+its scalar ones do, from the same state, so both stay beside each other.
 """
 
 from __future__ import annotations
