@@ -39,7 +39,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -48,6 +48,7 @@ import numpy as np
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
+from topk_middleware.planner import PROBE_ROWS
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
@@ -106,6 +107,11 @@ INDEX_LOOKUP_MAX = 1000
 # A range read of the rank table costs about 0.7 ms up to this many rows (then 0.1 ms more per
 # 2,000 or so; measured at m = 10^7): sorted reads fetch at least this many.
 SORTED_READ_ROWS = 8192
+# The fingerprint holds the copy's first rows (the planner's probe: a frozen run serves them from
+# its catalog scan instead of a range read of the copy, ~0.4 ms at m = 10^7), where the ids are
+# integers or text of at most HEAD_TEXT_MAX characters in all.
+HEAD_ROWS = PROBE_ROWS
+HEAD_TEXT_MAX = 1 << 14
 # Why a rank table does not fit its table (the fingerprint's verdicts that callers act on).
 NOT_BUILT = "prepare() did not build it"
 ROWS_DIFFER = "it was built from"
@@ -156,6 +162,14 @@ class DuckDBTable(LiveRead):
         table read as it is now every sorted read is a top-N over a scan, so no read-ahead."""
         run = self._run
         return 1 if run is not None and run.live else SORTED_READ_ROWS
+
+    @property
+    def sorted_rows_in_hand(self) -> int:
+        """access.CountedAccess: how many rows of the canonical order a run has from its first
+        query (a frozen copy without a pending delta: its fingerprint holds the first
+        HEAD_ROWS), so that a sorted read within them makes no round trip."""
+        run = self._run if self._run is not None else self._state()
+        return 0 if run.head is None else len(run.head)
 
     @property
     def store_costs(self) -> StoreCosts:
@@ -242,6 +256,7 @@ class DuckDBTable(LiveRead):
         # The table's catalog oid when this object last built or verified the rank table: an
         # identity within this open database only (oids are handed out again on reopen).
         self._proven_oid: int | None = None
+        self._mark = _Mark(None)  # the rank table's comment last parsed (_mark_of)
         self._text_ids = self._check_columns()
         # The most one client moves a count, and how many counts it moves: declared, else what
         # from_votes recorded with the table (contributions.py), else (1, None).
@@ -818,8 +833,8 @@ class DuckDBTable(LiveRead):
             return
         cursor = self._con.cursor()
         try:
-            cursor.execute("BEGIN TRANSACTION READ ONLY")
             if not self.frozen:  # no cheap proof that a copy is current: read the table now
+                cursor.execute("BEGIN TRANSACTION READ ONLY")
                 self._run = self._live_run(cursor)
                 try:
                     yield
@@ -827,7 +842,12 @@ class DuckDBTable(LiveRead):
                     self._run = None
                 cursor.execute("COMMIT")
                 return
-            counted = self._counts_if_prepared(cursor)
+            # Where this object last saw the copy whole, the transaction begins in the same
+            # statement as the run's first query (the catalog scan of the fingerprint).
+            begun = self._seen_prepared
+            counted = self._counts_if_prepared(cursor, begin=True)
+            if not begun:
+                cursor.execute("BEGIN TRANSACTION READ ONLY")
             if counted is not None:  # as last seen: rank table, its index and runs table
                 ranked = indexed = True
                 m, runs = counted
@@ -846,22 +866,28 @@ class DuckDBTable(LiveRead):
             self._run = _Run(cursor, ranked, m, indexed, runs)
             if ranked:
                 self._attach_delta(self._run)
+                if self._run.delta is None:  # the planner's probe, without a range read
+                    self._run.head = self._mark.head
             try:
                 yield
             finally:
                 self._run = None
-            cursor.execute("COMMIT")
         finally:
-            cursor.close()  # after an error: closing the connection rolls its transaction back
+            # Closing the connection ends its read-only transaction (a rollback, which for a
+            # transaction that wrote nothing is a commit): one statement fewer a run.
+            cursor.close()
 
-    def _counts_if_prepared(self, cursor: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
+    def _counts_if_prepared(
+        self, cursor: duckdb.DuckDBPyConnection, begin: bool = False
+    ) -> tuple[int, int] | None:
         """(m, runs) without the catalog lookup of the index (about 0.3 ms), if this object last
         saw the rank table, its index and the runs table; None if it did not, or if the rank or
-        runs table is gone (the catalog scan of `_counts` tells)."""
+        runs table is gone (the catalog scan of `_counts` tells). `begin`: that scan begins the
+        transaction (where this object saw them)."""
         if not self._seen_prepared:
             return None
         try:
-            m, runs = self._counts(cursor, True)
+            m, runs = self._counts(cursor, True, begin)
         except _Gone:
             self._seen_prepared = self._delta_tables_seen = False
             return None
@@ -880,27 +906,33 @@ class DuckDBTable(LiveRead):
         m, runs = self._counts(con, with_runs)
         run = _Run(con, ranked, m, indexed, runs)
         self._attach_delta(run)
+        if run.delta is None:
+            run.head = self._mark.head
         return run
 
-    def _counts(self, con: duckdb.DuckDBPyConnection, with_runs: bool) -> tuple[int, int | None]:
+    def _counts(
+        self, con: duckdb.DuckDBPyConnection, with_runs: bool, begin: bool = False
+    ) -> tuple[int, int | None]:
         """m and the number of runs of tied scores (None without a runs table), after the
         fingerprint check (`_check_fingerprint`), from one scan of the catalog: the counts of
         the base and its runs are in the fingerprint prepare() writes, the delta's sizes in the
         delta table's comment (a copy written before they were is counted: one more query).
-        Raises _Gone where the rank table (or the runs table, `with_runs`) is not there."""
+        Raises _Gone where the rank table (or the runs table, `with_runs`) is not there.
+        `begin`: the catalog scan begins a read-only transaction, in the same statement."""
         delta, skip = self.delta_table.lower(), self.skip_table.lower()
         layout = (self.shadow_table.lower(), delta, skip)
         stored, oid, ddl, rows, present = self._lookup(
             con,
             full=self._proven_oid is None,
             also=(self.rank_table, self.runs_table, self.shadow_table, delta, skip),
+            begin=begin,
         )
         if self.rank_table.lower() not in present or (
             with_runs and self.runs_table.lower() not in present
         ):
             raise _Gone
         self._check_fingerprint(stored, oid, ddl, rows)
-        recorded = _recorded_counts(stored)
+        recorded = self._mark_of(stored).counts
         self._delta_tables_seen = seen = all(name in present for name in layout)
         sizes = parse_delta_comment(present.get(delta)) if seen else (0, 0, None)
         parts = []
@@ -944,7 +976,11 @@ class DuckDBTable(LiveRead):
     )
 
     def _lookup(
-        self, con: duckdb.DuckDBPyConnection, full: bool, also: Sequence[str] = ()
+        self,
+        con: duckdb.DuckDBPyConnection,
+        full: bool,
+        also: Sequence[str] = (),
+        begin: bool = False,
     ) -> tuple[Any, ...]:
         """(stored fingerprint, table's oid, table's definition, table's row count, the comments
         of the tables `also` (in the rank table's schema) that exist, by lower-case name): one
@@ -953,7 +989,8 @@ class DuckDBTable(LiveRead):
         filtered here. Once the copy is proven to this object (`full` False), the table's oid
         settles its identity (an ALTER keeps it; the copy stays the snapshot it was): the mark
         and the oid only. Before that, also the definition (a view's from the catalog's views) and,
-        for a table, the row count (from metadata)."""
+        for a table, the row count (from metadata). `begin`: the same statement begins a
+        read-only transaction first (the scan of the catalog cannot fail and abort it)."""
         home = self._home()
         names = (self.rank_table.lower(), self.table.lower(), *(n.lower() for n in also))
         wanted = set(names)
@@ -963,8 +1000,11 @@ class DuckDBTable(LiveRead):
         if self._catalog_rows > CATALOG_SCAN_MAX:
             where = f" WHERE lower(table_name) IN ({', '.join(_literal(n) for n in names)})"
         listed = con.execute(
-            "SELECT database_name, schema_name, table_name, table_oid, comment, sql "
-            f"FROM duckdb_tables(){where}"
+            ("BEGIN TRANSACTION READ ONLY; " if begin else "")
+            + "SELECT database_name, schema_name, table_name, table_oid, comment, "
+            # the definition only where it is compared (its text is built per table)
+            + ("sql" if full else "NULL AS sql")
+            + f" FROM duckdb_tables(){where}"
         ).fetchall()
         if not where:
             self._catalog_rows = len(listed)
@@ -1009,6 +1049,12 @@ class DuckDBTable(LiveRead):
             )
         return self._view
 
+    def _mark_of(self, stored: str | None) -> _Mark:
+        """The rank table's comment parsed, kept while the comment stays the same."""
+        if self._mark.stored != stored or stored is None:
+            self._mark = _parse_mark(stored)
+        return self._mark
+
     def _fingerprint_of(self, ddl: str | None, rows: int | None) -> dict[str, Any]:
         digest = hashlib.sha1((ddl or "").encode("utf-8")).hexdigest()[:16]
         return {"definition": digest, "rows": None if rows is None else int(rows)}
@@ -1017,11 +1063,8 @@ class DuckDBTable(LiveRead):
         """Why the stored fingerprint does not fit the table (None when it fits): not built by
         prepare(), another definition, or (checked by the caller where it matters) another row
         count."""
-        if stored is None or not stored.startswith(FINGERPRINT_TAG + " "):
-            return NOT_BUILT
-        try:
-            recorded = json.loads(stored[len(FINGERPRINT_TAG) + 1 :])
-        except ValueError:
+        recorded = self._mark_of(stored).recorded
+        if recorded is None:
             return NOT_BUILT
         current = self._fingerprint_of(ddl, rows)
         if recorded.get("definition") != current["definition"]:
@@ -1041,9 +1084,7 @@ class DuckDBTable(LiveRead):
         rows written since are the copy's contract (not seen until a refresh); before that, a
         row count other than the one recorded cannot be told from another table's."""
         if self._proven_oid is not None:  # the mark, then the oid (see _lookup)
-            why = self._mismatch(stored, None, None)
-            if why is not None and why != NOT_BUILT:
-                why = None
+            why = NOT_BUILT if self._mark_of(stored).recorded is None else None
             if why is None and oid != self._proven_oid:
                 why = "the table was dropped and re-created since this object's prepare()"
         else:
@@ -1062,8 +1103,9 @@ class DuckDBTable(LiveRead):
 
     def _stamp(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the fingerprint of the table, as `con`'s transaction sees it, on the rank
-        table (its comment), with a new build mark and the counts of the base and of its runs
-        of tied scores (what a run reads instead of counting them)."""
+        table (its comment), with a new build mark, the counts of the base and of its runs
+        of tied scores, and the base's first HEAD_ROWS rows (what a run reads instead of
+        counting or reading them)."""
         _, oid, ddl, rows = self._facts(con)
         base, runs = con.execute(
             f"SELECT (SELECT count(*) FROM {self._ranks}), (SELECT count(*) FROM {self._runs})"
@@ -1074,9 +1116,33 @@ class DuckDBTable(LiveRead):
             "base": int(base),
             "runs": int(runs),
         }
+        head = self._head_of(con)
+        if head is not None:
+            mark["head"] = head
         text = FINGERPRINT_TAG + " " + json.dumps(mark, sort_keys=True)
-        con.execute(f"COMMENT ON TABLE {self._ranks} IS '{text}'")  # JSON of hex and digits
+        con.execute(f"COMMENT ON TABLE {self._ranks} IS {_literal(text)}")
         self._stamped_oid = oid
+
+    def _head_of(self, con: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
+        """The base's first HEAD_ROWS rows for the fingerprint: {"dtype", "ids", "scores"}
+        (ranks 0, 1, ...), or None where the ids are neither integers nor text, or too long."""
+        got = _rows(
+            con.execute(
+                f"SELECT rank, id, score FROM {self._ranks} WHERE rank < {HEAD_ROWS} ORDER BY rank"
+            ).fetchnumpy()
+        )
+        if not np.array_equal(got.positions, np.arange(len(got))):
+            return None
+        ids = got.ids
+        if ids.dtype.kind in "iu":
+            dtype = ids.dtype.str
+        elif ids.dtype == object and all(type(v) is str for v in ids.tolist()):
+            if sum(len(v) for v in ids.tolist()) > HEAD_TEXT_MAX:
+                return None
+            dtype = "text"
+        else:
+            return None
+        return {"dtype": dtype, "ids": ids.tolist(), "scores": got.scores.tolist()}
 
     def verify_rank_table(self) -> None:
         """Raise RankTableMismatchError unless the rank table's fingerprint fits the table (what
@@ -1111,6 +1177,14 @@ class DuckDBTable(LiveRead):
         if run.slots:
             return self._slot_sorted(run, start, stop - start)
         if run.ranked:
+            head = run.head  # the first rows, from the fingerprint the run's first query read
+            if head is not None and stop <= len(head):
+                return Rows(
+                    head.positions[start:stop],
+                    head.ids[start:stop],
+                    head.scores[start:stop],
+                    round_trips=0,
+                )
             # The copy is written in rank order, so row ids are ranks: a row id range is a plain
             # range scan. (A predicate on rank from 0 would go through the ART index, row by row,
             # at about 4 us a row.) The ranks that come back prove it; if they ever did not, the
@@ -1311,14 +1385,58 @@ class _Gone(Exception):
     """The rank table (or its runs table) is not in the catalog of this snapshot."""
 
 
-def _recorded_counts(stored: str | None) -> tuple[int, int] | None:
-    """(rows of the base, runs of tied scores) as the fingerprint records them (None where it
-    was written before it recorded them)."""
+@dataclass(frozen=True)
+class _Mark:
+    """A rank table's comment, parsed: the fingerprint prepare() wrote (None: not one), the
+    counts of the base and of its runs (None where it was written before it recorded them),
+    and the base's first rows (None where it holds none)."""
+
+    stored: str | None
+    recorded: dict[str, Any] | None = None
+    counts: tuple[int, int] | None = None
+    head: Rows | None = None
+
+
+def _parse_mark(stored: str | None) -> _Mark:
+    """The fingerprint in a rank table's comment (DuckDBTable._stamp)."""
+    if stored is None or not stored.startswith(FINGERPRINT_TAG + " "):
+        return _Mark(stored)
     try:
-        recorded = json.loads((stored or "")[len(FINGERPRINT_TAG) + 1 :])
-        return int(recorded["base"]), int(recorded["runs"])
-    except (ValueError, KeyError, TypeError):
+        recorded = json.loads(stored[len(FINGERPRINT_TAG) + 1 :])
+    except ValueError:
+        return _Mark(stored)
+    if not isinstance(recorded, dict):
+        return _Mark(stored)
+    try:
+        counts: tuple[int, int] | None = (int(recorded["base"]), int(recorded["runs"]))
+    except (KeyError, TypeError, ValueError):
+        counts = None
+    return _Mark(stored, recorded, counts, _head_rows(recorded.get("head")))
+
+
+def _head_rows(head: Any) -> Rows | None:
+    """The base's first rows as the fingerprint holds them (DuckDBTable._head_of), as a range
+    read of the rank table would give them; None where they are missing or malformed."""
+    try:
+        ids, scores, dtype = head["ids"], head["scores"], head["dtype"]
+        if len(ids) != len(scores):
+            return None
+        if dtype == "text":
+            if not all(type(v) is str for v in ids):
+                return None
+            id_array = np.empty(len(ids), dtype=object)
+            id_array[:] = ids
+        else:
+            kind = np.dtype(dtype)
+            if kind.kind not in "iu":
+                return None
+            id_array = np.asarray(ids, dtype=kind)
+        values = np.asarray(scores, dtype=np.float64)
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
+    id_array.setflags(write=False)
+    values.setflags(write=False)
+    return Rows(np.arange(len(ids), dtype=np.int64), id_array, values, round_trips=0)
 
 
 def _literal(text: str) -> str:

@@ -87,6 +87,7 @@ class _Run:
     slots: bool = False  # oblivious reads name items by rowid slot (`position_slots`)
     table: _Run | None = None  # a frozen copy's table read as it is now (`_table_for_oneshot`)
     table_checked: bool = False  # whether `_table_for_oneshot` looked
+    head: Rows | None = None  # the copy's first rows, from its fingerprint (frozen, no delta)
 
 
 def live_costs(m: int) -> StoreCosts:

@@ -15,8 +15,10 @@ from topk_middleware.access import Rows, ScoreRuns, Source, positions_are_ranks
 
 
 class CountingSource:
-    """Wraps a Source and counts, independently of CountedAccess, every row and call it serves.
-    It keeps whether the source's positions are ranks (that changes what the core may infer)."""
+    """Wraps a Source and counts, independently of CountedAccess, every row and call it serves
+    (`calls`: the round trips each read made, one unless its rows say none: the first rows a
+    store read with m). It keeps whether the source's positions are ranks (that changes what
+    the core may infer)."""
 
     def __init__(self, inner: Source) -> None:
         self.inner = inner
@@ -42,7 +44,7 @@ class CountingSource:
 
     def read_sorted(self, start: int, count: int) -> Rows:
         rows = self.inner.read_sorted(start, count)
-        self.calls += 1
+        self.calls += rows.round_trips
         self.sorted_rows += len(rows)
         return rows
 
@@ -60,11 +62,13 @@ class CountingSource:
 
 
 class _ReadAhead(CountingSource):
-    """A CountingSource (which hides the runs) that keeps the inner source's read-ahead."""
+    """A CountingSource (which hides the runs) that keeps the inner source's read-ahead and its
+    rows in hand."""
 
-    def __init__(self, inner: Source, sorted_read_rows: int) -> None:
+    def __init__(self, inner: Source, sorted_read_rows: int, sorted_rows_in_hand: int) -> None:
         super().__init__(inner)
         self.sorted_read_rows = sorted_read_rows
+        self.sorted_rows_in_hand = sorted_rows_in_hand
 
 
 def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
@@ -76,17 +80,19 @@ def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
 
 def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     """reference_for(store, scores, ids) with the optional capabilities of `store`: it keeps the
-    runs of tied scores (ScoreRuns) only if the store does, and reads ahead as far
-    (sorted_read_rows), so that rows_fetched and round_trips, not only the
-    answer and the access counts, must come out equal. (CountingSource forwards only the
-    Source protocol, so wrapping hides both.)"""
+    runs of tied scores (ScoreRuns) only if the store does, reads ahead as far
+    (sorted_read_rows) and has as many first rows in hand (sorted_rows_in_hand), so that
+    rows_fetched and round_trips, not only the answer and the access counts, must come out
+    equal. (CountingSource forwards only the Source protocol, so wrapping hides them.)"""
     reference = reference_for(store, scores, ids)
     reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
     reference.score_runs_in_hand = getattr(store, "score_runs_in_hand", False)  # type: ignore[attr-defined]
+    in_hand = getattr(store, "sorted_rows_in_hand", 0)
+    reference.sorted_rows_in_hand = in_hand  # type: ignore[attr-defined]
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
     if keeps_runs:
         return reference
-    return _ReadAhead(reference, reference.sorted_read_rows)
+    return _ReadAhead(reference, reference.sorted_read_rows, in_hand)
 
 
 def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:

@@ -309,6 +309,30 @@ def test_a_run_stopping_in_the_read_prefix_is_priced_without_random_reads() -> N
     assert settled < in_store_seconds(zipf, k, m, scale, STORE_COSTS) < unsettled
 
 
+def test_a_stale_spark_copy_prices_the_refresh_of_a_run_past_the_probe() -> None:
+    """Spark reading its table itself at m = 10^7 (direct_costs), a tied plateau: the estimated
+    threshold run goes past the 64 rows read (random reads by rank, which only the copy serves),
+    so it pays the refresh (35 s here) and then runs on the copy. Without the refresh it was
+    priced below the in-store one-shot on the table and taken (measured: a 35 s refresh instead
+    of a read of the table); with it, above. Zipf stops within the probe: no refresh."""
+    from adapters.spark.direct import direct_costs
+    from adapters.spark.layout import STORE_COSTS as COPY_COSTS
+    from topk_middleware.planner import block_end, threshold_seconds
+
+    m, k, scale, refresh = 10**7, 10, 10.0, 35.0
+    costs = direct_costs(m, refresh)
+    assert costs.copy_refresh is not None and costs.copy_refresh.seconds == refresh
+    plateau = np.full(64, 1000.0)
+    steps = estimate_steps(plateau, k, m, scale)
+    assert block_end(steps, k, m) > 64  # reads past the probe
+    table = threshold_seconds(steps, k, m, costs, False, pruned=True, prefix_rows=64)
+    copy = threshold_seconds(steps, k, m, COPY_COSTS, False, pruned=True, prefix_rows=64)
+    in_store = in_store_seconds(plateau, k, m, scale, costs)
+    assert table < in_store < refresh + copy
+    zipf = np.floor(10**6 / np.arange(1, 65)).astype(float)
+    assert block_end(estimate_steps(zipf, k, m, scale), k, m) <= 64  # within the probe
+
+
 def test_auto_picks_the_full_read_when_it_is_cheaper() -> None:
     """Every item tied and m small: the threshold run would read most of the domain in several
     round trips; auto reads it once. Same seed, same release as method="oneshot"."""

@@ -23,7 +23,7 @@ import pytest
 
 from adapters.duckdb import DuckDBTable
 from adapters.memory import ArraySource
-from adapters.spark import SparkTable, bucket_of, buckets_between
+from adapters.spark import STORE_COSTS, SparkTable, bucket_of, buckets_between
 from adapters.spark.direct import id_noises
 from tests import test_conformance as conformance
 from tests.helpers import plateau_histogram, reference_for
@@ -472,6 +472,54 @@ def test_a_write_without_prepare_is_released_by_the_cheaper_path(
         assert source.last_freshness["path"] == "refreshed"
         assert source.last_freshness["why"] == "a read only the copy serves"
     assert not source.is_stale()
+
+
+def test_a_stale_copy_prices_the_refresh_a_threshold_run_would_make(
+    spark: Any, spark_dir: Path
+) -> None:
+    """On a stale copy a threshold run's reads by rank (and sorted reads past the rows it has
+    read) refresh the copy, so the planner prices such a run with that refresh, then the run on
+    the copy. A plateau after a write: the run would read by rank, its price includes the
+    refresh the plan records, auto takes the one-shot on the table, and no version is written.
+    Zipf data after a write: the run stops within the probe, reads nothing more and is priced
+    without it; pinned, it runs on the table itself, the copy's version unchanged."""
+    path = spark_dir / "refresh-priced"
+    m, k = 4000, 5
+    ids = np.arange(m) * 3 + 1
+    plateau = plateau_histogram(m, k, height=50.0).astype(np.int64)
+    write_arrow(path, plateau, ids)
+    source = SparkTable(spark, str(path), id=ID_COLUMN, score=SCORE_COLUMN, grace=0)
+    first = source.prepare()
+    written = plateau.copy()
+    written[:3] += 1  # a write: the copy is stale
+    time.sleep(0.01)  # modification times have millisecond resolution
+    write_arrow(path, written, ids)
+    got = private_top_k(source, k, 1.0, seed=3)
+    plan = got.diagnostics.plan
+    fresh = plan["freshness"]
+    refresh = fresh["refresh_seconds"] - 3 * STORE_COSTS.round_trip  # the refresh alone
+    assert fresh["path"] == "table" and fresh["version"] == first, fresh
+    assert plan["auto"]["steps"] > plan["auto"]["probe_rows"]  # reads past the probe
+    assert plan["auto"]["threshold_seconds"] >= refresh
+    assert plan["auto"]["chosen"] == "oneshot_in_store"
+    assert source.is_stale() and source._latest().name == first  # nothing refreshed
+    zipf = np.floor(1e5 / (1 + np.random.default_rng(8).permutation(m))).astype(np.int64)
+    time.sleep(0.01)
+    write_arrow(path, zipf, ids)
+    # new objects: no rent paid on this version yet (the ski rental reads the table)
+    got = private_top_k(SparkTable(spark, str(path), ID_COLUMN, SCORE_COLUMN), k, 1.0, seed=3)
+    plan = got.diagnostics.plan
+    assert plan["freshness"]["path"] == "table"
+    assert plan["auto"]["steps"] <= plan["auto"]["probe_rows"]  # stops within the probe
+    refresh = plan["freshness"]["refresh_seconds"] - 3 * STORE_COSTS.round_trip
+    assert plan["auto"]["threshold_seconds"] < refresh
+    pinned = private_top_k(
+        SparkTable(spark, str(path), ID_COLUMN, SCORE_COLUMN), k, 1.0, seed=3, method="threshold"
+    )
+    want = private_top_k(ArraySource(zipf, ids), k, 1.0, seed=3, method="threshold")
+    assert pinned.items == want.items and pinned.accesses.total == want.accesses.total
+    assert pinned.diagnostics.plan["freshness"]["path"] == "table"
+    assert source._latest().name == first  # read on the table itself: no refresh
 
 
 def test_old_versions_are_deleted_but_not_under_a_reader(spark: Any, spark_dir: Path) -> None:

@@ -95,6 +95,43 @@ class Source(SortedAccess, RandomAccess, Protocol):
         ...
 
 
+# implements(): whether a class provides every method of a protocol (None: not decidable by class)
+_BY_CLASS: dict[tuple[type, type], bool | None] = {}
+_MEMBERS: dict[type, frozenset[str]] = {}
+
+
+def implements(source: Any, protocol: type) -> bool:
+    """isinstance(source, protocol) for a runtime-checkable protocol of methods, decided once per
+    class where the class alone decides it (a protocol check costs 5-10 us; a release makes
+    several): the class provides every method, or lacks one that the instance does not set
+    either (no __getattr__). Otherwise the check itself."""
+    cls = type(source)
+    key = (cls, protocol)
+    known = _BY_CLASS.get(key, ...)
+    if known is ...:
+        try:
+            known = issubclass(cls, protocol)
+        except TypeError:  # a protocol with data members: no answer by class
+            known = None
+        if known is False and hasattr(cls, "__getattr__"):
+            known = None
+        _BY_CLASS[key] = known
+    if known:
+        return True
+    if known is False:
+        members = _MEMBERS.get(protocol)
+        if members is None:
+            members = frozenset(
+                name
+                for name, value in vars(protocol).items()
+                if callable(value) and not name.startswith("_")
+            )
+            _MEMBERS[protocol] = members
+        if members.isdisjoint(getattr(source, "__dict__", ())):
+            return False
+    return isinstance(source, protocol)
+
+
 @runtime_checkable
 class SortedIds(Protocol):
     """Optional: the top rows of the canonical order without their positions, where a store
@@ -236,15 +273,34 @@ class _Prefix:
             self._ids = self._ids.astype(object)
         if need > len(self._scores):
             capacity = max(need, 2 * len(self._scores))
-            self._scores = np.resize(self._scores, capacity)
-            self._ids = np.resize(self._ids, capacity)
+            self._scores = _grown(self._scores, self.size, capacity)
+            self._ids = _grown(self._ids, self.size, capacity)
             if self._positions is not None:
-                self._positions = np.resize(self._positions, capacity)
+                self._positions = _grown(self._positions, self.size, capacity)
         self._scores[self.size : need] = rows.scores
         self._ids[self.size : need] = ids
         if self._positions is not None:
             self._positions[self.size : need] = rows.positions
         self.size = need
+
+
+def _grown(buffer: np.ndarray, used: int, capacity: int) -> np.ndarray:
+    """A buffer of `capacity` holding the first `used` entries of `buffer`."""
+    grown = np.empty(capacity, dtype=buffer.dtype)
+    grown[:used] = buffer[:used]
+    return grown
+
+
+def _unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True), by one argsort where the values are distinct
+    (the L2 items of a block are)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    if len(ordered) > 1 and not bool(np.all(ordered[1:] > ordered[:-1])):
+        return np.unique(values, return_inverse=True)
+    inverse = np.empty(len(values), dtype=np.intp)
+    inverse[order] = np.arange(len(values))
+    return ordered, inverse
 
 
 @runtime_checkable
@@ -316,16 +372,20 @@ class CountedAccess:
         self._zone_map_read = False  # whether tighten_bounds read the zone map
         self._run_count = (
             self.source.score_run_count()
-            if self.ranked and isinstance(self.source, ScoreRuns)
+            if self.ranked and implements(self.source, ScoreRuns)
             else None
         )
         self._runs_in_hand = self._run_count is not None and bool(
             getattr(self.source, "score_runs_in_hand", False)
         )
-        self._position_scores = not self.ranked and isinstance(self.source, PositionScores)
+        self._position_scores = not self.ranked and implements(self.source, PositionScores)
         # A store whose round trip costs about as much as reading this many rows asks for at
         # least this many per sorted read (optional attribute; 0: read what is asked).
         self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
+        # A store that read the first rows of the canonical order with m, in the run's first
+        # query, says how many (optional attribute): a first sorted read within them makes no
+        # round trip of its own.
+        self._rows_in_hand = int(getattr(self.source, "sorted_rows_in_hand", 0) or 0)
 
     @property
     def run_count(self) -> int | None:
@@ -376,12 +436,17 @@ class CountedAccess:
                 f"store returned {len(rows)} rows for sorted depths [{start}, {end}); the domain "
                 "changed during the run or the store does not serve its canonical order"
             )
-        self._count_fetch(rows)
+        in_hand = start == 0 and end <= self._rows_in_hand
+        self._count_fetch(rows, 0 if in_hand else None)
         self._prefix.append(rows)
         if not self.ranked:
             positions = self._checked_positions(rows)
-            new = ~self._known.lookup(positions)[0]
-            self._known.add(positions[new], np.asarray(rows.scores, dtype=np.float64)[new])
+            scores = np.asarray(rows.scores, dtype=np.float64)
+            if self._known.count:
+                new = ~self._known.lookup(positions)[0]
+                self._known.add(positions[new], scores[new])
+            else:
+                self._known.add(positions, scores)
             depths = np.arange(start, end, dtype=np.float64)
             self._depth_of.add(positions, depths)
 
@@ -540,7 +605,7 @@ class CountedAccess:
         lower[beyond[found]] = upper[beyond[found]] = known[found]
         unknown = beyond[~found]
         if len(unknown):
-            ranks, inverse = np.unique(positions[unknown], return_inverse=True)
+            ranks, inverse = _unique_inverse(positions[unknown])
             low, high = self._bounds(ranks)
             inferred = low == high
             self._known.add(ranks[inferred], high[inferred])
@@ -585,7 +650,7 @@ class CountedAccess:
     def settle_by_bounds(self, positions: np.ndarray) -> None:
         """Count random accesses a mechanism settled from `score_bounds` alone, without their
         rows (rows_bounded): the distinct positions whose score is still not known."""
-        positions = np.unique(np.asarray(positions, dtype=np.int64))
+        positions = _unique_inverse(np.asarray(positions, dtype=np.int64))[0]
         if self.ranked:
             positions = positions[positions >= self.prefix_fetched]
         if self._known.count:
@@ -666,7 +731,7 @@ class CountedAccess:
         fetched are exactly `count` whatever the data. Counted as `count` sorted accesses.
         `positions=False`: a SortedIds store may leave the positions out (all -1)."""
         count = min(int(count), self.m)
-        if not positions and isinstance(self.source, SortedIds):
+        if not positions and implements(self.source, SortedIds):
             rows = self.source.read_sorted_ids(count)
             if len(rows) == count and not bool(np.all(np.asarray(rows.positions) == -1)):
                 raise AccessError("read_sorted_ids returned positions")
@@ -695,9 +760,9 @@ class CountedAccess:
         self.stats.random += len(positions)
         return rows
 
-    def _count_fetch(self, rows: Rows) -> None:
+    def _count_fetch(self, rows: Rows, round_trips: int | None = None) -> None:
         self.stats.rows_fetched += len(rows)
-        self.stats.round_trips += rows.round_trips
+        self.stats.round_trips += rows.round_trips if round_trips is None else round_trips
 
     # ----- accesses: the steps of the sequential algorithm -----------------------------------
     def sorted_access(self) -> tuple[int, float]:
@@ -808,11 +873,18 @@ class CountedAccess:
         positions = [int(p) for p in positions]
         if not self.ranked:
             missing = np.array([p for p in positions if p not in self._ids_by_position], np.int64)
-            if len(missing):  # rows of the prefix (a full read keeps no map by position)
-                prefix = self._prefix.positions
-                depths = np.flatnonzero(np.isin(prefix, missing))
+            if len(missing):  # rows of the prefix, by the map of their depths
+                found, at = self._depth_of.lookup(missing)
+                depths = at[found].astype(np.int64)
+                if not found.all():  # a full read keeps no map by position
+                    prefix = self._prefix.positions
+                    depths = np.flatnonzero(np.isin(prefix, missing))
                 self._ids_by_position.update(
-                    zip(prefix[depths].tolist(), self._prefix.ids[depths].tolist(), strict=True)
+                    zip(
+                        self._prefix.positions[depths].tolist(),
+                        self._prefix.ids[depths].tolist(),
+                        strict=True,
+                    )
                 )
             unread = sorted({p for p in positions if p not in self._ids_by_position})
             if unread:  # scores known without rows (PositionScores): read the rows now
@@ -851,7 +923,7 @@ class CountedAccess:
     def _read_ids_of(self, positions: np.ndarray) -> None:
         """Read the rows at positions whose scores are known but whose ids were never read, in
         one batch, checking that the scores agree (ExchangeableTies: possibly drawn)."""
-        if self.ranked and self.rng is not None and isinstance(self.source, ExchangeableTies):
+        if self.ranked and self.rng is not None and implements(self.source, ExchangeableTies):
             rows = self.source.read_ranks_exchangeable(positions, self.rng)
         else:
             rows = self.source.read_positions(positions)
@@ -898,7 +970,18 @@ class InStoreOneShot(Protocol):
 def offers_in_store(source: Any) -> bool:
     """Whether `source` runs the in-store one-shot: an InStoreOneShot whose read_oneshot is not
     None (an instance can take it away: a dialect that would put the key in the statement text)."""
-    return isinstance(source, InStoreOneShot) and getattr(source, "read_oneshot", None) is not None
+    return implements(source, InStoreOneShot) and getattr(source, "read_oneshot", None) is not None
+
+
+@dataclass(frozen=True)
+class CopyRefresh:
+    """A store reading its table itself (its copy is stale) that serves some reads only from the
+    copy, refreshed first (Spark: reads by rank and sorted reads past the rows a run has read):
+    the refresh's seconds and the copy's costs for the rest of the run. The planner adds the
+    refresh to the price of a method that would make such a read."""
+
+    seconds: float
+    costs: StoreCosts
 
 
 @dataclass(frozen=True)
@@ -912,7 +995,8 @@ class StoreCosts:
     besides (where it is not a round trip and a batch of random reads: a store reading its table
     as it is now scans it), `full_read_row` a full read into the client per item (the fallback
     one-shot). `sorted_scans`: every sorted read is a scan of the table (no index serves the
-    order), so the planner reads nothing to price the threshold run."""
+    order), so the planner reads nothing to price the threshold run. `copy_refresh`: reads
+    only a refreshed copy serves (CopyRefresh)."""
 
     round_trip: float = 1e-4
     sorted_row: float = 1e-7
@@ -923,6 +1007,7 @@ class StoreCosts:
     full_read_row: float = 5e-7
     oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
     sorted_scans: bool = False  # every sorted read scans the table
+    copy_refresh: CopyRefresh | None = None  # reads by rank refresh a stale copy first
 
     def random_batch_seconds(self, m: int) -> float:
         """The fixed cost of one batch of random reads over a domain of m items."""
@@ -973,6 +1058,6 @@ class ObliviousReads(Protocol):
 
 def oblivious_reads(source: Any) -> AbstractContextManager[Any]:
     """The store's ObliviousReads context, or a context that does nothing."""
-    if isinstance(source, ObliviousReads):
+    if implements(source, ObliviousReads):
         return source.oblivious_reads()
     return nullcontext()

@@ -32,7 +32,7 @@ from .mechanisms.oblivious import (
     source_oblivious_costs,
 )
 from .mechanisms.oneshot import oneshot_top_k
-from .mechanisms.threshold import Batching, private_threshold_top_k
+from .mechanisms.threshold import DEFAULT_BATCHING, Batching, private_threshold_top_k
 from .names import METHODS, NOISES, OBLIVIOUS_METHODS, ORACLES
 from .noise import make_noise
 from .noise_list import EagerNoiseList
@@ -225,7 +225,7 @@ def private_top_k(
             else:
                 noise_list = EagerNoiseList.draw(distribution, access.m, rng)
             if costs is None:
-                schedule = batching or Batching()
+                schedule = batching or DEFAULT_BATCHING
                 positions = private_threshold_top_k(access, noise_list, k, schedule)
             else:
                 schedule = batching or costs.batching(k, access.m)

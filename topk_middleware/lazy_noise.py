@@ -33,6 +33,10 @@ cursor's predecessor; positions after it that random access has sampled sit in s
 arrays (`_SampledAhead`) for predecessor / successor lookup. Items map to their noise in
 `SortedChunks` (single placements gather in a small dict first). Time and memory are
 O(accesses log accesses) for batched access, never O(m).
+
+Size: one class, LazyNoiseList, and the three small structures that hold its state (items
+placed, positions sampled ahead, buffered draws); its batched accesses sample the joint law
+its scalar ones do, from the same state, so both stay beside each other.
 """
 
 from __future__ import annotations
@@ -181,7 +185,12 @@ class _SampledAhead:
         )
 
     def add(self, pos: np.ndarray, v: np.ndarray, item: np.ndarray, noise: np.ndarray) -> None:
-        """Merge new (unsampled) positions, in any order."""
+        """Merge new (unsampled) positions, in any order (taken as they are, ascending, where
+        there are none yet)."""
+        if not len(self) and (len(pos) < 2 or bool(np.all(pos[1:] > pos[:-1]))):
+            self.start = 0
+            self.pos, self.v, self.item, self.noise = pos, v, item, noise
+            return
         columns = [
             np.concatenate([old[self.start :], new])
             for old, new in ((self.pos, pos), (self.v, v), (self.item, item), (self.noise, noise))
@@ -211,12 +220,15 @@ class _Draws:
         self._bits_block = self._exps_block = 8
 
     def below(self, n: int) -> int:
-        """A uniform integer in [0, n), exactly: 62 random bits, rejected above a multiple of n."""
+        """A uniform integer in [0, n), exactly: 62 random bits, rejected above a multiple of n.
+        The bits are the top 62 of the generator's raw 64-bit words: what rng.integers(0,
+        2**62) draws (Lemire's method on a power of two keeps them), at a tenth of its cost."""
         limit = ((1 << self.BITS) // n) * n
         while True:
             if not self._bits:
                 size = self._bits_block
-                self._bits = self.rng.integers(0, 1 << self.BITS, size, np.int64).tolist()
+                raw = self.rng.bit_generator.random_raw(size)
+                self._bits = (raw >> np.uint64(64 - self.BITS)).tolist()
                 self._bits_block = min(2 * size, self.MAX_BLOCK)
             x = self._bits.pop()
             if x < limit:
@@ -340,7 +352,11 @@ class LazyNoiseList:
             return noises
         # Fresh items in ascending order: positions are exchangeable, so which fresh item takes
         # which drawn position may follow any fixed order.
-        fresh, where = np.unique(arr[missing], return_inverse=True)
+        asked = arr[missing]
+        if len(asked) < 2 or bool(np.all(asked[1:] > asked[:-1])):  # ascending already: as is
+            fresh, where = asked, np.arange(len(asked))
+        else:
+            fresh, where = np.unique(asked, return_inverse=True)
         span = self.m - self._cursor
         if len(fresh) < BATCH_MIN or len(self._ahead) + len(fresh) > REJECTION_MAX_TAKEN * span:
             fresh_noises = np.array([self.noise_of(rank) for rank in fresh.tolist()])
@@ -389,11 +405,60 @@ class LazyNoiseList:
         pos, items = positions[by_position], items[by_position]
         n = len(pos)
         ahead = self._ahead
-        # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
-        ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
-        ext_v = np.concatenate([[self._last_v], ahead.v[ahead.start :], [1.0]])
-        ext_noise = np.concatenate([[self._last_noise], ahead.noise[ahead.start :], [-math.inf]])
         gap = np.searchsorted(keys, pos)  # new position between ext[gap] and ext[gap + 1]
+        if gap[0] == gap[-1]:  # one gap (the first block's items): the same draws, unpadded
+            g = int(gap[0])
+            left, v_l, noise_l = self._neighbour(g)
+            right, v_r, noise_r = self._neighbour(g + 1)
+            v = self._one_gap(pos, left, right, v_l, v_r)
+            z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+            noise = np.minimum(np.maximum(z, noise_r), noise_l)  # np.clip's, on scalars
+        else:
+            # Sampled neighbours with the sentinels: the cursor's predecessor and v_(m) = 1.
+            ext_pos = np.concatenate([[self._cursor - 1], keys, [self.m]]).astype(np.int64)
+            ext_v = np.concatenate([[self._last_v], ahead.v[ahead.start :], [1.0]])
+            ext_noise = np.concatenate(
+                [[self._last_noise], ahead.noise[ahead.start :], [-math.inf]]
+            )
+            v = self._gaps(pos, gap, ext_pos, ext_v)
+            z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
+            noise = np.minimum(np.maximum(z, ext_noise[gap + 1]), ext_noise[gap])  # np.clip's
+        ahead.add(pos, v, items, noise)
+        by_item = np.empty(n)
+        by_item[by_position] = noise
+        self._placed.add_many(items_ascending, by_item, np.arange(n))
+        if self._placed_sorted is not None:
+            self._placed_sorted.update(items.tolist())
+        return by_item
+
+    def _neighbour(self, g: int) -> tuple[int, float, float]:
+        """(position, v, noise) of the g-th sampled neighbour of the positions ahead: 0 the
+        cursor's predecessor (the sentinel v_(-1) = 0 at the start), then the sampled positions
+        ahead, then the sentinel v_(m) = 1."""
+        ahead = self._ahead
+        if g == 0:
+            return self._cursor - 1, self._last_v, self._last_noise
+        if g > len(ahead):
+            return self.m, 1.0, -math.inf
+        i = ahead.start + g - 1
+        return int(ahead.pos[i]), float(ahead.v[i]), float(ahead.noise[i])
+
+    def _one_gap(
+        self, pos: np.ndarray, left: int, right: int, v_l: float, v_r: float
+    ) -> np.ndarray:
+        """The v of new positions `pos` (ascending) all in the gap (left, right) between two
+        sampled positions: its q + 1 spacings Dirichlet, as `_gaps` draws them (a gamma of shape
+        0 is exactly 0 and takes no draw: the same stream and the same values, unpadded)."""
+        bounds = np.concatenate(([left], pos, [right]))
+        sums = np.cumsum(self.rng.standard_gamma(np.diff(bounds)))
+        return np.minimum(np.maximum(v_l + (v_r - v_l) * (sums[:-1] / sums[-1]), v_l), v_r)
+
+    def _gaps(
+        self, pos: np.ndarray, gap: np.ndarray, ext_pos: np.ndarray, ext_v: np.ndarray
+    ) -> np.ndarray:
+        """The v of new positions `pos` (ascending) in gaps `gap` (`_place_at`): per size
+        class of gaps, one 2-D gamma draw and one cumulative sum per row."""
+        n = len(pos)
         first = np.ones(n, dtype=bool)
         first[1:] = gap[1:] != gap[:-1]
         starts = np.flatnonzero(first)
@@ -420,15 +485,7 @@ class LazyNoiseList:
             values = np.clip(lv + (rv - lv) * share, lv, rv)
             keep = col[None, :width] < sz[:, None]
             v[(st[:, None] + col[None, :width])[keep]] = values[keep]
-        z = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
-        noise = np.clip(z, ext_noise[gap + 1], ext_noise[gap])
-        ahead.add(pos, v, items, noise)
-        by_item = np.empty(n)
-        by_item[by_position] = noise
-        self._placed.add_many(items_ascending, by_item, np.arange(n))
-        if self._placed_sorted is not None:
-            self._placed_sorted.update(items.tolist())
-        return by_item
+        return v
 
     # ----- batched sorted access ------------------------------------------------------------------
     def next_sorted_batch(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -465,9 +522,9 @@ class LazyNoiseList:
             spacings = np.cumsum(self.rng.standard_exponential(run))
             rest = self.rng.standard_gamma(r - j - run + 1)
             v = v_l + (v_r - v_l) * (spacings / (spacings[-1] + rest))
-            np.clip(v, v_l, v_r, out=v)
+            np.minimum(np.maximum(v, v_l, out=v), v_r, out=v)  # np.clip, without its overhead
             noises = np.asarray(self.distribution.from_survival(v), dtype=np.float64)
-            np.clip(noises, noise_r, self._last_noise, out=noises)
+            np.minimum(np.maximum(noises, noise_r, out=noises), self._last_noise, out=noises)
             items, order = self._fresh_items(run)
             self._placed.add_many(items, noises, order)
             if self._placed_sorted is not None:

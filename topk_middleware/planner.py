@@ -17,7 +17,11 @@ one-shot only where the top rows show it cheap. A store whose every sorted read 
 (StoreCosts.sorted_scans: DuckDB reading its table as it is now) gets the in-store one-shot
 without a read: its probe would cost as much as the one-shot itself. A store whose in-store
 one-shot reads another relation than its sorted reads (DuckDB's frozen copy with a pending delta:
-the table itself) prices it by its `oneshot_fixed`.
+the table itself) prices it by its `oneshot_fixed`. A store reading its table itself because its
+copy is stale, which serves reads by rank and further sorted reads only from the copy, refreshed
+first (Spark: `StoreCosts.copy_refresh`), has a threshold run that goes past the rows read (the
+end of the block holding its estimated stop) priced with that refresh and then on the copy, and
+a full read likewise; its in-store one-shot reads the table and pays none.
 
 The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
 largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
@@ -39,7 +43,7 @@ within a few b ln(m) of the top, no ties), pruning reads more and the estimate i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,6 +53,9 @@ from .keyed_noise import KeyedNoise, default_exceedances, split_level
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
+# The top rows the planner reads first: max(2k, PROBE_ROWS) (stores may serve them with the
+# run's first query: DuckDB's frozen copy, PostgreSQL's live table).
+PROBE_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ class Plan:
     oneshot_kind: str  # which one-shot was priced
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 def estimate_steps(scores: np.ndarray, k: int, m: int, scale: float) -> int:
@@ -152,7 +159,7 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         # a scan as dear as the one-shot's own, so the one-shot, without reading first.
         fixed = costs.oneshot_fixed if costs.oneshot_fixed is not None else costs.round_trip
         return Plan("oneshot_in_store", 0, 0, math.inf, fixed, "oneshot_in_store")
-    probe = min(m, max(2 * k, 64))
+    probe = min(m, max(2 * k, PROBE_ROWS))
     access.fetch_sorted_until(probe)
     scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
     steps = estimate_steps(scores, k, m, scale)
@@ -169,16 +176,37 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
     # Block-max pruning bounds unread scores on every store (ranked: known ranks and the zone
     # map; unranked: the prefix's last score), so the model prices pruned random reads on all.
     thr = threshold_seconds(steps, k, m, costs, tied_runs, pruned=True, prefix_rows=probe)
+    refresh = costs.copy_refresh
+    if refresh is not None and block_end(steps, k, m) > probe:
+        # A store reading its table itself serves reads by rank and sorted reads past the rows
+        # read only from its copy, refreshed first: a run that goes on past the probe (random
+        # reads, or a further sorted read) pays the refresh, then runs on the copy.
+        thr = refresh.seconds + threshold_seconds(
+            steps, k, m, refresh.costs, False, pruned=True, prefix_rows=probe
+        )
     kind, one = _oneshot_choice(access, scores, k, m, scale, costs)
     chosen = "threshold" if thr <= one else kind
     return Plan(chosen, steps, probe, thr, one, kind)
 
 
+def block_end(steps: int, k: int, m: int) -> int:
+    """The depth a threshold run of `steps` steps reads sorted rows to: the end of the default
+    Batching's block holding its last step (blocks of 2k steps, then x2)."""
+    end, size = 0, 2 * k
+    while end < steps and end < m:
+        end, size = end + size, size * GROWTH
+    return int(min(end, m))
+
+
 def _oneshot_choice(
     access: CountedAccess, scores: np.ndarray, k: int, m: int, scale: float, costs: StoreCosts
 ) -> tuple[str, float]:
-    """The cheaper one-shot (in the store where it can run, or over a full read) and its cost."""
+    """The cheaper one-shot (in the store where it can run, or over a full read) and its cost.
+    A full read a store serves only from a refreshed copy (`copy_refresh`) pays the refresh."""
     full = costs.round_trip + m * costs.full_read_row
+    if costs.copy_refresh is not None:
+        copy = costs.copy_refresh.costs
+        full = costs.copy_refresh.seconds + copy.round_trip + m * copy.full_read_row
     if offers_in_store(access.source):
         counter = getattr(access.source, "count_at_least", None)
         in_store = in_store_seconds(scores, k, m, scale, costs, counter)

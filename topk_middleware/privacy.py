@@ -38,6 +38,7 @@ one-shot output distribution, so they inherit these guarantees.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -274,10 +275,19 @@ def calibrate(
     sensitivity D (the unit scale times D: module docstring).
 
     When the approximate-DP bound does not beat the pure one (or its conditions fail), the pure
-    calibration is used and the reported delta is 0: the release is then epsilon-DP.
+    calibration is used and the reported delta is 0: the release is then epsilon-DP. A pure
+    function of its arguments, kept for the last ones asked (a guarantee is immutable).
     """
     check_neighbours(neighbours)
     sensitivity = check_sensitivity(sensitivity)
+    return _calibrated(noise, int(k), int(m), float(epsilon), float(delta), neighbours, sensitivity)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated(
+    noise: str, k: int, m: int, epsilon: float, delta: float, neighbours: str, sensitivity: float
+) -> PrivacyGuarantee:
+    """calibrate(), its arguments checked."""
     if neighbours == "add_remove":
         base = _calibrate_add_remove(noise, k, m, epsilon, delta)
         factor, how = 1.0, _without_assumption(base.derivation)

@@ -60,7 +60,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -918,6 +918,11 @@ class PostgresTable(WriteLog, TableRead):
             "by itself"
         )
 
+    def _run_transaction(self, conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+        """The run's transaction (snapshot()): psycopg's, begun when entered, committed (rolled
+        back after an error) when left."""
+        return conn.transaction()
+
     @contextmanager
     def snapshot(self) -> Iterator[None]:
         """One REPEATABLE READ READ ONLY transaction: every read of the run sees one snapshot.
@@ -946,7 +951,7 @@ class PostgresTable(WriteLog, TableRead):
                 try:
                     cursor = None
                     try:
-                        with conn.transaction():
+                        with self._run_transaction(conn):
                             if self._oblivious:
                                 self._hide_statistics(conn)
                             self._run = self._open_run(conn)

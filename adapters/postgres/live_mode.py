@@ -25,7 +25,12 @@ What `prepare()` installs, once (adapters/postgres/copy_mode.py builds nothing e
 
 Each run is one REPEATABLE READ READ ONLY transaction. It learns m and checks the scores in one
 query of three index probes (the last position; the largest score, which must be finite and not
-NULL, NaN sorting there too; the smallest, which must be >= 0), never a count(*). Sorted access
+NULL, NaN sorting there too; the smallest, which must be >= 0), never a count(*). On a connection
+in autocommit mode (the one this object opens) that query's statement also begins the
+transaction and, where the statistics already say the run reads through the position table
+(more distinct scores than the runs below allow), declares the sorted cursor and fetches its
+first FIRST_ROWS rows, the planner's probe: a release on skewed data is two round trips, that
+statement and the COMMIT. Sorted access
 is a server-side cursor over the (score DESC, id) B-tree joined to the position table (FETCH
 FORWARD n per read, in binary for integer ids, which numpy converts in one step; any other
 start falls back to OFFSET); random access by position goes through
@@ -105,7 +110,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -123,6 +128,7 @@ from adapters._sql import (
 )
 from topk_middleware.access import AccessError, Rows
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
+from topk_middleware.planner import PROBE_ROWS
 
 from . import oblivious as oblivious_sql
 from .copy_mode import PostgresTable, _Refresh, _seq_scans
@@ -130,6 +136,11 @@ from .copy_mode import PostgresTable, _Refresh, _seq_scans
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
 # run reads a small fraction of the table, so the cursor walks the B-tree instead of sorting.
 CURSOR_TUPLE_FRACTION = 1e-6
+# A run's first statement (on a connection in autocommit mode) also begins its transaction and,
+# where the run will read by the position table, declares the sorted cursor and fetches the
+# first FIRST_ROWS rows: the planner's probe (planner.PROBE_ROWS) in the run's one round trip.
+FIRST_ROWS = PROBE_ROWS
+BEGIN_RUN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
 # A run learns its snapshot's runs of tied scores when there are at most `max_score_runs`
@@ -190,16 +201,47 @@ class _Middle:
     taken: set[Any] = field(default_factory=set)  # ids drawn
 
 
+class _DeclaredCursor:
+    """The sorted cursor declared by the run's first statement, which fetched its first rows
+    too: they are served first, then FETCH FORWARD on the named cursor (its transaction's end
+    closes it)."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], name: str, records: list[Any], binary: bool
+    ) -> None:
+        self._conn, self.name, self._records, self._binary = conn, name, records, binary
+        self.closed = False
+
+    def fetch(self, count: int) -> tuple[list[Any], int]:
+        """The next `count` rows and the round trips that took (0 while the first rows last)."""
+        records, self._records = self._records[:count], self._records[count:]
+        if len(records) == count:
+            return records, 0
+        query = sql.SQL("FETCH FORWARD {} FROM {}").format(
+            sql.Literal(count - len(records)), sql.Identifier(self.name)
+        )
+        with self._conn.cursor(binary=self._binary) as cur:
+            records += cur.execute(query).fetchall()
+        return records, 1
+
+    def close(self) -> None:
+        """CLOSE it if its transaction is still open (a cursor declared anew replaces it)."""
+        if not self.closed and self._conn.info.transaction_status == TransactionStatus.INTRANS:
+            self._conn.execute(sql.SQL("CLOSE {}").format(sql.Identifier(self.name)))
+        self.closed = True
+
+
 @dataclass
 class _LiveRun:
     m: int
     runs: _ScoreRuns | None = None  # set: this run serves positions = ranks
-    cursor: psycopg.ServerCursor[Any] | None = None
+    cursor: psycopg.ServerCursor[Any] | _DeclaredCursor | None = None
     depth: int = 0  # the next depth the cursor serves
     last_id: Any = None  # the id of the last row the cursor served (positions = ranks)
     middles: dict[int, _Middle | None] = field(default_factory=dict)  # by run; None: walked
     served: set[Any] = field(default_factory=set)  # ids of rows read by rank (never drawn)
     dense: bool = False  # an oblivious run over ids 0..m-1: an item's position is its id
+    first_rows: int = 0  # sorted rows the run's first statement fetched
 
 
 def _numeric_rows(records: list[tuple[Any, ...]], depth: int | None = None) -> Rows:
@@ -265,6 +307,7 @@ class LivePostgresTable(PostgresTable):
         self.max_score_runs, self.run_count_rows = max_score_runs, run_count_rows
         self._estimate: float | None = None  # pg_stats' distinct scores, read at ...
         self._estimate_read_at: float | None = None  # ... this time.monotonic(), if read
+        self._begin_pending = False  # the run's first query begins its transaction
         self._setup_live()
 
     @contextmanager  # type: ignore[override]
@@ -519,12 +562,50 @@ END
     # ----- the Source protocol ------------------------------------------------------------------
     # snapshot() is PostgresTable's: one REPEATABLE READ READ ONLY transaction (reconnecting once
     # if the connection was lost before the run read anything), whose first query is _live_m.
+    @contextmanager
+    def _run_transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """The run's transaction. On a connection in autocommit mode (what this object opens)
+        its BEGIN rides on the run's first query (`_live_facts`) instead of a round trip of its
+        own; COMMIT at the end, ROLLBACK after an error. Oblivious runs keep psycopg's."""
+        if not conn.autocommit or self._oblivious:
+            with conn.transaction():
+                yield
+            return
+        self._begin_pending = True
+        try:
+            yield
+        except BaseException:
+            self._begin_pending = False
+            if conn.info.transaction_status in (
+                TransactionStatus.INTRANS,
+                TransactionStatus.INERROR,
+            ):
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass  # a broken connection: the error that broke it is raised below
+            raise
+        if self._begin_pending:  # no query ran (the first one begins the transaction)
+            self._begin_pending = False
+            return
+        conn.execute("COMMIT")
+
     def _open_run(self, conn: psycopg.Connection[Any]) -> _LiveRun:
         now = time.monotonic()
         stale = self.max_score_runs > 0 and (
             self._estimate_read_at is None or now - self._estimate_read_at > STATISTICS_TTL
         )
-        m, distinct = self._live_facts(conn, with_estimate=stale)
+        # Where the run's first statement begins the transaction and the statistics already say
+        # the run takes no runs of tied scores, the same statement declares the sorted cursor
+        # and fetches the planner's probe.
+        first = 0
+        if self._begin_pending and not self._oblivious and not stale:
+            estimate = self._estimate
+            if self.max_score_runs < 1 or (
+                estimate is not None and estimate > DISTINCT_ESTIMATE_SLACK * self.max_score_runs
+            ):
+                first = FIRST_ROWS
+        m, distinct, records = self._live_facts_and_rows(conn, stale, first)
         if not self._positions_unchanged and getattr(self, "_refreshes", 0) < 2:
             raise _Refresh  # snapshot() runs prepare(), which fills the positions again
         if stale:
@@ -533,7 +614,16 @@ END
         few = distinct is None or distinct <= DISTINCT_ESTIMATE_SLACK * self.max_score_runs
         run = _LiveRun(m, self._score_runs(conn, m) if few else None)
         run.dense = self._oblivious and self._dense_ids
+        if records is not None and run.runs is None:
+            run.cursor = _DeclaredCursor(conn, self._cursor_name(), records, self._integer_ids)
+            run.first_rows = len(records)
         return run
+
+    @property
+    def sorted_rows_in_hand(self) -> int:
+        """access.CountedAccess: the sorted rows the run's first statement fetched (0 outside
+        a run): a sorted read within them makes no round trip."""
+        return 0 if self._run is None else self._run.first_rows
 
     def _score_runs(self, reader: Any, m: int) -> _ScoreRuns | None:
         """The snapshot's runs of tied scores if they are few and cheap to count, else None:
@@ -692,13 +782,20 @@ END
         return getattr(run, "cursor", None)
 
     def _live_m(self, reader: Any) -> int:
-        return self._live_facts(reader)[0]
+        return self._live_facts_and_rows(reader)[0]
 
-    def _live_facts(self, reader: Any, with_estimate: bool = False) -> tuple[int, float | None]:
+    def _cursor_name(self) -> str:
+        return f"topk_sorted_{id(self):x}"
+
+    def _live_facts_and_rows(
+        self, reader: Any, with_estimate: bool = False, first_rows: int = 0
+    ) -> tuple[int, float | None, list[Any] | None]:
         """m, after checking that the position table and its triggers are there and the scores'
         extremes, and, if asked, the planner's estimate of the distinct scores (None without
         statistics; pg_stats costs ~0.9 ms, hence STATISTICS_TTL): one query of catalog lookups
-        and three index probes."""
+        and three index probes. Where the run's transaction is yet to begin, the same statement
+        begins it; with `first_rows`, it then declares the sorted cursor over the position table
+        and fetches that many rows (returned; None otherwise)."""
         # The run's settings ride on the same query: no JIT (a cursor is planned for the whole
         # table, whose cost would trigger a compilation of ~50-150 ms for a read of 20 rows),
         # a small cursor_tuple_fraction (walk the B-tree rather than sort), and no sequential
@@ -746,8 +843,27 @@ END
             base=self._base,
             score_name=sql.Literal(self.score_column),
         )
+        begin, self._begin_pending = self._begin_pending, False
+        records = None
         try:
-            row = reader.execute(query).fetchone()
+            if not begin:
+                row = reader.execute(query).fetchone()
+            else:  # one statement: BEGIN; the facts[; DECLARE the sorted cursor; FETCH]
+                parts = [sql.SQL(BEGIN_RUN), query]
+                if first_rows:
+                    name = sql.Identifier(self._cursor_name())
+                    parts += [
+                        sql.SQL("DECLARE {} NO SCROLL CURSOR FOR ").format(name)
+                        + self._sorted_live_query(),
+                        sql.SQL("FETCH FORWARD {} FROM {}").format(sql.Literal(first_rows), name),
+                    ]
+                cur = reader.execute(sql.SQL("; ").join(parts))
+                cur.nextset()
+                row = cur.fetchone()
+                if first_rows:
+                    cur.nextset()
+                    cur.nextset()
+                    records = cur.fetchall()
             *_, triggers, unchanged, m, top, bottom, low, high, distinct = row
         except psycopg.errors.UndefinedTable:
             triggers, unchanged = 0, True
@@ -770,7 +886,7 @@ END
             raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
         # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
         self._dense_ids = low == 0 and high == int(m) - 1
-        return int(m), None if distinct is None else float(distinct)
+        return int(m), None if distinct is None else float(distinct), records
 
     def _live_state(self) -> _LiveRun:
         if self._run is None:
@@ -837,19 +953,21 @@ END
             if run.cursor is not None:
                 run.cursor.close()
             # integer ids come in binary and go to numpy in one step (_numeric_rows)
-            run.cursor = self._conn.cursor(
-                name=f"topk_sorted_{id(self):x}", binary=self._integer_ids
-            )
+            run.cursor = self._conn.cursor(name=self._cursor_name(), binary=self._integer_ids)
             ranked = run.runs is not None
             query = self._sorted_ranked_query() if ranked else self._sorted_live_query()
             if start:
                 query = query + sql.SQL(" OFFSET {}").format(sql.Literal(start))
             run.cursor.execute(query)
             run.depth = start
-        records = run.cursor.fetchmany(stop - start)
+        if isinstance(run.cursor, _DeclaredCursor):  # its first rows came with the run's start
+            records, trips = run.cursor.fetch(stop - start)
+        else:
+            records, trips = run.cursor.fetchmany(stop - start), 1
         depth, run.depth = run.depth, run.depth + len(records)
         if run.runs is None:
-            return _numeric_rows(records) if self._integer_ids else rows_from_records(records)
+            rows = _numeric_rows(records) if self._integer_ids else rows_from_records(records)
+            return rows if trips == 1 else replace(rows, round_trips=trips)
         if records:
             run.last_id = records[-1][0]
         if self._integer_ids:

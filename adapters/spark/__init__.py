@@ -655,7 +655,12 @@ class SparkTable:
         freshness["path"] = "table"
         if facts is None:
             facts = self._source_facts(frame, fingerprint, version.m)
-        return Run(None, None, direct=Direct(frame, fingerprint, facts, table_seconds))
+        # the refresh a read only the copy serves would make, as the ski rental prices it,
+        # without the threshold run on the new copy (the planner prices that on the copy)
+        refresh_only = max(0.0, refresh_seconds - 3 * STORE_COSTS.round_trip)
+        return Run(
+            None, None, direct=Direct(frame, fingerprint, facts, table_seconds, refresh_only)
+        )
 
     def _copy_run(self, version: Version) -> Run:
         with _READERS_LOCK:
@@ -721,7 +726,7 @@ class SparkTable:
         """The copy's costs (STORE_COSTS), or, in a run on the table itself, direct.py's."""
         run = self._run
         if run is not None and run.direct is not None:
-            return direct_costs(run.direct.facts.m)
+            return direct_costs(run.direct.facts.m, run.direct.refresh_seconds)
         return STORE_COSTS
 
     def oneshot_positions(self) -> int:

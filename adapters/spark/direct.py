@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, CopyRefresh, Rows, StoreCosts
 from topk_middleware.keyed_noise import (
     UNIFORM_BITS,
     UNIFORM_HEX,
@@ -87,12 +87,14 @@ class Facts:
 @dataclass
 class Direct:
     """A run reading the source itself: the source's DataFrame (its file listing), the
-    fingerprint at the run's start, its facts, the scores of rows read, and the price paid."""
+    fingerprint at the run's start, its facts, the modelled price of reading the table and of
+    the refresh a read only the copy serves would make, and the scores of rows read."""
 
     frame: Any
     fingerprint: str
     facts: Facts
     table_seconds: float
+    refresh_seconds: float = 0.0  # a refresh of the copy (the ski rental's price, less the run)
     known: dict[Any, float] = field(default_factory=dict)
 
 
@@ -113,9 +115,12 @@ def prepare_seconds(m: int) -> float:
     return PREPARE_JOBS * JOB_SECONDS + m * PREPARE_ROW
 
 
-def direct_costs(m: int) -> StoreCosts:
+def direct_costs(m: int, refresh_seconds: float) -> StoreCosts:
     """The planner's costs on the table read directly: the in-store one-shot is a pass
-    (`oneshot_fixed`), so `auto` takes it without reading ahead (planner.py)."""
+    (`oneshot_fixed`), so `auto` takes it without reading ahead (planner.py); a read by rank,
+    a sorted read past the rows the run has read and a full read refresh the copy first
+    (`copy_refresh`: `refresh_seconds`, then the copy's STORE_COSTS), so that a threshold run
+    that would make one is priced with the refresh it triggers."""
     return StoreCosts(
         round_trip=JOB_SECONDS,
         sorted_row=SCAN_ROW,
@@ -124,6 +129,7 @@ def direct_costs(m: int) -> StoreCosts:
         oneshot_row=HASH_ROW,
         full_read_row=1e-6,
         oneshot_fixed=JOB_SECONDS + m * SCAN_ROW,
+        copy_refresh=CopyRefresh(refresh_seconds, STORE_COSTS),
     )
 
 

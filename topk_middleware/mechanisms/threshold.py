@@ -52,6 +52,10 @@ from ..interrupts import check as check_interrupts
 from ..noise_list import NoiseList
 from .oneshot import top_k_ranks
 
+# Up to this many steps, `_Steps.first_stop` counts reaching(s) for every step at once (an
+# n x n comparison) instead of per probe of its binary search.
+REACHING_TABLE_MAX = 128
+
 
 @dataclass(frozen=True)
 class Batching:
@@ -95,6 +99,9 @@ class Batching:
             size *= self.growth
 
 
+DEFAULT_BATCHING = Batching()
+
+
 class NoisePlan:
     """What the noise list answers at steps 0, 1, 2, ... of Algorithm 3, drawn ahead in chunks.
 
@@ -115,7 +122,7 @@ class NoisePlan:
         self.noise_at_depth = np.empty(0)  # step s: the noise of the item at depth s
         self.l2_position = np.empty(0, dtype=np.int64)  # step s: the item at place s of L2 ...
         self.l2_noise = np.empty(0)  # ... and its noise
-        self._chunks = Batching().blocks(k)
+        self._chunks = DEFAULT_BATCHING.blocks(k)
 
     def __len__(self) -> int:
         return len(self.l2_position)
@@ -192,6 +199,25 @@ class _Steps:
         only_l2 = (self.l2_depth[: s + 1] > s) & (l2_value[: s + 1] > t)
         return own + int(np.count_nonzero(only_l2))
 
+    def _reaching_table(self, l2_value: np.ndarray) -> list[int] | None:
+        """reaching(s) for every step s (the same counts), where there are at most
+        REACHING_TABLE_MAX steps; kept per `l2_value` array. None beyond."""
+        n = len(self.tau)
+        if n > REACHING_TABLE_MAX:
+            return None
+        tables = self.__dict__.setdefault("_tables", {})  # frozen: not a field
+        kept = tables.get(id(l2_value))
+        if kept is not None and kept[0] is l2_value:
+            return kept[1]
+        steps = np.arange(n)
+        seen = steps[None, :] <= steps[:, None]  # row s: the items seen by step s
+        tau = self.tau[:, None]
+        own = ((self.own_value[None, :] > tau) & seen).sum(axis=1)
+        only_l2 = (self.l2_depth[None, :] > steps[:, None]) & (l2_value[None, :] > tau) & seen
+        table = (own + only_l2.sum(axis=1)).tolist()
+        tables[id(l2_value)] = (l2_value, table)
+        return table
+
     def first_stop(self, k: int, start: int, l2_value: np.ndarray) -> int | None:
         """The first step >= start at which reaching (with `l2_value`) is >= k, or None.
 
@@ -200,12 +226,19 @@ class _Steps:
         the step the sequential run stops at once the values it depends on are known.
         """
         last = len(self.tau) - 1
-        if last < start or self.reaching(last, l2_value) < k:
+        if last < start:
+            return None
+        table = self._reaching_table(l2_value)
+        if table is None:
+            if self.reaching(last, l2_value) < k:
+                return None
+        elif table[last] < k:
             return None
         low, high = start, last
         while low < high:
             mid = (low + high) // 2
-            if self.reaching(mid, l2_value) >= k:
+            reach = self.reaching(mid, l2_value) if table is None else table[mid]
+            if reach >= k:
                 high = mid
             else:
                 low = mid + 1
