@@ -299,6 +299,7 @@ def test_duckdb_one_shot_on_the_table_has_the_exponential_law() -> None:
     source = DuckDBTable(con, "t")
     with source.snapshot():
         assert source.domain_size() == m and source.oneshot_positions() > m
+
     def law(scale: float) -> np.ndarray:
         weights = np.concatenate([np.exp(tops / scale), [m - 5.0]])
         return weights / weights.sum()
