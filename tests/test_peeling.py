@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from adapters.memory import ArraySource
-from tests.helpers import same_on_store
+from tests.helpers import assert_law_and_scale, same_on_store
+from tests.helpers import plackett_luce as pl
 from topk_middleware import private_top_k
 from topk_middleware.access import Source
 from topk_middleware.mechanisms.peeling import peeling_top_k
@@ -35,29 +35,40 @@ def plackett_luce() -> dict[tuple[int, ...], float]:
     return probs
 
 
-def chi_square_p(samples: Counter, probs: dict[tuple[int, ...], float], n: int) -> float:
-    keys = [key for key in probs if probs[key] * n >= 5]
-    observed = [samples[key] for key in keys] + [n - sum(samples[key] for key in keys)]
-    expected = [probs[key] * n for key in keys] + [n * (1 - sum(probs[key] for key in keys))]
-    return float(stats.chisquare(observed, expected).pvalue)
-
-
 def test_peeling_is_plackett_luce_and_matches_oneshot() -> None:
-    """20,000 peeling runs against the exact Plackett-Luce probabilities (chi-square), and
-    against 20,000 one-shot Gumbel runs (scale k/eps; two-sample chi-square). Fails at the
-    0.1 % level if peeling used the wrong step epsilon, drew with replacement, or misordered."""
+    """4,000 peeling runs and 4,000 one-shot Gumbel runs (scale k/eps), each against the exact
+    Plackett-Luce probabilities: cells expected 5 times or more and the rest pooled (72 cells),
+    Pearson's chi-square and the score test of the scale at 5e-4 each
+    (tests.helpers.assert_law_and_scale). Fails if peeling used the wrong step epsilon (e.g.
+    eps / (2k), a scale twice k / eps: probability 1.0), drew with replacement (a repeated item
+    has no cell) or misordered, and either law with a scale 10% off (10% too small: 1.0, too
+    large: 0.99995; simulated, 20,000 samples of 4,000; the chi-square of 20,000 peeling runs
+    alone: 1.0 and 1.0, and a two-sample test against 20,000 one-shot runs has the power of a
+    one-sample test of 10,000 of them)."""
     source = ArraySource(SCORES)
-    n = 20_000
-    peel = Counter(tuple(peeling_top_k(source, K, EPS, seed=s).items) for s in range(n))
+    n = 4_000
     probs = plackett_luce()
-    assert chi_square_p(peel, probs, n) > 1e-3
+    outcomes = list(probs)
+    keep = np.array([probs[o] * n >= 5 for o in outcomes])
+
+    def law(scale: float) -> np.ndarray:
+        weights = np.exp(np.asarray(SCORES) / scale)
+        p = np.array([pl(weights, o) for o in outcomes])
+        return np.append(p[keep], p[~keep].sum())
+
+    def cells(counts: Counter) -> np.ndarray:
+        observed = np.array([counts[o] for o in outcomes])
+        assert observed.sum() == n
+        return np.append(observed[keep], observed[~keep].sum())
+
+    assert keep.sum() == 71
+    peel = Counter(tuple(peeling_top_k(source, K, EPS, seed=s).items) for s in range(n))
+    assert_law_and_scale(cells(peel), law, K / EPS)
     oneshot = Counter(
         tuple(private_top_k(source, K, EPS, method="oneshot", seed=10**6 + s).items)
         for s in range(n)
     )
-    keys = [key for key in probs if probs[key] * n >= 5]
-    table = np.array([[peel[key] for key in keys], [oneshot[key] for key in keys]])
-    assert stats.chi2_contingency(table).pvalue > 1e-3
+    assert_law_and_scale(cells(oneshot), law, K / EPS)
 
 
 def test_accesses_and_guarantee() -> None:
