@@ -455,144 +455,174 @@ def _files(root: Path) -> set[Path]:
     return set(root.rglob("*"))
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (
-            ["release", "{tmp}/missing.duckdb", "--table", "t", "--k", "3", "--epsilon", "1"],
-            "no DuckDB file",
-        ),
-        (
-            ["release", "duckdb:///{tmp}/missing.db", "--table", "t", "--k", "3", "--epsilon", "1"],
-            "no DuckDB file",
-        ),
-        (["prepare", "{tmp}/missing.duckdb", "--table", "t"], "no DuckDB file"),
-        (["check", "sqlite:///{tmp}/missing.sqlite", "--table", "t"], "no SQLite file"),
-        (
-            ["release", "sqlite://", "--table", "t", "--k", "3", "--epsilon", "1"],
-            "in-memory SQLite",
-        ),
-        (
-            ["release", "votes.csv", "--table", "t", "--k", "3", "--epsilon", "1"],
-            "is not a store URL",
-        ),
-        (
-            ["release", "nosuchdialect://x/y", "--table", "t", "--k", "3", "--epsilon", "1"],
-            "cannot load a driver",
-        ),
-        (["release", "{db}", "--table", "votes", "--k", "0", "--epsilon", "1"], "k must be >= 1"),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "0"],
-            "epsilon must be finite and > 0",
-        ),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "nan"],
-            "epsilon must be finite and > 0",
-        ),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "inf"],
-            "epsilon must be finite and > 0",
-        ),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "1", "--delta", "1"],
-            "delta must be in [0, 1)",
-        ),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "ten", "--epsilon", "1"],
-            "invalid int value",
-        ),
-        (["release", "{db}", "--table", "votes", "--k", "3"], "--epsilon"),
-        (
-            [
-                "release",
-                "{db}",
-                "--table",
-                "votes",
-                "--k",
-                "3",
-                "--epsilon",
-                "1",
-                "--noise",
-                "normal",
-            ],
-            "invalid choice",
-        ),
-        (
-            [
-                "release",
-                "{db}",
-                "--table",
-                "votes",
-                "--k",
-                "3",
-                "--epsilon",
-                "1",
-                "--principal",
-                "a",
-            ],
-            "--ledger and --principal go together",
-        ),
-        (
-            ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "1", "--mode", "live"],
-            "DuckDB has no live mode",
-        ),
-        (
-            [
-                "release",
-                "{db}",
-                "--table",
-                "votes",
-                "--k",
-                "3",
-                "--epsilon",
-                "1",
-                "--ledger",
-                "{tmp}/l.duckdb",
-                "--principal",
-                "a",
-            ],
-            "no ledger file",
-        ),
-        (
-            ["budget", "--ledger", "sqlite:///{tmp}/ledger.sqlite", "--principal", "a"],
-            "no ledger file",
-        ),
-        (
-            [
-                "budget",
-                "--ledger",
-                "sqlite:///{tmp}/ledger.sqlite",
-                "--principal",
-                "a",
-                "--grant",
-                "-1",
-            ],
-            "budget epsilon must be finite and > 0",
-        ),
-        (
-            ["prepare", "{db}", "--table", "votes", "--mode", "live", "--refresh"],
-            "--refresh is for copy mode",
-        ),
-        (
-            ["release", "{db}", "--table", ".votes", "--k", "3", "--epsilon", "1"],
-            "is not a table name",
-        ),
-    ],
-)
-def test_bad_arguments_exit_2_without_traceback_or_file(
-    tmp_path: Path, argv: list[str], message: str
-) -> None:
+BAD_ARGUMENTS: list[tuple[list[str], str]] = [
+    (
+        ["release", "{tmp}/missing.duckdb", "--table", "t", "--k", "3", "--epsilon", "1"],
+        "no DuckDB file",
+    ),
+    (
+        ["release", "duckdb:///{tmp}/missing.db", "--table", "t", "--k", "3", "--epsilon", "1"],
+        "no DuckDB file",
+    ),
+    (["prepare", "{tmp}/missing.duckdb", "--table", "t"], "no DuckDB file"),
+    (["check", "sqlite:///{tmp}/missing.sqlite", "--table", "t"], "no SQLite file"),
+    (
+        ["release", "sqlite://", "--table", "t", "--k", "3", "--epsilon", "1"],
+        "in-memory SQLite",
+    ),
+    (
+        ["release", "votes.csv", "--table", "t", "--k", "3", "--epsilon", "1"],
+        "is not a store URL",
+    ),
+    (
+        ["release", "nosuchdialect://x/y", "--table", "t", "--k", "3", "--epsilon", "1"],
+        "cannot load a driver",
+    ),
+    (["release", "{db}", "--table", "votes", "--k", "0", "--epsilon", "1"], "k must be >= 1"),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "0"],
+        "epsilon must be finite and > 0",
+    ),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "nan"],
+        "epsilon must be finite and > 0",
+    ),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "inf"],
+        "epsilon must be finite and > 0",
+    ),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "1", "--delta", "1"],
+        "delta must be in [0, 1)",
+    ),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "ten", "--epsilon", "1"],
+        "invalid int value",
+    ),
+    (["release", "{db}", "--table", "votes", "--k", "3"], "--epsilon"),
+    (
+        [
+            "release",
+            "{db}",
+            "--table",
+            "votes",
+            "--k",
+            "3",
+            "--epsilon",
+            "1",
+            "--noise",
+            "normal",
+        ],
+        "invalid choice",
+    ),
+    (
+        [
+            "release",
+            "{db}",
+            "--table",
+            "votes",
+            "--k",
+            "3",
+            "--epsilon",
+            "1",
+            "--principal",
+            "a",
+        ],
+        "--ledger and --principal go together",
+    ),
+    (
+        ["release", "{db}", "--table", "votes", "--k", "3", "--epsilon", "1", "--mode", "live"],
+        "DuckDB has no live mode",
+    ),
+    (
+        [
+            "release",
+            "{db}",
+            "--table",
+            "votes",
+            "--k",
+            "3",
+            "--epsilon",
+            "1",
+            "--ledger",
+            "{tmp}/l.duckdb",
+            "--principal",
+            "a",
+        ],
+        "no ledger file",
+    ),
+    (
+        ["budget", "--ledger", "sqlite:///{tmp}/ledger.sqlite", "--principal", "a"],
+        "no ledger file",
+    ),
+    (
+        [
+            "budget",
+            "--ledger",
+            "sqlite:///{tmp}/ledger.sqlite",
+            "--principal",
+            "a",
+            "--grant",
+            "-1",
+        ],
+        "budget epsilon must be finite and > 0",
+    ),
+    (
+        ["prepare", "{db}", "--table", "votes", "--mode", "live", "--refresh"],
+        "--refresh is for copy mode",
+    ),
+    (
+        ["release", "{db}", "--table", ".votes", "--k", "3", "--epsilon", "1"],
+        "is not a table name",
+    ),
+]
+
+
+def _bad_arguments_setup(tmp_path: Path, argv: list[str]) -> tuple[list[str], set[Path]]:
+    """A DuckDB file with a table `votes` under tmp_path/data, argv with its paths filled in,
+    and the files there before the command."""
     db = tmp_path / "data" / "votes.duckdb"
     db.parent.mkdir()
     with duckdb.connect(str(db)) as con:
         con.execute("CREATE TABLE votes AS SELECT range AS id, range AS score FROM range(10)")
-    before = _files(tmp_path)
-    argv = [a.format(tmp=tmp_path, db=db) for a in argv]
+    return [a.format(tmp=tmp_path, db=db) for a in argv], _files(tmp_path)
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS)
+def test_bad_arguments_exit_2_without_traceback_or_file(
+    tmp_path: Path,
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each refusal through the console entry point's main(): exit 2, one error line in the
+    project's words, nothing on stdout and no file made (an exception would fail the test)."""
+    argv, before = _bad_arguments_setup(tmp_path, argv)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(argv, capsys)
+    assert code == EXIT_USAGE, err
+    assert message in err and "error:" in err
+    assert "Traceback" not in err + out and out == ""
+    assert _files(tmp_path) == before  # no empty DuckDB, SQLite or ledger file
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [BAD_ARGUMENTS[0], BAD_ARGUMENTS[3], BAD_ARGUMENTS[-1]],
+    ids=["missing DuckDB file", "missing SQLite file", "bad table name"],
+)
+def test_bad_arguments_exit_2_without_traceback_as_a_process(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """Refusals as a user meets them: `python -m frontends` in a process of its own exits 2 with
+    no traceback on stderr and leaves no file (a file missing, a URL's file missing, a name)."""
+    argv, before = _bad_arguments_setup(tmp_path, argv)
     done = run_process(argv, cwd=tmp_path)
     assert done.returncode == EXIT_USAGE, done.stderr
     assert message in done.stderr and "error:" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout and done.stdout == ""
-    assert _files(tmp_path) == before  # no empty DuckDB, SQLite or ledger file
+    assert _files(tmp_path) == before
 
 
 def test_store_failures_exit_1_in_one_line(
