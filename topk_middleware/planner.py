@@ -50,6 +50,7 @@ import numpy as np
 
 from .access import ZONE_MAP_ROWS, CountedAccess, StoreCosts, offers_in_store, store_costs
 from .keyed_noise import KeyedNoise, default_exceedances, split_level
+from .mechanisms.threshold import Batching
 
 MEDIAN_GUMBEL = -math.log(math.log(2.0))  # 0.3665
 GROWTH = 2.0
@@ -192,10 +193,12 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
 def block_end(steps: int, k: int, m: int) -> int:
     """The depth a threshold run of `steps` steps reads sorted rows to: the end of the default
     Batching's block holding its last step (blocks of 2k steps, then x2)."""
-    end, size = 0, 2 * k
-    while end < steps and end < m:
-        end, size = end + size, size * GROWTH
-    return int(min(end, m))
+    end = 0
+    for size in Batching().blocks(k):
+        if end >= steps or end >= m:
+            break
+        end += size
+    return min(end, m)
 
 
 def _oneshot_choice(
