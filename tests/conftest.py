@@ -34,7 +34,8 @@ before the single tests, so a group also starts at the beginning of the run. Use
 
 Today's groups: "sql-function", "sql-hardening", "sql-observer" (the SQL functions' tests: one
 worker's PL/Python sessions, kept between tests, serve each file), "spark", "bench-harness"
-(tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep).
+(tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep),
+"mariadb-general-log" (tests/test_secrets.py: MariaDB's general log, a server-wide setting).
 """
 
 from collections.abc import Callable
