@@ -135,6 +135,26 @@ def plain_values(values: Sequence[Any] | np.ndarray) -> list[Any]:
     return [v.item() if isinstance(v, np.generic) else v for v in values]
 
 
+def tid_array_literal(slots: np.ndarray, per_page: int) -> str:
+    """PostgreSQL's text form of the tid[] naming heap slots (slot = block * per_page + offset
+    - 1), one query parameter: built in one join, where the driver's list adapter would quote
+    each element on its own (a third of a one-shot release's time on the table)."""
+    blocks, offsets = np.divmod(np.asarray(slots, dtype=np.int64), int(per_page))
+    pairs = zip(blocks.tolist(), (offsets + 1).tolist(), strict=True)
+    return "{" + ",".join(f'"({b},{o})"' for b, o in pairs) + "}"
+
+
+def int_array_literal(values: np.ndarray | Sequence[int]) -> str:
+    """PostgreSQL's text form of a bigint[], one query parameter (as tid_array_literal)."""
+    return "{" + ",".join(map(str, np.asarray(values, dtype=np.int64).tolist())) + "}"
+
+
+def float_array_literal(values: np.ndarray | Sequence[float]) -> str:
+    """PostgreSQL's text form of a float8[]: each value's shortest repr, which float8 input
+    reads back to the same double."""
+    return "{" + ",".join(map(repr, np.asarray(values, dtype=np.float64).tolist())) + "}"
+
+
 def id_array(values: Sequence[Any]) -> np.ndarray:
     """Item ids as a numpy array: int64 for integer ids, object for anything else (text)."""
     values = list(values)

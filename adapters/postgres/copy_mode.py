@@ -78,7 +78,9 @@ from adapters._sql import (
     AccessPath,
     RankTableMismatchError,
     TableFacts,
+    float_array_literal,
     id_array,
+    int_array_literal,
     may_hide_statistics_sql,
     plain_values,
     raise_if_invalid,
@@ -1404,8 +1406,8 @@ class PostgresTable(WriteLog, TableRead):
             "key": noise.key,
             "k": int(k),
             "m": int(run.m),
-            "positions": noise.exceed_positions.tolist(),
-            "noises": noise.exceed_noises.tolist(),
+            "positions": int_array_literal(noise.exceed_positions),
+            "noises": float_array_literal(noise.exceed_noises),
         }
         with self._reading() as cur:
             records = cur.execute(query, params).fetchall()

@@ -56,7 +56,13 @@ from psycopg import sql
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
-from .._sql import TableFacts, id_array, raise_if_invalid
+from .._sql import (
+    TableFacts,
+    id_array,
+    int_array_literal,
+    raise_if_invalid,
+    tid_array_literal,
+)
 
 # Ids are counted distinct on tables of at most this many rows without a unique key (a hash
 # aggregate: about 40 ms at 10^5 rows, 0.2-0.4 s at 10^6); above, the rows read are checked.
@@ -370,17 +376,13 @@ class TableRead:
         where `top`: positions, ids, scores."""
         parts: list[sql.Composable] = []
         params: dict[str, Any] = {}
-        firsts = [first for _, _, first in state.leaves]
-        by_leaf: dict[int, list[str]] = {}
-        for p in noise.exceed_positions.tolist():
-            leaf = bisect.bisect_right(firsts, p) - 1
-            local = p - firsts[leaf]
-            block, offset = divmod(local, state.per_page)
-            by_leaf.setdefault(leaf, []).append(f"({block},{offset + 1})")
+        firsts = np.array([first for _, _, first in state.leaves], dtype=np.int64)
+        exceed = np.asarray(noise.exceed_positions, dtype=np.int64)
+        leaf_of = np.searchsorted(firsts, exceed, side="right") - 1
         score = sql.SQL("{}::float8").format(self._score)
-        for leaf, tids in sorted(by_leaf.items()):
+        for leaf in np.unique(leaf_of).tolist():
             name = f"tids{leaf}"
-            params[name] = tids
+            params[name] = tid_array_literal(exceed[leaf_of == leaf] - firsts[leaf], state.per_page)
             parts.append(
                 sql.SQL(
                     "(SELECT {pos}, {id}, {score} FROM ONLY {rel} WHERE ctid = ANY({param}::tid[]))"
@@ -432,7 +434,7 @@ class TableRead:
         params: dict[str, Any] = {
             "key": noise.key,
             "k": int(k),
-            "positions": noise.exceed_positions.tolist(),
+            "positions": int_array_literal(noise.exceed_positions),
         }
         where: sql.Composable = sql.SQL("")
         if math.isfinite(cut):

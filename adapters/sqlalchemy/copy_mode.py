@@ -55,7 +55,9 @@ from adapters._sql import (
     AccessCheck,
     AccessPath,
     RankTableMismatchError,
+    float_array_literal,
     id_array,
+    int_array_literal,
     may_hide_statistics_sql,
     plain_values,
 )
@@ -1509,6 +1511,11 @@ class SQLAlchemyTable(WriteProof, TableRun):
                 params = {"key": noise.key, "k": int(k), "m": self.domain_size()}
             if self.dialect == "sqlite":
                 params |= {"positions": json.dumps(positions), "noises": json.dumps(noises)}
+            elif self.dialect == "postgresql":
+                params |= {
+                    "positions": int_array_literal(positions),
+                    "noises": float_array_literal(noises),
+                }
             else:
                 params |= {"positions": positions, "noises": noises}
             ranks = conn.dialect.identifier_preparer.format_table(self._ranks)

@@ -41,7 +41,13 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from adapters._sql import TableFacts, id_array, raise_if_invalid
+from adapters._sql import (
+    TableFacts,
+    id_array,
+    int_array_literal,
+    raise_if_invalid,
+    tid_array_literal,
+)
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
@@ -430,7 +436,9 @@ class TableRun:
         return f"{alias}.rowid IN (SELECT unnest(CAST(:rowids AS BIGINT[])))", {}, None
 
     def _positions_param(self, positions: list[int]) -> Any:
-        return json.dumps(positions) if self.dialect == "sqlite" else positions
+        if self.dialect == "sqlite":
+            return json.dumps(positions)
+        return int_array_literal(positions) if self.dialect == "postgresql" else positions
 
     def _positions_list_sql(self) -> str:
         if self.dialect == "postgresql":
@@ -452,11 +460,7 @@ class TableRun:
         exceed = noise.exceed_positions.tolist()
         params: dict[str, Any] = {"k": int(k)}
         if self.dialect == "postgresql":
-            tids = []
-            for p in exceed:
-                block, offset = divmod(int(p), state.per_page)
-                tids.append(f"({block},{offset + 1})")
-            params["tids"] = tids
+            params["tids"] = tid_array_literal(noise.exceed_positions, state.per_page)
         else:
             params["rowids"] = self._positions_param([int(p) + state.offset for p in exceed])
         condition, _, _ = self._exceed_sql(state, "t")
