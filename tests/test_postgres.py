@@ -8,6 +8,7 @@ Runs against the server at TOPK_PG_DSN in a schema of its own (tests/stores_post
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -503,3 +504,29 @@ def test_runs_are_read_in_the_runs_snapshot(make_postgres_source: Make, pg_conni
         after.items
         == private_top_k(ArraySource(new), k=4, epsilon=1.0, method="threshold", seed=3).items
     )
+
+
+def test_array_literal_parameters_read_back_exactly(conn: psycopg.Connection[Any]) -> None:
+    """The exceedances go to PostgreSQL as array literals (adapters/_sql.py): every double
+    reads back bit for bit (shortest repr; subnormal, negative zero, 2^53 + 2, the largest
+    double), every bigint, and tids (block, offset) from slots block * per_page + offset - 1."""
+    from adapters._sql import float_array_literal, int_array_literal, tid_array_literal
+
+    rng = np.random.default_rng(5)
+    doubles = np.concatenate(
+        [
+            [0.1, -0.0, 5e-324, 2.0**53 + 2, 1.7976931348623157e308, -math.pi],
+            rng.gumbel(0.0, 3.7, 500),
+            rng.laplace(0.0, 1e-9, 100),
+        ]
+    )
+    (back,) = conn.execute("SELECT %s::float8[]", [float_array_literal(doubles)]).fetchone()
+    assert np.array_equal(np.array(back).view(np.int64), doubles.view(np.int64))
+    ints = np.array([0, -1, 2**63 - 1, -(2**63), *rng.integers(0, 10**12, 50)], dtype=np.int64)
+    (back,) = conn.execute("SELECT %s::bigint[]", [int_array_literal(ints)]).fetchone()
+    assert back == ints.tolist()
+    (tids,) = conn.execute(
+        "SELECT array_agg(t::text ORDER BY n) FROM unnest(%s::tid[]) WITH ORDINALITY AS u(t, n)",
+        [tid_array_literal(np.array([0, 290, 291, 10**6]), 291)],
+    ).fetchone()
+    assert tids == ["(0,1)", "(0,291)", "(1,1)", f"({10**6 // 291},{10**6 % 291 + 1})"]
