@@ -232,6 +232,43 @@ class ComposedGuarantee:
     rule: str
 
 
+def composed_rdp_curve(costs: Sequence[PrivacyCost]) -> RdpCurve | None:
+    """The RDP curve of the releases together, or None if one of them has none: RDP curves add
+    up under adaptive composition, and so does zCDP's rho, the curve alpha -> alpha rho
+    (Mironov 2017; Zhu & Wang 2022, Lemma 16: the rule `compose` names). So the zCDP releases
+    make one linear curve, and releases with the same RDP curve (one function, or one recipe)
+    are evaluated once and counted with their multiplicity: composing n releases evaluates each
+    distinct curve once per order, not n curves (a ledger composes every earlier charge at each
+    release)."""
+    rho = 0.0
+    shared: dict[Any, list[Any]] = {}  # key -> [curve, how many releases have it]
+    for cost in costs:
+        if cost.rdp is not None:
+            key = _curve_key(cost)
+            shared.setdefault(key, [cost.rdp, 0])[1] += 1
+        elif cost.rho is not None:
+            rho += cost.rho
+        else:
+            return None
+    groups = [(curve, count) for curve, count in shared.values()]
+    if not groups:
+        return lambda alpha: alpha * rho
+    return lambda alpha: alpha * rho + sum(count * curve(alpha) for curve, count in groups)
+
+
+def _curve_key(cost: PrivacyCost) -> Any:
+    """What identifies a release's RDP curve: its recipe (the same parameters give the same
+    curve), else the curve function itself."""
+    if cost.recipe is not None:
+        try:
+            hash(cost.recipe)
+        except TypeError:
+            pass
+        else:
+            return ("recipe", cost.recipe)
+    return ("curve", id(cost.rdp))
+
+
 def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
     """The smallest epsilon such that the releases together are (epsilon, <= delta)-DP, by every
     composition rule that applies to all of them. delta is the total delta allowed; what the
@@ -278,9 +315,8 @@ def compose(costs: Sequence[PrivacyCost], delta: float) -> ComposedGuarantee:
                         eps, delta, "range-bounded composition (Durfee & Rogers Lemma 4.4)"
                     )
                 )
-        curves = [c.rdp_curve() for c in costs]
-        if all(curve is not None for curve in curves):
-            total: RdpCurve = lambda alpha: sum(f(alpha) for f in curves)  # type: ignore[misc]  # noqa: E731
+        total = composed_rdp_curve(costs)
+        if total is not None:
             eps, _ = rdp_to_dp_epsilon(total, spare)
             candidates.append(
                 ComposedGuarantee(

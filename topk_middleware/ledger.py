@@ -162,6 +162,16 @@ def cost_from_json(text: str) -> PrivacyCost:
     return PrivacyCost(**data)
 
 
+def costs_from_json(stored: list[str]) -> list[PrivacyCost]:
+    """Stored costs, in order; equal texts are read once and give one object (so that
+    `compose` counts their RDP curve once, with its multiplicity)."""
+    read: dict[str, PrivacyCost] = {}
+    for text in stored:
+        if text not in read:
+            read[text] = cost_from_json(text)
+    return [read[text] for text in stored]
+
+
 class PrivacyLedger:
     """Per-principal budgets kept in a LedgerStore (module docstring): a URL, an SQLAlchemy
     engine, or a store object."""
@@ -197,7 +207,7 @@ class PrivacyLedger:
         text = cost_to_json(cost)
 
         def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
-            costs = [cost_from_json(c) for c in stored]
+            costs = costs_from_json(stored)
             before = compose(costs, delta) if costs else None
             after = compose([*costs, cost], delta)
             refuse_if_over(after, epsilon, delta, cost, before)
@@ -227,12 +237,12 @@ class PrivacyLedger:
 
     def releases(self, principal: str) -> list[PrivacyCost]:
         """Every cost charged to `principal`, oldest first."""
-        return [cost_from_json(c) for c in self.store.charged_costs(principal)[1]]
+        return costs_from_json(self.store.charged_costs(principal)[1])
 
     def spent(self, principal: str) -> ComposedGuarantee:
         """The composition of everything charged to `principal` (after any restart)."""
         delta, stored = self.store.charged_costs(principal)
-        return compose([cost_from_json(c) for c in stored], delta)
+        return compose(costs_from_json(stored), delta)
 
     def log(self, principal: str) -> list[dict[str, Any]]:
         """The principal's charges and releases, oldest first (operator view)."""
