@@ -55,9 +55,7 @@ from adapters._sql import (
     AccessCheck,
     AccessPath,
     RankTableMismatchError,
-    float_array_literal,
     id_array,
-    int_array_literal,
     may_hide_statistics_sql,
     plain_values,
 )
@@ -67,7 +65,7 @@ from topk_middleware.privacy import resolve_declared
 
 from ..contributions import check_bounds, fresh_key, parse_record, record_text, simple_count
 from .freshness import WriteProof, replace_row
-from .keyed import _EXCEEDANCES, _KEYED_DIGITS
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
 from .table_read import TableRun
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
@@ -1509,15 +1507,8 @@ class SQLAlchemyTable(WriteProof, TableRun):
                     return None
                 noise_sql = noise.sql(uniform_from_hex_sql(digits.format(rank=f"r.{q('rank')}")))
                 params = {"key": noise.key, "k": int(k), "m": self.domain_size()}
-            if self.dialect == "sqlite":
-                params |= {"positions": json.dumps(positions), "noises": json.dumps(noises)}
-            elif self.dialect == "postgresql":
-                params |= {
-                    "positions": int_array_literal(positions),
-                    "noises": float_array_literal(noises),
-                }
-            else:
-                params |= {"positions": positions, "noises": noises}
+            params["positions"] = array_param(self.dialect, positions)
+            params["noises"] = array_param(self.dialect, noises, floats=True)
             ranks = conn.dialect.identifier_preparer.format_table(self._ranks)
             materialized = "MATERIALIZED " if self.dialect in ("postgresql", "duckdb") else ""
             text = oneshot_query(

@@ -1,6 +1,14 @@
 """The in-store one-shot's keyed noise per SQLAlchemy dialect (topk_middleware/keyed_noise.py):
 the SQL of the first 52 bits of SHA-256("key:position"), and the exceedances as bound arrays."""
 
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from adapters._sql import float_array_literal, int_array_literal
+
 # The first 52 bits of SHA-256("key:rank") as a double, per dialect (keyed_noise.py); `:key` is
 # the run's secret key, a bound parameter.
 _KEYED_DIGITS = {
@@ -24,3 +32,14 @@ _EXCEEDANCES = {
         "JOIN json_each(:noises) AS z ON z.key = p.key"
     ),
 }
+
+
+def array_param(dialect: str, values: Sequence[Any], floats: bool = False) -> Any:
+    """A list bound as one parameter, in the form the dialect's SQL above reads it: JSON text
+    (SQLite's json_each), PostgreSQL's array literal (one text value: psycopg's list adapter
+    would quote each element), or the list itself (DuckDB)."""
+    if dialect == "sqlite":
+        return json.dumps(list(values))
+    if dialect == "postgresql":
+        return float_array_literal(values) if floats else int_array_literal(values)
+    return list(values)

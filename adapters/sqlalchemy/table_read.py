@@ -30,7 +30,6 @@ BY .. LIMIT OFFSET and a row_number() window.
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from collections.abc import Sequence
@@ -44,14 +43,13 @@ from sqlalchemy.engine import Connection, Engine
 from adapters._sql import (
     TableFacts,
     id_array,
-    int_array_literal,
     raise_if_invalid,
     tid_array_literal,
 )
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
-from .keyed import _EXCEEDANCES, _KEYED_DIGITS
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
 
 REFRESH_TRIES = 3  # copy mode, not frozen: refreshes of a changing copy before a run gives up
 # Ids are counted distinct on tables of at most this many rows without a unique key.
@@ -435,11 +433,6 @@ class TableRun:
             return f"{alias}.rowid IN (SELECT value FROM json_each(:rowids))", {}, None
         return f"{alias}.rowid IN (SELECT unnest(CAST(:rowids AS BIGINT[])))", {}, None
 
-    def _positions_param(self, positions: list[int]) -> Any:
-        if self.dialect == "sqlite":
-            return json.dumps(positions)
-        return int_array_literal(positions) if self.dialect == "postgresql" else positions
-
     def _positions_list_sql(self) -> str:
         if self.dialect == "postgresql":
             return "SELECT unnest(CAST(:positions AS bigint[]))"
@@ -462,7 +455,7 @@ class TableRun:
         if self.dialect == "postgresql":
             params["tids"] = tid_array_literal(noise.exceed_positions, state.per_page)
         else:
-            params["rowids"] = self._positions_param([int(p) + state.offset for p in exceed])
+            params["rowids"] = array_param(self.dialect, [int(p) + state.offset for p in exceed])
         condition, _, _ = self._exceed_sql(state, "t")
         known_sql = (
             f"SELECT {pos} AS pos, t.{ident} AS id, t.{score} AS score FROM {table} t "
@@ -514,7 +507,7 @@ class TableRun:
         exceedances, computed in the database: (position, id, score, noisy score)."""
         params: dict[str, Any] = {
             "k": int(k),
-            "positions": self._positions_param(noise.exceed_positions.tolist()),
+            "positions": array_param(self.dialect, noise.exceed_positions.tolist()),
         }
         name = None
         if self.dialect == "sqlite":
