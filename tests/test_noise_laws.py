@@ -109,3 +109,23 @@ def test_the_classes_hold_their_scale() -> None:
     assert Gumbel(2.5).scale == 2.5 and Laplace(0.4).scale == 0.4
     with pytest.raises(ValueError, match="noise must be"):
         make_noise("cauchy", 1.0)
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_one_value_maps_as_an_array_does(noise: str) -> None:
+    """from_survival of one Python float (the lazy list's scalar accesses, computed with math)
+    is bit for bit the array's value, at the ends included (v = 0 and 1: the infinite noises;
+    subnormal, just around 1/2, NaN and out of range: as numpy gives them)."""
+    distribution = make_noise(noise, 0.6)
+    rng = np.random.default_rng(12)
+    edges = [0.0, 1.0, 0.5, 5e-324, np.nextafter(0.5, 1), np.nextafter(0.5, 0), 1 - 2**-53]
+    edges += [np.nan, 1.5, -0.25]
+    v = np.concatenate([rng.random(2_000), rng.random(500) * 1e-300, 1 - rng.random(500) * 1e-12])
+    v = np.concatenate([v, edges])
+    with np.errstate(all="ignore"):
+        array = np.asarray(distribution.from_survival(v))
+        one = [distribution.from_survival(float(x)) for x in v.tolist()]
+    assert all(isinstance(z, float) for z in one[:3_000])
+    one_array = np.asarray(one, dtype=np.float64)
+    assert np.array_equal(array, one_array, equal_nan=True)
+    assert np.array_equal(np.signbit(array), np.signbit(one_array))
