@@ -582,9 +582,9 @@ class LazyNoiseList:
         m, placed = self.m, self._placed
         if len(placed) + count > REJECTION_MAX_TAKEN * m:
             # Few items are left (m = O(accesses)): list them and take a uniform ordered sample.
-            taken = placed.all_items()
-            free = np.setdiff1d(np.arange(m, dtype=np.int64), taken, assume_unique=True)
-            return self.rng.permutation(free)[:count], None
+            is_free = np.ones(m, dtype=bool)
+            is_free[placed.all_items()] = False
+            return self.rng.permutation(np.flatnonzero(is_free))[:count], None
         # Sequential rejection, vectorised: candidates are i.i.d. uniform; keeping each candidate
         # that is neither placed nor an earlier kept one gives a uniform sample without
         # replacement in random order. At most half the domain is taken, so few are rejected.
