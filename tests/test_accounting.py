@@ -16,6 +16,7 @@ from scipy.optimize import minimize_scalar
 from adapters.memory import ArraySource
 from topk_middleware.access import Rows
 from topk_middleware.accounting import (
+    DEFAULT_ORDERS,
     BudgetExceeded,
     PrivacyBudget,
     PrivacyCost,
@@ -177,8 +178,9 @@ def test_composed_rdp_curve_is_the_sum_of_the_curves() -> None:
 
 def test_composing_many_equal_releases_evaluates_their_curve_once_per_order() -> None:
     """A ledger composes every earlier charge at each release: n equal releases must cost one
-    evaluation of their curve per order, not n (counted exactly), and give the epsilon of the
-    curve times n, converted (an independent minimisation over the same orders)."""
+    evaluation of their curve per order, not n (the calls counted), and give the epsilon of the
+    curve times n converted by Canonne-Kamath-Steinke's bound (minimised here over the orders;
+    compose's refinement between orders can only lower it, and barely does on this curve)."""
     calls = 0
 
     def curve(alpha: float) -> float:
@@ -192,8 +194,13 @@ def test_composing_many_equal_releases_evaluates_their_curve_once_per_order() ->
     calls = 0
     composed = compose([cost] * 400, 1e-6)
     assert one_release > 1000 and calls < 1.1 * one_release  # (the refinement's probes vary)
-    direct, _ = rdp_to_dp_epsilon(lambda a: 400 * gaussian_rdp(20.0, a), 1e-6)
-    assert composed.epsilon == pytest.approx(direct, rel=1e-9)
+    log_delta = math.log(1e-6)
+    on_orders = min(
+        400 * a / (2 * 20.0**2) + math.log(a - 1) - (a * math.log(a) + log_delta) / (a - 1)
+        for a in DEFAULT_ORDERS
+        if a > 1
+    )
+    assert on_orders * (1 - 1e-4) <= composed.epsilon <= on_orders * (1 + 1e-12)
     assert composed.epsilon > single.epsilon
 
 
