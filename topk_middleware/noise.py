@@ -29,11 +29,9 @@ class Gumbel:
 
     def from_survival(self, v: np.ndarray | float) -> np.ndarray | float:
         """The noise z with P(Z > z) = v, accurate for v near 0 (the largest noises)."""
-        if type(v) is float:  # one value (the lazy list's scalar accesses): math, no 0-d array
-            try:
-                return -self.scale * math.log(-math.log1p(-v))
-            except ValueError:  # v = 0 or 1 (the infinite noises) or out of range: as numpy
-                pass
+        if type(v) is float:  # one value (the lazy list's scalar accesses): no 0-d array
+            v = np.float64(v)  # numpy's log, not math's: its SIMD loops may round otherwise
+            return -self.scale * np.log(-np.log1p(-v))
         v = np.asarray(v, dtype=np.float64)
         return -self.scale * np.log(-np.log1p(-v))
 
@@ -55,12 +53,10 @@ class Laplace:
     def from_survival(self, v: np.ndarray | float) -> np.ndarray | float:
         """The noise z with P(Z > z) = v, accurate in both tails."""
         if type(v) is float:  # one value, as Gumbel.from_survival
-            try:
-                if v <= 0.5:
-                    return -self.scale * math.log(2.0 * v)
-                return self.scale * (math.log(2.0) + math.log1p(-v))
-            except ValueError:
-                pass
+            v = np.float64(v)
+            if v <= 0.5:
+                return -self.scale * np.log(2.0 * v)
+            return self.scale * (math.log(2.0) + np.log1p(-v))
         v = np.asarray(v, dtype=np.float64)
         upper = -self.scale * np.log(2.0 * np.minimum(v, 0.5))
         lower = self.scale * (math.log(2.0) + np.log1p(-np.maximum(v, 0.5)))
