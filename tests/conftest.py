@@ -4,7 +4,10 @@ Store fixtures for the conformance suite live in one plugin module per store (te
 Each defines a fixture `make_<name>_source` (name with '-' as '_') that returns a function
 `(scores, ids) -> Source` building that store over the given histogram, and cleans up afterwards,
 and a fixture `write_<name>_source` returning `(source, item_id, new_score) -> bool`: a concurrent
-writer for the snapshot test (see tests/test_conformance.py).
+writer for the snapshot test (see tests/test_conformance.py). A plugin may add a session-scoped
+`shared_<name>_source` of the same signature that builds one source per distinct histogram for
+the whole session (tests/helpers.py shared_sources): tests that only read get it through
+`make_store` or `read_only_maker`; a test that writes asks for `make_<name>_source`.
 
 Parallel runs. `make test` and plain `pytest` run the suite on one worker process per core
 (pytest-xdist; the options are in pyproject.toml: `-n auto --dist loadgroup`; `-n 0` runs it
@@ -78,7 +81,18 @@ STORE_NAMES: list[str] = [
 ]
 
 
+def read_only_maker(request: pytest.FixtureRequest, name: str) -> Callable[[Any, Any], Any]:
+    """The plugin's session-wide `shared_<name>_source` if it has one, else its
+    `make_<name>_source`: for tests that only read the sources they make."""
+    fixture = name.replace("-", "_")
+    try:
+        return request.getfixturevalue(f"shared_{fixture}_source")
+    except pytest.FixtureLookupError:
+        return request.getfixturevalue(f"make_{fixture}_source")
+
+
 @pytest.fixture(params=STORE_NAMES)
 def make_store(request: pytest.FixtureRequest) -> Callable[[Any, Any], Any]:
-    """Each store in turn: a function (scores, ids) -> Source."""
-    return request.getfixturevalue(f"make_{request.param.replace('-', '_')}_source")
+    """Each store in turn: a function (scores, ids) -> Source, for tests that only read (a
+    histogram made twice in a session may be served by one source)."""
+    return read_only_maker(request, request.param)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -309,3 +310,26 @@ def assert_law_and_scale(
     z = float(observed @ g) / math.sqrt(n * information)
     assert 2 * stats.norm.sf(abs(z)) > alpha / 2, f"scale score z = {z:.2f}"
     assert stats.chisquare(observed, p * n).pvalue > alpha / 2
+
+
+def histogram_key(scores: Any, ids: Any = None) -> str:
+    """A digest naming one histogram (scores and ids, in input order)."""
+    ids = None if ids is None else np.asarray(ids).tolist()
+    return hashlib.sha1(repr((np.asarray(scores).tolist(), ids)).encode("utf-8")).hexdigest()
+
+
+def shared_sources(maker: Iterator[Callable[..., Any]]) -> Iterator[Callable[[Any, Any], Any]]:
+    """A store plugin's maker generator (it yields `make`, then cleans up) turned into one that
+    builds one source per distinct histogram and serves it again on every later call: for the
+    read-only tests of a session-scoped fixture. A test that writes must make its own."""
+    make = next(maker)
+    made: dict[str, Any] = {}
+
+    def shared(scores: Any, ids: Any = None) -> Any:
+        key = histogram_key(scores, ids)
+        if key not in made:
+            made[key] = make(scores, ids)
+        return made[key]
+
+    yield shared
+    next(maker, None)  # the maker's cleanup

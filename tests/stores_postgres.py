@@ -9,7 +9,9 @@ one.
 `make_postgres_source(scores, ids)` writes the histogram (COPY) into a table whose name and columns
 need quoting, runs prepare() and returns the PostgresTable. `write_postgres_source(source, item,
 score)` is a concurrent writer: on a connection of its own it sets the item's score and refreshes
-the rank table, committed; it returns True (new runs see it).
+the rank table, committed; it returns True (new runs see it). The session fixtures
+`shared_postgres{,_live,_live_runs}_source` build one table per distinct histogram for the whole
+session (tests/helpers.py shared_sources), for the conformance suite's read-only tests.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from psycopg import sql
 
 from adapters.postgres import PostgresTable
 from adapters.postgres.live_mode import MAX_SCORE_RUNS
-from tests.helpers import RefreshAfterTheRun
+from tests.helpers import RefreshAfterTheRun, shared_sources
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 TABLE = 'Vote "Counts" {}'
@@ -98,6 +100,19 @@ def create_table(conn: psycopg.Connection[Any], schema: str, name: str, scores: 
 
 @pytest.fixture
 def make_postgres_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    yield from _copy_sources(pg_conninfo, pg_schema)
+
+
+@pytest.fixture(scope="session")
+def shared_postgres_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    yield from shared_sources(_copy_sources(pg_conninfo, pg_schema))
+
+
+def _copy_sources(
     pg_conninfo: str, pg_schema: str
 ) -> Iterator[Callable[[Any, Any], PostgresTable]]:
     made: list[PostgresTable] = []
@@ -178,6 +193,20 @@ def make_postgres_live_runs_source(
     on one of many the position table's input order (zipf, fractional); the suite's
     reference_for asks the store which."""
     yield from _live_sources(pg_conninfo, pg_schema, max_score_runs=MAX_SCORE_RUNS)
+
+
+@pytest.fixture(scope="session")
+def shared_postgres_live_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    yield from shared_sources(_live_sources(pg_conninfo, pg_schema, max_score_runs=0))
+
+
+@pytest.fixture(scope="session")
+def shared_postgres_live_runs_source(
+    pg_conninfo: str, pg_schema: str
+) -> Iterator[Callable[[Any, Any], PostgresTable]]:
+    yield from shared_sources(_live_sources(pg_conninfo, pg_schema, max_score_runs=MAX_SCORE_RUNS))
 
 
 def _live_sources(

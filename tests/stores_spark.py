@@ -13,7 +13,6 @@ refreshes the copy (a new version); it returns True (new runs see it).
 
 from __future__ import annotations
 
-import hashlib
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 from adapters.spark import SparkTable
+from tests.helpers import histogram_key
 
 # The test session's JVM (one for the run; see `spark`).
 TEST_JVM_OPTIONS = [
@@ -123,11 +123,7 @@ def make_spark_source(
     spark: Any, spark_dir: Path, _spark_sources: dict[str, SparkTable]
 ) -> Callable[[Any, Any], SparkTable]:
     def make(scores: Any, ids: Any = None) -> SparkTable:
-        key = hashlib.sha1(
-            repr(
-                (np.asarray(scores).tolist(), None if ids is None else np.asarray(ids).tolist())
-            ).encode("utf-8")
-        ).hexdigest()[:16]
+        key = histogram_key(scores, ids)[:16]
         if key in _spark_sources:
             return _spark_sources[key]
         path = str(spark_dir / f"table {key}")

@@ -7,7 +7,10 @@ rank table and its runs table after the test. Each `make_sqlalchemy_live_<dialec
 indexes (see _live_maker), and drops it with what its prepare() installed. Servers: PostgreSQL
 at TOPK_PG_DSN (default "host=127.0.0.1 port=5432 dbname=test"), MariaDB at TOPK_MARIADB_URL
 (default mysql+pymysql://root@127.0.0.1:3306/test). When one is unreachable the tests fail if CI
-is set, else they are skipped with a message saying how to provide one.
+is set, else they are skipped with a message saying how to provide one. The session fixtures
+`shared_sqlalchemy_<dialect>_source` and `shared_sqlalchemy_live_<dialect>_source` build one
+table per distinct histogram for the whole session (tests/helpers.py shared_sources), for the
+conformance suite's read-only tests.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from adapters.sqlalchemy import SQLAlchemyTable
-from tests.helpers import RefreshAfterTheRun
+from tests.helpers import RefreshAfterTheRun, shared_sources
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"
 DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test?charset=utf8mb4"
@@ -336,3 +339,48 @@ def write_sqlalchemy_live_postgres_source() -> Callable[[SQLAlchemyTable, Any, f
 @pytest.fixture
 def write_sqlalchemy_live_mariadb_source() -> Callable[[SQLAlchemyTable, Any, float], bool]:
     return write_live_source
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_sqlite_source(sqlalchemy_sqlite_engine: sa.Engine) -> Iterator[MakeSource]:
+    yield from shared_sources(_maker(sqlalchemy_sqlite_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_postgres_source(
+    sqlalchemy_postgres_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from shared_sources(_maker(sqlalchemy_postgres_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_mariadb_source(
+    sqlalchemy_mariadb_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from shared_sources(_maker(sqlalchemy_mariadb_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_duckdb_source(sqlalchemy_duckdb_engine: sa.Engine) -> Iterator[MakeSource]:
+    yield from shared_sources(_maker(sqlalchemy_duckdb_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_live_sqlite_source(
+    sqlalchemy_sqlite_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from shared_sources(_live_maker(sqlalchemy_sqlite_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_live_postgres_source(
+    sqlalchemy_postgres_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from shared_sources(_live_maker(sqlalchemy_postgres_engine))
+
+
+@pytest.fixture(scope="session")
+def shared_sqlalchemy_live_mariadb_source(
+    sqlalchemy_mariadb_engine: sa.Engine,
+) -> Iterator[MakeSource]:
+    yield from shared_sources(_live_maker(sqlalchemy_mariadb_engine))

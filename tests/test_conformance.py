@@ -4,6 +4,9 @@ A store plugin (tests/stores_<name>.py) provides `make_<name>_source(scores, ids
 for the snapshot test, `write_<name>_source(source, item_id, new_score) -> bool`: a concurrent
 writer that commits, from a connection of its own, a new score for one item and whatever the store
 needs for new runs to see it (e.g. a refreshed rank table); it returns whether new runs see it.
+A plugin may also provide a session-scoped `shared_<name>_source` with the signature of
+`make_<name>_source` that serves one source per distinct histogram: the read-only tests use it,
+and the snapshot test, which writes, always gets a table of its own (`store_to_write`).
 
 Every store must serve the canonical order of ArraySource (score descending, ties by id ascending;
 text ids in byte order), the same position -> row map (so uniform positions are uniform items),
@@ -21,7 +24,7 @@ import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
-from tests.conftest import LIVE_STORE_NAMES, STORE_NAMES
+from tests.conftest import LIVE_STORE_NAMES, STORE_NAMES, read_only_maker
 from tests.helpers import (
     RUNS_CASES,
     CountingSource,
@@ -78,7 +81,7 @@ DATASETS = ["int-ties", "text-ties", "plateau", "zipf", "fractional"]
 @pytest.fixture(params=STORE_NAMES)
 def store(request: pytest.FixtureRequest) -> tuple[str, Callable[[Any, Any], Source]]:
     name = request.param
-    return name, request.getfixturevalue(f"make_{name.replace('-', '_')}_source")
+    return name, read_only_maker(request, name)
 
 
 @pytest.fixture(params=[name for name in STORE_NAMES if name not in LIVE_STORE_NAMES])
@@ -86,6 +89,16 @@ def ranked_store(request: pytest.FixtureRequest) -> tuple[str, Callable[[Any, An
     """The stores whose positions are ranks (a rank-ordered copy): they keep runs of tied
     scores. (A live store keeps none: tests/test_sqlalchemy_live.py.)"""
     name = request.param
+    return name, read_only_maker(request, name)
+
+
+@pytest.fixture
+def store_to_write(
+    store: tuple[str, Callable[[Any, Any], Source]], request: pytest.FixtureRequest
+) -> tuple[str, Callable[[Any, Any], Source]]:
+    """The store of `store`, made by the plugin's per-test `make_<name>_source`: a table of the
+    test's own, which it may write to."""
+    name = store[0]
     return name, request.getfixturevalue(f"make_{name.replace('-', '_')}_source")
 
 
@@ -197,11 +210,11 @@ def test_access_counts_match_what_the_store_served(store, data: str, method: str
         assert counting.rows < len(scores)  # sublinear on these instances
 
 
-def test_a_run_sees_one_snapshot(store, request: pytest.FixtureRequest) -> None:
+def test_a_run_sees_one_snapshot(store_to_write, request: pytest.FixtureRequest) -> None:
     """A writer commits, between two batches of a run, a score that would win; the run's answer
     and access counts are those of the data before the write. Fails if any read of the run after
     the write sees it (the item would be released, or the counts would differ)."""
-    name, make = store
+    name, make = store_to_write
     write = _writer(request, name)
     scores, ids = plateau_histogram(1500, 3), np.arange(1500) + 100
     loser = int(np.flatnonzero(scores == 0)[-1])

@@ -47,6 +47,11 @@ def ranked_store(make_spark_source: Any) -> tuple[str, Any]:
     return "spark", make_spark_source
 
 
+@pytest.fixture
+def store_to_write(make_spark_source: Any) -> tuple[str, Any]:
+    return "spark", make_spark_source  # write_spark_source drops the source it writes from
+
+
 # The conformance suite, on the Spark store (the fixtures above stand in for its store lists).
 test_sorted_access_serves_the_canonical_order = (
     conformance.test_sorted_access_serves_the_canonical_order
