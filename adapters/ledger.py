@@ -24,10 +24,13 @@ created readable by its owner only (0600).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,17 @@ from topk_middleware.accounting import ComposedGuarantee
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
 DUCKDB_RETRIES = 200
+_JITTER = random.SystemRandom()  # the retries' pauses (no noise is drawn from it)
+
+
+_TURNS: dict[str, threading.Lock] = {}
+_TURNS_LOCK = threading.Lock()
+
+
+def _duckdb_turns(ledger: str) -> threading.Lock:
+    """The lock this process's writers to one DuckDB ledger (its file) take turns with."""
+    with _TURNS_LOCK:
+        return _TURNS.setdefault(ledger, threading.Lock())
 
 
 def _now() -> dt.datetime:
@@ -66,7 +80,14 @@ class SQLLedgerStore:
             engine = sa.create_engine(url, **kwargs)
             if self.dialect == "sqlite":
                 _immediate_transactions(engine)
+            # an engine of its own: its pooled connections are closed when the store goes
+            self._dispose = weakref.finalize(self, engine.dispose)
+        else:
+            self._dispose = weakref.finalize(self, lambda: None)  # the caller's engine: theirs
         self.engine = engine
+        # DuckDB fails a transaction that conflicts at commit instead of waiting: this process's
+        # writers to one ledger take turns, and only other processes' writes cause a retry.
+        self._turns = _duckdb_turns(str(self._file or url)) if self.dialect == "duckdb" else None
         meta = sa.MetaData()
         self.principals = sa.Table(
             PRINCIPALS,
@@ -94,12 +115,19 @@ class SQLLedgerStore:
         )
         self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
 
+    def close(self) -> None:
+        """Close the connections of the engine this store made from a URL (a given engine is
+        left to its owner). The store also does so when it is garbage collected."""
+        self._dispose()
+
     # ----- transactions --------------------------------------------------------------------
     def _retry(self, work: Callable[[sa.Connection], Any]) -> Any:
-        """Run `work(conn)` in one transaction; on DuckDB retry it after a write conflict."""
+        """Run `work(conn)` in one transaction; on DuckDB retry it after a write conflict (DuckDB
+        detects conflicts at commit and does not wait for locks), after a random pause of up to
+        2^attempt ms, at most 50 ms, so that contending writers do not collide again at once."""
         for attempt in range(DUCKDB_RETRIES):
             try:
-                with self.engine.begin() as conn:
+                with self._turns or contextlib.nullcontext(), self.engine.begin() as conn:
                     done = work(conn)
                 if self._file is not None and self.dialect == "duckdb":
                     _owner_only(Path(f"{self._file}.wal"))
@@ -108,7 +136,8 @@ class SQLLedgerStore:
                 conflict = "conflict" in str(error).lower() or "already exists" in str(error)
                 if self.dialect != "duckdb" or not conflict or attempt == DUCKDB_RETRIES - 1:
                     raise
-                time.sleep(0.001 * (attempt + 1))
+                # exponential backoff with full jitter: contending writers spread out
+                time.sleep(_JITTER.uniform(0.0, min(0.05, 0.001 * 2.0**attempt)))
         raise AssertionError("unreachable")
 
     def _costs(self, conn: sa.Connection, principal: str) -> list[str]:

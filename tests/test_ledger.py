@@ -130,6 +130,28 @@ def test_sixteen_threads_never_exceed_the_total(ledger_url: str, delta: float) -
     assert all(r["released_at"] is not None and '"accesses"' in r["diagnostics"] for r in log)
 
 
+def test_a_ledger_closes_the_connections_of_its_engine(ledger_url: str) -> None:
+    """A ledger made from a URL owns its engine: its pooled connections are closed by close()
+    and when the ledger is garbage collected (psycopg and sqlite3 warn of a connection dropped
+    open; a test that ran after it would see that warning, e.g. in the CLI's stderr)."""
+    import gc
+    import warnings
+
+    for close in (True, False):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", ResourceWarning)
+            ledger = PrivacyLedger(ledger_url)
+            exponential_mechanism(
+                ArraySource(SCORES), 0.1, budget=ledger.budget(fresh_principal(), 1.0, 0.0)
+            )
+            if close:
+                ledger.close()
+            del ledger
+            gc.collect()
+        dropped = [w for w in seen if issubclass(w.category, ResourceWarning)]
+        assert dropped == [], [str(w.message) for w in dropped]
+
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys

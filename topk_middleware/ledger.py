@@ -179,6 +179,13 @@ class PrivacyLedger:
     def __init__(self, url_or_engine_or_store: Any) -> None:
         self.store = open_store(url_or_engine_or_store)
 
+    def close(self) -> None:
+        """Close the store's connections if it opened them (a URL); also done when the ledger
+        is garbage collected. A store object without close() is left as it is."""
+        close = getattr(self.store, "close", None)
+        if callable(close):
+            close()
+
     def budget(self, principal: str, epsilon: float, delta: float = 0.0) -> LedgerBudget:
         """The budget of `principal`: created with this total if new; if it exists, its stored
         total must be this one (an analyst cannot raise their own total through this call)."""
