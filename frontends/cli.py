@@ -240,6 +240,8 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
+            # a connection some other code dropped unclosed is not this command's news
+            warnings.simplefilter("ignore", ResourceWarning)
             code = handler(args)
     except (UsageError, StoreArgumentError) as error:
         problem = (EXIT_USAGE, first_line(error))

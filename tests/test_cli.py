@@ -36,6 +36,7 @@ from frontends.cli import (
     EXIT_USAGE,
     elapsed_progress,
     main,
+    run_reporting_errors,
 )
 from topk_middleware import calibrate
 from topk_middleware.mechanisms.oblivious import oblivious_depth, oblivious_guarantee
@@ -772,3 +773,20 @@ def test_release_with_sensitivity_and_counts(
     assert "count" in out.splitlines()[2] and f"+/- {release['count_error']}" in out
     code, _, err = run(["release", *base, "--sensitivity", 0], capsys)
     assert code == 2 and "--sensitivity must be finite and > 0" in err
+
+
+def test_warnings_are_the_commands_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """A warning the command raises is one stderr line; a ResourceWarning (a connection that
+    other code dropped unclosed, reported when the garbage collector runs mid-command) is not."""
+    import argparse
+    import warnings
+
+    def handler(args: argparse.Namespace) -> int:
+        warnings.warn("a connection was dropped open", ResourceWarning, stacklevel=1)
+        warnings.warn("the table has no rank table", UserWarning, stacklevel=1)
+        return EXIT_OK
+
+    code = run_reporting_errors(handler, argparse.Namespace(command="release"))
+    err = capsys.readouterr().err
+    assert code == EXIT_OK
+    assert err == "topk-middleware release: warning: the table has no rank table\n"

@@ -162,6 +162,27 @@ def test_missing_table_column_and_non_numeric_score(table, make: Make) -> None:
         assert private_top_k(make(name), k=1, epsilon=1.0, seed=0).items == [1]  # numeric is ok
 
 
+def test_a_refused_table_closes_the_connection_it_opened(
+    pg_conninfo: str, pg_schema: str, table
+) -> None:
+    """PostgresTable(dsn, ...) and from_votes(dsn, ...) that refuse their table close the
+    connection they opened (psycopg warns of one dropped open once it is garbage collected)."""
+    import gc
+
+    name = table("id integer, label text", [(1, "a")])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(ValueError, match="does not exist"):
+            PostgresTable(pg_conninfo, "nope", schema=pg_schema)
+        with pytest.raises(TypeError, match="must be numeric"):
+            PostgresTable(pg_conninfo, name, score="label", schema=pg_schema)
+        with pytest.raises(ValueError, match="'nope'"):
+            PostgresTable.from_votes(pg_conninfo, "nope", name, schema=pg_schema)
+        gc.collect()
+    dropped = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    assert dropped == []
+
+
 def test_text_ids_in_byte_order_whatever_the_column_collation(table, make: Make) -> None:
     """The column's own collation (ICU English: 'a' < 'B') is overridden by COLLATE "C"."""
     ids = ["a", "B", "b", "A", "é", "z", "ä"]

@@ -278,12 +278,17 @@ class PostgresTable(WriteLog, TableRead):
         self._log_names()  # the write log that proves the copy current (freshness.py)
         self._run: _Run | None = None
         self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
-        text_ids = self._text_ids = self._check_columns()
-        # The most one client moves a count, and how many counts it moves: declared, else what
-        # from_votes recorded in the table's comment (contributions.py), else (1, None).
-        self.sensitivity, self.max_items_per_client = resolve_declared(
-            sensitivity, max_items_per_client, self._record, self.where
-        )
+        try:
+            text_ids = self._text_ids = self._check_columns()
+            # The most one client moves a count, and how many it moves: declared, else what
+            # from_votes recorded in the table's comment (contributions.py), else (1, None).
+            self.sensitivity, self.max_items_per_client = resolve_declared(
+                sensitivity, max_items_per_client, self._record, self.where
+            )
+        except BaseException:  # refused: a connection opened here is closed, not left open
+            if self._owns_connection:
+                self._conn.close()
+            raise
         id_key = sql.SQL('{} COLLATE "C"').format(self._id) if text_ids else self._id
         self._order = sql.SQL("{} DESC, {} ASC").format(self._score, id_key)
 
@@ -323,11 +328,61 @@ class PostgresTable(WriteLog, TableRead):
             conn, owned = conninfo_or_connection, False
         else:
             conn, owned = psycopg.connect(conninfo_or_connection, autocommit=True), True
+        into = into or f"{votes}_counts"
+        try:
+            cls._write_counts(
+                conn,
+                votes=votes,
+                items=items,
+                client=client,
+                item=item,
+                item_id=item_id,
+                into=into,
+                schema=schema,
+                replace=replace,
+                weight=weight,
+                bound=bound,
+                max_items=max_items,
+            )
+            source = cls(
+                conn,
+                into,
+                id="id",
+                score="score",
+                schema=schema,
+                mode=mode,
+                sensitivity=bound,
+                max_items_per_client=max_items,
+            )
+        except BaseException:  # refused: a connection opened here is closed, not left open
+            if owned:
+                conn.close()
+            raise
+        source._owns_connection = owned
+        return source
+
+    @staticmethod
+    def _write_counts(
+        conn: psycopg.Connection[Any],
+        *,
+        votes: str,
+        items: str,
+        client: str,
+        item: str,
+        item_id: str,
+        into: str,
+        schema: str | None,
+        replace: bool,
+        weight: str | None,
+        bound: float,
+        max_items: int | None,
+    ) -> None:
+        """from_votes' checks and its counts table `into`, with the record of its bounds, in one
+        transaction."""
 
         def name(n: str) -> sql.Identifier:
             return sql.Identifier(n) if schema is None else sql.Identifier(schema, n)
 
-        into = into or f"{votes}_counts"
         v, i, out = name(votes), name(items), name(into)
         vc, vi, ii = sql.Identifier(client), sql.Identifier(item), sql.Identifier(item_id)
         with conn.transaction():
@@ -424,18 +479,6 @@ class PostgresTable(WriteLog, TableRead):
                     out, sql.Literal(record_text(bound, max_items))
                 )
             )
-        source = cls(
-            conn,
-            into,
-            id="id",
-            score="score",
-            schema=schema,
-            mode=mode,
-            sensitivity=bound,
-            max_items_per_client=max_items,
-        )
-        source._owns_connection = owned
-        return source
 
     # ----- checks -------------------------------------------------------------------------------
     def _check_columns(self) -> bool:
