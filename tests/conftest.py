@@ -9,15 +9,16 @@ writer for the snapshot test (see tests/test_conformance.py). A plugin may add a
 the whole session (tests/helpers.py shared_sources): tests that only read get it through
 `make_store` or `read_only_maker`; a test that writes asks for `make_<name>_source`.
 
-Parallel runs. `make test` and plain `pytest` run the suite on one worker process per core
-(pytest-xdist; the options are in pyproject.toml: `-n auto --dist loadgroup`; `-n 0` runs it
-in one process). Tests go to workers one by one, so a test must not depend on another test's
-leftovers, and anything it makes on a server must be its own: each worker has its own
-PostgreSQL database (tests/pg_database.py: made at the worker's start from TOPK_PG_DSN's server,
-dropped at its end; so whatever is one per database, such as the SQL functions' schema `topk`
-and its settings row, is one per worker), its own schema in it (`pg_schema`), its own temporary
-directories (DuckDB and SQLite files), and the fixtures name tables, roles and ledger principals
-with a random suffix (uuid). That covers a new test file with no further work.
+Parallel runs. `make test` and plain `pytest` run the suite on one worker process per core plus one
+(pytest-xdist; the options are in pyproject.toml: `-n auto --dist loadgroup`, and
+tests/xdist_groups.py sets what `auto` means; `-n 0` runs it in one process). Tests go to workers
+one by one, so a test must not depend on another test's leftovers, and anything it makes on a
+server must be its own: each worker has its own PostgreSQL database (tests/pg_database.py: made at
+the worker's start from TOPK_PG_DSN's server, dropped at its end; so whatever is one per database,
+such as the SQL functions' schema `topk` and its settings row, is one per worker), its own schema
+in it (`pg_schema`), its own temporary directories (DuckDB and SQLite files), and the fixtures name
+tables, roles and ledger principals with a random suffix (uuid). That covers a new test file with
+no further work.
 
 Groups. Tests marked with one group run on one worker, in file order:
 

@@ -7,11 +7,17 @@ each test file's syntax tree for `pytestmark = pytest.mark.xdist_group("name")` 
 module) and `@pytest.mark.xdist_group("name")` on a test function or class, and schedules by
 those scopes with xdist's own LoadGroupScheduling. A test without a group is a scope of its own;
 the largest scopes (the groups) are handed out first, so a long group does not trail behind.
+
+It also sets how many workers `-n auto` starts: one per core the process may run on, plus one.
+Much of a test's time is spent waiting for a server (a commit's fsync, a round trip, a lock), and
+the extra worker runs meanwhile: on 2 cores the suite took 254 s with 3 workers, 280-301 s with
+2 and 259 s with 4. PYTEST_XDIST_AUTO_NUM_WORKERS overrides it, as in pytest-xdist.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -62,6 +68,14 @@ def group_of(root: Path, nodeid: str) -> str | None:
     groups = groups_in(root / path)
     name = rest.split("::", 1)[0].split("[", 1)[0]
     return groups.get(name, groups.get(""))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """Workers for `-n auto`: the cores this process may use, plus one (module docstring)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
