@@ -29,10 +29,9 @@ class Gumbel:
 
     def from_survival(self, v: np.ndarray | float) -> np.ndarray | float:
         """The noise z with P(Z > z) = v, accurate for v near 0 (the largest noises)."""
-        if type(v) is float:  # one value (the lazy list's scalar accesses): no 0-d array
-            v = np.float64(v)  # numpy's log, not math's: its SIMD loops may round otherwise
-            return -self.scale * np.log(-np.log1p(-v))
-        v = np.asarray(v, dtype=np.float64)
+        # One value (the lazy list's scalar accesses): a numpy scalar, not a 0-d array, and
+        # numpy's log, not math's, whose result may differ from numpy's SIMD loops in the last bit.
+        v = np.float64(v) if type(v) is float else np.asarray(v, dtype=np.float64)
         return -self.scale * np.log(-np.log1p(-v))
 
     def survival(self, z: np.ndarray | float) -> np.ndarray:
