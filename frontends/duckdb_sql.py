@@ -129,6 +129,11 @@ def register_private_top_k(
     registration = Registration(con, principal, name, declared, oblivious, cursor=cursor)
     # A result left open on `con` (DuckDB refuses create_function while one is): read to its end.
     con.execute("SELECT 1").fetchall()
+    for function in (RELEASE_FUNCTION, GUARANTEE_FUNCTION):  # a registration again replaces it
+        try:
+            con.remove_function(function)
+        except duckdb.InvalidInputException:
+            pass  # not registered yet
     budget = LedgerBudget(ledger, principal, math.nan, math.nan)  # totals: the ledger's row
 
     def release(source: Any, k: Any, epsilon: Any, delta: Any, noise: Any) -> list[dict]:

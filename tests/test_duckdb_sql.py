@@ -183,3 +183,40 @@ def test_a_function_cannot_query_its_own_connection_but_a_cursor_can(con):
     with pytest.raises(duckdb.Error, match="cannot use that query's connection"):
         con.execute("SELECT same_con('x')").fetchall()
     assert con.execute("SELECT via_cursor('x')").fetchall() == [(M,)]
+
+
+def test_registering_again_replaces_the_registration(con, ledger):
+    first = registered(con, ledger, principal="frank")
+    ledger.budget("grace", 10.0, 1e-6)
+    second = register_private_top_k(
+        con, ledger=ledger, principal="grace", tables=list(first.tables.values())
+    )
+    con.execute("SELECT * FROM private_top_k('item_votes', 5, 1.0)").fetchall()
+    assert len(ledger.releases("grace")) == 1 and ledger.releases("frank") == []
+    second.unregister()
+    with pytest.raises(duckdb.Error):
+        con.execute("SELECT * FROM private_top_k('item_votes', 5, 1.0)").fetchall()
+
+
+def test_the_benchmark_runs_as_the_docs_show(tmp_path: Path):
+    """`python -m benchmarks.duckdb_sql --quick --out DIR` (docs/layers.md): m = 10^5, 3 reps,
+    about 3 s; the JSON holds both families and modes with their ratios."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.duckdb_sql", "--quick", "--out", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    payload = json.loads((tmp_path / "duckdb_sql.json").read_text())
+    assert [f["family"] for f in payload["families"]] == ["zipf", "distinct"]
+    for family in payload["families"]:
+        assert set(family["modes"]) == {"oblivious", "adaptive"}
+        for found in family["modes"].values():
+            assert found["ratio_sql_to_python"] > 0
