@@ -54,6 +54,7 @@ pytest_plugins = [
     "tests.stores_postgres",
     "tests.stores_sqlalchemy",
     "tests.stores_spark",
+    "tests.stores_ibis",
     "tests.sql_sessions",
     "tests.xdist_groups",
 ]
@@ -69,6 +70,9 @@ LIVE_STORE_NAMES: list[str] = [
     "sqlalchemy-live-mariadb",
 ]
 
+# IbisTable (adapters/ibis.py) over three Ibis backends: rank-ordered (positions are ranks).
+IBIS_STORE_NAMES: list[str] = ["ibis-duckdb", "ibis-sqlite", "ibis-postgres"]
+
 # The stores every conformance test runs against, in this order.
 STORE_NAMES: list[str] = [
     "memory",
@@ -79,6 +83,7 @@ STORE_NAMES: list[str] = [
     "sqlalchemy-mariadb",
     "sqlalchemy-duckdb",
     *LIVE_STORE_NAMES,
+    *IBIS_STORE_NAMES,
 ]
 
 
