@@ -412,8 +412,8 @@ class DuckDBTable(LiveRead):
                 weight=None if vw is None else f"v.{vw}",
                 max_per_item=bound,
                 max_items=max_items,
-                keyed_hash="sha256(? || CAST(it AS VARCHAR))",
-                item_text="CAST(it AS VARCHAR)",
+                keyed_hash="sha256(? || {message})",
+                as_text="CAST({} AS VARCHAR)",
             )
             kind_out = "BIGINT" if vw is None else "DOUBLE"
             con.execute(

@@ -10,7 +10,7 @@ Importing this module registers the namespace `topk` on DataFrame and LazyFrame 
   frame of raw events (client, item[, weight]): each client's contribution to an item is its
   rows for the item (or the sum of their weight) clipped at `max_per_item`, and with
   `max_items_per_client` = L it keeps the L items of its own with the smallest random priority
-  (one priority per item of the domain, drawn from the secure generator for this release), as
+  (one priority per (client, item) pair, drawn from the secure generator for this release), as
   DuckDBTable.from_votes does with a keyed hash (adapters/contributions.py): which items a
   client keeps depends on the priorities and its own items only, so removing a client moves
   each count by at most `max_per_item`, all in one direction, and at most L counts. `items` is
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from adapters.contributions import check_bounds
+from adapters.contributions import FIXED_POINT, UNITS_BOUND, check_bounds
 from adapters.memory import ArraySource
 from topk_middleware.api import private_top_k
 from topk_middleware.privacy import PrivacyGuarantee, check_sensitivity
@@ -203,22 +203,25 @@ def clipped_counts(
             f"complete (column {item!r})"
         )
     amount = pl.len() if weight is None else pl.col(weight).fill_null(0).sum()
-    pairs = votes.group_by([client, item]).agg(
-        pl.min_horizontal(amount.cast(pl.Float64), pl.lit(float(bound))).alias("contrib")
-    )
-    if limit is not None:
-        priority = domain.with_columns(
-            pl.Series("priority", secure_rng().random(domain.height))
-        ).lazy()
+    clipped = pl.min_horizontal(amount.cast(pl.Float64), pl.lit(float(bound)))
+    if weight is not None:  # exact fixed-point units (adapters/contributions.py)
+        clipped = (clipped * FIXED_POINT).floor()
+    pairs = votes.group_by([client, item]).agg(clipped.cast(pl.Int64).alias("contrib"))
+    if limit is not None:  # one random priority per (client, item) pair
+        pairs = pairs.collect()
         pairs = (
-            pairs.join(priority, left_on=item, right_on="id", how="inner")
+            pairs.with_columns(pl.Series("priority", secure_rng().random(pairs.height)))
             .with_columns(pl.col("priority").rank("ordinal").over(client).alias("r"))
             .filter(pl.col("r") <= limit)
             .select(client, item, "contrib")
+            .lazy()
         )
-    counts = pairs.group_by(item).agg(pl.col("contrib").sum().alias("score"))
+    total = pl.col("contrib").sum()
+    if weight is not None:
+        total = pl.min_horizontal(total, pl.lit(UNITS_BOUND)).cast(pl.Float64) / FIXED_POINT
+    counts = pairs.group_by(item).agg(total.alias("score"))
     joined = dom.join(counts, left_on="id", right_on=item, how="left").with_columns(
-        pl.col("score").fill_null(0.0)
+        pl.col("score").fill_null(0)
     )
     if weight is None:
         joined = joined.with_columns(pl.col("score").cast(pl.Int64))

@@ -59,14 +59,17 @@ WEIGHTS = np.round(RNG.exponential(2.0, N_ROWS), 3)
 
 
 def reference_counts(max_per_item: float, weighted: bool) -> np.ndarray:
-    """sum over clients of min(the client's rows (or weights) for the item, max_per_item)."""
+    """sum over clients of min(the client's rows (or weights) for the item, max_per_item);
+    weighted: each clipped contribution rounded down to a multiple of 2^-20 and summed exactly
+    (Fractions), as adapters/contributions.py promises."""
     per_pair: dict[tuple[int, int], float] = {}
     for (c, i), w in zip(VOTES.tolist(), WEIGHTS.tolist(), strict=True):
         per_pair[(c, i)] = per_pair.get((c, i), 0.0) + (w if weighted else 1.0)
-    counts = np.zeros(N_ITEMS)
+    counts = [Fraction(0)] * N_ITEMS
     for (_, i), total in per_pair.items():
-        counts[i] += min(total, max_per_item)
-    return counts
+        clipped = Fraction(min(total, max_per_item))
+        counts[i] += math.floor(clipped * 2**20) / Fraction(2**20) if weighted else clipped
+    return np.array([float(c) for c in counts])
 
 
 def client_items() -> dict[int, set[int]]:
@@ -367,7 +370,7 @@ def test_from_votes_clips_each_clients_contribution(
     assert table_counts(make(max_per_item=3)).tolist() == reference_counts(3, False).tolist()
     weighted = make(weight="w", max_per_item=2.5)
     assert weighted.sensitivity == 2.5
-    np.testing.assert_allclose(table_counts(weighted), reference_counts(2.5, True), rtol=1e-9)
+    assert table_counts(weighted).tolist() == reference_counts(2.5, True).tolist()  # exact
 
 
 @pytest.mark.parametrize(

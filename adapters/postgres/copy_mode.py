@@ -462,8 +462,9 @@ class PostgresTable(WriteLog, TableRead):
                     weight=None if vw is None else "v." + text(vw),
                     max_per_item=bound,
                     max_items=max_items,
-                    keyed_hash="sha256(convert_to(%s || it::text, 'UTF8'))",
-                    item_text="it::text",
+                    keyed_hash="sha256(convert_to(%s || {message}, 'UTF8'))",
+                    as_text="CAST({} AS text)",
+                    double="double precision",
                 )
                 kind_out = "bigint" if weight is None else "float8"
                 conn.execute(

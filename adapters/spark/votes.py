@@ -2,10 +2,11 @@
 
 The same counts as DuckDB's, PostgreSQL's and SQLAlchemy's from_votes (adapters/contributions.py,
 whose SQL Spark runs as it is): a client adds to an item min(its vote rows for the item, or the
-sum of their weights, `max_per_item`), to at most `max_items_per_client` of its items, those
-whose keyed hash SHA-256(key || item) is smallest (`sha2` in Spark; the same choice as the other
-stores make for the same key), the key 32 fresh bytes from the secure generator. Removing a client
-then moves each count by at most `max_per_item`, all in one direction: the source's sensitivity.
+sum of their weights, `max_per_item`, weighted sums in fixed point), to at most
+`max_items_per_client` of its items, those whose keyed hash SHA-256(key || len(client) || ':' ||
+client || item) is smallest (`sha2` in Spark; the same choice as the other stores make for the
+same key), the key 32 fresh bytes from the secure generator. Removing a client then moves each
+count by at most `max_per_item`, all in one direction: the source's sensitivity.
 
 The key is a parameter of the query (`:contribution_key`), never in its text; Spark binds it into
 the plan of the counts' DataFrame, so every evaluation of the counts (prepare(), a read of the
@@ -101,8 +102,8 @@ def counts_from_votes(
             weight=None if weight is None else f"CAST(v.{_quoted(weight)} AS DOUBLE)",
             max_per_item=bound,
             max_items=max_items,
-            keyed_hash="sha2(concat(:contribution_key, CAST(it AS STRING)), 256)",
-            item_text="CAST(it AS STRING)",
+            keyed_hash="sha2(concat(:contribution_key, {message}), 256)",
+            as_text="CAST({} AS STRING)",
         )
         args = {} if max_items is None else {"contribution_key": fresh_key()}
         counted = spark.sql(query, args=args, votes=v).select(

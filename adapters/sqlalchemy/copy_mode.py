@@ -63,7 +63,15 @@ from topk_middleware.access import AccessError, Rows
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import resolve_declared
 
-from ..contributions import check_bounds, fresh_key, parse_record, record_text, simple_count
+from ..contributions import (
+    FIXED_POINT,
+    UNITS_BOUND,
+    check_bounds,
+    fresh_key,
+    parse_record,
+    record_text,
+    simple_count,
+)
 from .freshness import WriteProof, replace_row
 from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
 from .table_read import TableRun
@@ -251,9 +259,9 @@ class SQLAlchemyTable(WriteProof, TableRun):
         """Counts from raw votes with bounded contributions (adapters/contributions.py): a
         client adds to an item min(its rows for the item, or the sum of their `weight`,
         `max_per_item`) (COUNT(DISTINCT client) when that is 1 without weight), to at most
-        `max_items_per_client` items chosen by a keyed hash (MD5 of a fresh secret key and the
-        item, a bound parameter; PostgreSQL, MariaDB / MySQL and DuckDB: SQLite has no hash
-        function and refuses it); the source's sensitivity is `max_per_item`.
+        `max_items_per_client` items chosen by a keyed hash (MD5 of a fresh secret key, the
+        client and the item, a bound parameter; PostgreSQL, MariaDB / MySQL and DuckDB: SQLite
+        has no hash function and refuses it); the source's sensitivity is `max_per_item`.
 
         `items_table` lists the public item domain (column `item_id`); `votes_table` holds
         (client, item[, weight]) rows. An outer join keeps the items without votes (score 0), so
@@ -371,12 +379,17 @@ class SQLAlchemyTable(WriteProof, TableRun):
             sa.func.count() if weight is None else sa.func.sum(sa.func.coalesce(votes.c[weight], 0))
         )
         limit = sa.literal(bound)
-        pairs = (
-            sa.select(
-                who.label("c"),
-                sa.func.min(what).label("it"),
-                sa.case((amount > limit, limit), else_=amount).label("contrib"),
+        contrib = sa.case((amount > limit, limit), else_=amount)
+        if weight is not None:  # exact fixed-point units (contributions.py); weights are >= 0
+            scaled = contrib * FIXED_POINT
+            units = (
+                sa.cast(scaled, sa.BigInteger)  # truncation: floor of a value >= 0
+                if self.dialect == "sqlite"
+                else sa.cast(sa.func.floor(scaled), sa.BigInteger)
             )
+            contrib = units
+        pairs = (
+            sa.select(who.label("c"), sa.func.min(what).label("it"), contrib.label("contrib"))
             .where(who.is_not(None), what.is_not(None))
             .group_by(who, what_key)
             .subquery("topk_pairs")
@@ -384,9 +397,13 @@ class SQLAlchemyTable(WriteProof, TableRun):
         if max_items is not None:
             key = sa.bindparam("topk_contribution_key", fresh_key(), type_=sa.String())
             as_text = sa.cast(pairs.c.it, sa.String())
+            client_text = sa.cast(pairs.c.c, sa.String())
+            message = (  # contributions.hash_message: the (client, item) pair, unambiguously
+                sa.cast(sa.func.length(client_text), sa.String()) + ":" + client_text + as_text
+            )
             rank = (
                 sa.func.row_number()
-                .over(partition_by=pairs.c.c, order_by=(sa.func.md5(key + as_text), as_text))
+                .over(partition_by=pairs.c.c, order_by=(sa.func.md5(key + message), as_text))
                 .label("r")
             )
             ranked = sa.select(pairs.c.c, pairs.c.it, pairs.c.contrib, rank).subquery("topk_r")
@@ -396,10 +413,14 @@ class SQLAlchemyTable(WriteProof, TableRun):
                 .subquery("topk_kept")
             )
         item_key = self._id_key(item_ids)
+        score = sa.func.coalesce(sa.func.sum(pairs.c.contrib), 0)
+        if weight is not None:  # units to a count, clamped at 2^53 units: exact in a double
+            bounded = sa.case((score > UNITS_BOUND, UNITS_BOUND), else_=score)
+            score = bounded * sa.literal(1.0 / FIXED_POINT, sa.Float())
         return (
             sa.select(
                 sa.func.min(item_ids).label("id"),
-                sa.func.coalesce(sa.func.sum(pairs.c.contrib), 0).label("score"),
+                score.label("score"),
             )
             .select_from(item_ids.table.outerjoin(pairs, self._id_key(pairs.c.it) == item_key))
             .group_by(item_key)
