@@ -11,6 +11,7 @@ The core, one idea per module:
     ledger.py        PrivacyLedger: durable per-principal budgets in a SQL database
     randomness.py    make_rng: ChaCha20 from the OS unless a (test) seed is given
     api.py           private_top_k
+    preview.py       preview: the expected utility at each epsilon, for the table's owner only
     names.py         the public names and error quoting, without numpy (the CLI's --help)
 """
 
@@ -44,6 +45,8 @@ _WHERE = {
     "peeling_top_k": ".mechanisms.peeling",
     "stable_top_k": ".mechanisms.stable",
     "Batching": ".mechanisms.threshold",
+    "Preview": ".preview",
+    "preview": ".preview",
     "PrivacyGuarantee": ".privacy",
     "calibrate": ".privacy",
     "ArrayList": ".threshold",
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     from .mechanisms.peeling import peeling_top_k
     from .mechanisms.stable import stable_top_k
     from .mechanisms.threshold import Batching
+    from .preview import Preview, preview
     from .privacy import PrivacyGuarantee, calibrate
     from .threshold import ArrayList, TAResult, threshold_algorithm
 
@@ -92,6 +96,7 @@ __all__ = [
     "LedgerBudget",
     "MechanismResult",
     "PayWhatYouGet",
+    "Preview",
     "PrivacyBudget",
     "PrivacyCost",
     "PrivacyGuarantee",
@@ -107,6 +112,7 @@ __all__ = [
     "joint_top_k",
     "limited_domain_top_k",
     "peeling_top_k",
+    "preview",
     "private_top_k",
     "stable_top_k",
     "threshold_algorithm",

@@ -707,6 +707,42 @@ class CountedAccess:
         self._runs = (first, scores)
         self._runs_open = given < count
 
+    def score_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each distinct score, descending; how many items hold it), clamped at `score_cap`:
+        from the store's runs of tied scores where it keeps them (ScoreRuns: one round trip, a
+        row per run), else from a full read (m sorted accesses). No id is read."""
+        source = self.source
+        count = source.score_run_count() if implements(source, ScoreRuns) else None
+        if count:
+            first, scores = source.read_score_runs()  # type: ignore[attr-defined]
+            first = np.asarray(first, dtype=np.int64)
+            scores = np.asarray(scores, dtype=np.float64)
+            if not (
+                len(first) == len(scores) == count
+                and first[0] == 0
+                and bool(np.all(np.diff(first) > 0))
+                and bool(np.all(np.diff(scores) < 0))
+                and first[-1] < self.m
+            ):
+                raise AccessError(
+                    f"the store's runs of tied scores are inconsistent ({len(first)} first "
+                    f"ranks, {len(scores)} scores, {count} announced, m = {self.m}): rebuild "
+                    "them with prepare(refresh=True)"
+                )
+            self.stats.rows_fetched += count
+            self.stats.round_trips += 1
+            sizes = np.diff(np.append(first, self.m))
+        else:
+            rows = self.read_all()
+            scores, sizes = np.unique(np.asarray(rows.scores, dtype=np.float64), return_counts=True)
+            scores, sizes = scores[::-1], sizes[::-1]
+        capped = np.minimum(scores, self.score_cap)
+        if len(capped) and capped[0] < scores[0]:  # the runs at or above the cap are one
+            above = int(np.count_nonzero(scores >= self.score_cap))
+            capped = np.concatenate([[self.score_cap], scores[above:]])
+            sizes = np.concatenate([[sizes[:above].sum()], sizes[above:]])
+        return capped, np.asarray(sizes, dtype=np.int64)
+
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost).
         Rows already fetched are not read again."""
