@@ -1,9 +1,11 @@
-"""The command line's front door: a fast --help and --version, and `unprepare`.
+"""The command line's front door: a fast --help and --version, a lean `release`, and `unprepare`.
 
---help and --version import no heavy module (numpy, scipy, drivers, store adapters): checked
-with `python -X importtime`, which lists every module a process imports (no wall-clock
-assertion). `topk-middleware unprepare` removes what `prepare` made, on a DuckDB file and on
-PostgreSQL in copy and live mode, checked against the store's catalog before prepare.
+--help and --version import no heavy module (numpy, scipy, drivers, store adapters), and a
+`release` imports only what its store and ledger need (no scipy, plotting, dataframe library or
+other store's driver): checked with `python -X importtime`, which lists every module a process
+imports (no wall-clock assertion; benchmarks/cli.py times the command). `topk-middleware
+unprepare` removes what `prepare` made, on a DuckDB file and on PostgreSQL in copy and live mode,
+checked against the store's catalog before prepare.
 """
 
 from __future__ import annotations
@@ -56,6 +58,97 @@ def test_help_and_version_import_nothing_heavy(args: list[str]) -> None:
     assert not heavy, f"{args} imported {heavy[:5]}"
     ours = sorted(m for m in modules if m.split(".")[0] in ("adapters", "topk_middleware"))
     assert ours == ["adapters", "adapters.url", "topk_middleware", "topk_middleware.names"]
+    if args != ["--version"]:  # the version is read from the package metadata when asked for
+        assert "importlib.metadata" not in modules
+
+
+# Modules no release of a DuckDB file or a SQLite table uses, whatever its options: importing
+# any of them is a cost the command does not need (scipy alone takes about half a second).
+NEVER_IN_A_RELEASE = (
+    "scipy",
+    "pyspark",
+    "polars",
+    "ibis",
+    "matplotlib",
+    "pyarrow",
+    "pandas",
+    "tqdm",
+    "psycopg",
+    "pyinstrument",
+    "frontends.duckdb_sql",
+    "frontends.polars_ns",
+    "adapters.ibis",
+    "adapters.postgres",
+    "adapters.spark",
+)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A prepared DuckDB file and a prepared SQLite table of 500 counts, and a ledger file with
+    a budget for principal 'analyst' (made in this process, once for the module)."""
+    import sqlite3
+
+    from frontends.cli import main
+
+    folder = tmp_path_factory.mktemp("lean_release")
+    duck = folder / "votes.duckdb"
+    con = duckdb.connect(str(duck))
+    con.execute(
+        "CREATE TABLE votes AS SELECT range AS id, (range * 7) % 101 AS score FROM range(500)"
+    )
+    con.close()
+    lite = folder / "votes.sqlite"
+    with sqlite3.connect(lite) as db:
+        db.execute("CREATE TABLE votes (id INTEGER PRIMARY KEY, score INTEGER NOT NULL)")
+        db.executemany("INSERT INTO votes VALUES (?, ?)", [(i, (i * 7) % 101) for i in range(500)])
+    urls = {"duckdb": str(duck), "sqlite": f"sqlite:///{lite}"}
+    for url in urls.values():
+        assert main(["prepare", url, "--table", "votes", "--no-progress", "--json"]) == 0
+    ledger = f"sqlite:///{folder / 'ledger.db'}"
+    grant = ["--principal", "analyst", "--grant", "9", "--grant-delta", "1e-6", "--json"]
+    assert main(["budget", "--ledger", ledger, *grant]) == 0
+    return {**urls, "ledger": ledger}
+
+
+@pytest.mark.parametrize(
+    ("store", "options", "needed", "unused"),
+    [
+        ("duckdb", [], {"numpy", "duckdb", "adapters.duckdb"}, {"sqlalchemy"}),
+        (
+            "duckdb",
+            ["--ledger", "LEDGER", "--principal", "analyst"],
+            {"duckdb", "sqlalchemy"},
+            set(),
+        ),
+        ("duckdb", ["--with-counts", "--adaptive"], {"duckdb"}, {"sqlalchemy"}),
+        (
+            "sqlite",
+            [],
+            {"numpy", "sqlalchemy", "adapters.sqlalchemy"},
+            {"duckdb", "adapters.duckdb"},
+        ),
+    ],
+    ids=["duckdb", "duckdb-ledger", "duckdb-counts-adaptive", "sqlite"],
+)
+def test_a_release_imports_only_what_it_uses(
+    stores: dict[str, str], store: str, options: list[str], needed: set[str], unused: set[str]
+) -> None:
+    """`topk-middleware release` in a process of its own, listed by -X importtime: it fails if a
+    module above (or the other store's driver) is imported at the top of the CLI, the package
+    or the adapters, or if the listing misses the modules the release does use."""
+    options = [stores["ledger"] if o == "LEDGER" else o for o in options]
+    done, modules = _imported(
+        ["release", stores[store], "--table", "votes", "--k", "3", "--epsilon", "0.5", *options]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Private top-3" in done.stdout
+    assert needed <= modules
+    imported = sorted(
+        m for m in modules if any(m == n or m.startswith(n + ".") for n in NEVER_IN_A_RELEASE)
+    )
+    assert not imported, f"{store} {options} imported {imported[:5]}"
+    assert not (unused & modules)
 
 
 def test_version_prints_the_package_version() -> None:
@@ -146,3 +239,25 @@ def test_unprepare_on_postgres(mode: str, capsys: pytest.CaptureFixture[str]) ->
     finally:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
         conn.close()
+
+
+def test_the_cli_benchmark_runs_quick(tmp_path: Path) -> None:
+    """`python -m benchmarks.cli --quick --out DIR` (docs/cli.md): m = 10^4, one rep of each of
+    five processes after a warm-up (about 5 s idle, 10 s loaded); the JSON has every rep and
+    the release's imports, which include duckdb and none of the modules a release never uses."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cli", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    payload = json.loads((tmp_path / "cli.json").read_text())
+    assert payload["m"] == 10**4
+    labels = {"release", "release_adaptive", "store_query", "help", "python"}
+    assert set(payload["seconds"]) == labels
+    assert all(len(values) == 1 for values in payload["seconds"].values())
+    packages = set(payload["release_imports"]["packages"])
+    assert {"duckdb", "numpy", "topk_middleware", "adapters", "frontends"} <= packages
+    assert not packages & {"scipy", "sqlalchemy", "psycopg", "polars", "pyarrow", "matplotlib"}

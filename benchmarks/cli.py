@@ -1,0 +1,174 @@
+"""`topk-middleware release` end to end, as a user times it: a process per call.
+
+    python -m benchmarks.cli [--m 10000000] [--reps 9] [--quick]
+
+A DuckDB file holds a table of m counts (the zipf family of benchmarks/common.py, ids a seeded
+permutation), prepared once in copy mode (`topk-middleware prepare`). The project's modules are
+byte-compiled first (compileall), as a pip install leaves them, so that no run pays for parsing
+source. Then, interleaved rep by rep after one untimed warm-up of each, each a new process
+started and waited for (wall time from spawn to exit):
+
+* ``release``: `topk-middleware release FILE --table votes --id id --score score --k 10
+  --epsilon 1` (the default: an oblivious release), output to a pipe;
+* ``release_adaptive``: the same with --adaptive (the threshold algorithm);
+* ``store_query``: a Python process that opens the file with duckdb and runs the store's own
+  one-shot query (`ORDER BY score - (k / epsilon) ln(-ln random()) DESC LIMIT k`, a full scan):
+  what a user would run instead, started the same way;
+* ``help``: `topk-middleware --help`; ``python``: `python -c pass` (the interpreter's start).
+
+Once more, with `python -X importtime`, the release's imports: their total time and the
+top-level packages loaded.
+
+Results: cli.json (medians, ratios release / store_query, every rep, the imports) in
+benchmarks/results/ (a --quick run: m = 10^4, 1 rep, in benchmarks/scratch/), or in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from . import common
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("topk_middleware", "adapters", "frontends")
+
+
+def _command() -> list[str]:
+    """The console script beside this interpreter, else `python -m frontends`."""
+    script = Path(sys.executable).parent / "topk-middleware"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "frontends"]
+
+
+def _make_table(path: Path, m: int, k: int) -> float:
+    """The zipf table of m counts in a new DuckDB file, prepared by the CLI; prepare's seconds."""
+    import pyarrow as pa
+
+    data = pa.table(  # noqa: F841 - read by DuckDB's replacement scan below
+        {"id": common.shuffled_ids(m), "score": common.family_scores("zipf", m, k)}
+    )
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE votes AS SELECT * FROM data")
+    con.close()
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*_command(), "prepare", str(path), "--table", "votes", "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"prepare failed: {done.stderr.strip()}")
+    return time.perf_counter() - started
+
+
+def _timed(argv: list[str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} failed: {done.stderr.strip()[-300:]}")
+    return seconds
+
+
+def _imports(argv: list[str]) -> dict:
+    """Total import time (the sum of the top-level rows of -X importtime), those rows, and every
+    package (first name component) a `python -X importtime -m frontends ...` run loads."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "frontends", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    top: dict[str, float] = {}
+    packages: set[str] = set()
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line[len("import time:") :].split("|")
+        packages.add(name.strip().split(".")[0])
+        if not name.startswith("  "):  # a module imported by the command itself
+            top[name.strip()] = int(cumulative) / 1e6
+    return {"seconds": sum(top.values()), "top_level": top, "packages": sorted(packages)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", type=int, default=10**7)
+    parser.add_argument("--reps", type=int, default=9)
+    common.add_output_arguments(parser, "m = 10^4, 1 rep")
+    args = parser.parse_args(argv)
+    m, reps, k, epsilon = (10**4, 1, 10, 1.0) if args.quick else (args.m, args.reps, 10, 1.0)
+    for package in PACKAGES:
+        compileall.compile_dir(ROOT / package, quiet=1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "votes.duckdb"
+        prepare_seconds = _make_table(path, m, k)
+        arguments = [
+            "release", str(path), "--table", "votes", "--id", "id", "--score", "score",
+            "--k", str(k), "--epsilon", repr(epsilon),
+        ]  # fmt: skip
+        release = [*_command(), *arguments]
+        oneshot = (
+            f"SELECT id FROM votes ORDER BY score - {k / epsilon!r} * ln(-ln(random())) DESC "
+            f"LIMIT {k}"
+        )
+        query = (
+            f"import duckdb; con = duckdb.connect({str(path)!r}, read_only=True); "
+            f"print(con.execute({oneshot!r}).fetchall())"
+        )
+        runs = {
+            "release": release,
+            "release_adaptive": [*release, "--adaptive"],
+            "store_query": [sys.executable, "-c", query],
+            "help": [*_command(), "--help"],
+            "python": [sys.executable, "-c", "pass"],
+        }
+        for run in runs.values():
+            _timed(run)
+        times: dict[str, list[float]] = {label: [] for label in runs}
+        labels = list(runs)
+        for rep in range(reps):
+            for label in labels[rep % len(labels) :] + labels[: rep % len(labels)]:
+                times[label].append(_timed(runs[label]))
+        imports = _imports(arguments)
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    payload = {
+        "benchmark": "cli",
+        "m": m,
+        "k": k,
+        "epsilon": epsilon,
+        "reps": reps,
+        "prepare_seconds": prepare_seconds,
+        "median_seconds": medians,
+        "ratio_store_query_to_release": medians["store_query"] / medians["release"],
+        "ratio_store_query_to_release_adaptive": (
+            medians["store_query"] / medians["release_adaptive"]
+        ),
+        "release_imports": imports,
+        "seconds": times,
+        "bytecode": "compiled (compileall) before the runs",
+        "pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+        "machine": common.machine_info(),
+    }
+    out = common.write_json(common.output_dir(args) / "cli.json", payload)
+    for label, value in medians.items():
+        print(f"{label:17s} {value * 1e3:9.1f} ms")
+    print(
+        f"release imports   {imports['seconds'] * 1e3:9.1f} ms ({', '.join(imports['packages'])})"
+    )
+    print(f"store query / release {payload['ratio_store_query_to_release']:.2f}")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
