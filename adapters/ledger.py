@@ -11,6 +11,11 @@ PostgreSQL (psycopg), SQLite and DuckDB (duckdb-engine) share one schema:
                         released_at TIMESTAMP NULL, guarantee TEXT NULL (JSON),
                         source TEXT NULL, diagnostics TEXT NULL (JSON),
                         PRIMARY KEY (principal, seq))
+    topk_ledger_keys(principal TEXT, release_key TEXT, fingerprint TEXT, noise_key TEXT,
+                     seq INTEGER NULL, claimed_at TIMESTAMP, release TEXT NULL (JSON),
+                     released_at TIMESTAMP NULL, PRIMARY KEY (principal, release_key))
+                     -- idempotent releases (topk_middleware/release_keys.py): the charge a key
+                     -- paid, its noise key and its one stored release; operator-side only
 
 A charge is one transaction that locks the principal's row (PostgreSQL `SELECT ... FOR UPDATE`;
 SQLite `BEGIN IMMEDIATE`, one writer at a time; DuckDB: every charge updates the principal's row,
@@ -41,6 +46,7 @@ from topk_middleware.accounting import ComposedGuarantee
 
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
+KEYS = "topk_ledger_keys"
 DUCKDB_RETRIES = 200
 _JITTER = random.SystemRandom()  # the retries' pauses (no noise is drawn from it)
 
@@ -113,6 +119,18 @@ class SQLLedgerStore:
             sa.Column("source", sa.Text),
             sa.Column("diagnostics", sa.Text),
         )
+        self.keys = sa.Table(
+            KEYS,
+            meta,
+            sa.Column("principal", sa.String, primary_key=True),
+            sa.Column("release_key", sa.String, primary_key=True),
+            sa.Column("fingerprint", sa.String, nullable=False),
+            sa.Column("noise_key", sa.String, nullable=False),
+            sa.Column("seq", sa.Integer),
+            sa.Column("claimed_at", sa.DateTime, nullable=False),
+            sa.Column("release", sa.Text),
+            sa.Column("released_at", sa.DateTime),
+        )
         self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
 
     def close(self) -> None:
@@ -177,9 +195,16 @@ class SQLLedgerStore:
         return None if row is None else (float(row.epsilon), float(row.delta))
 
     def append_charge(
-        self, principal: str, mechanism: str, cost: str, decide: Callable[..., ComposedGuarantee]
-    ) -> tuple[int, ComposedGuarantee]:
-        def work(conn: sa.Connection) -> tuple[int, ComposedGuarantee]:
+        self,
+        principal: str,
+        mechanism: str,
+        cost: str,
+        decide: Callable[..., ComposedGuarantee],
+        release_key: str | None = None,
+    ) -> tuple[int, ComposedGuarantee | None]:
+        k = self.keys.c
+
+        def work(conn: sa.Connection) -> tuple[int, ComposedGuarantee | None]:
             p = self.principals
             # Lock the principal's row (every dialect: a write; PostgreSQL: FOR UPDATE first).
             query = sa.select(p.c.epsilon, p.c.delta, p.c.charges).where(p.c.principal == principal)
@@ -188,6 +213,13 @@ class SQLLedgerStore:
             row = conn.execute(query).first()
             if row is None:
                 raise KeyError(f"principal {principal!r} has no budget in this ledger")
+            keyed = (k.principal == principal) & (k.release_key == release_key)
+            if release_key is not None:
+                paid = conn.execute(sa.select(k.seq).where(keyed)).first()
+                if paid is None:
+                    raise KeyError(f"release key {release_key!r} was not claimed")
+                if paid.seq is not None:  # charged by an earlier attempt: nothing more to pay
+                    return int(paid.seq), None
             conn.execute(
                 p.update().where(p.c.principal == principal).values(charges=p.c.charges + 1)
             )
@@ -205,9 +237,52 @@ class SQLLedgerStore:
                     rule=after.rule,
                 )
             )
+            if release_key is not None:
+                conn.execute(self.keys.update().where(keyed).values(seq=seq))
             return seq, after
 
         return self._retry(work)
+
+    def claim_key(
+        self, principal: str, release_key: str, fingerprint: str, noise_key: str
+    ) -> tuple[str, str, int | None, str | None]:
+        k = self.keys.c
+        keyed = (k.principal == principal) & (k.release_key == release_key)
+
+        def claim(conn: sa.Connection) -> tuple[str, str, int | None, str | None]:
+            query = sa.select(k.fingerprint, k.noise_key, k.seq, k.release).where(keyed)
+            row = conn.execute(query).first()
+            if row is None:
+                conn.execute(
+                    self.keys.insert().values(
+                        principal=principal,
+                        release_key=release_key,
+                        fingerprint=fingerprint,
+                        noise_key=noise_key,
+                        claimed_at=_now(),
+                    )
+                )
+                return fingerprint, noise_key, None, None
+            return row.fingerprint, row.noise_key, row.seq, row.release
+
+        try:
+            return self._retry(claim)
+        except sa.exc.IntegrityError:  # claimed concurrently: read what was stored
+            return self._retry(claim)
+
+    def store_release(self, principal: str, release_key: str, release: str) -> str:
+        k = self.keys.c
+        keyed = (k.principal == principal) & (k.release_key == release_key)
+
+        def store(conn: sa.Connection) -> str:
+            conn.execute(
+                self.keys.update()
+                .where(keyed & k.release.is_(None))
+                .values(release=release, released_at=_now())
+            )
+            return conn.execute(sa.select(k.release).where(keyed)).scalar_one()
+
+        return self._retry(store)
 
     def complete_charge(
         self, principal: str, seq: int, guarantee: str, source: str, diagnostics: str
@@ -303,4 +378,4 @@ def _immediate_transactions(engine: sa.Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-__all__ = ["CHARGES", "PRINCIPALS", "SQLLedgerStore"]
+__all__ = ["CHARGES", "KEYS", "PRINCIPALS", "SQLLedgerStore"]

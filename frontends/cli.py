@@ -415,6 +415,12 @@ def add_release_parser(sub: Any) -> None:
         "--principal", default=None, help="whose budget in --ledger pays for the release"
     )
     p.add_argument(
+        "--key",
+        default=None,
+        help="a release key (needs --ledger): a rerun with the same key and options prints the "
+        "stored release and charges nothing; the same key with other options is refused",
+    )
+    p.add_argument(
         "--diagnostics",
         action="store_true",
         help=f"also print the operator diagnostics, on stderr ({NOT_FOR_ANALYSTS})",
@@ -429,11 +435,14 @@ def release_command(args: argparse.Namespace) -> int:
     from topk_middleware.noisy_counts import check_counts_share
     from topk_middleware.privacy import check_sensitivity
     from topk_middleware.release import release_dict
+    from topk_middleware.release_keys import ReleaseKeyConflict, check_release_key
     from topk_middleware.validation import check_common
 
     parse_store_url(args.url)
     split_table(args.table, args.schema)
     try:
+        if args.key is not None:
+            check_release_key(args.key)
         check_common(args.k, args.epsilon, args.delta)
         if args.sensitivity is not None:
             check_sensitivity(args.sensitivity, "--sensitivity")
@@ -449,26 +458,33 @@ def release_command(args: argparse.Namespace) -> int:
         )
     if (args.ledger is None) != (args.principal is None):
         raise UsageError("--ledger and --principal go together: whose budget, in which ledger")
+    if args.key is not None and args.ledger is None:
+        raise UsageError("--key needs --ledger and --principal: the ledger keeps the key's release")
     ledger = None if args.ledger is None else open_ledger(args.ledger, create=False)
     budget = None if ledger is None else principal_budget(ledger, args.principal)
     options = {} if args.method is None else {"method": args.method}
+    if args.key is not None:
+        options["release_key"] = args.key
     if args.with_counts:
         options.update(with_counts=True, counts_share=args.counts_share)
     with _open(args, read_only=True) as source:  # --sensitivity: declared, checked there
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
         if args.mode == "copy" and not one_pass and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
-        result = private_top_k(
-            source,
-            k=args.k,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            noise=args.noise,
-            budget=budget,
-            oblivious=args.oblivious,
-            delta_pad=args.delta_pad,
-            **options,
-        )
+        try:
+            result = private_top_k(
+                source,
+                k=args.k,
+                epsilon=args.epsilon,
+                delta=args.delta,
+                noise=args.noise,
+                budget=budget,
+                oblivious=args.oblivious,
+                delta_pad=args.delta_pad,
+                **options,
+            )
+        except ReleaseKeyConflict as error:
+            raise UsageError(first_line(error)) from None
         where = source.where
     release = result.release()
     if args.json:

@@ -9,6 +9,7 @@ The core, one idea per module:
     privacy.py       guarantees and noise calibration (Facts 3.2, 3.3)
     accounting.py    each release's guarantee in every form; PrivacyBudget composes them
     ledger.py        PrivacyLedger: durable per-principal budgets in a SQL database
+    release_keys.py  idempotent releases: one charge and one answer per release key
     randomness.py    make_rng: ChaCha20 from the OS unless a (test) seed is given
     api.py           private_top_k
     preview.py       preview: the expected utility at each epsilon, for the table's owner only
@@ -37,6 +38,7 @@ _WHERE = {
     "private_top_k": ".api",
     "LedgerBudget": ".ledger",
     "PrivacyLedger": ".ledger",
+    "ReleaseKeyConflict": ".release_keys",
     "CostModel": ".mechanisms.cost_aware",
     "exponential_mechanism": ".mechanisms.exponential",
     "joint_top_k": ".mechanisms.joint",
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
     from .mechanisms.threshold import Batching
     from .preview import Preview, preview
     from .privacy import PrivacyGuarantee, calibrate
+    from .release_keys import ReleaseKeyConflict
     from .threshold import ArrayList, TAResult, threshold_algorithm
 
 
@@ -102,6 +105,7 @@ __all__ = [
     "PrivacyGuarantee",
     "PrivacyLedger",
     "RandomAccess",
+    "ReleaseKeyConflict",
     "Rows",
     "SortedAccess",
     "Source",

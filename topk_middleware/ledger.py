@@ -34,6 +34,7 @@ from .accounting import (
     compose,
     refuse_if_over,
 )
+from .release_keys import Claim, ReleaseKeyConflict, new_noise_key
 
 # "module:class" of the store a URL or an engine opens, imported when first needed.
 SQL_STORE = "adapters.ledger:SQLLedgerStore"
@@ -63,11 +64,25 @@ class LedgerStore(Protocol):
         mechanism: str,
         cost: str,
         decide: Callable[[float, float, list[str]], ComposedGuarantee],
-    ) -> tuple[int, ComposedGuarantee]:
+        release_key: str | None = None,
+    ) -> tuple[int, ComposedGuarantee | None]:
         """In one transaction holding the principal's row locked (KeyError if it has none):
         count the charge, call decide(total epsilon, total delta, the stored costs in order),
         which raises to refuse, and insert the charge with the composition it returned; (its
-        sequence number, that composition)."""
+        sequence number, that composition). With a claimed `release_key`: if the key already
+        has a charge, insert nothing and return (that charge's number, None); else record the
+        new charge's number against the key in the same transaction."""
+        ...
+
+    def claim_key(
+        self, principal: str, release_key: str, fingerprint: str, noise_key: str
+    ) -> tuple[str, str, int | None, str | None]:
+        """Insert the key with this fingerprint and noise key if absent; what is stored (either
+        way): (fingerprint, noise key, charge number or None, release JSON or None)."""
+        ...
+
+    def store_release(self, principal: str, release_key: str, release: str) -> str:
+        """Store the release against the key unless one is stored; the stored release."""
         ...
 
     def complete_charge(
@@ -208,9 +223,12 @@ class PrivacyLedger:
             raise KeyError(f"principal {principal!r} has no budget in this ledger")
         return found
 
-    def charge(self, principal: str, cost: PrivacyCost) -> tuple[int, ComposedGuarantee]:
+    def charge(
+        self, principal: str, cost: PrivacyCost, release_key: str | None = None
+    ) -> tuple[int, ComposedGuarantee]:
         """Add `cost` to the principal's releases in one committed transaction, or raise
-        BudgetExceeded and record nothing. Returns (charge seq, composition after it)."""
+        BudgetExceeded and record nothing. Returns (charge seq, composition after it). Under a
+        claimed `release_key` that is already charged, nothing is added (release_keys.py)."""
         text = cost_to_json(cost)
 
         def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
@@ -220,7 +238,28 @@ class PrivacyLedger:
             refuse_if_over(after, epsilon, delta, cost, before)
             return after
 
-        return self.store.append_charge(principal, cost.mechanism, text, decide)
+        seq, after = self.store.append_charge(principal, cost.mechanism, text, decide, release_key)
+        return seq, self.spent(principal) if after is None else after
+
+    def claim_release(self, principal: str, release_key: str, fingerprint: str) -> Claim:
+        """The key's claim (release_keys.py): inserted with a fresh noise key if new; refused
+        (ReleaseKeyConflict) if the key holds other parameters."""
+        if self.store.total(principal) is None:
+            raise KeyError(f"principal {principal!r} has no budget in this ledger")
+        stored, noise_key, seq, release = self.store.claim_key(
+            principal, release_key, fingerprint, new_noise_key()
+        )
+        if stored != fingerprint:
+            raise ReleaseKeyConflict(
+                f"release key {release_key!r} of principal {principal!r} names a release with "
+                "other parameters (function, source type, k, epsilon or an option differs); "
+                "nothing was read, charged or released: use a new key for a new question"
+            )
+        return Claim(noise_key, seq is not None, release)
+
+    def store_release(self, principal: str, release_key: str, release: str) -> str:
+        """Store a keyed release unless one is stored; the stored one (release_keys.py)."""
+        return self.store.store_release(principal, release_key, release)
 
     def log_release(self, principal: str, seq: int, result: Any) -> None:
         """Complete charge `seq` with its release: time, guarantee, source, diagnostics."""
@@ -287,8 +326,8 @@ class LedgerBudget:
         self.epsilon, self.delta = epsilon, delta
         self._pending = threading.local()
 
-    def charge(self, cost: PrivacyCost) -> ComposedGuarantee:
-        seq, after = self.ledger.charge(self.principal, cost)
+    def charge(self, cost: PrivacyCost, release_key: str | None = None) -> ComposedGuarantee:
+        seq, after = self.ledger.charge(self.principal, cost, release_key)
         self._pending.seq = seq
         return after
 
@@ -311,5 +350,6 @@ __all__ = [
     "LedgerBudget",
     "LedgerStore",
     "PrivacyLedger",
+    "ReleaseKeyConflict",
     "release_dp_event",
 ]
