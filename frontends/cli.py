@@ -43,7 +43,16 @@ from adapters.url import (
     MODES as STORE_MODES,
 )
 from frontends import sql_function
-from topk_middleware.names import METHODS, NOISES, OBLIVIOUS_METHODS, first_line, mask_secrets
+from topk_middleware.names import (
+    METHODS,
+    NOISES,
+    OBLIVIOUS_METHODS,
+    PREVIEW_DEFAULT_METHODS,
+    PREVIEW_EPSILONS,
+    PREVIEW_METHODS,
+    first_line,
+    mask_secrets,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -237,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub)
     add_unprepare_parser(sub)
     add_check_parser(sub)
+    add_preview_parser(sub)
     add_budget_parser(sub)
     sql_function.add_install_sql_parser(sub)
     sql_function.add_uninstall_sql_parser(sub)
@@ -685,6 +695,61 @@ def _plan_dict(plan: AccessCheck) -> dict[str, Any]:
         "full_scan": plan.full_scan,
         "paths": [dataclasses.asdict(path) for path in plan.paths],
     }
+
+
+# ----- preview -----------------------------------------------------------------------------------
+def add_preview_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "preview",
+        help="the table owner's preview: how good a private top-k would be at each epsilon",
+        description="For the table's owner only: predicts precision@k, k-relative error and "
+        "near-zero items per epsilon and mechanism from the exact counts (one read of the score "
+        "histogram). Not a private release; charges nothing; never show it to analysts.",
+    )
+    _add_table_options(p)
+    p.add_argument("--k", type=int, required=True, help="how many items a release would hold")
+    p.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        default=list(PREVIEW_EPSILONS),
+        help=f"the total epsilons to preview (default: {' '.join(map(str, PREVIEW_EPSILONS))})",
+    )
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=PREVIEW_METHODS,
+        default=list(PREVIEW_DEFAULT_METHODS),
+        help=f"the mechanisms to preview (default: {' '.join(PREVIEW_DEFAULT_METHODS)})",
+    )
+    p.add_argument(
+        "--delta", type=float, default=1e-6, help="the releases' delta (1e-6; limited domain > 0)"
+    )
+    p.add_argument("--trials", type=int, default=200, help="simulated releases per point (200)")
+    p.set_defaults(handler=preview_command)
+
+
+def preview_command(args: argparse.Namespace) -> int:
+    """preview() over the table: the owner's tool, no budget, no release."""
+    from topk_middleware.preview import check_preview_arguments, preview
+
+    parse_store_url(args.url)
+    split_table(args.table, args.schema)
+    try:
+        check_preview_arguments(args.k, args.epsilons, args.methods, args.delta, args.trials)
+    except (TypeError, ValueError) as error:
+        raise UsageError(first_line(error)) from None
+    with _open(args, read_only=True) as source:
+        found = preview(
+            source,
+            args.k,
+            epsilons=args.epsilons,
+            methods=args.methods,
+            delta=args.delta,
+            trials=args.trials,
+        )
+    print(_json(found.as_dict()) if args.json else found)
+    return EXIT_OK
 
 
 # ----- budget ------------------------------------------------------------------------------------

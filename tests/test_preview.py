@@ -121,3 +121,56 @@ def test_preview_refuses_bad_input_before_reading(kwargs: dict, message: str) ->
     arguments = {"k": 10, **kwargs}
     with pytest.raises((ValueError, TypeError), match=message):
         preview(source, **arguments)
+
+
+def test_cli_preview_on_a_duckdb_table(tmp_path, capsys) -> None:
+    import duckdb
+
+    from frontends.cli import main
+
+    scores = zero_tail_scores(2000).astype(np.int64)
+    path = tmp_path / "votes.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE votes (item BIGINT, votes BIGINT)")
+        con.executemany("INSERT INTO votes VALUES (?, ?)", list(enumerate(scores.tolist())))
+    table = [str(path), "--table", "votes", "--id", "item", "--score", "votes"]
+    assert main(["preview", *table, "--k", "10", "--epsilons", "1", "--trials", "50"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == NOTICE
+    assert "threshold" in out and "limited_domain" in out
+    code = main(
+        [
+            "preview",
+            *table,
+            "--k",
+            "10",
+            "--epsilons",
+            "0.5",
+            "2",
+            "--methods",
+            "threshold",
+            "--trials",
+            "50",
+            "--json",
+        ]
+    )
+    assert code == 0
+    import json
+
+    found = json.loads(capsys.readouterr().out)
+    assert found["notice"] == NOTICE and found["m"] == len(scores)
+    assert [row["epsilon"] for row in found["outcomes"]] == [0.5, 2.0]
+    assert main(["preview", *table, "--k", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "topk-middleware preview: error: k must be >= 1, got 0"
+
+
+def test_preview_is_not_part_of_the_sql_functions() -> None:
+    """The SQL functions analysts call never reach the preview: neither the installer, the
+    PL/Python store nor install.sql names it (the installed schema is checked in
+    tests/test_sql_function.py)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "frontends"
+    for name in ("sql_function.py", "plpython.py", "duckdb_sql.py", "sql/install.sql"):
+        assert "preview" not in (root / name).read_text().lower(), name

@@ -853,6 +853,8 @@ def test_mechanisms_are_not_executable_by_public(
         }
     assert sorted(callable_) == [("topk.last_guarantee()",), ("topk.my_budget()",)]
     assert {"exponential_mechanism", "_peeling_top_k", "joint_top_k", "_spent"} <= names
+    # the owner's preview reads exact counts: it is no SQL function at all
+    assert not any("preview" in name for name in names)
 
 
 def test_limited_domain_shows_bottom_as_a_null_item(

@@ -12,6 +12,10 @@ NOISES = ("gumbel", "laplace")
 METHODS = ("auto", "threshold", "oneshot", "oneshot_in_store", "oneshot_full_read")
 ORACLES = ("lazy", "eager")
 OBLIVIOUS_METHODS = ("auto", "threshold", "oneshot_full_read")  # what oblivious=True accepts
+# what preview() simulates (preview.py), and its defaults
+PREVIEW_METHODS = ("threshold", "laplace", "limited_domain", "joint")
+PREVIEW_DEFAULT_METHODS = ("threshold", "laplace", "limited_domain")
+PREVIEW_EPSILONS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def first_line(error: BaseException) -> str:

@@ -52,12 +52,12 @@ from .access import AccessStats, CountedAccess, Source
 from .accounting import limited_domain_epsilon
 from .mechanisms.joint import JOINT_MAX_K, TAIL_LOG_MARGIN, log_number_of_sets, sample_joint
 from .mechanisms.limited_domain import threshold_offset
+from .names import PREVIEW_DEFAULT_METHODS, PREVIEW_EPSILONS, PREVIEW_METHODS
 from .privacy import calibrate
 from .validation import check_common, check_k_within
 
-PREVIEW_METHODS = ("threshold", "laplace", "limited_domain", "joint")
-DEFAULT_METHODS = ("threshold", "laplace", "limited_domain")
-DEFAULT_EPSILONS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+DEFAULT_METHODS = PREVIEW_DEFAULT_METHODS
+DEFAULT_EPSILONS = PREVIEW_EPSILONS
 NOTICE = (
     "PREVIEW FOR THE TABLE'S OWNER: computed from the exact counts; not a private release. "
     "Do not show it to analysts. No budget was charged."
@@ -416,21 +416,15 @@ def recommend(outcomes: list[Outcome], default: str = "threshold") -> list[str]:
     return lines
 
 
-def preview(
-    source: Source,
-    k: int,
-    epsilons: tuple[float, ...] | list[float] = DEFAULT_EPSILONS,
-    methods: tuple[str, ...] | list[str] = DEFAULT_METHODS,
-    *,
-    delta: float = 1e-6,
-    trials: int = 200,
-    seed: int = 0,
-    near_zero: float = 0.01,
-) -> Preview:
-    """Predict, for each epsilon and mechanism, what a private top-k of `source` would give
-    (module docstring). Owner only: it reads the exact counts, charges nothing, releases nothing.
-    `delta`: the delta the releases would use (limited domain needs delta > 0). Cost: one read of
-    the score histogram (as many rows as distinct scores where the store keeps its runs)."""
+def check_preview_arguments(
+    k: Any,
+    epsilons: Any,
+    methods: Any,
+    delta: Any,
+    trials: Any,
+    near_zero: Any = 0.01,
+) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """Refuse bad preview arguments in the project's words before anything is read."""
     check_common(k, 1.0, delta)
     epsilons = tuple(epsilons)
     if not epsilons:
@@ -447,6 +441,25 @@ def preview(
         raise ValueError(
             f"near_zero must be a share of the k-th count in [0, 1), got {near_zero!r}"
         )
+    return tuple(float(e) for e in epsilons), methods
+
+
+def preview(
+    source: Source,
+    k: int,
+    epsilons: tuple[float, ...] | list[float] = DEFAULT_EPSILONS,
+    methods: tuple[str, ...] | list[str] = DEFAULT_METHODS,
+    *,
+    delta: float = 1e-6,
+    trials: int = 200,
+    seed: int = 0,
+    near_zero: float = 0.01,
+) -> Preview:
+    """Predict, for each epsilon and mechanism, what a private top-k of `source` would give
+    (module docstring). Owner only: it reads the exact counts, charges nothing, releases nothing.
+    `delta`: the delta the releases would use (limited domain needs delta > 0). Cost: one read of
+    the score histogram (as many rows as distinct scores where the store keeps its runs)."""
+    epsilons, methods = check_preview_arguments(k, epsilons, methods, delta, trials, near_zero)
     k = int(k)
     with source.snapshot():
         access = CountedAccess(source)
@@ -474,4 +487,11 @@ def preview(
     )
 
 
-__all__ = ["Preview", "ScoreHistogram", "preview", "simulate", "simulate_one_shot"]
+__all__ = [
+    "Preview",
+    "ScoreHistogram",
+    "check_preview_arguments",
+    "preview",
+    "simulate",
+    "simulate_one_shot",
+]
