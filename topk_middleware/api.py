@@ -117,7 +117,7 @@ def private_top_k(
     noise (`result.counts`, `result.count_error` the 95% half-width): `counts_share` of epsilon
     goes to the counts, the rest (and delta) to the selection; the source's
     `max_items_per_client` L, where it declares one, lowers the counts' noise to min(k, L)
-    counts' worth; noisy_counts.py.
+    counts' worth (min(k, 2L) under replace neighbours); noisy_counts.py.
     `oblivious=True` (mechanisms/oblivious.py) reads a fixed depth of both lists, so that what a
     server observer sees (queries, their sizes, rows read, the wall time, padded to a deadline
     from the store's cost model) depends on public facts only, except with probability
@@ -193,6 +193,7 @@ def private_top_k(
             sensitivity,
             check_max_items(getattr(source, "max_items_per_client", None)),
             bool(getattr(source, "integer_scores", False)),
+            neighbours,
         )
     rng = make_rng(seed)
     started = time.perf_counter()

@@ -5,19 +5,23 @@ on the selection and s epsilon on the counts. The counts of the k selected items
 random access (counted), exactly where the store can (`CountedAccess.exact_scores_of`: integer
 columns as Python ints, with no detour through a double), and each is released as
 
-    c~ = min(round(count), C) + Z,   Z ~ discrete Laplace of scale t = min(k, L) ceil(D) / (s eps)
+    c~ = min(round(count), C) + Z,   Z ~ discrete Laplace of scale t = n ceil(D) / (s eps)
 
 with D the source's sensitivity, L its bound on how many items one client counts in
-(`max_items_per_client`; k where it declares none), round() to the nearest integer (halves up;
+(`max_items_per_client`), n = min(k, L) under add/remove-one-client neighbours and min(k, 2L)
+under replace-one-client neighbours (the old client's L items and the new one's; n = k where the
+source declares no L), round() to the nearest integer (halves up;
 the identity on integer counts), and C = COUNT_BOUND (2^62, room for the noise in a signed
 64-bit integer) or, where the counts can only be read as doubles, 2^53 (below which a double
 holds every integer, so an integer count read as a double and then clamped is exact).
 
-* Privacy. A client changes each count by at most D, so round(count) by at most ceil(D)
-  (round(x) = floor(x + 1/2), and |floor a - floor b| <= ceil |a - b|), and the clamp by no more
-  (monotone, 1-Lipschitz); it changes at most min(k, L) of the k counts released. So the vector
-  of k rounded counts moves by at most min(k, L) ceil(D) in L1 norm, and k independent discrete
-  Laplace noises of scale t make it (min(k, L) ceil(D) / t) = s epsilon -DP (Canonne, Kamath &
+* Privacy. A client changes each count by at most D (a replaced client too: it removes at most
+  D from a count and its replacement adds at most D, so the count moves by at most D either
+  way), so round(count) by at most ceil(D) (round(x) = floor(x + 1/2), and |floor a - floor b|
+  <= ceil |a - b|), and the clamp by no more (monotone, 1-Lipschitz); it changes at most n of the
+  k counts released. So the vector of k rounded counts moves by at most n ceil(D) in L1 norm,
+  and k independent discrete Laplace noises of scale t make it (n ceil(D) / t) = s epsilon -DP
+  (Canonne, Kamath &
   Steinke 2020, discrete_noise.py; the L1 form of the Laplace mechanism's proof, Dwork & Roth
   2014, Theorem 3.6, holds for the discrete law term by term).
 * Which items' counts are released is the selection's output: the counts step is chosen
@@ -37,7 +41,7 @@ holds every integer, so an integer count read as a double and then clamped is ex
   development machine, scales 1/2 to 2^40).
 
 The cost charged to a budget (once) carries the pure / approximate pairs and, when the selection
-has a zCDP form, rho_selection + n (s epsilon / n)^2 / 2 with n = min(k, L): at most n counts
+has a zCDP form, rho_selection + n (s epsilon / n)^2 / 2 with n as above: at most n counts
 move, each by at most ceil(D), so each is (s epsilon / n)-DP and its zCDP is that squared over 2
 (Bun & Steinke 2016, Proposition 1.4), summed over the n (their Lemma 2.3).
 """
@@ -96,7 +100,7 @@ class CountsPlan:
     k: int
     epsilon: float  # spent on the counts (the k counts together)
     sensitivity: int  # ceil(D): the most one client moves a rounded count
-    changed: int  # min(k, L): how many of the k counts one client can move
+    changed: int  # min(k, L), min(k, 2L) under replace: how many of the k counts can move
     scale: Fraction  # discrete Laplace scale t = changed * ceil(D) / epsilon, exactly
     half_width: int  # w: P(|Z| <= w) >= 95%, the least such
     integer_counts: bool  # the source's counts are integers (its schema says so)
@@ -109,9 +113,14 @@ class CountsPlan:
         sensitivity: float,
         max_items: int | None = None,
         integer_counts: bool = True,
+        neighbours: str = "add_remove",
     ) -> CountsPlan:
         whole = math.ceil(sensitivity)
-        changed = k if max_items is None else min(k, int(max_items))
+        # replacing a client removes its items' counts and adds the new client's: 2L move
+        moved = (
+            None if max_items is None else int(max_items) * (2 if neighbours == "replace" else 1)
+        )
+        changed = k if moved is None else min(k, moved)
         scale = Fraction(changed * whole) / Fraction(epsilon)  # exact: epsilon is a double
         return cls(
             k,
