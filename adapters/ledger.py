@@ -102,6 +102,13 @@ class SQLLedgerStore:
             sa.Column("epsilon", sa.Float(53), nullable=False),
             sa.Column("delta", sa.Float(53), nullable=False),
             sa.Column("charges", sa.Integer, nullable=False),
+            # a total no budget may have is never stored (NaN compares above every float in
+            # PostgreSQL, and SQLite stores it as NULL); topk_middleware/ledger.py refuses one
+            # that an older table holds
+            sa.CheckConstraint(
+                "epsilon > 0 AND epsilon <= 1.7976931348623157e308 AND delta >= 0 AND delta < 1",
+                name="topk_ledger_total_is_a_budget",
+            ),
         )
         self.charges = sa.Table(
             CHARGES,

@@ -73,8 +73,7 @@ def setup_roles(conn: psycopg.Connection[Any], table: str) -> None:
     if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [ANALYST]).fetchone():
         conn.execute(f"CREATE ROLE {ANALYST} LOGIN")
     conn.execute(
-        "GRANT EXECUTE ON FUNCTION topk.private_top_k(regclass, integer, double precision, "
-        f"double precision, text) TO {ANALYST}"
+        f"GRANT EXECUTE ON FUNCTION topk.private_top_k TO {ANALYST}"
     )
     for principal in (ANALYST, CLIENT_PRINCIPAL, LEDGER_PRINCIPAL):
         conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [principal])

@@ -129,6 +129,7 @@ INVALID = "22023"  # invalid_parameter_value
 NULL_ARGUMENT = "22004"  # null_value_not_allowed
 UNDEFINED = "42704"  # undefined_object: an unregistered source
 REFUSED = "42501"  # insufficient_privilege: no budget, or over budget
+FEATURE_NOT_SUPPORTED = "0A000"  # a release inside a SERIALIZABLE transaction
 
 
 class InstallError(RuntimeError):
@@ -349,9 +350,12 @@ $$;
 
 def function_sql(f: SqlFunction, available: Collection[str] | None = None) -> str:
     """The SQL that installs one SqlFunction (body, front, revokes, comment). A function whose
-    first parameter is `source regclass` gets a second front taking the name as text, resolved
-    inside (an analyst without USAGE on the table's schema gets the project's refusal, not the
-    cast's "permission denied for schema")."""
+    first parameter is `source regclass` has one front whose `source` is anycompatible: a
+    regclass, or a table's name as text (a string literal resolves to text), so that one
+    signature, and one GRANT naming the function alone, covers both. The front resolves the
+    name inside, in the caller's search_path, as the superuser owner: an analyst without USAGE
+    on the table's schema gets the project's refusal, not the cast's "permission denied for
+    schema"."""
     bare, args = _parameters(f.params)
     pins = pinned_clauses(available)
 
@@ -363,7 +367,6 @@ def function_sql(f: SqlFunction, available: Collection[str] | None = None) -> st
         )
 
     comment = f.comment.replace("'", "''")
-    grant = "PUBLIC" if f.public else None
     text = f"""
 CREATE OR REPLACE FUNCTION topk.{f.body}({bare})
 RETURNS {f.returns}
@@ -373,29 +376,29 @@ AS $$
 {BOOT}
 return GD["topk"].{f.server}(plpy, GD{", " if args else ""}{args})
 $$;
-{_front(f, f.params, call(args), pins)}
-REVOKE EXECUTE ON FUNCTION topk.{f.body}({bare}), topk.{f.name}({bare}) FROM PUBLIC;
-COMMENT ON FUNCTION topk.{f.name}({bare}) IS '{comment}';
 """
-    if grant:
-        text += f"GRANT EXECUTE ON FUNCTION topk.{f.name}({bare}) TO {grant};\n"
+    front_params, front_bare, front_call = f.params, bare, call(args)
     if f.params.startswith("source regclass"):
-        by_name = f.params.replace("source regclass", "source text", 1)
-        bare_name, _ = _parameters(by_name)
-        resolved = args.replace(
-            "source",
-            "CASE WHEN source IS NULL THEN NULL "
-            "ELSE coalesce(pg_catalog.to_regclass(source), 0::pg_catalog.regclass) END",
-            1,
+        front_params = f.params.replace("source regclass", "source anycompatible", 1)
+        front_bare, _ = _parameters(front_params)
+        front_call = call(
+            args.replace(
+                "source",
+                "CASE WHEN source IS NULL THEN NULL ELSE coalesce(pg_catalog.to_regclass("
+                "source::pg_catalog.text), 0::pg_catalog.regclass) END",
+                1,
+            )
         )
-        # The name is resolved in the caller's search_path (no search_path clause here: every
-        # name below is qualified or syntax), as the superuser owner, so no "permission denied
-        # for schema"; the regclass front then refuses in the project's words.
-        text += _front(f, by_name, call(resolved), pins, search_path=False)
-        text += (
-            f"REVOKE EXECUTE ON FUNCTION topk.{f.name}({bare_name}) FROM PUBLIC;\n"
-            f"COMMENT ON FUNCTION topk.{f.name}({bare_name}) IS '{comment}';\n"
-        )
+    # The name is resolved in the caller's search_path (no search_path clause on a front taking
+    # a source: every name in it is qualified or syntax).
+    text += _front(f, front_params, front_call, pins, search_path=front_bare == bare)
+    text += (
+        f"REVOKE EXECUTE ON FUNCTION topk.{f.body}({bare}), topk.{f.name}({front_bare}) "
+        "FROM PUBLIC;\n"
+        f"COMMENT ON FUNCTION topk.{f.name}({front_bare}) IS '{comment}';\n"
+    )
+    if f.public:
+        text += f"GRANT EXECUTE ON FUNCTION topk.{f.name}({front_bare}) TO PUBLIC;\n"
     return text
 
 
@@ -408,8 +411,20 @@ def install_sql_text(available: Collection[str] | None = None) -> str:
         .read_text(encoding="utf-8")
         .replace("{BOOT}", BOOT)
     )
-    # each superseded front also had a twin taking the table's name as text
-    superseded = [*SUPERSEDED, *(f.replace("(regclass", "(text", 1) for f in SUPERSEDED)]
+    # each superseded front also had a twin taking the table's name as text; and the current
+    # functions' fronts took a regclass and, in a twin, a text before their source became
+    # anycompatible (one signature for both)
+    current = [
+        f"{f.name}({_parameters(f.params)[0]})"
+        for f in SQL_FUNCTIONS
+        if f.params.startswith("source regclass")
+    ]
+    superseded = [
+        *SUPERSEDED,
+        *(f.replace("(regclass", "(text", 1) for f in SUPERSEDED),
+        *current,
+        *(f.replace("(regclass", "(text", 1) for f in current),
+    ]
     drops = "".join(f"\nDROP FUNCTION IF EXISTS {SCHEMA}.{f};" for f in dict.fromkeys(superseded))
     return static + drops + "".join(function_sql(f, available) for f in SQL_FUNCTIONS)
 
@@ -884,6 +899,26 @@ def _not_oblivious(plpy: Any, mechanism: str, oblivious: Any) -> None:
         )
 
 
+def _no_predicate_locks(plpy: Any, GD: dict[str, Any]) -> None:
+    """Refuse a release inside a SERIALIZABLE transaction, before anything is read or charged:
+    there every page a read touches takes a predicate (SIRead) lock, listed in pg_locks to
+    every role until the transaction's last overlapping one ends, so another role would see
+    which index and heap pages the release read."""
+    plan = GD.get("topk_isolation")
+    if plan is None:
+        plan = GD["topk_isolation"] = plpy.prepare(
+            "SELECT current_setting('transaction_isolation') AS level"
+        )
+    if plpy.execute(plan)[0]["level"] == "serializable":
+        _refuse(
+            plpy,
+            "a release does not run inside a SERIALIZABLE transaction: its reads would leave "
+            "predicate locks that every role sees in pg_locks; nothing was read or charged",
+            FEATURE_NOT_SUPPORTED,
+            hint="call it in a READ COMMITTED or REPEATABLE READ transaction",
+        )
+
+
 def _charged_release(
     plpy: Any,
     GD: dict[str, Any],
@@ -902,6 +937,7 @@ def _charged_release(
     from topk_middleware.ledger import LedgerBudget
     from topk_middleware.privacy import SensitivityError
 
+    _no_predicate_locks(plpy, GD)
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
     role = found["role"]
@@ -936,6 +972,16 @@ def _charged_release(
             hint="an administrator grants one: SELECT topk.grant_budget('<role>', epsilon, delta)",
         )
     except BudgetExceeded as error:
+        if "epsilon = inf" in str(error) and _without_delta(ledger, role):
+            _refuse(
+                plpy,
+                f"role {role}: this release spends a delta (an oblivious release, the default, "
+                "spends (1 + e^epsilon) * 1e-9 of it), and the role's budget has delta 0; "
+                "nothing was read or charged",
+                REFUSED,
+                hint="an administrator grants a delta: SELECT topk.grant_budget('<role>', "
+                "epsilon, 1e-6); or call it with oblivious => false",
+            )
         _refuse(plpy, f"role {role}: {error}", REFUSED)
     except SensitivityError as error:  # the registration's sensitivity: not a fact of the data
         _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
@@ -974,6 +1020,14 @@ def _charged_release(
     if release.bottom:  # limited domain: fewer than k items beat the threshold
         rows.append((len(rows) + 1, None))
     return rows
+
+
+def _without_delta(ledger: Any, role: str) -> bool:
+    """Whether the role's budget was granted with delta 0 (so no release spending delta fits)."""
+    try:
+        return ledger.total(role)[1] == 0.0
+    except KeyError:
+        return False
 
 
 def check_release_k(k: int) -> None:
@@ -1249,10 +1303,14 @@ def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ..
     _no_nulls(plpy, role=role)
     name = _role_name(plpy, role)
     ledger = _ledger(plpy, GD)
+    from topk_middleware.accounting import BudgetExceeded
+
     try:
         spent = ledger.spent(name)
     except KeyError:
         _refuse(plpy, f"role {name} has no privacy budget", REFUSED)
+    except BudgetExceeded as error:  # CorruptLedger: a tampered charge
+        _refuse(plpy, f"role {name}: {error}", REFUSED)
     plan = plpy.prepare(
         f"SELECT epsilon, delta, charges FROM {SCHEMA}.{PRINCIPALS} WHERE principal = $1",
         ["text"],

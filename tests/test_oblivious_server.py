@@ -525,8 +525,7 @@ def analyst(pg_conninfo: str, analyst_schema: str) -> Iterator[str]:
         )
         conn.execute(
             sql.SQL(
-                "GRANT EXECUTE ON FUNCTION topk.private_top_k(regclass, integer, double precision,"
-                " double precision, text, boolean) TO {}"
+                "GRANT EXECUTE ON FUNCTION topk.private_top_k TO {}"
             ).format(sql.Identifier(role))
         )
         conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, 1e6, 0.5])

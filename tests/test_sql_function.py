@@ -48,17 +48,14 @@ from .stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_ta
 # every test), and, as a group, it starts at the beginning of the run (tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("sql-function")
 
-FUNCTION = (
-    "topk.private_top_k(regclass, integer, double precision, double precision, text, boolean)"
-)
+FUNCTION = "topk.private_top_k"  # one signature: GRANT names the function alone, as docs/sql.md
 # What an analyst role is granted EXECUTE on: the releases (install.sql revokes it from PUBLIC).
 ANALYST_FUNCTIONS = (
     FUNCTION,
-    "topk.exponential_mechanism(regclass, double precision, boolean)",
-    "topk.peeling_top_k(regclass, integer, double precision, boolean)",
-    "topk.joint_top_k(regclass, integer, double precision, boolean)",
-    "topk.limited_domain_top_k(regclass, integer, integer, double precision, double precision, "
-    "boolean)",
+    "topk.exponential_mechanism",
+    "topk.peeling_top_k",
+    "topk.joint_top_k",
+    "topk.limited_domain_top_k",
 )
 
 
@@ -914,9 +911,7 @@ def test_with_counts_and_a_declared_sensitivity(
     table = sql_function.register_source(
         pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
     )
-    function = "topk.private_top_k_with_counts(regclass, integer, double precision, "
-    function += "double precision, text, double precision, boolean)"
-    analyst = make_role(epsilon=10.0, functions=(function,))
+    analyst = make_role(epsilon=10.0, functions=("topk.private_top_k_with_counts",))
     with _connect(analyst) as conn:
         rows = conn.execute(
             "SELECT * FROM topk.private_top_k_with_counts(%s::regclass, 3, 2.0, "
@@ -938,10 +933,7 @@ def test_with_counts_and_a_declared_sensitivity(
     assert [cost_from_json(s) for (s,) in stored] == [with_counts_cost(selection, plan)]
 
 
-WITH_COUNTS = (
-    "topk.private_top_k_with_counts(regclass, integer, double precision, double precision, "
-    "text, double precision, boolean)"
-)
+WITH_COUNTS = "topk.private_top_k_with_counts"
 
 
 def last_guarantee(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:

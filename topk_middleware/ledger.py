@@ -165,16 +165,37 @@ def _from_recipe(recipe: Any) -> PrivacyCost:
     return function(**kwargs)
 
 
+class CorruptLedger(BudgetExceeded):
+    """The ledger holds a total or a cost no budget may hold (NaN, negative, an infinite
+    total): every charge of that principal is refused until an operator repairs the row."""
+
+
+def _admissible(cost: PrivacyCost) -> PrivacyCost:
+    """`cost` if every number it claims is >= 0 (NaN and negative values would let a later
+    charge through: NaN compares false with every total); CorruptLedger otherwise. +inf is
+    admitted: it only makes the composition refuse."""
+    numbers = [cost.epsilon, cost.delta, cost.rho, cost.range_bounded_delta]
+    numbers += [*cost.range_bounded, *(x for pair in cost.approx for x in pair)]
+    for value in numbers:
+        if value is not None and not float(value) >= 0.0:
+            raise CorruptLedger(
+                f"the ledger holds a charge of {cost.mechanism} with a value {value!r} no cost "
+                "may have; nothing was read or released (an operator repairs the ledger)"
+            )
+    return cost
+
+
 def cost_from_json(text: str) -> PrivacyCost:
-    """A stored cost; a recipe is rebuilt through the registry RECIPES, never imported."""
+    """A stored cost; a recipe is rebuilt through the registry RECIPES, never imported.
+    CorruptLedger for a cost with a NaN or negative number (`_admissible`)."""
     data = json.loads(text)
     if data.get("recipe"):
-        return _from_recipe(data["recipe"])
+        return _admissible(_from_recipe(data["recipe"]))
     data["range_bounded"] = tuple(data["range_bounded"])
     data["approx"] = tuple(tuple(pair) for pair in data["approx"])
     data["sources"] = tuple(data["sources"])
     data["recipe"] = None
-    return PrivacyCost(**data)
+    return _admissible(PrivacyCost(**data))
 
 
 def costs_from_json(stored: list[str]) -> list[PrivacyCost]:
@@ -232,9 +253,21 @@ class PrivacyLedger:
         text = cost_to_json(cost)
 
         def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
+            try:  # a tampered total (NaN, infinite, negative) admits nothing
+                check_budget_total(epsilon, delta)
+            except (TypeError, ValueError) as error:
+                raise CorruptLedger(
+                    f"the ledger's total for {principal!r} is no budget ({error}); nothing was "
+                    "read or released (an operator repairs the ledger)"
+                ) from None
             costs = costs_from_json(stored)
             before = compose(costs, delta) if costs else None
             after = compose([*costs, cost], delta)
+            if not (after.epsilon >= 0.0 and after.delta >= 0.0):  # NaN: no composition
+                raise CorruptLedger(
+                    f"the composition of {principal!r}'s charges is not a number; nothing was "
+                    "read or released (an operator repairs the ledger)"
+                )
             refuse_if_over(after, epsilon, delta, cost, before)
             return after
 
@@ -347,6 +380,7 @@ class LedgerBudget:
 
 __all__ = [
     "BudgetExceeded",
+    "CorruptLedger",
     "LedgerBudget",
     "LedgerStore",
     "PrivacyLedger",

@@ -18,10 +18,14 @@
  *   call's node would show every page the function's SPI queries touched. Every front calls
  *   _hide_io_begin() before its body and _hide_io_end() after it (and on its error path): the
  *   second sets both counters back to what the first saw, so the function's reads add nothing
- *   to any node around the call. The saved state belongs to one top-level statement (its
- *   start time and local transaction id) and is dropped when a transaction aborts, so a call
- *   cut off by a cancel between the two leaves nothing behind that a later statement could
- *   restore. Calls may nest; the outermost pair saves and restores.
+ *   to any node around the call. Calls may nest; the outermost pair saves and restores. Each
+ *   level remembers the subtransaction it began in: when that subtransaction (or one around
+ *   it) aborts, by an error, a cancel or statement_timeout, whether or not the caller catches
+ *   it, the levels it held are dropped and, once none is left, the counters are set back as
+ *   _hide_io_end() would have done. So a call cut off inside the window neither shows the
+ *   reads it made before the cut nor leaves a level behind that would keep later calls of the
+ *   same statement from restoring. The saved state also belongs to one top-level statement
+ *   (its start time and local transaction id) and is dropped when a transaction aborts.
  */
 #include "postgres.h"
 
@@ -88,7 +92,9 @@ topk_refuse(PG_FUNCTION_ARGS)
 }
 
 /* The counters as the outermost _hide_io_begin() of the current statement saw them. */
+#define MAX_HIDE_DEPTH 64
 static int	hide_depth = 0;
+static SubTransactionId hide_subtransaction[MAX_HIDE_DEPTH];	/* where each level began */
 static TimestampTz hide_statement = 0;
 static LocalTransactionId hide_transaction = InvalidLocalTransactionId;
 static BufferUsage hidden_buffers;
@@ -102,16 +108,46 @@ same_statement(void)
 }
 
 static void
+restore_counters(void)
+{
+	pgBufferUsage = hidden_buffers;
+	pgWalUsage = hidden_wal;
+}
+
+static void
 forget_on_abort(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
 		hide_depth = 0;
 }
 
+/*
+ * A subtransaction aborts: the levels begun in it or in one it encloses (subtransaction ids
+ * grow within a transaction, and every open one that began before the level is an ancestor)
+ * end with it; when the last goes, the counters are set back.
+ */
+static void
+close_on_subabort(SubXactEvent event, SubTransactionId mySubid,
+				  SubTransactionId parentSubid, void *arg)
+{
+	if (event != SUBXACT_EVENT_ABORT_SUB || hide_depth == 0)
+		return;
+	if (!same_statement())
+	{
+		hide_depth = 0;
+		return;
+	}
+	while (hide_depth > 0 && hide_subtransaction[hide_depth - 1] >= mySubid)
+		hide_depth--;
+	if (hide_depth == 0)
+		restore_counters();
+}
+
 void
 _PG_init(void)
 {
 	RegisterXactCallback(forget_on_abort, NULL);
+	RegisterSubXactCallback(close_on_subabort, NULL);
 }
 
 Datum
@@ -119,6 +155,11 @@ topk_hide_io_begin(PG_FUNCTION_ARGS)
 {
 	if (hide_depth > 0 && !same_statement())
 		hide_depth = 0;			/* left by a call of an earlier statement */
+	if (hide_depth >= MAX_HIDE_DEPTH)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg_internal("topk: calls of the topk functions nested more than %d deep",
+								 MAX_HIDE_DEPTH)));
 	if (hide_depth == 0)
 	{
 		hidden_buffers = pgBufferUsage;
@@ -126,7 +167,7 @@ topk_hide_io_begin(PG_FUNCTION_ARGS)
 		hide_statement = GetCurrentStatementStartTimestamp();
 		hide_transaction = MyProc->lxid;
 	}
-	hide_depth++;
+	hide_subtransaction[hide_depth++] = GetCurrentSubTransactionId();
 	PG_RETURN_VOID();
 }
 
@@ -139,9 +180,6 @@ topk_hide_io_end(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 	if (--hide_depth == 0)
-	{
-		pgBufferUsage = hidden_buffers;
-		pgWalUsage = hidden_wal;
-	}
+		restore_counters();
 	PG_RETURN_VOID();
 }
