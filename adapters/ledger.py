@@ -43,6 +43,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from topk_middleware.accounting import ComposedGuarantee
+from topk_middleware.release_keys import key_conflict
 
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
@@ -208,6 +209,7 @@ class SQLLedgerStore:
         cost: str,
         decide: Callable[..., ComposedGuarantee],
         release_key: str | None = None,
+        fingerprint: str | None = None,
     ) -> tuple[int, ComposedGuarantee | None]:
         k = self.keys.c
 
@@ -222,9 +224,11 @@ class SQLLedgerStore:
                 raise KeyError(f"principal {principal!r} has no budget in this ledger")
             keyed = (k.principal == principal) & (k.release_key == release_key)
             if release_key is not None:
-                paid = conn.execute(sa.select(k.seq).where(keyed)).first()
+                paid = conn.execute(sa.select(k.seq, k.fingerprint).where(keyed)).first()
                 if paid is None:
                     raise KeyError(f"release key {release_key!r} was not claimed")
+                if paid.fingerprint != fingerprint:  # reclaimed with other parameters meanwhile
+                    raise key_conflict(principal, release_key)
                 if paid.seq is not None:  # charged by an earlier attempt: nothing more to pay
                     return int(paid.seq), None
             conn.execute(
@@ -259,6 +263,14 @@ class SQLLedgerStore:
         def claim(conn: sa.Connection) -> tuple[str, str, int | None, str | None]:
             query = sa.select(k.fingerprint, k.noise_key, k.seq, k.release).where(keyed)
             row = conn.execute(query).first()
+            if row is not None and row.fingerprint != fingerprint and row.seq is None:
+                # claimed, never charged: the call that claimed it read and released nothing
+                conn.execute(
+                    self.keys.update()
+                    .where(keyed & k.seq.is_(None))
+                    .values(fingerprint=fingerprint, noise_key=noise_key, claimed_at=_now())
+                )
+                row = conn.execute(query).first()
             if row is None:
                 conn.execute(
                     self.keys.insert().values(
@@ -277,9 +289,15 @@ class SQLLedgerStore:
         except sa.exc.IntegrityError:  # claimed concurrently: read what was stored
             return self._retry(claim)
 
-    def store_release(self, principal: str, release_key: str, release: str) -> str:
+    def store_release(
+        self, principal: str, release_key: str, fingerprint: str, release: str
+    ) -> str:
         k = self.keys.c
-        keyed = (k.principal == principal) & (k.release_key == release_key)
+        keyed = (
+            (k.principal == principal)
+            & (k.release_key == release_key)
+            & (k.fingerprint == fingerprint)
+        )
 
         def store(conn: sa.Connection) -> str:
             conn.execute(

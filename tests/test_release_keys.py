@@ -17,6 +17,7 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,12 +27,22 @@ from adapters.ledger import KEYS
 from adapters.memory import ArraySource
 from frontends.cli import main as cli_main
 from tests.test_ledger import ledger_url, postgres_url  # noqa: F401  (fixtures)
-from topk_middleware import PrivacyBudget, PrivacyLedger, ReleaseKeyConflict, private_top_k
+from topk_middleware import (
+    PrivacyBudget,
+    PrivacyLedger,
+    ReleaseKeyConflict,
+    exponential_mechanism,
+    joint_top_k,
+    limited_domain_top_k,
+    peeling_top_k,
+    private_top_k,
+    stable_top_k,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # 200 items, nearly tied at the top: two independent releases of k = 5 at epsilon = 0.5 differ
 # with probability close to 1 (so an answer drawn twice would show)
-SCORES = np.concatenate([np.full(20, 100.0), np.arange(180, dtype=float)])
+SCORES = np.concatenate([np.full(20, 200.0), np.arange(180, dtype=float)])
 
 
 def fresh_principal() -> str:
@@ -104,11 +115,43 @@ def test_bad_keys_and_budgets_are_refused_before_anything_is_read(tmp_path: Path
     for bad in ("", 7, "a" * 201, "tab\there"):
         with pytest.raises((TypeError, ValueError), match="release_key must be"):
             private_top_k(source, 5, 0.5, budget=budget, release_key=bad)
+    with ledger.store.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {KEYS}")).scalar_one() == 0
     with pytest.raises(ValueError, match="k must"):
         private_top_k(source, 0, 0.5, budget=budget, release_key="x")
     assert ledger.log(principal) == []
-    with ledger.store.engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT count(*) FROM {KEYS}")).scalar_one() == 0
+    # the refused call charged nothing, so the key takes the corrected parameters
+    fixed = private_top_k(source, 5, 0.5, budget=budget, release_key="x")
+    assert len(fixed.items) == 5 and len(ledger.log(principal)) == 1
+    with pytest.raises(ReleaseKeyConflict):
+        private_top_k(source, 6, 0.5, budget=budget, release_key="x")
+
+
+@pytest.mark.parametrize(
+    "release",
+    [
+        lambda s, **kw: exponential_mechanism(s, 0.5, **kw),
+        lambda s, **kw: peeling_top_k(s, 3, 0.5, **kw),
+        lambda s, **kw: joint_top_k(s, 3, 0.5, **kw),
+        lambda s, **kw: limited_domain_top_k(s, 3, 25, 1.0, 1e-4, **kw),
+        lambda s, **kw: stable_top_k(s, 0.5, 1e-6, k=3, **kw),
+    ],
+    ids=["exponential", "peeling", "joint", "limited_domain", "stable"],
+)
+def test_every_release_function_takes_a_key(release: Any, tmp_path: Path) -> None:
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    principal = fresh_principal()
+    budget = ledger.budget(principal, 20.0, 1e-2)
+    source = ArraySource(SCORES)
+    first = release(source, budget=budget, release_key="one")
+    again = release(source, budget=budget, release_key="one")
+    assert again.items == first.items and type(again) is type(first)
+    assert again.plan == {"stored_release": True}
+    assert getattr(again, "bottom", False) == getattr(first, "bottom", False)
+    assert len(ledger.log(principal)) == 1
+    fresh = [release(source, budget=budget, release_key=f"other-{i}") for i in range(4)]
+    assert len(ledger.log(principal)) == 5
+    assert len({tuple(r.items) for r in [first, *fresh]}) > 1  # other keys: fresh noise
 
 
 def test_the_noise_key_and_release_never_reach_the_statement_text(tmp_path: Path) -> None:
@@ -135,7 +178,7 @@ RACER = textwrap.dedent(
     from adapters.memory import ArraySource
     from topk_middleware import PrivacyLedger, private_top_k
     url, principal, start, keys = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-    scores = np.concatenate([np.full(20, 100.0), np.arange(180, dtype=float)])
+    scores = np.concatenate([np.full(20, 200.0), np.arange(180, dtype=float)])
     budget = PrivacyLedger(url).budget(principal, 100.0)
     source = ArraySource(scores)
     time.sleep(max(0.0, start - time.time()))  # both racers start together
@@ -187,7 +230,7 @@ KILLED = textwrap.dedent(
     from adapters.memory import ArraySource
     from topk_middleware import PrivacyLedger, private_top_k
     url, principal, where = sys.argv[1], sys.argv[2], sys.argv[3]
-    scores = np.concatenate([np.full(20, 100.0), np.arange(180, dtype=float)])
+    scores = np.concatenate([np.full(20, 200.0), np.arange(180, dtype=float)])
     ledger = PrivacyLedger(url)
     budget = ledger.budget(principal, 1.0)
 

@@ -54,10 +54,11 @@ from .privacy import (
 )
 from .randomness import make_rng
 from .release import TopKResult, unranked_order
-from .release_keys import keyed_release
+from .release_keys import keyable
 from .validation import check_common, check_k_within
 
 
+@keyable
 def private_top_k(
     source: Source,
     k: int,
@@ -79,7 +80,6 @@ def private_top_k(
     oblivious: bool = False,
     delta_pad: float = 1e-9,
     deadline: float | None = None,
-    release_key: str | None = None,
 ) -> TopKResult:
     """Release the (approximately) k most voted items under (epsilon, delta)-DP.
 
@@ -132,24 +132,6 @@ def private_top_k(
     (ReleaseKeyConflict); keys are per principal. The noise then comes from a secret kept with
     the key in the ledger, so `seed` must be None.
     """
-    if release_key is not None:
-        parameters = dict(locals())
-        for name in ("source", "seed", "budget", "release_key"):
-            parameters.pop(name)
-        if seed is not None:
-            raise ValueError(
-                "release_key draws the noise from a secret kept with the key in the ledger: "
-                "pass seed=None"
-            )
-        check_common(k, epsilon, delta)
-        return keyed_release(
-            budget,
-            release_key,
-            "private_top_k",
-            source,
-            parameters,
-            lambda rng, keyed: private_top_k(source, seed=rng, budget=keyed, **parameters),
-        )
     check_common(k, epsilon, delta)
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")

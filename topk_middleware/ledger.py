@@ -34,7 +34,7 @@ from .accounting import (
     compose,
     refuse_if_over,
 )
-from .release_keys import Claim, ReleaseKeyConflict, new_noise_key
+from .release_keys import Claim, ReleaseKeyConflict, key_conflict, new_noise_key
 
 # "module:class" of the store a URL or an engine opens, imported when first needed.
 SQL_STORE = "adapters.ledger:SQLLedgerStore"
@@ -65,24 +65,30 @@ class LedgerStore(Protocol):
         cost: str,
         decide: Callable[[float, float, list[str]], ComposedGuarantee],
         release_key: str | None = None,
+        fingerprint: str | None = None,
     ) -> tuple[int, ComposedGuarantee | None]:
         """In one transaction holding the principal's row locked (KeyError if it has none):
         count the charge, call decide(total epsilon, total delta, the stored costs in order),
         which raises to refuse, and insert the charge with the composition it returned; (its
-        sequence number, that composition). With a claimed `release_key`: if the key already
-        has a charge, insert nothing and return (that charge's number, None); else record the
-        new charge's number against the key in the same transaction."""
+        sequence number, that composition). With a claimed `release_key`: refuse
+        (ReleaseKeyConflict) if the key holds another fingerprint; if the key already has a
+        charge, insert nothing and return (that charge's number, None); else record the new
+        charge's number against the key in the same transaction."""
         ...
 
     def claim_key(
         self, principal: str, release_key: str, fingerprint: str, noise_key: str
     ) -> tuple[str, str, int | None, str | None]:
-        """Insert the key with this fingerprint and noise key if absent; what is stored (either
-        way): (fingerprint, noise key, charge number or None, release JSON or None)."""
+        """Insert the key with this fingerprint and noise key if absent, or give an uncharged
+        key these; what is stored then: (fingerprint, noise key, charge number or None,
+        release JSON or None)."""
         ...
 
-    def store_release(self, principal: str, release_key: str, release: str) -> str:
-        """Store the release against the key unless one is stored; the stored release."""
+    def store_release(
+        self, principal: str, release_key: str, fingerprint: str, release: str
+    ) -> str:
+        """Store the release against the key (of this fingerprint) unless one is stored; the
+        stored release."""
         ...
 
     def complete_charge(
@@ -245,7 +251,11 @@ class PrivacyLedger:
         return found
 
     def charge(
-        self, principal: str, cost: PrivacyCost, release_key: str | None = None
+        self,
+        principal: str,
+        cost: PrivacyCost,
+        release_key: str | None = None,
+        fingerprint: str | None = None,
     ) -> tuple[int, ComposedGuarantee]:
         """Add `cost` to the principal's releases in one committed transaction, or raise
         BudgetExceeded and record nothing. Returns (charge seq, composition after it). Under a
@@ -271,7 +281,9 @@ class PrivacyLedger:
             refuse_if_over(after, epsilon, delta, cost, before)
             return after
 
-        seq, after = self.store.append_charge(principal, cost.mechanism, text, decide, release_key)
+        seq, after = self.store.append_charge(
+            principal, cost.mechanism, text, decide, release_key, fingerprint
+        )
         return seq, self.spent(principal) if after is None else after
 
     def claim_release(self, principal: str, release_key: str, fingerprint: str) -> Claim:
@@ -283,16 +295,14 @@ class PrivacyLedger:
             principal, release_key, fingerprint, new_noise_key()
         )
         if stored != fingerprint:
-            raise ReleaseKeyConflict(
-                f"release key {release_key!r} of principal {principal!r} names a release with "
-                "other parameters (function, source type, k, epsilon or an option differs); "
-                "nothing was read, charged or released: use a new key for a new question"
-            )
-        return Claim(noise_key, seq is not None, release)
+            raise key_conflict(principal, release_key)
+        return Claim(noise_key, seq is not None, release, fingerprint)
 
-    def store_release(self, principal: str, release_key: str, release: str) -> str:
+    def store_release(
+        self, principal: str, release_key: str, fingerprint: str, release: str
+    ) -> str:
         """Store a keyed release unless one is stored; the stored one (release_keys.py)."""
-        return self.store.store_release(principal, release_key, release)
+        return self.store.store_release(principal, release_key, fingerprint, release)
 
     def log_release(self, principal: str, seq: int, result: Any) -> None:
         """Complete charge `seq` with its release: time, guarantee, source, diagnostics."""
@@ -359,8 +369,10 @@ class LedgerBudget:
         self.epsilon, self.delta = epsilon, delta
         self._pending = threading.local()
 
-    def charge(self, cost: PrivacyCost, release_key: str | None = None) -> ComposedGuarantee:
-        seq, after = self.ledger.charge(self.principal, cost, release_key)
+    def charge(
+        self, cost: PrivacyCost, release_key: str | None = None, fingerprint: str | None = None
+    ) -> ComposedGuarantee:
+        seq, after = self.ledger.charge(self.principal, cost, release_key, fingerprint)
         self._pending.seq = seq
         return after
 

@@ -5,11 +5,14 @@
 
 1. claim: the ledger inserts (principal, key, fingerprint of the parameters, a fresh 256-bit
    noise key from os.urandom) if the key is new, else hands back what it holds. A stored release
-   is returned at once, charging nothing; a stored fingerprint other than this call's is refused
-   (ReleaseKeyConflict) before anything is read or charged.
-2. charge: the cost is charged in the ledger's locked charge transaction, which also records the
-   charge's sequence number against the key; a key already charged is not charged again (a retry
-   after a crash, or a second worker racing the first).
+   is returned at once, charging nothing; a charged key whose fingerprint is not this call's is
+   refused (ReleaseKeyConflict) before anything is read or charged. A key claimed but never
+   charged (its call was refused as bad input, or died before its charge) takes the new
+   parameters: a corrected retry is not locked out by a mistyped first try.
+2. charge: the cost is charged in the ledger's locked charge transaction, which also checks the
+   key's fingerprint (ReleaseKeyConflict) and records the charge's sequence number against the
+   key; a key already charged is not charged again (a retry after a crash, or a second worker
+   racing the first).
 3. run: the mechanism draws all its noise from ChaCha20 keyed by the stored noise key, so every
    attempt under one key uses the same noise: on unchanged data, attempts read the same rows and
    compute the same release.
@@ -28,11 +31,13 @@ key, one conditional update; a replay is one read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from randomgen import ChaCha
@@ -45,6 +50,15 @@ KEY_MAX_LENGTH = 200
 class ReleaseKeyConflict(ValueError):
     """A release key already names a release with other parameters: nothing was read, charged
     or released."""
+
+
+def key_conflict(principal: str, release_key: str) -> ReleaseKeyConflict:
+    """The refusal of a key that names a release with other parameters."""
+    return ReleaseKeyConflict(
+        f"release key {release_key!r} of principal {principal!r} names a release with other "
+        "parameters (function, source type, k, epsilon or an option differs); nothing was read, "
+        "charged or released: use a new key for a new question"
+    )
 
 
 def check_release_key(key: Any) -> str:
@@ -88,18 +102,22 @@ class Claim:
     noise_key: str
     charged: bool
     release: str | None
+    fingerprint: str
 
 
 class KeyedBudget:
     """A ledger budget that charges under a release key: a key already charged is not charged
     again (the ledger's charge transaction decides, under the principal's lock)."""
 
-    def __init__(self, budget: Any, release_key: str, charged: bool) -> None:
-        self.budget, self.release_key, self.charged = budget, release_key, charged
+    def __init__(self, budget: Any, release_key: str, claim: Claim) -> None:
+        self.budget, self.release_key, self.claim = budget, release_key, claim
+        self.charged = claim.charged
         self.epsilon, self.delta = budget.epsilon, budget.delta
 
     def charge(self, cost: Any) -> Any:
-        return self.budget.charge(cost, release_key=self.release_key)
+        return self.budget.charge(
+            cost, release_key=self.release_key, fingerprint=self.claim.fingerprint
+        )
 
     def log_release(self, result: Any) -> None:
         self.budget.log_release(result)
@@ -183,10 +201,58 @@ def keyed_release(
     claim = ledger.claim_release(principal, key, fingerprint(function, source, parameters))
     if claim.release is not None:
         return result_from_json(claim.release)
-    result = run(keyed_rng(claim.noise_key), KeyedBudget(budget, key, claim.charged))
+    result = run(keyed_rng(claim.noise_key), KeyedBudget(budget, key, claim))
     ours = result_to_json(result)
-    stored = ledger.store_release(principal, key, ours)
+    stored = ledger.store_release(principal, key, claim.fingerprint, ours)
     return result if stored == ours else result_from_json(stored)
 
 
-__all__ = ["KEY_MAX_LENGTH", "ReleaseKeyConflict", "check_release_key", "keyed_release"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def keyable(function: F) -> F:
+    """Give a release function taking `source`, `seed` and `budget` the keyword `release_key`
+    (keyed_release: idempotent under a PrivacyLedger's budget; with it, `seed` must be None)."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def release(*args: Any, release_key: str | None = None, **kwargs: Any) -> Any:
+        if release_key is None:
+            return function(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{function.__name__}: {error}") from None
+        bound.apply_defaults()
+        parameters = dict(bound.arguments)
+        source, budget = parameters.pop("source"), parameters.pop("budget")
+        if parameters.pop("seed") is not None:
+            raise ValueError(
+                "release_key draws the noise from a secret kept with the key in the ledger: "
+                "pass seed=None"
+            )
+        return keyed_release(
+            budget,
+            release_key,
+            function.__name__,
+            source,
+            parameters,
+            lambda rng, keyed: function(source=source, seed=rng, budget=keyed, **parameters),
+        )
+
+    keyword = inspect.Parameter(
+        "release_key", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None"
+    )
+    release.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), keyword]
+    )
+    return release  # type: ignore[return-value]
+
+
+__all__ = [
+    "KEY_MAX_LENGTH",
+    "ReleaseKeyConflict",
+    "check_release_key",
+    "keyable",
+    "keyed_release",
+]

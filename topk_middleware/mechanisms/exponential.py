@@ -21,9 +21,11 @@ import numpy as np
 
 from ..access import Source
 from ..api import TopKResult, private_top_k
+from ..release_keys import keyable
 from .threshold import Batching
 
 
+@keyable
 def exponential_mechanism(
     source: Source,
     epsilon: float,

@@ -56,6 +56,7 @@ from ..privacy import (
     score_bound,
 )
 from ..randomness import make_rng, randbelow
+from ..release_keys import keyable
 from ..validation import check_common, check_k_within
 
 TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
@@ -328,6 +329,7 @@ def _positions_of(access: CountedAccess, ranks: list[int], rng: np.random.Genera
     return positions
 
 
+@keyable
 def joint_top_k(
     source: Source,
     k: int,

@@ -44,6 +44,7 @@ from ..privacy import (
     score_bound,
 )
 from ..randomness import make_rng
+from ..release_keys import keyable
 from ..validation import check_common
 
 
@@ -93,6 +94,7 @@ def limited_domain_cost(
     )
 
 
+@keyable
 def limited_domain_top_k(
     source: Source,
     k: int,

@@ -34,6 +34,7 @@ from ..privacy import (
     score_bound,
 )
 from ..randomness import make_rng
+from ..release_keys import keyable
 from ..validation import check_common, check_k_within
 
 SOURCE = "Durfee & Rogers 2019, Section 4.1 (peeling EM), Lemmas 4.1-4.3; basic composition"
@@ -94,6 +95,7 @@ def check_peeling_size(k: int, m: int) -> None:
         )
 
 
+@keyable
 def peeling_top_k(
     source: Source,
     k: int,

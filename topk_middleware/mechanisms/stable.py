@@ -54,6 +54,7 @@ from ..accounting import (
 from ..api import private_top_k
 from ..privacy import PrivacyGuarantee, check_neighbours, require_unit_sensitivity
 from ..randomness import make_rng
+from ..release_keys import keyable
 from ..validation import check_k_within
 
 TESTS = ("gaussian", "laplace")
@@ -196,6 +197,7 @@ def _check(
         raise ValueError(f"lam must be finite and >= 0, got {lam}")
 
 
+@keyable
 def stable_top_k(
     source: Source,
     rho: float,
