@@ -26,6 +26,52 @@ FINGERPRINT_TAG = "topk-rank-v1"
 MAX_IDENTIFIER_BYTES = 63
 
 
+def sql_name_spellings(
+    table: str, schema: str | None, fold: Any = str.lower
+) -> list[tuple[str | None, str]]:
+    """The (schema, table) pairs a table name may mean, in the order a store looks them up: the
+    names exactly as given, then `schema.table` (or `table`) read as SQL writes a name (parts
+    split at dots outside double quotes, a quoted part taken exactly with "" for ", an unquoted
+    part folded by `fold`: lower case on PostgreSQL). So `t`, `T`, `public.t` and `"public"."t"`
+    all find the table t in schema public, and the adapter derives every object name from the
+    one spelling the catalog holds."""
+    spellings: list[tuple[str | None, str]] = [(schema, table)]
+    written = table if schema is None else f"{schema}.{table}"
+    parts: list[str] = []
+    i, n = 0, len(written)
+    while i <= n:
+        if i < n and written[i] == '"':  # a quoted part up to its closing quote
+            part, i = [], i + 1
+            while True:
+                end = written.find('"', i)
+                if end < 0:
+                    return spellings  # an unclosed quote: not a SQL name
+                part.append(written[i:end])
+                if written[end + 1 : end + 2] == '"':  # "" inside quotes: one "
+                    part.append('"')
+                    i = end + 2
+                    continue
+                i = end + 1
+                break
+            parts.append("".join(part))
+        else:
+            end = written.find(".", i)
+            end = n if end < 0 else end
+            word = written[i:end]
+            if not word or '"' in word:
+                return spellings
+            parts.append(fold(word))
+            i = end
+        if i < n and written[i] != ".":
+            return spellings  # text after a closing quote
+        i += 1
+    if len(parts) == 1:
+        spellings.append((None, parts[0]))
+    elif len(parts) == 2:
+        spellings.append((parts[0], parts[1]))
+    return [pair for j, pair in enumerate(spellings) if pair not in spellings[:j]]
+
+
 # An oblivious run's first statement on PostgreSQL where its role may set track_counts: its
 # reads then stay out of the statistics views any role reads (docs/oblivious.md).
 HIDE_STATISTICS = "SET LOCAL track_counts = off"

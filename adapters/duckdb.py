@@ -62,6 +62,7 @@ from ._sql import (
     raise_if_invalid,
     rank_table_name,
     scores_in_order,
+    sql_name_spellings,
 )
 from .contributions import (
     check_bounds,
@@ -226,6 +227,8 @@ class DuckDBTable(LiveRead):
         else:
             self._con = duckdb.connect(os.fspath(connection_or_path))
             self._owns_connection = True
+        where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
+        table, schema = self._catalog_name(table, schema)  # every object name derives from it
         self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
         self.rank_table = rank_table or rank_table_name(table, id, score)
         prefix = "" if schema is None else quote_identifier(schema) + "."
@@ -237,7 +240,7 @@ class DuckDBTable(LiveRead):
         self._runs = prefix + quote_identifier(self.runs_table)
         self._id = quote_identifier(id)
         self._score = quote_identifier(score)
-        self.where = "DuckDB table " + (repr(table) if schema is None else f"{schema!r}.{table!r}")
+        self.where = where
         # refresh by delta (adapters/duckdb_delta.py): the shadow, delta and skip tables
         self.shadow_table = self.rank_table + "_shadow"
         self.delta_table = self.rank_table + "_delta"
@@ -1322,6 +1325,26 @@ class DuckDBTable(LiveRead):
             return [found[item] for item in wanted]
         except KeyError as missing:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    def _catalog_name(self, table: str, schema: str | None) -> tuple[str, str | None]:
+        """(table, schema) as the catalog spells the table or view the name finds (DuckDB
+        compares names without case): the name as given, else read as SQL reads it
+        (`"T"`, `main."t"`: _sql.sql_name_spellings). So every spelling of one table derives
+        one rank table. A name that finds nothing, or more than one, is kept as given
+        (validation says so). Cost: one catalog query a spelling."""
+        for spelled_schema, spelled in sql_name_spellings(table, schema):
+            found = self._con.execute(
+                "SELECT DISTINCT schema_name, name FROM (SELECT database_name, schema_name, "
+                "table_name AS name FROM duckdb_tables() UNION ALL SELECT database_name, "
+                "schema_name, view_name FROM duckdb_views() WHERE NOT internal) "
+                "WHERE database_name = current_database() AND lower(name) = lower($name) AND "
+                "lower(schema_name) = lower(coalesce($schema, current_schema()))",
+                {"name": spelled, "schema": spelled_schema},
+            ).fetchall()
+            if len(found) == 1:
+                home, name = found[0]
+                return name, (None if spelled_schema is None else home)
+        return table, schema
 
     # ----- cleanup ------------------------------------------------------------------------------
     def uninstall(self) -> None:

@@ -87,6 +87,7 @@ from adapters._sql import (
     rank_table_name,
     rows_from_records,
     scores_in_order,
+    sql_name_spellings,
 )
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
@@ -255,6 +256,16 @@ class PostgresTable(WriteLog, TableRead):
             if isinstance(conninfo_or_connection, psycopg.Connection)
             else str(conninfo_or_connection)
         )
+        self.where = "PostgreSQL table " + (
+            repr(table) if schema is None else f"{schema!r}.{table!r}"
+        )
+        self._run: _Run | None = None
+        try:  # every name below comes from the catalog's spelling of the table
+            table, schema = self._catalog_name(table, schema)
+        except BaseException:
+            if self._owns_connection:
+                self._conn.close()
+            raise
         self.table, self.id_column, self.score_column, self.schema = table, id, score, schema
         self.rank_table = rank_table or rank_table_name(table, id, score)
         qualify = (
@@ -272,11 +283,7 @@ class PostgresTable(WriteLog, TableRead):
         self._id_index = sql.Identifier(self.id_index)  # unique B-tree on id
         self._id = sql.Identifier(id)
         self._score = sql.Identifier(score)
-        self.where = "PostgreSQL table " + (
-            repr(table) if schema is None else f"{schema!r}.{table!r}"
-        )
         self._log_names()  # the write log that proves the copy current (freshness.py)
-        self._run: _Run | None = None
         self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         try:
             text_ids = self._text_ids = self._check_columns()
@@ -482,6 +489,29 @@ class PostgresTable(WriteLog, TableRead):
             )
 
     # ----- checks -------------------------------------------------------------------------------
+    def _catalog_name(self, table: str, schema: str | None) -> tuple[str, str | None]:
+        """(table, schema) as the catalog spells the relation the name finds: the name as given,
+        else read as SQL reads it (`T`, `public."t"`: _sql.sql_name_spellings), each through
+        to_regclass and the search path. So every spelling of one table derives the same rank
+        table, position table, triggers and log. A name that finds nothing is kept as given
+        (validation says it does not exist). Cost: one catalog lookup a spelling."""
+        with self._reading() as cur:
+            for spelled_schema, spelled in sql_name_spellings(table, schema):
+                name = (
+                    sql.Identifier(spelled)
+                    if spelled_schema is None
+                    else sql.Identifier(spelled_schema, spelled)
+                )
+                found = cur.execute(
+                    "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c "
+                    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.oid = pg_catalog.to_regclass(%s)",
+                    [name.as_string(self._conn)],
+                ).fetchone()
+                if found is not None:
+                    return found[1], found[0]
+        return table, schema
+
     def _check_columns(self) -> bool:
         """Table and columns exist, the score is numeric; returns whether ids are collatable."""
         with self._reading() as cur:
@@ -696,11 +726,15 @@ class PostgresTable(WriteLog, TableRead):
             with conn.transaction():
                 self._limit_statements(conn, statement_timeout)
                 built = self._prepare_locked(conn, refresh, float(swap_timeout))
-        except psycopg.errors.QueryCanceled as error:
-            raise TimeoutError(
-                f"{self.where}: prepare() was stopped by its statement_timeout of "
-                f"{statement_timeout} s ({first_line(error)}); nothing was changed"
-            ) from None
+        except BaseException as error:
+            conn.isolation_level = saved
+            self._forget_log(conn)  # refused or stopped: nothing left behind
+            if isinstance(error, psycopg.errors.QueryCanceled):
+                raise TimeoutError(
+                    f"{self.where}: prepare() was stopped by its statement_timeout of "
+                    f"{statement_timeout} s ({first_line(error)}); nothing was changed"
+                ) from None
+            raise
         finally:
             conn.isolation_level = saved
             if not conn.closed:
@@ -710,6 +744,16 @@ class PostgresTable(WriteLog, TableRead):
             with conn.transaction():
                 for table in (self._ranks, self._runs):
                     conn.execute(sql.SQL("ANALYZE {}").format(table))
+
+    def _forget_log(self, conn: psycopg.Connection[Any]) -> None:
+        """After a prepare() that failed: the write log it installed is dropped again when no
+        copy of this table exists (a copy that exists keeps the log that proves it current)."""
+        if conn.closed or conn.broken:
+            return
+        with conn.transaction():
+            ranks = self._ranks.as_string(conn)
+            if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ranks]).fetchone()[0]:
+                self._uninstall_log(conn)
 
     def _limit_statements(self, conn: psycopg.Connection[Any], timeout: float | None) -> None:
         if timeout is not None:
@@ -1508,7 +1552,8 @@ class PostgresTable(WriteLog, TableRead):
                 "SELECT to_regclass(%s) IS NOT NULL, obj_description(to_regclass(%s), 'pg_class')",
                 [ranks, ranks],
             ).fetchone()
-            if not exists:
+            if not exists:  # no copy: the write log of a refused or interrupted prepare()
+                self._uninstall_log(conn)
                 return
             if stored is None or not stored.startswith(FINGERPRINT_TAG):
                 raise RankTableMismatchError(

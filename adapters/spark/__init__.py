@@ -154,7 +154,7 @@ class SparkTable:
             self.is_path = "/" in table
             kind = "Parquet path" if self.is_path else "Spark table"
             self.where = f"{kind} {table!r}"
-            name = os.path.basename(table.rstrip("/")) if self.is_path else table
+            name = os.path.basename(table.rstrip("/")) if self.is_path else self._named(table)
         else:  # a DataFrame
             self.table, self.is_path, self._frame = None, False, table
             self.where = "Spark DataFrame"
@@ -179,6 +179,18 @@ class SparkTable:
         # seconds of each Spark query made for runs, where the caller asks (a list: benchmarks)
         self.query_seconds: list[float] | None = None
         self._id_type = self._check_columns()
+
+    def _named(self, table: str) -> str:
+        """A catalog table's name as the catalog spells it, `database.table` (Spark folds and
+        unquotes: `T`, `default.t` and `` `default`.`t` `` are one table, with one copy), or the
+        name as given where the catalog finds nothing (reading it says so)."""
+        try:
+            found = self.spark.catalog.getTable(table)
+        except Exception:  # no such table (the read says so), or a catalog that cannot tell
+            return table
+        named = ".".join([*(found.namespace or []), found.name])  # as written but unquoted
+        sensitive = str(self.spark.conf.get("spark.sql.caseSensitive", "false")).lower()
+        return named if sensitive == "true" else named.lower()
 
     def _plan_hash(self, frame: Any) -> str:
         """A short hash of a DataFrame's plan (Spark's semantic hash: equal for equal plans)."""

@@ -58,6 +58,7 @@ from adapters._sql import (
     id_array,
     may_hide_statistics_sql,
     plain_values,
+    sql_name_spellings,
 )
 from topk_middleware.access import AccessError, Rows
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
@@ -197,6 +198,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
             schema = table.schema
             table = table.name
         self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
+        table, schema = catalog_name(engine, table, schema)  # every object name derives from it
         self.table_name: str | None = table
         self._identity_tables = [(schema, table)]  # what the fingerprint names (see _facts)
         self.id_column, self.score_column = id, score
@@ -722,6 +724,23 @@ class SQLAlchemyTable(WriteProof, TableRun):
         """
         if self._conn is not None:
             raise RuntimeError("prepare() cannot run inside snapshot() of the same table")
+        with self.engine.connect() as conn:
+            had_copy = sa.inspect(conn).has_table(self._ranks.name, schema=self._ranks.schema)
+        try:
+            self._prepare(refresh, index_source, statement_timeout, swap_timeout)
+        except BaseException:
+            if not had_copy:  # refused or stopped: what this call made goes again
+                self.uninstall()
+            raise
+
+    def _prepare(
+        self,
+        refresh: bool,
+        index_source: bool,
+        statement_timeout: float | None,
+        swap_timeout: float,
+    ) -> None:
+        """prepare() (its docstring), the undo on failure aside."""
         if statement_timeout is not None and not statement_timeout > 0:
             raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout}")
         if not swap_timeout > 0:
@@ -994,7 +1013,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
             )
 
     def _analyze(self) -> None:
-        if self.dialect in ("postgresql", "sqlite"):
+        if self.dialect == "postgresql" or (self.dialect == "sqlite" and _keeps_stat1(self.engine)):
             # Fresh statistics, so that the planner reads the rank table by its indexes.
             with self.engine.begin() as conn:
                 for table in (self._ranks, self._runs):
@@ -1609,6 +1628,55 @@ def _seq_scans(plan: Any) -> Iterator[str]:
         for value in plan.values():
             if isinstance(value, list | dict):
                 yield from _seq_scans(value)
+
+
+def _keeps_stat1(engine: Engine) -> bool:
+    """Whether a SQLite database keeps planner statistics (sqlite_stat1, made by its owner's
+    ANALYZE): prepare() then refreshes them for what it built; it never makes the table."""
+    with engine.connect() as conn:
+        return sa.inspect(conn).has_table("sqlite_stat1")
+
+
+def _match(name: str, names: Sequence[str], nocase: bool) -> str | None:
+    """`name` as `names` spell it: exactly, else (nocase) the one name equal without case."""
+    if name in names:
+        return name
+    if nocase:
+        alike = [n for n in names if n.lower() == name.lower()]
+        if len(alike) == 1:
+            return alike[0]
+    return None
+
+
+def catalog_name(engine: Engine, table: str, schema: str | None) -> tuple[str, str | None]:
+    """(table, schema) as the database's catalog spells the table the name finds, the schema
+    made explicit (the connection's default where none is given): the name as given, else read
+    as SQL reads it (_sql.sql_name_spellings; SQLite and DuckDB compare names without case,
+    PostgreSQL folds unquoted names to lower case, MariaDB keeps them). So `t`, `T`, `main.t`
+    name one table and derive one rank table, position table and set of triggers. A name that
+    finds nothing is kept as given (reflection says it does not exist). Cost: the catalog's
+    table and view lists of one or two schemas."""
+    dialect = engine.dialect.name
+    nocase = dialect in ("sqlite", "duckdb")
+    fold = (lambda word: word) if dialect in ("mysql", "mariadb") else str.lower
+    try:
+        inspector = sa.inspect(engine)
+        default = inspector.default_schema_name
+        schemas: list[str] | None = None
+        for spelled_schema, spelled in sql_name_spellings(table, schema, fold):
+            home = default if spelled_schema is None else spelled_schema
+            if spelled_schema is not None:
+                schemas = schemas if schemas is not None else inspector.get_schema_names()
+                home = _match(spelled_schema, schemas, nocase)
+            if home is None:
+                continue
+            names = [*inspector.get_table_names(schema=home), *inspector.get_view_names(home)]
+            found = _match(spelled, names, nocase)
+            if found is not None:
+                return found, home
+    except (sa.exc.DBAPIError, NotImplementedError):
+        pass  # a catalog this dialect cannot list: the name as given
+    return table, schema
 
 
 def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: str) -> sa.Table:

@@ -75,7 +75,7 @@ from sqlalchemy.engine import Connection, Engine
 from adapters._sql import AccessCheck, AccessPath, plain_values
 from topk_middleware.access import AccessError, Rows
 
-from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit
+from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
@@ -251,7 +251,7 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
             self._install_sqlite()
         else:
             self._install_mysql()
-        if self.dialect in ("postgresql", "sqlite"):
+        if self.dialect == "postgresql" or (self.dialect == "sqlite" and _keeps_stat1(self.engine)):
             with self.engine.begin() as conn:
                 for table in (self._source, self._pos):
                     assert table is not None
