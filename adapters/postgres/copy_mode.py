@@ -104,6 +104,7 @@ from ..contributions import (
     simple_count,
 )
 from . import oblivious as oblivious_sql
+from .around import AroundState, ReadAround, around_seconds
 from .freshness import WriteLog
 from .table_read import TableRead, TableState, refresh_seconds, table_costs, table_seconds
 
@@ -142,6 +143,7 @@ class _Run:
     runs: int | None = None  # runs of tied scores in the runs table, if there is one
     stale: bool = False  # the copy is not proven current: the run reads the table itself
     table: TableState | None = None  # the table read by the in-store one-shot (table_read.py)
+    around: AroundState | None = None  # the copy read around the changes (around.py)
     freshness: dict[str, Any] = field(default_factory=dict)  # how the run knew (diagnostics)
 
 
@@ -193,7 +195,7 @@ OBLIVIOUS_COSTS = ObliviousCosts(
 STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
 
 
-class PostgresTable(WriteLog, TableRead):
+class PostgresTable(WriteLog, TableRead, ReadAround):
     """A histogram held in a PostgreSQL table: one row per item of the public domain.
 
     `conninfo_or_connection` is a libpq connection string (the adapter opens and owns an
@@ -284,6 +286,8 @@ class PostgresTable(WriteLog, TableRead):
         self._id = sql.Identifier(id)
         self._score = sql.Identifier(score)
         self._log_names()  # the write log that proves the copy current (freshness.py)
+        self._change_names()  # the change log a stale copy is read around (around.py)
+        self._comment: str | None = None  # the rank table's comment, read by the run's first query
         self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         try:
             text_ids = self._text_ids = self._check_columns()
@@ -1163,6 +1167,15 @@ class PostgresTable(WriteLog, TableRead):
             return _Run(False, self.validate(), None, stale=True, freshness=report)
         table, rebuild = table_seconds(copy_m, 0), refresh_seconds(copy_m)
         report |= {"table_seconds": table, "refresh_seconds": rebuild}
+        if why == "written":
+            with conn.cursor() as cur:
+                around = self._around_state(cur, self._comment, copy_m)
+            if around is not None:
+                seconds = around_seconds(around.changed)
+                report |= {"around_seconds": seconds, "changed": around.changed}
+                if seconds <= min(table, rebuild):
+                    report["read"] = "around"
+                    return _Run(False, around.m, None, stale=True, around=around, freshness=report)
         if rebuild < table and why != "unprovable" and refreshes == 0:
             raise _Refresh
         return self._table_run(conn, report)
@@ -1299,6 +1312,7 @@ class PostgresTable(WriteLog, TableRead):
             query, prepare=True
         ).fetchone()
         why = self._why_stale(stored_print, current_print, proof)
+        self._comment = stored_print
         # No row (a runs table created after this snapshot began) is no runs table.
         return int(m), None if count is None else int(count), why
 
@@ -1342,6 +1356,9 @@ class PostgresTable(WriteLog, TableRead):
         """The copy's costs, or, in a run that reads the table itself, the table's (each sorted
         read a scan: the planner then takes the in-store one-shot without reading first)."""
         run = self._run
+        if run is not None and run.around is not None:  # the in-store one-shot, read around
+            seconds = around_seconds(run.around.changed)
+            return dataclasses.replace(table_costs(run.m), oneshot_fixed=seconds)
         table = getattr(run, "table", None)
         return table_costs(run.m) if run is not None and table is not None else STORE_COSTS
 
@@ -1349,6 +1366,8 @@ class PostgresTable(WriteLog, TableRead):
         """How many positions the in-store one-shot draws its exceedances from: the table's
         slots in a run that reads the table (table_read.py), else m."""
         run = self._state()
+        if run.around is not None:
+            return run.around.positions
         return run.table.slots if run.table is not None else run.m
 
     def _ranked_source(self, ranked: bool) -> sql.Composable:
@@ -1473,6 +1492,8 @@ class PostgresTable(WriteLog, TableRead):
         run = self._state()
         if run.table is not None:
             return self._table_oneshot(run.table, noise, k)
+        if run.around is not None:
+            return self._around_oneshot(run.around, noise, k)
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || r.rank)::bytea) FROM 1 FOR 7), "
             "'hex'))::bit(56)::bigint >> 4)::float8"

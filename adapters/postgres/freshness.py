@@ -35,6 +35,9 @@ class WriteLog:
     where: str
     frozen: bool
     _has_log: bool = False  # whether the log table exists (seen in the run's catalog lookup)
+    _install_changes: Any  # around.py (ReadAround)
+    _stamp_changes: Any
+    _uninstall_changes: Any
 
     def _log_names(self) -> None:
         qualify = (
@@ -97,6 +100,7 @@ class WriteLog:
                     "table itself; its owner can run prepare()",
                     stacklevel=5,
                 )
+        self._install_changes(conn, relations)  # around.py: the changed rows, where it can
 
     def _stamp_sql(self) -> sql.Composable:
         return sql.SQL(pgw.stamp_sql(self._state_text()))
@@ -121,7 +125,8 @@ class WriteLog:
         """In the copy's transaction: the comment of the rank table, its fingerprint and, on a
         second line, the stamp; then the log rows this snapshot saw are deleted."""
         stamp = conn.execute(sql.SQL("SELECT ") + self._stamp_sql()).fetchone()[0]
-        comment = fingerprint + "\n" + stamp
+        changes = self._stamp_changes(conn)  # around.py: empty without a change log
+        comment = fingerprint + "\n" + stamp + ("\n" + changes if changes else "")
         conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ranks, sql.Literal(comment)))
         conn.execute(pgw.cleanup_sql(self._text(self._log), self._copy_key))
 
@@ -143,6 +148,7 @@ class WriteLog:
                             trigger, sql.SQL(relation)
                         )
                     )
+        self._uninstall_changes(conn)
         log = self._text(self._log)
         if conn.execute("SELECT to_regclass(%s) IS NOT NULL", [log]).fetchone()[0]:
             conn.execute(
