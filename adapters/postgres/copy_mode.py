@@ -1356,9 +1356,11 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         """The copy's costs, or, in a run that reads the table itself, the table's (each sorted
         read a scan: the planner then takes the in-store one-shot without reading first)."""
         run = self._run
-        if run is not None and run.around is not None:  # the in-store one-shot, read around
-            seconds = around_seconds(run.around.changed)
-            return dataclasses.replace(table_costs(run.m), oneshot_fixed=seconds)
+        around = getattr(run, "around", None)  # live mode's runs have none
+        if run is not None and around is not None:  # the in-store one-shot, read around
+            return dataclasses.replace(
+                table_costs(run.m), oneshot_fixed=around_seconds(around.changed)
+            )
         table = getattr(run, "table", None)
         return table_costs(run.m) if run is not None and table is not None else STORE_COSTS
 
@@ -1366,7 +1368,7 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         """How many positions the in-store one-shot draws its exceedances from: the table's
         slots in a run that reads the table (table_read.py), else m."""
         run = self._state()
-        if run.around is not None:
+        if getattr(run, "around", None) is not None:
             return run.around.positions
         return run.table.slots if run.table is not None else run.m
 
@@ -1492,7 +1494,7 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         run = self._state()
         if run.table is not None:
             return self._table_oneshot(run.table, noise, k)
-        if run.around is not None:
+        if getattr(run, "around", None) is not None:
             return self._around_oneshot(run.around, noise, k)
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || r.rank)::bytea) FROM 1 FOR 7), "
