@@ -361,6 +361,48 @@ def test_oblivious_release_on_a_live_table_is_plackett_luce() -> None:
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+def test_a_table_with_fewer_live_rows_than_the_depth_reads_them_all() -> None:
+    """20 live rows left of 4,000 slots, k = 10: the depth for 4,000 slots (d) exceeds half the
+    live rows, so every release reads the 20 rows (a full read, a fixed count) and never
+    misses; comparing 2d with the slots instead read d rows and d slots and missed in about 22%
+    of releases (P(Hypergeometric(4000, 20, d) < 10)), against delta_pad = 1e-9."""
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE t AS SELECT range AS id, (range % 97)::DOUBLE AS score FROM range(4000)"
+    )
+    con.execute("DELETE FROM t WHERE id % 200 <> 0")
+    source = DuckDBTable(con, "t")
+    d = oblivious_depth(4000, 10, 1e-9)
+    assert source.domain_size() == 20 and 2 * d >= 20
+    assert stats.hypergeom(4000, 20, d).cdf(9) > 0.2  # what the miss was
+    for seed in range(40):
+        result = private_top_k(source, 10, 1.0, oblivious=True, seed=seed, deadline=0)
+        assert result.plan["depth"] == d  # chosen for the 4,000 slots
+        assert result.plan["full_read"] and not result.plan["miss"]
+        assert result.accesses.rows_fetched == 20
+    con.close()
+
+
+def test_miss_rate_on_slots_is_the_hypergeometric_law() -> None:
+    """2,500 items in 3,000 slots, k = 2, delta_pad = 0.2: the misses of 600 seeded releases
+    against P(Hypergeometric(3000, d, d) < 2), the law the depth was chosen for (binomial test;
+    a miss law for fewer sorted rows than d would be far off)."""
+    con = duckdb.connect()
+    source = slotted(con, np.arange(2500, dtype=float))
+    d = oblivious_depth(3000, 2, 0.2)
+    p = stats.hypergeom(3000, d, d).cdf(1)
+    assert 0.05 < p <= 0.2 and 2 * d < 2500
+    rng = np.random.default_rng(5)
+    misses = sum(
+        private_top_k(source, 2, 1.0, oblivious=True, delta_pad=0.2, seed=rng, deadline=0).plan[
+            "miss"
+        ]
+        for _ in range(600)
+    )
+    con.close()
+    assert stats.binomtest(misses, 600, p).pvalue > 1e-3
+
+
 def test_auto_on_a_frozen_copy_with_a_pending_delta_prices_both_and_says_which(
     con: duckdb.DuckDBPyConnection,
 ) -> None:

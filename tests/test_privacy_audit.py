@@ -56,7 +56,13 @@ from scipy import integrate, stats
 from adapters.duckdb import DuckDBTable
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
-from topk_middleware import exponential_mechanism, joint_top_k, peeling_top_k, private_top_k
+from topk_middleware import (
+    PrivacyBudget,
+    exponential_mechanism,
+    joint_top_k,
+    peeling_top_k,
+    private_top_k,
+)
 
 TOL = 1e-9
 Law = dict[tuple[Any, ...], float]
@@ -494,3 +500,44 @@ def test_oblivious_release_states_the_one_shot_epsilon(neighbours: str) -> None:
             ratios = selection_loss(law, plackett_luce(h2, r.privacy.scale, 2))
             assert max(map(abs, ratios.values())) <= r.privacy.epsilon + TOL
         assert r.privacy.delta >= (1 + math.exp(r.privacy.epsilon)) * 1e-9 - 1e-18
+
+
+def test_oblivious_release_with_counts_derives_its_delta_from_the_whole_epsilon() -> None:
+    """With noisy counts the proof's middle step uses the DP of items and counts together: delta
+    = (1 + e^(selection eps + counts eps)) delta_pad, the charge the same, the derivation naming
+    that epsilon; the exact loss of items and counts within the stated epsilon."""
+    h = (10, 9, 9)
+    r = private_top_k(
+        ArraySource(np.array(h)),
+        2,
+        1.0,
+        seed=0,
+        oblivious=True,
+        deadline=0,
+        with_counts=True,
+        counts_share=0.5,
+        delta_pad=1e-6,
+    )
+    assert r.privacy.delta == pytest.approx((1 + math.exp(1.0)) * 1e-6, rel=1e-12)
+    assert "eps = 1, the whole release's (selection 0.5 + counts 0.5)" in r.privacy.derivation
+    law = plackett_luce(h, r.privacy.scale, 2)
+    for h2 in neighbours_of(h, "add_remove", 1.0):
+        other = plackett_luce(h2, r.privacy.scale, 2)
+        assert (
+            with_counts_loss(law, other, h, h2, r.privacy.counts_scale) <= r.privacy.epsilon + TOL
+        )
+    budget = PrivacyBudget(epsilon=1.0, delta=0.5)
+    private_top_k(
+        ArraySource(np.array(h)),
+        2,
+        1.0,
+        seed=0,
+        oblivious=True,
+        deadline=0,
+        with_counts=True,
+        counts_share=0.5,
+        delta_pad=1e-6,
+        budget=budget,
+    )
+    (charged,) = budget.releases
+    assert (charged.epsilon, charged.delta) == pytest.approx((1.0, r.privacy.delta), rel=1e-12)

@@ -497,21 +497,27 @@ def oblivious_cost(
     neighbours: str = "add_remove",
     delta_pad: float = 1e-9,
     sensitivity: float = 1.0,
+    counts_epsilon: float = 0.0,
 ) -> PrivacyCost:
     """The guarantee of an oblivious release (mechanisms/oblivious.py): the one-shot release with
     the server's view of its reads, (eps, delta + (1 + e^eps) delta_pad)-DP for each (eps, delta)
-    pair of the one-shot release (oneshot_cost). Only (epsilon, delta) pairs are claimed: the
+    pair of the one-shot release (oneshot_cost), e^eps taken at eps + `counts_epsilon` when noisy
+    counts come with it (their epsilon is added to each pair by noisy_counts.with_counts_cost).
+    Only (epsilon, delta) pairs are claimed: the
     miss event is correlated with the noise, so the range-bounded and zCDP forms of the one-shot
     release are not carried over (basic composition applies)."""
     delta_pad = check_delta_pad(delta_pad)
     base = oneshot_cost(noise, k, m, epsilon, delta, neighbours, sensitivity)
     guarantee = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
-    pairs = [(eps, d + (1.0 + math.exp(min(eps, 700.0))) * delta_pad) for eps, d in base.dp_pairs()]
+    pairs = [
+        (eps, d + (1.0 + math.exp(min(eps + counts_epsilon, 700.0))) * delta_pad)
+        for eps, d in base.dp_pairs()
+    ]
     first, rest = pairs[-1], tuple(pairs[:-1])
     return PrivacyCost(
         mechanism=f"oblivious {base.mechanism}",
         epsilon=first[0],
         delta=min(1.0, first[1]),
         approx=tuple((eps, min(1.0, d)) for eps, d in rest),
-        sources=(oblivious_guarantee(guarantee, delta_pad).derivation,),
+        sources=(oblivious_guarantee(guarantee, delta_pad, counts_epsilon).derivation,),
     )

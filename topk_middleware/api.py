@@ -313,12 +313,15 @@ def _oblivious_release(
         check_k_within(k, access.m)
         m = access.m
         base = calibrate(noise, k, m, epsilon, delta, neighbours, sensitivity)
-        guarantee = oblivious_guarantee(base, delta_pad)
+        counts_epsilon = 0.0 if counts_plan is None else counts_plan.epsilon
+        guarantee = oblivious_guarantee(base, delta_pad, counts_epsilon)
         access.cap_scores(base.score_bound or np.inf)  # every score read as min(score, B)
         depth = m if full_read else oblivious_depth(access.slots, k, delta_pad)
         check_read_size(source, k, m, depth)  # work known to be excessive: before the charge
         if budget is not None:
-            cost = oblivious_cost(noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity)
+            cost = oblivious_cost(
+                noise, k, m, epsilon, delta, neighbours, delta_pad, sensitivity, counts_epsilon
+            )
             budget.charge(cost if counts_plan is None else with_counts_cost(cost, counts_plan))
         distribution = make_noise(noise, guarantee.scale)
         counted = 0 if counts_plan is None else k

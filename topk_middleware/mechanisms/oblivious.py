@@ -30,7 +30,12 @@ Depth rule. |S ∩ R| ~ Hypergeometric(m, d, d) for every histogram (R is a unif
 independent of S in law), so P(miss) = P(Hypergeom(m, d, d) < k) whatever the data; d is the
 least depth with that probability <= delta_pad (`oblivious_depth`; about 2 sqrt(mk) for
 delta_pad = 1e-9: 20,414 at m = 10^7, k = 10, below Theorem 4.2's expected-cost bound). When
-2d >= m a full read (m rows, also fixed) is cheaper and is used.
+2d >= m a full read (m rows, also fixed) is cheaper and is used. Where a store names its m items
+by M > m position slots (access.PositionSlots: a DuckDB table after deletes), R is a uniform
+d-subset of the M slots and d is chosen for M; S holds d rows only while d <= m, so the full
+read is taken whenever 2d >= m (the live rows), and otherwise |S cap R| ~ Hypergeometric(M, d, d)
+as above. (Comparing 2d with M instead would leave S with fewer than d rows on a table with few
+live rows, and the miss far likelier than delta_pad.)
 
 Guarantee (proof sketch). Let out be the released items: in every case the exact one-shot answer
 for the drawn noise, so out is (eps, delta)-DP by Fact 3.3 / Fact 3.2 (privacy.calibrate). Let T
@@ -41,7 +46,9 @@ W0 = {o : (t0, o) in W}:
     P[(T, out) in W | h] <= P[out in W0 | h] + P(E)
                          <= e^eps P[out in W0 | h'] + delta + delta_pad
                          <= e^eps (P[(T, out) in W | h'] + P(E)) + delta + delta_pad,
-so the pair is (eps, delta + (1 + e^eps) delta_pad)-DP. Assumptions: add/remove-one-client
+so the pair is (eps, delta + (1 + e^eps) delta_pad)-DP, eps the epsilon of everything the analyst
+receives (with noisy counts: the selection's plus the counts'; oblivious_guarantee says which).
+Assumptions: add/remove-one-client
 neighbours (the calibration's), the observer sees sizes and times but not the values bound to
 the queries (positions are bind parameters: the SQL functions pin the debug settings that would
 print them), and the wall time stays under the deadline. A release whose work overruns its
@@ -150,10 +157,21 @@ def oblivious_depth(m: int, k: int, delta_pad: float) -> int:
     return low
 
 
-def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuarantee:
+def oblivious_guarantee(
+    base: PrivacyGuarantee, delta_pad: float, counts_epsilon: float = 0.0
+) -> PrivacyGuarantee:
     """The guarantee of the release and its transcript: (eps, delta + (1 + e^eps) delta_pad)
-    (module docstring)."""
-    pad = (1.0 + math.exp(min(base.epsilon, 700.0))) * delta_pad
+    (module docstring), eps the whole release's: the selection's, plus `counts_epsilon` when
+    noisy counts are released with it (the proof's middle step uses the DP of everything the
+    analyst receives)."""
+    whole = base.epsilon + counts_epsilon
+    pad = (1.0 + math.exp(min(whole, 700.0))) * delta_pad
+    which = (
+        f"eps = {whole:.6g}, the whole release's (selection {base.epsilon:.6g} + counts "
+        f"{counts_epsilon:.6g})"
+        if counts_epsilon
+        else f"eps = {whole:.6g}, the selection's"
+    )
     return PrivacyGuarantee(
         base.epsilon,
         min(1.0, base.delta + pad),
@@ -162,7 +180,7 @@ def oblivious_guarantee(base: PrivacyGuarantee, delta_pad: float) -> PrivacyGuar
         base.derivation
         + f"; oblivious access (fixed depth, Lemma 4.1 and a hypergeometric tail bound): the "
         f"release with the server's view of its reads is (eps, delta + (1 + e^eps) * delta_pad)"
-        f"-DP, delta_pad = {delta_pad:g}",
+        f"-DP with {which}, delta_pad = {delta_pad:g}",
         base.sensitivity,  # the source's: the scale above is that many unit scales
         base.counts_epsilon,
         base.counts_scale,
@@ -346,10 +364,12 @@ def oblivious_top_k(
     """The exact one-shot top-k (Algorithm 2) of h + Z read at a fixed depth (module docstring):
     the ids, best first (ties: smaller position). `full_read`: read every row whatever d.
     Positions are the access's slots (m, or more where a store names items by slots some of
-    which hold none: access.PositionSlots)."""
+    which hold none: access.PositionSlots); the depth is the slots', and the whole table (its m
+    live rows) is read when 2d >= m, so that the top-d batch always holds d rows and the miss
+    law is the one the depth was chosen for (module docstring, Depth rule)."""
     m = access.slots
     d = m if full_read else oblivious_depth(m, k, delta_pad)
-    if 2 * d >= m:
+    if 2 * d >= access.m:
         rows = access.read_all()
         positions = np.asarray(rows.positions, dtype=np.int64)
         noises = distribution.sample(rng, m)[positions]
