@@ -16,6 +16,9 @@ PostgreSQL (psycopg), SQLite and DuckDB (duckdb-engine) share one schema:
                      released_at TIMESTAMP NULL, PRIMARY KEY (principal, release_key))
                      -- idempotent releases (topk_middleware/release_keys.py): the charge a key
                      -- paid, its noise key and its one stored release; operator-side only
+    topk_ledger_windows(principal TEXT PRIMARY KEY, window_name TEXT)
+                     -- a principal granted per calendar window ("hour", "day", "week"): only
+                     -- its charges since the current window's start count against the total
 
 A charge is one transaction that locks the principal's row (PostgreSQL `SELECT ... FOR UPDATE`;
 SQLite `BEGIN IMMEDIATE`, one writer at a time; DuckDB: every charge updates the principal's row,
@@ -48,6 +51,7 @@ from topk_middleware.release_keys import key_conflict
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
 KEYS = "topk_ledger_keys"
+WINDOWS = "topk_ledger_windows"
 DUCKDB_RETRIES = 200
 _JITTER = random.SystemRandom()  # the retries' pauses (no noise is drawn from it)
 
@@ -139,6 +143,12 @@ class SQLLedgerStore:
             sa.Column("release", sa.Text),
             sa.Column("released_at", sa.DateTime),
         )
+        self.windows = sa.Table(
+            WINDOWS,
+            meta,
+            sa.Column("principal", sa.String, primary_key=True),
+            sa.Column("window_name", sa.String, nullable=False),
+        )
         self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
 
     def close(self) -> None:
@@ -166,16 +176,19 @@ class SQLLedgerStore:
                 time.sleep(_JITTER.uniform(0.0, min(0.05, 0.001 * 2.0**attempt)))
         raise AssertionError("unreachable")
 
-    def _costs(self, conn: sa.Connection, principal: str) -> list[str]:
-        rows = conn.execute(
-            sa.select(self.charges.c.cost)
-            .where(self.charges.c.principal == principal)
-            .order_by(self.charges.c.seq)
-        )
-        return [r.cost for r in rows]
+    def _costs(
+        self, conn: sa.Connection, principal: str, since: dt.datetime | None = None
+    ) -> list[str]:
+        c = self.charges.c
+        query = sa.select(c.cost).where(c.principal == principal)
+        if since is not None:
+            query = query.where(c.charged_at >= since)
+        return [r.cost for r in conn.execute(query.order_by(c.seq))]
 
     # ----- the LedgerStore interface (topk_middleware/ledger.py) ----------------------------
-    def create_principal(self, principal: str, epsilon: float, delta: float) -> tuple[float, float]:
+    def create_principal(
+        self, principal: str, epsilon: float, delta: float, window: str | None = None
+    ) -> tuple[float, float]:
         p = self.principals
 
         def create(conn: sa.Connection) -> tuple[float, float]:
@@ -186,6 +199,10 @@ class SQLLedgerStore:
                 conn.execute(
                     p.insert().values(principal=principal, epsilon=epsilon, delta=delta, charges=0)
                 )
+                if window is not None:  # with the total, in its transaction: fixed like it
+                    conn.execute(
+                        self.windows.insert().values(principal=principal, window_name=window)
+                    )
                 return epsilon, delta
             return float(row.epsilon), float(row.delta)
 
@@ -193,6 +210,13 @@ class SQLLedgerStore:
             return self._retry(create)
         except sa.exc.IntegrityError:  # created concurrently: read what was stored
             return self._retry(create)
+
+    def window(self, principal: str) -> str | None:
+        w = self.windows
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(w.c.window_name).where(w.c.principal == principal)
+            ).scalar_one_or_none()
 
     def total(self, principal: str) -> tuple[float, float] | None:
         p = self.principals
@@ -210,6 +234,7 @@ class SQLLedgerStore:
         decide: Callable[..., ComposedGuarantee],
         release_key: str | None = None,
         fingerprint: str | None = None,
+        since: dt.datetime | None = None,
     ) -> tuple[int, ComposedGuarantee | None]:
         k = self.keys.c
 
@@ -234,7 +259,8 @@ class SQLLedgerStore:
             conn.execute(
                 p.update().where(p.c.principal == principal).values(charges=p.c.charges + 1)
             )
-            after = decide(float(row.epsilon), float(row.delta), self._costs(conn, principal))
+            costs = self._costs(conn, principal, since)
+            after = decide(float(row.epsilon), float(row.delta), costs)
             seq = int(row.charges) + 1
             conn.execute(
                 self.charges.insert().values(
@@ -323,14 +349,16 @@ class SQLLedgerStore:
             )
         )
 
-    def charged_costs(self, principal: str) -> tuple[float, list[str]]:
+    def charged_costs(
+        self, principal: str, since: dt.datetime | None = None
+    ) -> tuple[float, list[str]]:
         def work(conn: sa.Connection) -> tuple[float, list[str]]:
             row = conn.execute(
                 sa.select(self.principals.c.delta).where(self.principals.c.principal == principal)
             ).first()
             if row is None:
                 raise KeyError(f"principal {principal!r} has no budget in this ledger")
-            return float(row.delta), self._costs(conn, principal)
+            return float(row.delta), self._costs(conn, principal, since)
 
         return self._retry(work)
 
@@ -403,4 +431,4 @@ def _immediate_transactions(engine: sa.Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-__all__ = ["CHARGES", "KEYS", "PRINCIPALS", "SQLLedgerStore"]
+__all__ = ["CHARGES", "KEYS", "PRINCIPALS", "WINDOWS", "SQLLedgerStore"]

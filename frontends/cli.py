@@ -766,6 +766,13 @@ def add_budget_parser(sub: Any) -> None:
         "a no-op, another total is refused)",
     )
     p.add_argument("--grant-delta", type=float, metavar="DELTA", default=0.0, help="total delta")
+    p.add_argument(
+        "--window",
+        choices=("hour", "day", "week"),
+        default=None,
+        help="with --grant: the total holds per calendar window (UTC; weeks from Monday), and "
+        "each release counts in the window it falls in; default: one total for all time",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(handler=budget_command)
 
@@ -781,29 +788,33 @@ def budget_command(args: argparse.Namespace) -> int:
             raise UsageError(first_line(error)) from None
     if not args.principal:
         raise UsageError("--principal must not be empty")
+    if args.window is not None and args.grant is None:
+        raise UsageError("--window goes with --grant: a window is fixed when the budget is granted")
     ledger = open_ledger(args.ledger, create=args.grant is not None)
     if args.grant is not None:
-        budget = ledger.budget(args.principal, args.grant, args.grant_delta)
+        budget = ledger.budget(args.principal, args.grant, args.grant_delta, args.window)
     else:
         budget = principal_budget(ledger, args.principal)
     spent = budget.spent()
     releases = len(budget.releases)
+    window, since = ledger.window(args.principal), ledger.since(args.principal)
     if args.json:
-        print(
-            _json(
-                {
-                    "principal": args.principal,
-                    "total": {"epsilon": budget.epsilon, "delta": budget.delta},
-                    "spent": dataclasses.asdict(spent),
-                    "releases": releases,
-                }
-            )
-        )
+        shown: dict[str, Any] = {
+            "principal": args.principal,
+            "total": {"epsilon": budget.epsilon, "delta": budget.delta},
+            "spent": dataclasses.asdict(spent),
+            "releases": releases,
+        }
+        if since is not None:  # a windowed grant: which window the spend is of
+            shown.update(window=window, window_start=since.isoformat() + "Z")
+        print(_json(shown))
     else:
+        per = "" if window is None else f" per {window}"
+        where = "" if since is None else f" in the {window} from {since:%Y-%m-%d %H:%M} UTC"
         print(
-            f"principal {args.principal!r}: total ({budget.epsilon:.6g}, {budget.delta:.3g})-DP; "
-            f"spent ({spent.epsilon:.6g}, {spent.delta:.3g})-DP over {releases} release(s)"
-            + ("" if not releases else f" ({spent.rule})")
+            f"principal {args.principal!r}: total ({budget.epsilon:.6g}, {budget.delta:.3g})-DP"
+            f"{per}; spent ({spent.epsilon:.6g}, {spent.delta:.3g})-DP over {releases} "
+            f"release(s){where}" + ("" if not releases else f" ({spent.rule})")
         )
     return EXIT_OK
 
@@ -871,7 +882,7 @@ def principal_budget(ledger: PrivacyLedger, principal: str) -> LedgerBudget:
             f"principal {principal!r} has no budget in this ledger: grant one with {PROG} "
             f"budget --ledger URL --principal {principal} --grant EPSILON"
         ) from None
-    return ledger.budget(principal, epsilon, delta)
+    return ledger.budget(principal, epsilon, delta, ledger.window(principal))
 
 
 def _json(value: Any) -> str:

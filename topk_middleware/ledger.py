@@ -20,6 +20,7 @@ that declared name is its one reference to the layer above (tests/test_layers.py
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib
 import json
 import threading
@@ -43,6 +44,32 @@ SQL_STORE = "adapters.ledger:SQLLedgerStore"
 # it missed (read the whole table after the fixed batches).
 OBLIVIOUS_LOG = ("depth", "deadline", "work_seconds", "deadline_missed", "miss", "full_read")
 
+# Budget windows: calendar periods in UTC, each with the principal's whole total (docs/operations.md
+# says what that does and does not promise). Weeks start on Monday 00:00 UTC.
+WINDOWS = {
+    "hour": dt.timedelta(hours=1),
+    "day": dt.timedelta(days=1),
+    "week": dt.timedelta(weeks=1),
+}
+_WINDOW_ORIGIN = dt.datetime(1970, 1, 5)  # a Monday, 00:00 UTC
+
+
+def check_window(window: object) -> str | None:
+    """None (one total for all time) or one of WINDOWS."""
+    if window is None or window in WINDOWS:
+        return window  # type: ignore[return-value]
+    raise ValueError(f"window must be None or one of {sorted(WINDOWS)}, got {window!r}")
+
+
+def window_start(window: str, now: dt.datetime) -> dt.datetime:
+    """The start of the window that `now` (UTC, naive) falls in."""
+    length = WINDOWS[window]
+    return _WINDOW_ORIGIN + ((now - _WINDOW_ORIGIN) // length) * length
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
 
 @runtime_checkable
 class LedgerStore(Protocol):
@@ -50,8 +77,15 @@ class LedgerStore(Protocol):
     charge. Costs travel as JSON text (cost_to_json); `append_charge` is the one transaction
     that must lock."""
 
-    def create_principal(self, principal: str, epsilon: float, delta: float) -> tuple[float, float]:
-        """Insert the principal with this total if absent; the total stored (either way)."""
+    def create_principal(
+        self, principal: str, epsilon: float, delta: float, window: str | None = None
+    ) -> tuple[float, float]:
+        """Insert the principal with this total (and window, if not None) if absent, in one
+        transaction; the total stored (either way)."""
+        ...
+
+    def window(self, principal: str) -> str | None:
+        """The principal's budget window (WINDOWS), None if the total is for all time."""
         ...
 
     def total(self, principal: str) -> tuple[float, float] | None:
@@ -66,9 +100,11 @@ class LedgerStore(Protocol):
         decide: Callable[[float, float, list[str]], ComposedGuarantee],
         release_key: str | None = None,
         fingerprint: str | None = None,
+        since: dt.datetime | None = None,
     ) -> tuple[int, ComposedGuarantee | None]:
         """In one transaction holding the principal's row locked (KeyError if it has none):
-        count the charge, call decide(total epsilon, total delta, the stored costs in order),
+        count the charge, call decide(total epsilon, total delta, the stored costs in order;
+        with `since`, only those charged at or after it),
         which raises to refuse, and insert the charge with the composition it returned; (its
         sequence number, that composition). With a claimed `release_key`: refuse
         (ReleaseKeyConflict) if the key holds another fingerprint; if the key already has a
@@ -97,9 +133,11 @@ class LedgerStore(Protocol):
         """Mark charge `seq` released now, with its guarantee, source and diagnostics (JSON)."""
         ...
 
-    def charged_costs(self, principal: str) -> tuple[float, list[str]]:
-        """(the stored total delta, every stored cost in order), read in one transaction;
-        KeyError if the principal has no row."""
+    def charged_costs(
+        self, principal: str, since: dt.datetime | None = None
+    ) -> tuple[float, list[str]]:
+        """(the stored total delta, every stored cost in order; with `since`, those charged at
+        or after it), read in one transaction; KeyError if the principal has no row."""
         ...
 
     def charge_rows(self, principal: str) -> list[dict[str, Any]]:
@@ -228,20 +266,42 @@ class PrivacyLedger:
         if callable(close):
             close()
 
-    def budget(self, principal: str, epsilon: float, delta: float = 0.0) -> LedgerBudget:
+    def budget(
+        self, principal: str, epsilon: float, delta: float = 0.0, window: str | None = None
+    ) -> LedgerBudget:
         """The budget of `principal`: created with this total if new; if it exists, its stored
-        total must be this one (an analyst cannot raise their own total through this call)."""
+        total must be this one (an analyst cannot raise their own total through this call).
+        `window` ("hour", "day", "week"; WINDOWS): the total holds per calendar window (UTC),
+        and a charge counts in the window it falls in; None: one total for all time. Fixed at
+        the grant like the total."""
         if not isinstance(principal, str) or not principal:
             raise TypeError(f"principal must be a non-empty string, got {principal!r}")
         check_budget_total(epsilon, delta)
+        window = check_window(window)
         epsilon, delta = float(epsilon), float(delta)
-        stored = self.store.create_principal(principal, epsilon, delta)
+        stored = self.store.create_principal(principal, epsilon, delta, window)
         if stored != (epsilon, delta):
             raise ValueError(
                 f"principal {principal!r} has the total (epsilon={stored[0]:g}, "
                 f"delta={stored[1]:g}) in the ledger, not ({epsilon:g}, {delta:g})"
             )
+        stored_window = self.store.window(principal)
+        if stored_window != window:
+            raise ValueError(
+                f"principal {principal!r} has the window {stored_window!r} in the ledger, not "
+                f"{window!r}"
+            )
         return LedgerBudget(self, principal, epsilon, delta)
+
+    def window(self, principal: str) -> str | None:
+        """The principal's budget window, None for one total for all time."""
+        return self.store.window(principal)
+
+    def since(self, principal: str, now: dt.datetime | None = None) -> dt.datetime | None:
+        """The start of the principal's current window (None: no window): the charges that
+        count against the total are those at or after it."""
+        window = self.store.window(principal)
+        return None if window is None else window_start(window, now or _utc_now())
 
     def total(self, principal: str) -> tuple[float, float]:
         """The principal's stored total (epsilon, delta); KeyError if it has no budget."""
@@ -261,6 +321,8 @@ class PrivacyLedger:
         BudgetExceeded and record nothing. Returns (charge seq, composition after it). Under a
         claimed `release_key` that is already charged, nothing is added (release_keys.py)."""
         text = cost_to_json(cost)
+        window = self.store.window(principal)
+        since = None if window is None else window_start(window, _utc_now())
 
         def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
             try:  # a tampered total (NaN, infinite, negative) admits nothing
@@ -278,11 +340,19 @@ class PrivacyLedger:
                     f"the composition of {principal!r}'s charges is not a number; nothing was "
                     "read or released (an operator repairs the ledger)"
                 )
-            refuse_if_over(after, epsilon, delta, cost, before)
+            try:
+                refuse_if_over(after, epsilon, delta, cost, before)
+            except BudgetExceeded as error:
+                if since is None:
+                    raise
+                raise BudgetExceeded(
+                    f"{error} (the total of the {window} window that began "
+                    f"{since:%Y-%m-%d %H:%M} UTC)"
+                ) from None
             return after
 
         seq, after = self.store.append_charge(
-            principal, cost.mechanism, text, decide, release_key, fingerprint
+            principal, cost.mechanism, text, decide, release_key, fingerprint, since
         )
         return seq, self.spent(principal) if after is None else after
 
@@ -325,12 +395,14 @@ class PrivacyLedger:
         )
 
     def releases(self, principal: str) -> list[PrivacyCost]:
-        """Every cost charged to `principal`, oldest first."""
-        return costs_from_json(self.store.charged_costs(principal)[1])
+        """Every cost charged to `principal` (in its current window, if it has one), oldest
+        first."""
+        return costs_from_json(self.store.charged_costs(principal, self.since(principal))[1])
 
     def spent(self, principal: str) -> ComposedGuarantee:
-        """The composition of everything charged to `principal` (after any restart)."""
-        delta, stored = self.store.charged_costs(principal)
+        """The composition of everything charged to `principal` (in its current window, if it
+        has one), after any restart."""
+        delta, stored = self.store.charged_costs(principal, self.since(principal))
         return compose(costs_from_json(stored), delta)
 
     def log(self, principal: str) -> list[dict[str, Any]]:
