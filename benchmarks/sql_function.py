@@ -72,9 +72,7 @@ def setup_roles(conn: psycopg.Connection[Any], table: str) -> None:
     client's principal; both ledgers emptied so every rep composes the same few charges."""
     if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [ANALYST]).fetchone():
         conn.execute(f"CREATE ROLE {ANALYST} LOGIN")
-    conn.execute(
-        f"GRANT EXECUTE ON FUNCTION topk.private_top_k TO {ANALYST}"
-    )
+    conn.execute(f"GRANT EXECUTE ON FUNCTION topk.private_top_k TO {ANALYST}")
     for principal in (ANALYST, CLIENT_PRINCIPAL, LEDGER_PRINCIPAL):
         conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [principal])
         conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [principal])
@@ -91,6 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     install_s = _time(lambda: sql_function.install(dsn))
     register_s = _time(lambda: sql_function.register_source(dsn, table, "id", "score"))
     setup_roles(admin, table)
+    admin.execute("SELECT topk.grant_source(%s::regclass, %s)", [table, ANALYST])
     analyst_dsn = psycopg.conninfo.make_conninfo(dsn, user=ANALYST)
     release_sql = "SELECT * FROM topk.private_top_k(%s::regclass, %s, %s)"
     scale = gumbel_scale(k, epsilon, m)

@@ -129,7 +129,11 @@ INVALID = "22023"  # invalid_parameter_value
 NULL_ARGUMENT = "22004"  # null_value_not_allowed
 UNDEFINED = "42704"  # undefined_object: an unregistered source
 REFUSED = "42501"  # insufficient_privilege: no budget, or over budget
-FEATURE_NOT_SUPPORTED = "0A000"  # a release inside a SERIALIZABLE transaction
+FEATURE_NOT_SUPPORTED = "0A000"  # SERIALIZABLE, or row-level security on the table
+RATE_LIMITED = "54000"  # program_limit_exceeded: too many data refusals within a minute
+# A role's releases refused for a fact of the data, within one minute, after which its releases
+# are refused at once, reading and writing nothing, until the minute has passed.
+REFUSALS_PER_MINUTE = 30
 
 
 class InstallError(RuntimeError):
@@ -306,12 +310,31 @@ def _parameters(params: str) -> tuple[str, str]:
     return ", ".join(bare), ", ".join(p.split()[0] for p in bare)
 
 
-def pinned_clauses(available: Collection[str] | None = None) -> str:
-    """The SET clauses of pinned_settings() (those in `available`, the server's pg_settings)."""
+# The settings any role may change that move the plans, the memory or the time of a function's
+# internal queries, or how their values read back: every one of them is held at the installing
+# session's value (`SET name FROM CURRENT`) where pinned_settings() gives it no value, so that an
+# analyst's random_page_cost, cpu_*_cost, enable_*, work_mem, DISCARD PLANS (a replan under the
+# caller's settings) and the like change nothing inside. temp_buffers is left out (it cannot
+# change once a session has used a temporary table); statement_timeout and lock_timeout are the
+# caller's (they end its own statement).
+HELD_SETTINGS_QUERY = (
+    "SELECT name FROM pg_settings WHERE context = 'user' AND name <> 'temp_buffers' AND ("
+    "category LIKE 'Query Tuning%' OR category IN ('Resource Usage / Memory', "
+    "'Resource Usage / Asynchronous Behavior') OR name IN ('synchronize_seqscans', "
+    "'transform_null_equals', 'array_nulls', 'standard_conforming_strings', 'backslash_quote', "
+    "'extra_float_digits', 'bytea_output', 'DateStyle', 'IntervalStyle', 'TimeZone', "
+    "'row_security'))"
+)
+
+
+def pinned_clauses(available: Collection[str] | None = None, held: Collection[str] = ()) -> str:
+    """The SET clauses of pinned_settings() (those in `available`, the server's pg_settings),
+    then `SET name FROM CURRENT` for each of `held` (HELD_SETTINGS_QUERY) they leave out."""
+    pinned = [(n, v) for n, v in pinned_settings() if available is None or n in available]
+    named = {n.lower() for n, _ in pinned}
     return " ".join(
-        f"SET {name} = '{value}'"
-        for name, value in pinned_settings()
-        if available is None or name in available
+        [f"SET {name} = '{value}'" for name, value in pinned]
+        + [f'SET "{name}" FROM CURRENT' for name in sorted(held) if name.lower() not in named]
     )
 
 
@@ -348,7 +371,9 @@ $$;
 """
 
 
-def function_sql(f: SqlFunction, available: Collection[str] | None = None) -> str:
+def function_sql(
+    f: SqlFunction, available: Collection[str] | None = None, held: Collection[str] = ()
+) -> str:
     """The SQL that installs one SqlFunction (body, front, revokes, comment). A function whose
     first parameter is `source regclass` has one front whose `source` is anycompatible: a
     regclass, or a table's name as text (a string literal resolves to text), so that one
@@ -357,7 +382,7 @@ def function_sql(f: SqlFunction, available: Collection[str] | None = None) -> st
     on the table's schema gets the project's refusal, not the cast's "permission denied for
     schema"."""
     bare, args = _parameters(f.params)
-    pins = pinned_clauses(available)
+    pins = pinned_clauses(available, held)
 
     def call(arguments: str) -> str:
         return (
@@ -402,9 +427,10 @@ $$;
     return text
 
 
-def install_sql_text(available: Collection[str] | None = None) -> str:
+def install_sql_text(available: Collection[str] | None = None, held: Collection[str] = ()) -> str:
     """install.sql (schema, tables, helpers) followed by every SqlFunction; `available` the
-    server's setting names (pg_settings), which pinned_settings() are filtered by."""
+    server's setting names (pg_settings), which pinned_settings() are filtered by; `held` those
+    kept at the installing session's value (HELD_SETTINGS_QUERY)."""
     static = (
         resources.files("frontends")
         .joinpath("sql/install.sql")
@@ -426,7 +452,7 @@ def install_sql_text(available: Collection[str] | None = None) -> str:
         *(f.replace("(regclass", "(text", 1) for f in current),
     ]
     drops = "".join(f"\nDROP FUNCTION IF EXISTS {SCHEMA}.{f};" for f in dict.fromkeys(superseded))
-    return static + drops + "".join(function_sql(f, available) for f in SQL_FUNCTIONS)
+    return static + drops + "".join(function_sql(f, available, held) for f in SQL_FUNCTIONS)
 
 
 def default_paths() -> tuple[str, str]:
@@ -570,7 +596,8 @@ def install(
         try:
             with conn.transaction():
                 settings = {r[0] for r in conn.execute("SELECT name FROM pg_settings")}
-                conn.execute(install_sql_text(settings))
+                held = {r[0] for r in conn.execute(HELD_SETTINGS_QUERY)}
+                conn.execute(install_sql_text(settings, held))
                 native, native_why = _install_native(conn)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
@@ -713,6 +740,7 @@ def register_source(
     schema: str | None = None,
     sensitivity: float | None = None,
     deadline: float | None = None,
+    grant: Collection[str] = (),
 ) -> str:
     """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
     triggers; idempotent) and register it for topk.private_top_k with its id and score columns
@@ -720,7 +748,9 @@ def register_source(
     declared, else what from_votes recorded with the table, else 1; a declaration below the
     record is refused (privacy.resolve_declared). `deadline`: the seconds an oblivious release
     from it is padded to (None: the SPI cost model's, mechanisms/oblivious.py), for an operator
-    whose ledger log shows overruns. Returns the table's name as regclass prints it."""
+    whose ledger log shows overruns. `grant`: the roles (or PUBLIC) that may release from it
+    (topk.grant_source; without one, no analyst may). Returns the table's name as regclass
+    prints it."""
     from adapters.postgres import PostgresTable
     from topk_middleware.privacy import check_sensitivity
 
@@ -752,6 +782,8 @@ def register_source(
                 "registered_at = now()",
                 [base, id, score, position_table, source.trigger_function, sensitivity, deadline],
             )
+            for grantee in grant:
+                conn.execute("SELECT topk.grant_source(%s::regclass, %s)", [base, grantee])
             return conn.execute("SELECT %s::regclass::text", [base]).fetchone()[0]
     finally:
         source.close()
@@ -809,6 +841,9 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
             "format_type(i.atttypid, i.atttypmod) AS id_type, i.attcollation <> 0 AS text_ids, "
             "format_type(c.atttypid, c.atttypmod) AS score_type, "
             "has_schema_privilege(session_user, r.relnamespace, 'USAGE') AS named, "
+            "EXISTS (SELECT 1 FROM topk.source_grants AS g WHERE g.source = s.source AND "
+            "(g.grantee = 0 OR coalesce(pg_has_role(session_user, g.grantee, 'MEMBER'), false)))"
+            " AS granted, r.relrowsecurity AS row_security, "
             "obj_description(s.source, 'pg_class') AS comment "
             "FROM topk.sources AS s JOIN pg_class AS r ON r.oid = s.source "
             "JOIN pg_attribute AS i ON i.attrelid = s.source AND i.attname = s.id_column "
@@ -820,16 +855,27 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
         rows = plpy.execute(plan, [source])
     except plpy.SPIError:  # not a name or OID regclass takes back
         rows = []
-    if not len(rows) or not rows[0]["named"]:
-        # One refusal for an unregistered table, a dangling OID, and a table in a schema the
-        # caller has no USAGE on: which of them it is would tell the caller about the catalog.
+    if not len(rows) or not rows[0]["named"] or not rows[0]["granted"]:
+        # One refusal for an unregistered table, a dangling OID, a table not granted to the
+        # caller and a table in a schema the caller has no USAGE on: which of them it is would
+        # tell the caller about the catalog.
         _refuse(
             plpy,
             f"table {source} is not registered for private top-k, or this role may not name "
-            "it (USAGE on its schema)",
+            "it (USAGE on its schema) or release from it (topk.grant_source)",
             UNDEFINED,
-            hint="an administrator registers it: topk-middleware install-sql --dsn ... "
-            "--source <table> --id <id column> --score <score column>",
+            hint="an administrator registers it (topk-middleware install-sql --dsn ... "
+            "--source <table> --id <id column> --score <score column>) and grants it: "
+            "SELECT topk.grant_source('<table>', '<role>')",
+        )
+    if rows[0]["row_security"]:
+        _refuse(
+            plpy,
+            f"table {rows[0]['relation']} has row-level security: a release reads every row as "
+            "the functions' owner and would not honour its policies; nothing was read or charged",
+            FEATURE_NOT_SUPPORTED,
+            hint="release from a table (or a copy) without row-level security, holding only "
+            "the rows every analyst it is granted to may count",
         )
     return rows[0]
 
@@ -842,7 +888,8 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     from topk_middleware.privacy import resolve_declared
 
     tables = GD.setdefault("topk_tables", {})
-    key = tuple(found[c] for c in sorted(found) if c not in ("role", "named", "deadline"))
+    varying = ("role", "named", "granted", "row_security", "deadline")
+    key = tuple(found[c] for c in sorted(found) if c not in varying)
     table = tables.get(key)
     if table is None:
         table = tables[key] = SPITable(
@@ -941,6 +988,7 @@ def _charged_release(
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
     role = found["role"]
+    _not_refused_too_often(plpy, ledger, role)
     try:
         table = _spi_table(plpy, GD, found)
     except SensitivityError as error:  # a fact of the registration, not of the counts
@@ -1241,6 +1289,33 @@ def server_last_guarantee(plpy: Any, GD: dict[str, Any]) -> list[tuple[Any, ...]
     return [] if found is None else [found]
 
 
+def _not_refused_too_often(plpy: Any, ledger: Any, role: str) -> None:
+    """Refuse at once, reading and writing nothing, a role whose releases were refused for a
+    fact of the data REFUSALS_PER_MINUTE times in the last minute: such refusals are free and
+    each writes a row of topk.refusals, so they are rate-limited per role (counted through the
+    ledger's connection, which sees every committed refusal whatever the caller's snapshot)."""
+    import sqlalchemy as sa
+
+    with ledger.store.engine.connect() as conn:
+        recent = conn.execute(
+            sa.text(
+                f"SELECT count(*) FROM {SCHEMA}.refusals WHERE role = :role "
+                "AND refused_at > now() - interval '1 minute'"
+            ),
+            {"role": role},
+        ).scalar_one()
+    if recent >= REFUSALS_PER_MINUTE:
+        _refuse(
+            plpy,
+            f"role {role} had {REFUSALS_PER_MINUTE} releases refused for a reason in the data "
+            "within a minute; releases are paused for it until the minute has passed; nothing "
+            "was read, charged or logged",
+            RATE_LIMITED,
+            hint="an administrator reads the reasons: SELECT * FROM topk.refusals WHERE role = "
+            f"'{role}' ORDER BY refused_at DESC",
+        )
+
+
 def _log_refusal(ledger: Any, role: str, relation: str, detail: str) -> str:
     """Record a refusal's data facts in topk.refusals (the operator's log, through the ledger's
     own connection: committed although the caller's statement fails); its reference."""
@@ -1373,6 +1448,14 @@ def add_install_sql_parser(sub: Any) -> None:
         help="seconds an oblivious release from the source is padded to (default: the cost "
         "model's; raise it when topk.topk_ledger_charges logs deadline_missed)",
     )
+    p.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="ROLE",
+        help="a role (or PUBLIC) that may release from --source (repeatable; later: SELECT "
+        "topk.grant_source('<table>', '<role>'))",
+    )
     p.set_defaults(handler=run_install_sql)
 
 
@@ -1439,10 +1522,16 @@ def run_install_sql(args: Any) -> int:
             schema=schema or None,
             sensitivity=args.sensitivity,
             deadline=args.deadline,
+            grant=args.grant,
         )
         sensitivity = registered_sensitivity(args.dsn, name)
         print(
             f"registered {name} (id {args.id}, score {args.score}, sensitivity "
             f"{sensitivity:g}: assumes each client changes each count by at most {sensitivity:g})"
+        )
+        print(
+            f"  releasable by {', '.join(args.grant)}"
+            if args.grant
+            else "  releasable by no role yet: SELECT topk.grant_source('<table>', '<role>')"
         )
     return 0

@@ -510,7 +510,9 @@ def register(conninfo: str, schema: str, scores: np.ndarray) -> str:
     name = f"votes_{uuid.uuid4().hex[:8]}"
     with _connect(conninfo) as conn:
         create_table(conn, schema, name, scores, None)
-    return sql_function.register_source(conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=schema)
+    return sql_function.register_source(
+        conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=schema, grant=("PUBLIC",)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -524,9 +526,9 @@ def analyst(pg_conninfo: str, analyst_schema: str) -> Iterator[str]:
             )
         )
         conn.execute(
-            sql.SQL(
-                "GRANT EXECUTE ON FUNCTION topk.private_top_k TO {}"
-            ).format(sql.Identifier(role))
+            sql.SQL("GRANT EXECUTE ON FUNCTION topk.private_top_k TO {}").format(
+                sql.Identifier(role)
+            )
         )
         conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, 1e6, 0.5])
     yield psycopg.conninfo.make_conninfo(pg_conninfo, user=role)

@@ -21,7 +21,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from .stores_postgres import _connect
+from frontends import sql_function
+
+from .stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_table
 from .test_sql_function import (  # noqa: F401  (fixtures)
     _sessions_per_test,
     installed,
@@ -259,3 +261,157 @@ def test_a_tampered_nan_total_or_charge_admits_nothing(
             "SELECT count(*) FROM topk.topk_ledger_charges WHERE principal = %s", [role]
         ).fetchone()[0]
     assert charges == 1
+
+
+HOSTILE = (
+    "random_page_cost = 1e9",
+    "cpu_index_tuple_cost = 1e9",
+    "enable_indexscan = off",
+    "enable_indexonlyscan = off",
+    "enable_nestloop = off",
+    "work_mem = '64kB'",
+    "effective_cache_size = '8kB'",
+)
+
+
+def test_an_analysts_planner_settings_do_not_move_the_internal_plans(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    """Every release function (front and body) holds each setting a role may change that moves
+    plans, memory or time (sql_function.HELD_SETTINGS_QUERY, read from this server's
+    pg_settings) in its SET clauses. A probe function given the same SET clauses as
+    topk._release plans a top-k read of the table under the red team's settings
+    (random_page_cost, cpu_index_tuple_cost 1e9, index scans off, DISCARD PLANS) exactly as
+    under the server's own, costs included, by its score index; the same probe without them
+    plans a sequential scan. The analyst's own release runs
+    under those settings, and they are the analyst's again after it. Cost: about a second."""
+    with _connect(pg_conninfo) as admin:
+        held = {r[0].lower() for r in admin.execute(sql_function.HELD_SETTINGS_QUERY)}
+        assert {"random_page_cost", "cpu_index_tuple_cost", "enable_nestloop", "work_mem"} <= held
+        configs = admin.execute(
+            "SELECT p.proname::text, p.proconfig FROM pg_proc AS p WHERE p.pronamespace = "
+            "'topk'::regnamespace AND p.proname = ANY(%s)",
+            [[name for f in sql_function.SQL_FUNCTIONS for name in (f.name, f.body)]],
+        ).fetchall()
+        assert len(configs) == 2 * len(sql_function.SQL_FUNCTIONS)
+        for name, config in configs:
+            set_here = {entry.split("=", 1)[0].lower() for entry in config}
+            assert held <= set_here, (name, sorted(held - set_here)[:5])
+        release_config = dict(configs)["_release"]
+        column = sql.Identifier(SCORE_COLUMN).as_string(admin)
+        probe = (
+            "CREATE FUNCTION pg_temp.probe() RETURNS text LANGUAGE plpgsql AS $$ DECLARE "
+            "line text; plan text := ''; BEGIN FOR line IN EXECUTE 'EXPLAIN SELECT * FROM "
+            f"{zipf_table} ORDER BY {column} DESC LIMIT 10' LOOP plan := plan || line || "
+            "chr(10); END LOOP; RETURN plan; END $$"
+        )
+        admin.execute(probe)
+        for setting in HOSTILE:
+            admin.execute(f"SET {setting}")
+        admin.execute("DISCARD PLANS")
+        unpinned = admin.execute("SELECT pg_temp.probe()").fetchone()[0]
+        for entry in release_config:
+            name, value = entry.split("=", 1)
+            admin.execute(
+                sql.SQL("ALTER FUNCTION pg_temp.probe() SET {} = {}").format(
+                    sql.Identifier(name), sql.Literal(value)
+                )
+            )
+        pinned = admin.execute("SELECT pg_temp.probe()").fetchone()[0]
+        admin.execute("RESET ALL")
+        admin.execute("DISCARD PLANS")
+        quiet = admin.execute("SELECT pg_temp.probe()").fetchone()[0]
+    assert "Seq Scan" in unpinned and "Index" not in unpinned, unpinned
+    assert "Index" in pinned and "Seq Scan" not in pinned, pinned
+    assert pinned == quiet  # the same plan, to its costs, as under the server's settings
+    analyst = make_role(epsilon=10.0)
+    with _connect(analyst) as conn:
+        for setting in HOSTILE:
+            conn.execute(f"SET {setting}")
+        conn.execute("DISCARD PLANS")
+        rows = conn.execute(
+            "SELECT * FROM topk.private_top_k(%s, 10, 1.0, oblivious => false)", [zipf_table]
+        ).fetchall()
+        assert len(rows) == 10
+        assert conn.execute("SHOW random_page_cost").fetchone()[0] == "1e+09"
+
+
+def test_a_table_releases_only_to_the_roles_it_is_granted_to(
+    pg_conninfo: str, pg_schema: str, make_role: Callable[..., str], installed: Any
+) -> None:
+    """A table registered without a grant refuses every analyst, in the one refusal that also
+    covers an unregistered table; topk.grant_source to a group role lets its members release,
+    topk.revoke_source takes it back; a grant to a role is held by its OID, so a role dropped
+    and created again under its name holds nothing. Row-level security on the table refuses
+    the release (the functions read as their owner, which the policies would not bind), before
+    anything is read or charged. Cost: about a second."""
+    name = f"granted_{uuid.uuid4().hex[:8]}"
+    with _connect(pg_conninfo) as admin:
+        create_table(admin, pg_schema, name, [9.0, 7.0, 5.0, 3.0, 1.0], None)
+    table = sql_function.register_source(
+        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+    )
+    analyst = make_role(epsilon=10.0)
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    group = f"topk_group_{uuid.uuid4().hex[:8]}"
+    query = "SELECT * FROM topk.private_top_k(%s, 2, 1.0, oblivious => false)"
+
+    def refused(conn: psycopg.Connection[Any]) -> None:
+        with pytest.raises(psycopg.errors.UndefinedObject, match=r"topk\.grant_source"):
+            conn.execute(query, [table])
+
+    with _connect(pg_conninfo) as admin, _connect(analyst) as conn:
+        try:
+            refused(conn)
+            admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+            admin.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role))
+            )
+            admin.execute("SELECT topk.grant_source(%s, %s)", [table, group])
+            assert len(conn.execute(query, [table]).fetchall()) == 2
+            assert admin.execute("SELECT topk.revoke_source(%s, %s)", [table, group]).fetchone()[0]
+            refused(conn)
+            admin.execute("SELECT topk.grant_source(%s, %s)", [table, group])
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(group)))
+            admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+            admin.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role))
+            )
+            refused(conn)  # the new role of that name was never granted the table
+            admin.execute("SELECT topk.grant_source(%s, %s)", [table, role])
+            assert len(conn.execute(query, [table]).fetchall()) == 2
+            admin.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="row-level security"):
+                conn.execute(query, [table])
+        finally:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(group)))
+    assert spent(pg_conninfo, analyst)[1] == 2
+
+
+def test_free_refusals_are_rate_limited_per_role(
+    pg_conninfo: str, register: Callable[..., str], make_role: Callable[..., str]
+) -> None:
+    """A release refused for a fact of the data (here k = 7 above the table's 4 items) is free
+    and writes one row of topk.refusals; after REFUSALS_PER_MINUTE of them within a minute the
+    role's releases are refused at once (program_limit_exceeded), writing no row, and another
+    role is not held back. The red team wrote about 250 rows a second this way. Cost: about
+    two seconds (31 calls)."""
+    table = register([9.5, 5.0, 3.0, 1.0])
+    analyst, other = make_role(epsilon=10.0), make_role(epsilon=10.0)
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    count = "SELECT count(*) FROM topk.refusals WHERE role = %s"
+    with _connect(analyst) as conn:
+        for _ in range(sql_function.REFUSALS_PER_MINUTE):
+            with pytest.raises(psycopg.errors.InvalidParameterValue):
+                conn.execute("SELECT * FROM topk.private_top_k(%s, 7, 1.0)", [table])
+        for _ in range(3):
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="paused"):
+                conn.execute("SELECT * FROM topk.private_top_k(%s, 2, 1.0)", [table])
+    with _connect(pg_conninfo) as admin:
+        assert admin.execute(count, [role]).fetchone()[0] == sql_function.REFUSALS_PER_MINUTE
+    with _connect(other) as conn:
+        assert (
+            len(conn.execute("SELECT * FROM topk.private_top_k(%s, 2, 1.0)", [table]).fetchall())
+            == 2
+        )
+    assert spent(pg_conninfo, analyst) == (0.0, 0)

@@ -80,7 +80,7 @@ def register(
         with kept(pg_conninfo) as conn:
             create_table(conn, pg_schema, name, scores, ids)
         return sql_function.register_source(
-            pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+            pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, grant=("PUBLIC",)
         )
 
     return make
@@ -909,7 +909,13 @@ def test_with_counts_and_a_declared_sensitivity(
     with kept(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 501)), None)
     table = sql_function.register_source(
-        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
+        pg_conninfo,
+        name,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        sensitivity=5,
+        grant=("PUBLIC",),
     )
     analyst = make_role(epsilon=10.0, functions=("topk.private_top_k_with_counts",))
     with _connect(analyst) as conn:
@@ -953,7 +959,13 @@ def test_last_guarantee_states_the_sensitivity_and_the_counts(
     with _connect(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 501)), None)
     table = sql_function.register_source(
-        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=5
+        pg_conninfo,
+        name,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        sensitivity=5,
+        grant=("PUBLIC",),
     )
     analyst = make_role(epsilon=20.0, functions=(FUNCTION, WITH_COUNTS))
     with _connect(analyst) as conn:
@@ -1010,13 +1022,14 @@ def test_from_votes_tables_register_their_recorded_sensitivity(
         pg_conninfo, f"votes_{suffix}", f"items_{suffix}", schema=pg_schema, max_per_item=5
     ).close()
     source = f"{pg_schema}.votes_{suffix}_counts"
-    base = ["install-sql", "--dsn", pg_conninfo, "--source", source]
+    base = ["install-sql", "--dsn", pg_conninfo, "--source", source, "--grant", "PUBLIC"]
     assert cli.main([*base, "--sensitivity", "1"]) == 1
     err = capsys.readouterr().err
     assert "records sensitivity 5" in err and "Traceback" not in err
     assert cli.main(base) == 0
     out = capsys.readouterr().out
     assert "sensitivity 5: assumes each client changes each count by at most 5" in out
+    assert "releasable by PUBLIC" in out
     table = f"{pg_schema}.votes_{suffix}_counts"
     assert sql_function.registered_sensitivity(pg_conninfo, table) == 5
     analyst = make_role(epsilon=10.0)
@@ -1029,7 +1042,12 @@ def test_from_votes_tables_register_their_recorded_sensitivity(
     with _connect(pg_conninfo) as conn:
         create_table(conn, pg_schema, plain, np.arange(50.0), None)
     registered = sql_function.register_source(
-        pg_conninfo, plain, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+        pg_conninfo,
+        plain,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        grant=("PUBLIC",),
     )
     with _connect(pg_conninfo) as conn:
         conn.execute(
@@ -1055,7 +1073,13 @@ def test_a_mechanism_for_unit_steps_refuses_another_sensitivity_in_plain_words(
     with _connect(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, np.arange(50.0), None)
     table = sql_function.register_source(
-        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, sensitivity=2
+        pg_conninfo,
+        name,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        sensitivity=2,
+        grant=("PUBLIC",),
     )
     analyst = make_role(epsilon=10.0)
     with _connect(analyst) as conn, pytest.raises(psycopg.Error) as caught:
@@ -1077,7 +1101,12 @@ def test_sql_limited_domain_reads_huge_counts_as_the_score_bound(
     with _connect(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, 2.0**56 + 16.0 * np.arange(60), None)
     table = sql_function.register_source(
-        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema
+        pg_conninfo,
+        name,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        grant=("PUBLIC",),
     )
     analyst = make_role(epsilon=10.0)
     with _connect(analyst) as conn:

@@ -276,7 +276,13 @@ def padded_table(pg_conninfo: str, pg_schema: str, installed: Any) -> str:
     with _connect(pg_conninfo) as conn:
         create_table(conn, pg_schema, name, np.floor(1e5 / np.arange(1, 20_001)), None)
     return sql_function.register_source(
-        pg_conninfo, name, ID_COLUMN, SCORE_COLUMN, schema=pg_schema, deadline=PADDED_DEADLINE
+        pg_conninfo,
+        name,
+        ID_COLUMN,
+        SCORE_COLUMN,
+        schema=pg_schema,
+        deadline=PADDED_DEADLINE,
+        grant=("PUBLIC",),
     )
 
 
@@ -358,9 +364,7 @@ def test_excessive_work_is_refused_before_any_charge(
     analyst = make_role(epsilon=10.0)
     started = time.monotonic()
     with _connect(analyst) as conn, pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
-        conn.execute(
-            f"SELECT * FROM {JOINT}(%s::regclass, 20000, 1.0, false)", [zipf_table]
-        )
+        conn.execute(f"SELECT * FROM {JOINT}(%s::regclass, 20000, 1.0, false)", [zipf_table])
     assert time.monotonic() - started < 5.0
     assert "too much work" in (caught.value.diag.message_primary or "")
     assert spent(pg_conninfo, analyst) == (0.0, 0)

@@ -39,7 +39,17 @@ ALTER TABLE topk.sources ADD COLUMN IF NOT EXISTS
 -- the seconds an oblivious release from the table is padded to (NULL: the cost model's)
 ALTER TABLE topk.sources ADD COLUMN IF NOT EXISTS
     deadline double precision CHECK (deadline > 0);
-REVOKE ALL ON topk.settings, topk.sources, topk.refusals FROM PUBLIC;
+CREATE INDEX IF NOT EXISTS refusals_by_role ON topk.refusals (role, refused_at);
+-- Who may release from a registered table: a role (and its members), or every role (grantee 0,
+-- granted TO PUBLIC). A role's OID: a role dropped and created again under its name holds
+-- nothing, and a renamed role keeps its grants.
+CREATE TABLE IF NOT EXISTS topk.source_grants (
+    source regclass NOT NULL REFERENCES topk.sources (source) ON DELETE CASCADE,
+    grantee oid NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, grantee)
+);
+REVOKE ALL ON topk.settings, topk.sources, topk.refusals, topk.source_grants FROM PUBLIC;
 
 -- A dropped table (or its position table) leaves the registry at once: an OID reused by a later
 -- table must never find a registration.
@@ -99,6 +109,36 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$ BEGIN END $$;
 
+-- topk.grant_source('public.t', 'alice') lets alice (and the members of alice) release from a
+-- registered table; 'PUBLIC' lets every role. topk.revoke_source undoes one such grant.
+CREATE OR REPLACE FUNCTION topk.grant_source(source regclass, grantee text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM topk.sources AS s WHERE s.source = $1) THEN
+        RAISE EXCEPTION 'topk: table % is not registered for private top-k', $1
+            USING ERRCODE = '42704',
+            HINT = 'topk-middleware install-sql --dsn ... --source <table> registers it';
+    END IF;
+    DELETE FROM topk.source_grants AS g  -- grants of roles dropped since
+    WHERE g.grantee <> 0 AND NOT EXISTS (SELECT 1 FROM pg_roles AS r WHERE r.oid = g.grantee);
+    INSERT INTO topk.source_grants (source, grantee)
+    VALUES ($1, CASE WHEN upper($2) = 'PUBLIC' THEN 0 ELSE $2::regrole::oid END)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+CREATE OR REPLACE FUNCTION topk.revoke_source(source regclass, grantee text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM topk.source_grants AS g WHERE g.source = $1
+    AND g.grantee = CASE WHEN upper($2) = 'PUBLIC' THEN 0 ELSE $2::regrole::oid END
+    RETURNING true
+$$;
+
 CREATE OR REPLACE FUNCTION topk.unregister_source(source regclass)
 RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -121,5 +161,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._hide_io_begin(), topk._hide_io_end() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.grant_source(regclass, text), topk.revoke_source(regclass, text)
+    FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._forget_dropped() FROM PUBLIC;
