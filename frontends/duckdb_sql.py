@@ -9,7 +9,9 @@ and gets (rank, item) rows: the release of private_top_k (topk_middleware/api.py
 registered DuckDBTable, charged to `principal` in the ledger before any row is read. The
 installed duckdb package offers scalar Python functions only (no table functions from Python),
 so the release is a scalar function `__topk_release(...)` returning a LIST of STRUCT(rank,
-item) and `private_top_k` is a temporary table macro that unnests it. DuckDB refuses a function
+item) and `private_top_k` is a temporary table macro that unnests it; the macro hands it every
+argument as text with its SQL type (`typeof`), so that the project's checks, not DuckDB's binder,
+answer a mistyped one. DuckDB refuses a function
 that queries the connection running it ("code running inside a query cannot use that query's
 connection", tests/test_duckdb_sql.py): every registered table is read through a cursor of
 `con` opened at registration (a second connection to the same database, with a snapshot of its
@@ -136,7 +138,10 @@ def register_private_top_k(
             pass  # not registered yet
     budget = LedgerBudget(ledger, principal, math.nan, math.nan)  # totals: the ledger's row
 
-    def release(source: Any, k: Any, epsilon: Any, delta: Any, noise: Any) -> list[dict]:
+    def release(
+        source: Any, noise: Any, k: Any, k_type: Any, eps: Any, eps_type: Any, d: Any, d_type: Any
+    ) -> list[dict]:
+        k, epsilon, delta = _sql_value(k, k_type), _sql_value(eps, eps_type), _sql_value(d, d_type)
         with registration.lock:
             return _release(registration, budget, source, k, epsilon, delta, noise)
 
@@ -147,18 +152,40 @@ def register_private_top_k(
     con.create_function(
         RELEASE_FUNCTION,
         release,
-        ["VARCHAR", "BIGINT", "DOUBLE", "DOUBLE", "VARCHAR"],
+        ["VARCHAR"] * 8,
         RESULT_TYPE,
         side_effects=True,  # every call is a release: never folded or cached
         null_handling="special",  # NULL arguments reach the function, which refuses them
     )
     con.create_function(GUARANTEE_FUNCTION, last_guarantee, [], "VARCHAR", side_effects=True)
+    # every argument reaches Python as text with its SQL type, so that a mistyped one is
+    # refused in the project's words (check_common) rather than by DuckDB's function binder
+    typed = ", ".join(f"CAST({a} AS VARCHAR), typeof({a})" for a in ("k", "epsilon", "delta"))
     con.execute(
         f"CREATE OR REPLACE TEMP MACRO {name}(source, k, epsilon, delta := 0.0, "
-        f"noise := 'gumbel') AS TABLE SELECT unnest({RELEASE_FUNCTION}(source, k, epsilon, "
-        "delta, noise), recursive := true)"
+        f"noise := 'gumbel') AS TABLE SELECT unnest({RELEASE_FUNCTION}(CAST(source AS VARCHAR), "
+        f"CAST(noise AS VARCHAR), {typed}), recursive := true)"
     )
     return registration
+
+
+_INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "INTEGER_LITERAL"}
+_INTEGER_TYPES |= {"U" + name for name in _INTEGER_TYPES}
+_REAL_TYPES = {"FLOAT", "DOUBLE", "REAL"}
+
+
+def _sql_value(text: str | None, sql_type: str) -> Any:
+    """A number argument given to the SQL function, back from its text and SQL type (`typeof`):
+    an int for an integer type, a float for a real or decimal one, else the text itself (which
+    check_common refuses in words)."""
+    if text is None:
+        return None
+    name = sql_type.upper()
+    if name in _INTEGER_TYPES:
+        return int(text)
+    if name in _REAL_TYPES or name.startswith("DECIMAL("):
+        return float(text)
+    return text
 
 
 def _refuse(message: str) -> PrivateTopKRefused:
