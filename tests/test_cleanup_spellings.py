@@ -128,6 +128,37 @@ def test_postgres_every_spelling(mode: str, capsys: pytest.CaptureFixture[str]) 
         conn.close()
 
 
+def test_install_sql_source_then_the_documented_cleanup(capsys: pytest.CaptureFixture[str]) -> None:
+    """`install-sql --source public.word_counts` (live mode), `uninstall-sql`, then the cleanup
+    uninstall-sql names, `unprepare URL --table word_counts --mode live`: the table takes
+    writes and the catalog is as before. A database of its own (the schema topk is one per
+    database). Cost: one install, about 2 s."""
+    name = f"topk_spell_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = psycopg.conninfo.make_conninfo(PG_DSN, dbname=name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE word_counts (id bigint PRIMARY KEY, score bigint)")
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO word_counts VALUES (%s, %s)", ROWS)
+            catalog = _pg_catalog(conn, "public")
+            before = catalog()
+            argv = ["install-sql", "--dsn", dsn, "--source", "public.word_counts"]
+            assert cli(capsys, *argv)[0] == EXIT_OK
+            assert cli(capsys, "uninstall-sql", "--dsn", dsn)[0] == EXIT_OK
+            assert catalog() - before  # the live structures stay until unprepare
+            url = postgres_uri(dsn)
+            argv = ["unprepare", url, "--table", "word_counts", "--mode", "live"]
+            assert cli(capsys, *argv)[0] == EXIT_OK
+            assert catalog() == before, f"left behind {catalog() - before}"
+            conn.execute("INSERT INTO word_counts VALUES (1000, 7)")
+            conn.execute("DELETE FROM word_counts WHERE id = 1000")
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 # ----- DuckDB ------------------------------------------------------------------------------------
 def test_duckdb_every_spelling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.duckdb"
