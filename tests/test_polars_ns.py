@@ -188,3 +188,51 @@ def test_the_benchmark_runs_as_the_docs_show(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     payload = json.loads((tmp_path / "polars_ns.json").read_text())
     assert set(payload["median_seconds"]) == {"namespace", "from_polars", "lazy_namespace"}
+
+
+def _frames() -> dict[str, pl.DataFrame]:
+    rng = np.random.default_rng(11)
+    m = 20_000
+    ids = rng.permutation(m)
+    ties = rng.integers(0, 30, m)  # long tied runs: the tie-break by id decides most of the order
+    return {
+        "int-ties": pl.DataFrame({"id": ids, "score": ties}),
+        "negative-ids-int32": pl.DataFrame(
+            {
+                "id": pl.Series(ids - m // 2, dtype=pl.Int32),
+                "score": pl.Series(ties, dtype=pl.UInt16),
+            }
+        ),
+        "sparse-ids": pl.DataFrame({"id": ids * 10**12, "score": ties}),  # two-column sort
+        "float-scores": pl.DataFrame({"id": ids, "score": ties / 7.0}),
+        "scores-past-2^53": pl.DataFrame({"id": ids, "score": ties + 2**60}),  # doubles tie them
+        "text-ids": pl.DataFrame({"id": [f"i{i}" for i in ids], "score": ties}),  # from_polars
+    }
+
+
+@pytest.mark.parametrize("name", list(_frames()))
+def test_the_namespace_source_is_the_array_source_of_the_frame(name: str) -> None:
+    """The namespace sorts integer ids in Polars (frontends/polars_ns._source): the source must
+    hold exactly what ArraySource.from_polars holds (ids, scores, exact counts, in order), or
+    releases would differ from those of every other layer."""
+    from frontends.polars_ns import _source
+
+    frame = _frames()[name]
+    ours, theirs = _source(frame, "id", "score"), ArraySource.from_polars(frame)
+    m = ours.domain_size()
+    assert m == theirs.domain_size() == frame.height
+    a, b = ours.read_sorted(0, m), theirs.read_sorted(0, m)
+    assert list(a.ids) == list(b.ids)
+    assert np.array_equal(a.scores, b.scores)
+    assert ours.read_exact_scores(list(b.ids[:50])) == theirs.read_exact_scores(list(b.ids[:50]))
+
+
+def test_from_canonical_order_checks_the_order_and_the_ids() -> None:
+    ArraySource.from_canonical_order(np.array([5, 3, 3]), np.array([9, 1, 2]))  # canonical
+    for scores, ids in [([3, 5, 3], [9, 1, 2]), ([5, 3, 3], [9, 2, 1]), ([5, 3, 2], [1, 2, 1])]:
+        with pytest.raises(ValueError, match=r"canonical order|duplicate ids"):
+            ArraySource.from_canonical_order(np.array(scores), np.array(ids))
+    with pytest.raises(ValueError, match="duplicate ids"):  # far apart: the sorted check
+        ArraySource.from_canonical_order(np.array([5, 3, 2]), np.array([10**15, 0, 10**15]))
+    with pytest.raises(TypeError, match="integer ids"):
+        ArraySource.from_canonical_order(np.array([5.0]), np.array(["a"]))
