@@ -289,11 +289,12 @@ class SQLLedgerStore:
         def claim(conn: sa.Connection) -> tuple[str, str, int | None, str | None]:
             query = sa.select(k.fingerprint, k.noise_key, k.seq, k.release).where(keyed)
             row = conn.execute(query).first()
-            if row is not None and row.fingerprint != fingerprint and row.seq is None:
-                # claimed, never charged: the call that claimed it read and released nothing
+            unused = row is not None and row.seq is None and row.release is None
+            if unused and row.fingerprint != fingerprint:
+                # claimed, never charged or answered: the call that claimed it released nothing
                 conn.execute(
                     self.keys.update()
-                    .where(keyed & k.seq.is_(None))
+                    .where(keyed & k.seq.is_(None) & k.release.is_(None))
                     .values(fingerprint=fingerprint, noise_key=noise_key, claimed_at=_now())
                 )
                 row = conn.execute(query).first()
@@ -315,6 +316,18 @@ class SQLLedgerStore:
         except sa.exc.IntegrityError:  # claimed concurrently: read what was stored
             return self._retry(claim)
 
+    def lookup_key(
+        self, principal: str, release_key: str
+    ) -> tuple[str, str, int | None, str | None] | None:
+        k = self.keys.c
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(k.fingerprint, k.noise_key, k.seq, k.release).where(
+                    (k.principal == principal) & (k.release_key == release_key)
+                )
+            ).first()
+        return None if row is None else (row.fingerprint, row.noise_key, row.seq, row.release)
+
     def store_release(
         self, principal: str, release_key: str, fingerprint: str, release: str
     ) -> str:
@@ -331,7 +344,10 @@ class SQLLedgerStore:
                 .where(keyed & k.release.is_(None))
                 .values(release=release, released_at=_now())
             )
-            return conn.execute(sa.select(k.release).where(keyed)).scalar_one()
+            stored = conn.execute(sa.select(k.release).where(keyed)).first()
+            if stored is None:  # reclaimed with other parameters meanwhile
+                raise key_conflict(principal, release_key)
+            return stored.release
 
         return self._retry(store)
 

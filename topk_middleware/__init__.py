@@ -10,6 +10,7 @@ The core, one idea per module:
     accounting.py    each release's guarantee in every form; PrivacyBudget composes them
     ledger.py        PrivacyLedger: durable per-principal budgets in a SQL database
     release_keys.py  idempotent releases: one charge and one answer per release key
+    streams.py       trending_top_k: a list refreshed every period under one total
     randomness.py    make_rng: ChaCha20 from the OS unless a (test) seed is given
     api.py           private_top_k
     preview.py       preview: the expected utility at each epsilon, for the table's owner only
@@ -39,6 +40,8 @@ _WHERE = {
     "LedgerBudget": ".ledger",
     "PrivacyLedger": ".ledger",
     "ReleaseKeyConflict": ".release_keys",
+    "TrendingStream": ".streams",
+    "trending_top_k": ".streams",
     "CostModel": ".mechanisms.cost_aware",
     "exponential_mechanism": ".mechanisms.exponential",
     "joint_top_k": ".mechanisms.joint",
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from .preview import Preview, preview
     from .privacy import PrivacyGuarantee, calibrate
     from .release_keys import ReleaseKeyConflict
+    from .streams import TrendingStream, trending_top_k
     from .threshold import ArrayList, TAResult, threshold_algorithm
 
 
@@ -111,6 +115,7 @@ __all__ = [
     "Source",
     "TAResult",
     "TopKResult",
+    "TrendingStream",
     "calibrate",
     "exponential_mechanism",
     "joint_top_k",
@@ -120,4 +125,5 @@ __all__ = [
     "private_top_k",
     "stable_top_k",
     "threshold_algorithm",
+    "trending_top_k",
 ]

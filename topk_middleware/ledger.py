@@ -120,6 +120,12 @@ class LedgerStore(Protocol):
         release JSON or None)."""
         ...
 
+    def lookup_key(
+        self, principal: str, release_key: str
+    ) -> tuple[str, str, int | None, str | None] | None:
+        """What claim_key would return for a key, without claiming it (None: no such key)."""
+        ...
+
     def store_release(
         self, principal: str, release_key: str, fingerprint: str, release: str
     ) -> str:
@@ -367,6 +373,14 @@ class PrivacyLedger:
         if stored != fingerprint:
             raise key_conflict(principal, release_key)
         return Claim(noise_key, seq is not None, release, fingerprint)
+
+    def lookup_release(self, principal: str, release_key: str) -> Claim | None:
+        """The key's claim if it has one, without claiming it (read only)."""
+        found = self.store.lookup_key(principal, release_key)
+        if found is None:
+            return None
+        stored, noise_key, seq, release = found
+        return Claim(noise_key, seq is not None, release, stored)
 
     def store_release(
         self, principal: str, release_key: str, fingerprint: str, release: str

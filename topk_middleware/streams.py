@@ -1,0 +1,398 @@
+"""Trending lists: a private top-k refreshed every period on a live table under one stated total.
+
+`trending_top_k(source, k, epsilon, horizon=T, budget=ledger_budget, name=...)` gives a
+TrendingStream; a job calls `stream.tick()` once per period and gets a Tick: a fresh list, or
+the list that stands. Two mechanisms:
+
+- "independent": every tick is a private_top_k release (sublinear reads) of epsilon_t, the
+  largest per-tick epsilon whose T releases the accountant (accounting.compose: basic, advanced,
+  range-bounded or zCDP composition, the best that applies) composes within (epsilon, delta).
+- "gated" (the sparse vector technique, Dwork & Roth 2014, Algorithms 1-2, Theorem 3.23): the
+  first tick selects a list; each later tick asks an AboveThreshold gate whether the list is still
+  right, on the gap q = (best count outside the list) - (lowest count in the list), and spends on a
+  new selection only when the gate fires; at most `refreshes` = c times, after which the list
+  stands to the horizon. A gate instance of epsilon_g adds Laplace(2 Delta / epsilon_g) to its
+  threshold (drawn once per instance) and Laplace(4 Delta / epsilon_g) to each query, and fires
+  when q + noise >= margin + threshold noise; it is epsilon_g-DP however many ticks it answers
+  "the list stands". Delta is the gap's sensitivity: under add/remove-one-client neighbours each
+  count moves by at most D (the source's sensitivity), so the best outside count and the lowest
+  listed count each move by at most D and q by at most 2 D (Delta = 2 D, which also holds when
+  counts move in opposite directions). Re-serving the list is post-processing. Worst case: c + 1
+  selections of epsilon_s and c gate instances of epsilon_g = gate_share * epsilon_s, composed by
+  the accountant within (epsilon, delta).
+
+The neighbour relation is over the whole horizon: one client's whole stream of contributions
+moves each count by at most D at every tick (a live table of cumulative counts). The stated
+total (`stream.guarantee`) is then for everything the stream releases over its T ticks.
+
+State lives in the ledger (release_keys.py): every tick is a release key "<name>#<t>" (its
+stored outcome: the list, when it was selected, the gate instance, the fires used), every
+selection "<name>#<t>/select" (both mechanisms) and every gate instance "<name>#<t>/gate"
+(its noise key seeds the gate's secret threshold noise). So a tick retried after a crash
+returns its stored outcome, or computes it again with the same noise and no second charge;
+charges come before answers, so nothing is ever under-charged. Ticks are numbered from 1;
+`tick()` without an index numbers it from the clock (`period`, `start`), so a job retried
+within its period gets its tick's answer.
+Cost per tick: a gated tick that stands reads k + 1 rows by sorted access and k by random access
+(O(k)); a selection is one private_top_k release (about sqrt(mk) accesses by the threshold
+method); the ledger work is a handful of short transactions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from .accounting import PrivacyCost, compose, oneshot_cost
+from .privacy import source_sensitivity
+from .release_keys import fingerprint, keyed_rng
+from .validation import check_common
+
+MECHANISMS = ("gated", "independent")
+GATE_SOURCE = "Dwork & Roth 2014, Algorithm 1 (AboveThreshold), Theorem 3.23"
+COMPOSITION_SOURCE = "accounting.compose: the best of basic, advanced and zCDP composition"
+_BISECTIONS = 60
+
+
+def gate_cost(epsilon: float) -> PrivacyCost:
+    """One AboveThreshold instance: epsilon-DP (Theorem 3.23), so epsilon^2 / 2-zCDP (Bun &
+    Steinke 2016, Prop. 1.4)."""
+    return PrivacyCost(
+        mechanism="trending gate",
+        epsilon=epsilon,
+        rho=epsilon**2 / 2.0,
+        sources=(GATE_SOURCE, "Bun & Steinke 2016, Prop. 1.4"),
+    )
+
+
+def gate_scales(epsilon: float, sensitivity: float) -> tuple[float, float]:
+    """(threshold noise scale, query noise scale) of a gate: 2 Delta / eps and 4 Delta / eps for
+    the gap's sensitivity Delta = 2 D."""
+    gap_sensitivity = 2.0 * sensitivity
+    return 2.0 * gap_sensitivity / epsilon, 4.0 * gap_sensitivity / epsilon
+
+
+def gate_fires(gap: float, margin: float, threshold_noise: float, query_noise: float) -> bool:
+    """AboveThreshold's test: the noisy gap reaches the noisy threshold."""
+    return gap + query_noise >= margin + threshold_noise
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamGuarantee:
+    """The stream's total over its horizon and how it was derived."""
+
+    epsilon: float
+    delta: float
+    horizon: int
+    mechanism: str
+    select_epsilon: float  # each selection's epsilon
+    gate_epsilon: float  # each gate instance's epsilon (0 for independent releases)
+    refreshes: int  # selections after the first (gated; independent: horizon - 1)
+    rule: str
+    derivation: str
+
+
+def _largest(costs_of: Any, epsilon: float, delta: float) -> tuple[float, str]:
+    """The largest unit e in (0, epsilon] whose worst-case costs compose within (epsilon,
+    delta), by bisection on the accountant's composition (monotone in e); (e, its rule)."""
+    low, high = 0.0, epsilon
+    rule = "basic composition"
+    for _ in range(_BISECTIONS):
+        mid = (low + high) / 2.0
+        composed = compose(costs_of(mid), delta)
+        if composed.epsilon <= epsilon:
+            low, rule = mid, composed.rule
+        else:
+            high = mid
+    if low <= 0.0:
+        raise ValueError(f"no per-release epsilon fits a total of {epsilon:g} over the horizon")
+    return low, rule
+
+
+def plan_stream(
+    k: int,
+    m: int,
+    epsilon: float,
+    delta: float,
+    horizon: int,
+    mechanism: str,
+    refreshes: int,
+    gate_share: float,
+    sensitivity: float,
+) -> StreamGuarantee:
+    """Per-release epsilons for the stream's worst case, composed within (epsilon, delta)."""
+
+    def selection(e: float) -> PrivacyCost:
+        return oneshot_cost("gumbel", k, m, e, 0.0, "add_remove", sensitivity)
+
+    if mechanism == "independent":
+        unit, rule = _largest(lambda e: [selection(e)] * horizon, epsilon, delta)
+        gate, refreshes = 0.0, horizon - 1
+    else:
+        unit, rule = _largest(
+            lambda e: [selection(e)] * (refreshes + 1) + [gate_cost(gate_share * e)] * refreshes,
+            epsilon,
+            delta,
+        )
+        gate = gate_share * unit
+    worst = (
+        f"{horizon} Gumbel top-{k} releases of epsilon {unit:.6g}"
+        if mechanism == "independent"
+        else f"{refreshes + 1} Gumbel top-{k} selections of epsilon {unit:.6g} and {refreshes} "
+        f"AboveThreshold gates of epsilon {gate:.6g} (gap sensitivity {2 * sensitivity:g}; "
+        f"{GATE_SOURCE})"
+    )
+    derivation = (
+        f"({epsilon:g}, {delta:g})-DP over {horizon} ticks for add/remove-one-client neighbours "
+        f"over the whole horizon (a client's whole stream of contributions moves each count by "
+        f"at most {sensitivity:g} at every tick): the worst case, {worst}, composed by {rule} "
+        f"({COMPOSITION_SOURCE}); re-served lists are post-processing"
+    )
+    return StreamGuarantee(
+        epsilon, delta, horizon, mechanism, unit, gate, refreshes, rule, derivation
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """One tick's answer: the list (`items`), whether it was selected at this tick (`fresh`)
+    or stands from tick `selected_at`, and the stream's total guarantee. `diagnostics`:
+    operator-side (rows read this tick, whether the answer was stored before)."""
+
+    tick: int
+    items: tuple[Any, ...]
+    fresh: bool
+    selected_at: int
+    guarantee: StreamGuarantee
+    diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+
+class TrendingStream:
+    """A trending list over a live source (module docstring); made by trending_top_k."""
+
+    def __init__(
+        self,
+        source: Any,
+        k: int,
+        epsilon: float,
+        horizon: int,
+        budget: Any,
+        name: str,
+        delta: float,
+        mechanism: str,
+        refreshes: int | None,
+        gate_share: float,
+        margin: float,
+        period: dt.timedelta | None,
+        start: dt.datetime | None,
+    ) -> None:
+        check_common(k, epsilon, delta)
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        if isinstance(horizon, bool) or not isinstance(horizon, int | np.integer) or horizon < 1:
+            raise ValueError(f"horizon must be a whole number of ticks >= 1, got {horizon!r}")
+        horizon = int(horizon)
+        if refreshes is None:
+            refreshes = max(1, math.ceil(horizon / 24))
+        if isinstance(refreshes, bool) or not isinstance(refreshes, int) or refreshes < 0:
+            raise ValueError(f"refreshes must be a whole number >= 0, got {refreshes!r}")
+        if not (isinstance(gate_share, int | float) and 0.0 < gate_share <= 10.0):
+            raise ValueError(f"gate_share must be in (0, 10], got {gate_share!r}")
+        if not (isinstance(margin, int | float) and math.isfinite(margin)):
+            raise ValueError(f"margin must be a finite number, got {margin!r}")
+        if not isinstance(name, str) or not name or "#" in name:
+            raise ValueError(f"name must be a non-empty string without '#', got {name!r}")
+        if (period is None) != (start is None):
+            raise ValueError("period and start go together: the clock that numbers the ticks")
+        if period is not None and period <= dt.timedelta(0):
+            raise ValueError(f"period must be positive, got {period!r}")
+        ledger = getattr(budget, "ledger", None)
+        if ledger is None or not hasattr(ledger, "claim_release"):
+            raise TypeError(
+                "a trending stream needs budget= a PrivacyLedger's budget: its state and its "
+                "charges live in the ledger"
+            )
+        self.source, self.k, self.horizon, self.name = source, int(k), horizon, name
+        self.budget, self.ledger, self.principal = budget, ledger, budget.principal
+        self.mechanism, self.margin = mechanism, float(margin)
+        self.period, self.start = period, start
+        self.sensitivity = source_sensitivity(source)
+        m = int(source.domain_size())
+        self.guarantee = plan_stream(
+            self.k, m, float(epsilon), float(delta), horizon, mechanism,
+            refreshes if mechanism == "gated" else horizon - 1, float(gate_share),
+            self.sensitivity,
+        )  # fmt: skip
+        parameters = {
+            "k": self.k, "epsilon": float(epsilon), "delta": float(delta), "horizon": horizon,
+            "mechanism": mechanism, "refreshes": refreshes, "gate_share": float(gate_share),
+            "margin": self.margin,
+        }  # fmt: skip
+        self.fingerprint = fingerprint("trending_top_k", source, parameters)
+
+    # ----- ticks ---------------------------------------------------------------------------
+    def current_tick(self, now: dt.datetime | None = None) -> int:
+        """The tick the clock is in: 1 + whole periods since `start` (UTC)."""
+        if self.period is None or self.start is None:
+            raise ValueError("this stream has no clock (period, start): pass tick(index)")
+        now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        start = (
+            self.start.astimezone(dt.UTC).replace(tzinfo=None) if self.start.tzinfo else self.start
+        )
+        return int((now - start) // self.period) + 1
+
+    def tick(self, index: int | None = None) -> Tick:
+        """The answer of tick `index` (default: the clock's): stored if it was answered before,
+        else computed, charged where it spends, and stored."""
+        t = self.current_tick() if index is None else index
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 1 <= t <= self.horizon:
+            raise ValueError(f"tick must be a whole number in [1, {self.horizon}], got {t!r}")
+        t = int(t)
+        key = f"{self.name}#{t}"
+        claim = self.ledger.claim_release(self.principal, key, self.fingerprint)
+        if claim.release is not None:
+            return self._tick_of(json.loads(claim.release), stored=True)
+        if self.mechanism == "independent":
+            outcome, reads = self._select(t, self.guarantee.select_epsilon), {}
+            outcome.update(tick=t, fresh=True, selected_at=t)
+        else:
+            outcome, reads = self._gated(t, keyed_rng(claim.noise_key))
+        ours = json.dumps(outcome, default=str)
+        stored = self.ledger.store_release(self.principal, key, claim.fingerprint, ours)
+        tick = self._tick_of(json.loads(stored), stored=stored != ours)
+        tick.diagnostics.update(reads)
+        return tick
+
+    def _tick_of(self, outcome: dict[str, Any], stored: bool) -> Tick:
+        diagnostics = {"stored": stored, "rows_read": outcome.get("rows_read", 0)}
+        return Tick(
+            outcome["tick"],
+            tuple(outcome["items"]),
+            outcome["fresh"],
+            outcome["selected_at"],
+            self.guarantee,
+            diagnostics,
+        )
+
+    def _select(self, t: int, epsilon: float) -> dict[str, Any]:
+        """A keyed selection at tick t (charged once, whatever retries): private_top_k."""
+        from .api import private_top_k
+        from .release import plain
+
+        key = f"{self.name}#{t}/select"
+        result = private_top_k(self.source, self.k, epsilon, budget=self.budget, release_key=key)
+        return {"items": [plain(i) for i in result.items], "rows_read": result.accesses.total}
+
+    def _previous(self, t: int) -> dict[str, Any] | None:
+        """The outcome of the latest answered tick before t (None: t is the first)."""
+        for earlier in range(t - 1, 0, -1):
+            claim = self.ledger.lookup_release(self.principal, f"{self.name}#{earlier}")
+            if claim is not None and claim.release is not None:
+                return json.loads(claim.release)
+        return None
+
+    def _start_gate(self, t: int) -> str:
+        """Charge a gate instance keyed at tick t (once) and return its key."""
+        key = f"{self.name}#{t}/gate"
+        claim = self.ledger.claim_release(self.principal, key, self.fingerprint)
+        if not claim.charged:
+            self.ledger.charge(
+                self.principal, gate_cost(self.guarantee.gate_epsilon), key, claim.fingerprint
+            )
+        return key
+
+    def _threshold_noise(self, gate_key: str) -> float:
+        """The gate's secret threshold noise: Laplace(2 Delta / eps_g) from its key's noise."""
+        claim = self.ledger.lookup_release(self.principal, gate_key)
+        if claim is None:
+            raise LookupError(f"the stream's gate {gate_key!r} is missing from the ledger")
+        scale, _ = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
+        return float(keyed_rng(claim.noise_key).laplace(0.0, scale))
+
+    def _gap(self, items: list[Any]) -> tuple[float, int]:
+        """(best count outside the list) - (lowest count in the list), and the rows read."""
+        with self.source.snapshot():
+            top = self.source.read_sorted(0, self.k + 1)
+            listed = np.asarray(self.source.read_ids(items), dtype=float)
+        inside = {plain_id(i) for i in items}
+        outside = [s for i, s in zip(top.ids, top.scores, strict=True) if plain_id(i) not in inside]
+        best_outside = float(outside[0]) if outside else -math.inf
+        return best_outside - float(listed.min()), len(top) + len(items)
+
+    def _gated(self, t: int, rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
+        previous = self._previous(t)
+        fires = 0 if previous is None else previous["fires"]
+        if previous is None:  # the first selection and the first gate
+            selected = self._select(t, self.guarantee.select_epsilon)
+            gate = self._start_gate(t) if self.guarantee.refreshes > 0 else None
+            outcome = {"items": selected["items"], "fresh": True, "selected_at": t, "gate": gate}
+            outcome.update(tick=t, fires=0, rows_read=selected["rows_read"])
+            return outcome, {}
+        outcome = {k: previous[k] for k in ("items", "selected_at", "gate")}
+        outcome.update(tick=t, fresh=False, fires=fires, rows_read=0)
+        if previous["gate"] is None:  # every refresh spent: the list stands to the horizon
+            return outcome, {}
+        _, query_scale = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
+        query_noise = float(rng.laplace(0.0, query_scale))
+        gap, rows = self._gap(previous["items"])
+        outcome["rows_read"] = rows
+        if not gate_fires(gap, self.margin, self._threshold_noise(previous["gate"]), query_noise):
+            return outcome, {}
+        selected = self._select(t, self.guarantee.select_epsilon)
+        fires += 1
+        gate = self._start_gate(t) if fires < self.guarantee.refreshes else None
+        outcome.update(items=selected["items"], fresh=True, selected_at=t, gate=gate, fires=fires)
+        outcome["rows_read"] = rows + selected["rows_read"]
+        return outcome, {}
+
+
+def plain_id(item: Any) -> Any:
+    """An item id as a plain Python value (numpy scalars compared with stored JSON ids)."""
+    return item.item() if isinstance(item, np.generic) else item
+
+
+def trending_top_k(
+    source: Any,
+    k: int,
+    epsilon: float,
+    horizon: int,
+    *,
+    budget: Any,
+    name: str,
+    delta: float = 0.0,
+    mechanism: Literal["gated", "independent"] = "gated",
+    refreshes: int | None = None,
+    gate_share: float = 0.5,
+    margin: float = 0.0,
+    period: dt.timedelta | None = None,
+    start: dt.datetime | None = None,
+) -> TrendingStream:
+    """A trending top-k over `horizon` ticks under one total (epsilon, delta) (module
+    docstring): `stream.tick()` each period. `budget`: a PrivacyLedger's budget (the stream's
+    state and charges live there); `name`: the stream's name among the principal's keys (a
+    rerun of the job opens the same stream). `mechanism`: "gated" (sparse vector; at most
+    `refreshes` new selections after the first, default ceil(horizon / 24), each gate instance
+    of `gate_share` times a selection's epsilon, firing when the best outside item beats the
+    list's k-th by `margin` after noise) or "independent" (a release every tick). `period` and
+    `start` (UTC) number the ticks from the clock; without them pass `tick(index)`."""
+    return TrendingStream(
+        source, k, epsilon, horizon, budget, name, delta, mechanism, refreshes, gate_share,
+        margin, period, start,
+    )  # fmt: skip
+
+
+__all__ = [
+    "StreamGuarantee",
+    "Tick",
+    "TrendingStream",
+    "gate_cost",
+    "gate_fires",
+    "gate_scales",
+    "plan_stream",
+    "trending_top_k",
+]
