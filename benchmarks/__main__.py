@@ -8,6 +8,7 @@
     python -m benchmarks replot [--out DIR]   redraw the PNGs of the results' JSON, nothing run
     python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
     python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
+    python -m benchmarks utility [--quick] [--trials 200] ...   precision and error per epsilon
 
 Results (JSON, PNG) go to benchmarks/results/, and those of a --quick run to the scratch folder
 benchmarks/scratch/ (not kept by git), unless --out says otherwise.
@@ -81,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_spark)
     spark.add_arguments(p_spark)
 
+    from . import utility
+
+    p_utility = sub.add_parser("utility", help="precision and error of every mechanism per epsilon")
+    _common_arguments(p_utility)
+    utility.add_arguments(p_utility)
+
     args = parser.parse_args(argv)
     if args.command == "replot":
         files = replot(args.out)
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             ocfg.name = args.name
         payload = oblivious.run(ocfg)
         print(oblivious.markdown_table(payload))
+    elif args.command == "utility":
+        return utility.main(args)
     elif args.command == "spark":
         cfg = spark.config_from_args(args)
         cfg.seed, cfg.out = args.seed, args.out

@@ -20,7 +20,16 @@ from benchmarks import common
 from benchmarks.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["access", "wallclock", "profile", "freshness", "replot", "oblivious", "spark"]
+COMMANDS = [
+    "access",
+    "wallclock",
+    "profile",
+    "freshness",
+    "replot",
+    "oblivious",
+    "spark",
+    "utility",
+]
 MODULES = [
     "exponential",
     "inputs",

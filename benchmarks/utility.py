@@ -1,0 +1,455 @@
+"""Utility: how close is the released top-k to the true one, at each epsilon, per mechanism.
+
+    python -m benchmarks utility [--quick] [--trials 200] [--jobs 2]
+    python -m benchmarks utility --preview-m 1e7     the preview's wall time on a DuckDB table
+
+For each data set (benchmarks/utility_data.py: three real tables from installed packages, and
+the synthetic families zipf and plateau of benchmarks/common.py at m = 10^4), k in {10, 100}
+and total epsilon in {0.1, 0.25, 0.5, 1, 2, 4} (delta 1e-6 where a mechanism takes one), every
+top-k mechanism of the project and OpenDP's noisy top-k release `--trials` times (seeds 0..);
+the figures of preview.release_figures: precision@k, k-relative error quantiles (25/50/75%),
+P(exact top-k), near-zero items; for `with_counts` the counts' l_inf and l_1 error; the median
+time of a release. The preview's prediction of the same point sits beside the measured one.
+
+Calibration at a total (epsilon, delta = 1e-6):
+  threshold, laplace    private_top_k(..., delta=1e-6) (method threshold; Laplace: the one-shot)
+  threshold_counts      the same with with_counts=True (half of epsilon for the counts)
+  peeling, joint        pure epsilon (their own calibrations); joint for k <= 64 only
+  limited_domain        preview.limited_domain_item_epsilon at delta' = delta/2, threshold
+                        delta/2, k_bar the preview's pick
+  pay_what_you_get      one call of a session k* = k, l* = 1 (Theorem 2: 2 l* delta_1 + delta'):
+                        delta_1 = delta/4, delta' = delta/2, the same per-item epsilon
+  stable                StableTopK A3 (target k, k_bar = 4k): rho with rho + 2 sqrt(rho
+                        ln(2/delta)) = epsilon, delta_t = delta/2 (Zhu & Wang Theorem 12)
+  opendp_exponential    OpenDP make_noisy_top_k, MaxDivergence, monotonic, scale k/epsilon:
+                        pure epsilon, exponential noise (its own law)
+  opendp_gumbel         the same with ZeroConcentratedDivergence (Gumbel noise) at scale
+                        k/epsilon: peeling's law (a cross-check, rho = epsilon^2 / (8k))
+Costs that decide trials: OpenDP's release costs 1.4 s at m = 3 x 10^5 on an idle core and far
+more on tied counts under load, so it runs every point up to 1,000 items, 20 trials at k = 10
+up to 50,000, and 2 trials at k = 10, epsilon 1 above (OPENDP_ALL_M, OPENDP_MID_M);
+peeling costs k m per release and runs where k m <= 3 x 10^6; joint runs 50 trials (its exact
+sampler costs up to seconds per draw on tied data).
+Results: benchmarks/results/utility.json and utility_<data set>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import common
+from .utility_data import DATASETS, SHAPES, load
+
+EPSILONS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+KS = (10, 100)
+DELTA = 1e-6
+SYNTHETIC = ("zipf", "plateau")
+SYNTHETIC_M = 10_000
+MECHANISMS = (
+    "threshold",
+    "laplace",
+    "threshold_counts",
+    "peeling",
+    "joint",
+    "limited_domain",
+    "pay_what_you_get",
+    "stable",
+    "opendp_exponential",
+    "opendp_gumbel",
+)
+PREVIEWED = ("threshold", "laplace", "limited_domain")
+# OpenDP's trials by m (its exact samplers: 0.07 s a release at m = 2 x 10^4 and 1.4 s at
+# 3 x 10^5 on an idle core, 16-27 s at 2 x 10^5 counts with k / epsilon = 10 on this machine
+# under load): every point and trial up to 1,000 items; up to 50,000, 20 trials at k = 10;
+# above, 2 trials at k = 10 and epsilon 1 (the time of a release)
+OPENDP_ALL_M = 1_000
+OPENDP_MID_M = 50_000
+PEELING_MAX_KM = 3_000_000
+JOINT_TRIALS = 50
+
+
+@functools.lru_cache(maxsize=4)
+def scores_of(name: str, k: int) -> np.ndarray:
+    if name in SYNTHETIC:
+        return np.asarray(common.family_scores(name, SYNTHETIC_M, k), dtype=np.float64)
+    return load(name)
+
+
+def stable_rho(epsilon: float, delta: float) -> float:
+    """rho with rho + 2 sqrt(rho ln(1/delta)) = epsilon (Bun & Steinke Prop. 1.3, inverted)."""
+    log_term = math.log(1.0 / delta)
+    return (math.sqrt(log_term + epsilon) - math.sqrt(log_term)) ** 2
+
+
+def releases(
+    mechanism: str, scores: np.ndarray, k: int, epsilon: float, k_bar: int | None
+) -> tuple[Callable[[int], Any], int] | None:
+    """(one release for a seed -> (items, noisy counts or None), trials cap) or None where the
+    mechanism does not apply to this point."""
+    from adapters.memory import ArraySource
+    from topk_middleware import (
+        PayWhatYouGet,
+        joint_top_k,
+        limited_domain_top_k,
+        peeling_top_k,
+        private_top_k,
+        stable_top_k,
+    )
+    from topk_middleware.mechanisms.joint import JOINT_MAX_K
+    from topk_middleware.preview import limited_domain_item_epsilon
+
+    source = ArraySource(scores)
+    m = len(scores)
+    item = limited_domain_item_epsilon(k, epsilon, DELTA / 2)
+    if mechanism == "threshold":
+        return (
+            lambda s: (
+                private_top_k(source, k, epsilon, DELTA, method="threshold", seed=s).items,
+                None,
+            ),
+            0,
+        )
+    if mechanism == "laplace":
+        return (
+            lambda s: (
+                private_top_k(
+                    source, k, epsilon, DELTA, noise="laplace", method="oneshot_full_read", seed=s
+                ).items,
+                None,
+            ),
+            0,
+        )
+    if mechanism == "threshold_counts":
+
+        def counted(s: int) -> Any:
+            result = private_top_k(
+                source, k, epsilon, DELTA, method="threshold", seed=s, with_counts=True
+            )
+            return result.items, result.counts
+
+        return counted, 0
+    if mechanism == "peeling":
+        if k * m > PEELING_MAX_KM:
+            return None
+        return (lambda s: (peeling_top_k(source, k, epsilon, seed=s).items, None)), 0
+    if mechanism == "joint":
+        if k > JOINT_MAX_K:
+            return None
+        return (lambda s: (joint_top_k(source, k, epsilon, seed=s).items, None)), JOINT_TRIALS
+    if mechanism == "limited_domain":
+        return (
+            lambda s: (
+                limited_domain_top_k(
+                    source, k, k_bar, item, DELTA / 2, delta_prime=DELTA / 2, seed=s
+                ).items,
+                None,
+            ),
+            0,
+        )
+    if mechanism == "pay_what_you_get":
+
+        def session(s: int) -> Any:
+            return PayWhatYouGet(k, 1, item, DELTA / 4).top_k(source, k, k_bar, seed=s).items, None
+
+        return session, 0
+    if mechanism == "stable":
+        if 4 * k >= m:
+            return None
+        rho = stable_rho(epsilon, DELTA / 2)
+        return (
+            lambda s: (
+                stable_top_k(
+                    source, rho, DELTA / 2, k=k, k_bar=4 * k, delta=DELTA / 2, seed=s
+                ).items,
+                None,
+            ),
+            0,
+        )
+    if mechanism.startswith("opendp"):
+        import opendp.prelude as dp
+
+        dp.enable_features("contrib")
+        measure = (
+            dp.max_divergence()
+            if mechanism == "opendp_exponential"
+            else dp.zero_concentrated_divergence()
+        )
+        release = dp.m.make_noisy_top_k(
+            dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+            dp.linf_distance(T=float, monotonic=True),
+            measure,
+            k=k,
+            scale=k / epsilon,
+        )
+        # OpenDP draws from its own secure generator: no seed (the trials are independent)
+        vector = np.ascontiguousarray(scores, dtype=np.float64)
+        if m <= OPENDP_ALL_M:
+            cap = 0
+        elif k == 10 and (m <= OPENDP_MID_M or epsilon == 1.0):
+            cap = 20 if m <= OPENDP_MID_M else 2
+        else:
+            return None
+        return (lambda s: (release(vector), None)), cap
+    raise ValueError(f"unknown mechanism {mechanism!r}")
+
+
+def measure_point(
+    name: str, k: int, epsilon: float, mechanism: str, trials: int, k_bar: int | None
+) -> dict[str, Any] | None:
+    from topk_middleware.preview import release_figures
+
+    scores = scores_of(name, k)
+    made = releases(mechanism, scores, k, epsilon, k_bar)
+    if made is None:
+        return None
+    release, cap = made
+    runs = min(trials, cap) if cap else trials
+    kth = float(scores[k - 1])
+    values = np.full((runs, k), np.nan)
+    l_inf, l_1, seconds = [], [], []
+    for seed in range(runs):
+        started = time.perf_counter()
+        items, counts = release(seed)
+        seconds.append(time.perf_counter() - started)
+        ranks = np.asarray(items, dtype=np.int64)  # ids are ranks: the scores are descending
+        values[seed, : len(ranks)] = scores[ranks]
+        if counts is not None:
+            errors = np.abs(np.asarray(counts, dtype=np.float64) - scores[ranks])
+            l_inf.append(float(errors.max()))
+            l_1.append(float(errors.sum()))
+    precision, error, tail = release_figures(values, kth, 0.01 * kth, k)
+    q = np.quantile(error, [0.25, 0.5, 0.75])
+    row = {
+        "data": name,
+        "k": k,
+        "epsilon": epsilon,
+        "mechanism": mechanism,
+        "trials": runs,
+        "k_bar": k_bar if mechanism in ("limited_domain", "pay_what_you_get") else None,
+        "precision": float(precision.mean()),
+        "error_q25": float(q[0]),
+        "error_median": float(q[1]),
+        "error_q75": float(q[2]),
+        "exact": float(np.mean(precision == 1.0)),
+        "tail_items": float(tail.mean()),
+        "seconds_median": float(np.median(seconds)),
+    }
+    if l_inf:
+        row["counts_linf_median"] = float(np.median(l_inf))
+        row["counts_l1_median"] = float(np.median(l_1))
+    return row
+
+
+def run_data_set(
+    name: str,
+    trials: int,
+    epsilons: tuple[float, ...],
+    ks: tuple[int, ...],
+    mechanisms: tuple[str, ...],
+) -> list[dict[str, Any]]:
+    """Every point of one data set, the preview's prediction first."""
+    from adapters.memory import ArraySource
+    from topk_middleware import preview
+
+    rows: list[dict[str, Any]] = []
+    for k in ks:
+        scores = scores_of(name, k)
+        if k >= len(scores):
+            continue
+        started = time.perf_counter()
+        predicted = preview(
+            ArraySource(scores),
+            k,
+            epsilons=epsilons,
+            methods=PREVIEWED,
+            delta=DELTA,
+            trials=200,
+            seed=0,
+        )
+        took = time.perf_counter() - started
+        for outcome in predicted.outcomes:
+            rows.append(
+                {
+                    "data": name,
+                    "k": k,
+                    "mechanism": "preview:" + outcome.method,
+                    "preview_seconds": took,
+                    **outcome.as_dict(),
+                }
+            )
+        for epsilon in epsilons:
+            k_bar = predicted.outcome("limited_domain", epsilon).k_bar
+            for mechanism in mechanisms:
+                row = measure_point(name, k, epsilon, mechanism, trials, k_bar)
+                if row is not None:
+                    rows.append(row)
+    return rows
+
+
+def preview_timing(m: int, k: int = 100) -> dict[str, Any]:
+    """The preview's wall time on a prepared DuckDB table of m rows (a Zipf head over zeros):
+    6 epsilons x 3 mechanisms, 200 trials each; its rows read and round trips."""
+    import tempfile
+
+    import duckdb
+
+    from adapters.duckdb import DuckDBTable
+    from topk_middleware import preview
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "votes.duckdb"
+        with duckdb.connect(str(path)) as con:
+            con.execute(
+                "CREATE TABLE votes AS SELECT range AS item, "
+                "CASE WHEN range < 100000 THEN floor(1e6 / (range + 1))::BIGINT ELSE 0 END "
+                f"AS votes FROM range({int(m)})"
+            )
+        source = DuckDBTable(str(path), "votes", id="item", score="votes", frozen=True)
+        started = time.perf_counter()
+        source.prepare()
+        prepare_seconds = time.perf_counter() - started
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            found = preview(source, k)
+            times.append(time.perf_counter() - started)
+        source.close() if hasattr(source, "close") else None
+    return {
+        "store": "duckdb (prepared, frozen)",
+        "m": m,
+        "k": k,
+        "points": len(found.outcomes),
+        "seconds": times,
+        "prepare_seconds": prepare_seconds,
+        "rows_fetched": found.accesses.rows_fetched,
+        "round_trips": found.accesses.round_trips,
+    }
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per data set: precision@k and median k-relative error (25-75% band) against
+    epsilon, a line per mechanism, a row per k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name in sorted({row["data"] for row in rows}):
+        mine = [row for row in rows if row["data"] == name and "precision" in row]
+        ks = sorted({row["k"] for row in mine})
+        fig, axes = plt.subplots(len(ks), 2, figsize=(11, 3.6 * len(ks)), squeeze=False)
+        for i, k in enumerate(ks):
+            for mechanism in sorted({row["mechanism"] for row in mine if row["k"] == k}):
+                line = sorted(
+                    (row for row in mine if row["k"] == k and row["mechanism"] == mechanism),
+                    key=lambda row: row["epsilon"],
+                )
+                eps = [row["epsilon"] for row in line]
+                style = "--" if mechanism.startswith("preview:") else "-"
+                axes[i][0].plot(
+                    eps,
+                    [row["precision"] for row in line],
+                    style,
+                    marker="o",
+                    ms=3,
+                    label=mechanism,
+                )
+                median = [row["error_median"] for row in line]
+                axes[i][1].plot(eps, median, style, marker="o", ms=3, label=mechanism)
+                if not mechanism.startswith("preview:"):
+                    axes[i][1].fill_between(
+                        eps,
+                        [row["error_q25"] for row in line],
+                        [row["error_q75"] for row in line],
+                        alpha=0.12,
+                    )
+            for ax, label in zip(
+                axes[i], ("precision@k", "k-relative error (median, 25-75%)"), strict=True
+            ):
+                ax.set_xscale("log")
+                ax.set_xlabel("total epsilon")
+                ax.set_title(f"{name}, k = {k}: {label}", fontsize=9)
+            axes[i][1].set_yscale("symlog", linthresh=1.0)
+        axes[0][1].legend(fontsize=6, loc="upper right", ncol=2)
+        fig.suptitle(SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}"), fontsize=10)
+        fig.tight_layout()
+        path = out / f"utility_{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="20 trials, epsilon 0.25, 1, 4, k 10")
+    parser.add_argument("--trials", type=int, default=200, help="releases per point (200)")
+    parser.add_argument(
+        "--data", nargs="+", default=[*DATASETS, *SYNTHETIC], help="data sets (default: all)"
+    )
+    parser.add_argument(
+        "--mechanisms",
+        nargs="+",
+        default=list(MECHANISMS),
+        choices=MECHANISMS,
+        help="mechanisms (default: all)",
+    )
+    parser.add_argument(
+        "--preview-m",
+        type=float,
+        default=None,
+        help="only time the preview on a DuckDB table of this many rows",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.preview_m is not None:
+        timing = preview_timing(int(args.preview_m))
+        path = common.write_json(
+            out / f"utility_preview_{int(args.preview_m):.0e}.json",
+            {"machine": common.machine_info(), **timing},
+        )
+        print(path, timing)
+        return 0
+    trials, epsilons, ks = args.trials, EPSILONS, KS
+    if args.quick:
+        trials, epsilons, ks = min(trials, 20), (0.25, 1.0, 4.0), (10,)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs or 2) as pool:
+        parts = list(
+            pool.map(
+                run_data_set,
+                args.data,
+                [trials] * len(args.data),
+                [epsilons] * len(args.data),
+                [ks] * len(args.data),
+                [tuple(args.mechanisms)] * len(args.data),
+            )
+        )
+    rows = [row for part in parts for row in part]
+    payload = {
+        "machine": common.machine_info(),
+        "seconds": time.perf_counter() - started,
+        "trials": trials,
+        "delta": DELTA,
+        "data_sets": {
+            name: SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}") for name in args.data
+        },
+        "rows": rows,
+    }
+    path = common.write_json(out / "utility.json", payload)
+    print(path, f"{payload['seconds']:.0f} s")
+    if not args.no_plot:
+        for png in plot(rows, out):
+            print(png)
+    return 0
