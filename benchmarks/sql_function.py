@@ -73,7 +73,8 @@ def setup_roles(conn: psycopg.Connection[Any], table: str) -> None:
     if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [ANALYST]).fetchone():
         conn.execute(f"CREATE ROLE {ANALYST} LOGIN")
     conn.execute(f"GRANT EXECUTE ON FUNCTION topk.private_top_k TO {ANALYST}")
-    for principal in (ANALYST, CLIENT_PRINCIPAL, LEDGER_PRINCIPAL):
+    analyst = conn.execute("SELECT topk.principal(%s)", [ANALYST]).fetchone()[0]
+    for principal in (analyst, CLIENT_PRINCIPAL, LEDGER_PRINCIPAL):
         conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [principal])
         conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [principal])
     conn.execute("SELECT topk.grant_budget(%s, %s, 0)", [ANALYST, BUDGET])
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     new_session_s = [_time(new_session) for _ in range(args.new_sessions)]
     with admin.cursor() as cur:
         diagnostics = cur.execute(
-            "SELECT diagnostics FROM topk.topk_ledger_charges WHERE principal = %s "
+            "SELECT diagnostics FROM topk.topk_ledger_charges WHERE principal = topk.principal(%s) "
             "ORDER BY seq DESC LIMIT 1",
             [ANALYST],
         ).fetchone()[0]

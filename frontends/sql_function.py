@@ -151,6 +151,9 @@ class Installed:
     # `native_why`, the server's words)
     native: bool = False
     native_why: str = ""
+    # why the ledger's connection logs in as the installing role, not its own (the server's
+    # words); empty when it has its own role, or when --ledger-dsn named one
+    ledger_why: str = ""
 
 
 # ----- client side ------------------------------------------------------------------------------
@@ -566,8 +569,11 @@ def install(
     """Install the schema `topk` into the database of `dsn` (a superuser), idempotently. Run it
     on the database server's machine: the paths it records are read by the server's Python.
     A checkout or virtual environment that other users cannot read (a private home directory)
-    is staged first: a readable copy under SERVER_DIR is recorded instead (`stage`)."""
+    is staged first: a readable copy under SERVER_DIR is recorded instead (`stage`). The
+    ledger's connection logs in as a role of its own (`_make_ledger_role`) unless `ledger_dsn`
+    names one, or the server refuses that role a login (then as the installing role)."""
     import psycopg
+    from psycopg import sql
 
     default_project, default_site = default_paths()
     project_path = project_path or default_project
@@ -584,13 +590,18 @@ def install(
                 "the server has no PL/Python (plpython3u): install the Debian package "
                 "postgresql-plpython3-<major> (scripts/ensure-server-side.sh does it, as root)"
             )
+        ledger_role = installer_dsn = None
         if ledger_dsn is None:
             socket, port, database, user = conn.execute(
                 "SELECT split_part(current_setting('unix_socket_directories'), ',', 1), "
                 "current_setting('port'), current_database(), current_user"
             ).fetchone()
-            ledger_dsn = psycopg.conninfo.make_conninfo(
-                host=socket.strip(), port=port, dbname=database, user=user
+            ledger_role = ledger_role_name(_database_key(conn))
+            installer_dsn, ledger_dsn = (
+                psycopg.conninfo.make_conninfo(
+                    host=socket.strip(), port=port, dbname=database, user=who
+                )
+                for who in (user, ledger_role)
             )
         earlier = _recorded_project(conn)
         try:
@@ -599,6 +610,8 @@ def install(
                 held = {r[0] for r in conn.execute(HELD_SETTINGS_QUERY)}
                 conn.execute(install_sql_text(settings, held))
                 native, native_why = _install_native(conn)
+                if ledger_role is not None:
+                    _make_ledger_role(conn, ledger_role)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -610,8 +623,25 @@ def install(
             raise InstallError(
                 f"install-sql needs a superuser (plpython3u is untrusted): {first_line(error)}"
             ) from None
+        ledger_why = ""
         try:
-            server = conn.execute("SELECT topk._check()").fetchone()[0]
+            try:
+                server = conn.execute("SELECT topk._check()").fetchone()[0]
+            except psycopg.Error as error:
+                if installer_dsn is None:
+                    raise
+                # the server would not let the ledger's role in (peer authentication, say):
+                # the installing role's connection instead, which install-sql reports
+                ledger_why, ledger_dsn = first_line(error), installer_dsn
+                conn.execute("UPDATE topk.settings SET ledger_dsn = %s", [ledger_dsn])
+                server = conn.execute("SELECT topk._check()").fetchone()[0]
+            if ledger_role is not None:
+                conn.execute(
+                    sql.SQL("REVOKE CREATE ON SCHEMA topk FROM {}").format(
+                        sql.Identifier(ledger_role)
+                    )
+                )
+            conn.execute(KEY_BY_OID)
         except psycopg.Error as error:
             blocked = [b for b in map(_unreadable, (project_path, site_packages)) if b]
             why = (
@@ -627,7 +657,80 @@ def install(
             ) from None
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
-    return Installed(project_path, site_packages, ledger_dsn, server, native, native_why)
+    return Installed(
+        project_path, site_packages, ledger_dsn, server, native, native_why, ledger_why
+    )
+
+
+LEDGER_ROLE_PREFIX = "topk_ledger_"
+
+
+def _drop_ledger_role(conn: Any, role: str) -> None:
+    """Drop the ledger's role of this database (`_make_ledger_role`), its sessions ended first;
+    left in place (it owns nothing) if the server refuses."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with conn.transaction():
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                [role],
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    except psycopg.Error:
+        pass
+
+
+def ledger_role_name(database_key: str) -> str:
+    """The role the ledger's connections log in as, one per database (`_database_key`)."""
+    return LEDGER_ROLE_PREFIX + hashlib.sha256(database_key.encode()).hexdigest()[:12]
+
+
+def _make_ledger_role(conn: Any, role: str) -> None:
+    """The ledger's own role: LOGIN, no superuser, so that its connections (one per session
+    that calls a function) never take the slots PostgreSQL reserves for superusers
+    (superuser_reserved_connections) and a role that can connect cannot lock the superuser out.
+    It owns the ledger's tables (created by its first connection: CREATE on schema topk until
+    install-sql has checked it, then revoked) and may write topk.refusals; nothing else."""
+    from psycopg import sql
+
+    name = sql.Identifier(role)
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+    if not exists:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOINHERIT").format(name))
+    database = conn.execute("SELECT current_database()").fetchone()[0]
+    conn.execute(
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), name)
+    )
+    conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA topk TO {}").format(name))
+    conn.execute(sql.SQL("GRANT SELECT, INSERT ON topk.refusals TO {}").format(name))
+    for (table,) in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'topk' AND tablename LIKE %s",
+        ["topk\\_ledger%"],
+    ).fetchall():  # made by an earlier install's connection of the installing role
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                sql.Identifier("topk", table), name
+            )
+        )
+
+
+# Ledger rows of an earlier install, keyed by role name, keyed by the role's OID instead
+# (principal_of); rows of roles dropped since stay as they were, reachable by no role.
+KEY_BY_OID = """
+DO $$
+DECLARE t text;
+BEGIN
+    FOR t IN SELECT c.table_name FROM information_schema.columns AS c
+             WHERE c.table_schema = 'topk' AND c.column_name = 'principal' LOOP
+        EXECUTE format('UPDATE topk.%I AS l SET principal = ''role:'' || r.oid '
+                       'FROM pg_roles AS r WHERE l.principal = r.rolname::text', t);
+    END LOOP;
+END
+$$
+"""
 
 
 # The C helpers of the library topk_server (frontends/sql/server/topk_server.c):
@@ -720,6 +823,11 @@ def uninstall(dsn: str, drop_ledger: bool = False) -> Uninstalled:
                 "what each role has spent; nothing was removed (pass --drop-ledger to drop it "
                 "with the schema)"
             )
+        ledger_user = None
+        if conn.execute("SELECT to_regclass('topk.settings') IS NOT NULL").fetchone()[0]:
+            row = conn.execute("SELECT ledger_dsn FROM topk.settings").fetchone()
+            if row is not None:
+                ledger_user = psycopg.conninfo.conninfo_to_dict(row[0]).get("user")
         try:
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
         except psycopg.errors.InsufficientPrivilege as error:
@@ -727,6 +835,8 @@ def uninstall(dsn: str, drop_ledger: bool = False) -> Uninstalled:
                 f"uninstall-sql needs the owner of schema {SCHEMA} (a superuser): "
                 f"{first_line(error)}"
             ) from None
+        if ledger_user and ledger_user.startswith(LEDGER_ROLE_PREFIX):
+            _drop_ledger_role(conn, ledger_user)
     staged = _remove_staged(project) if project is not None else None
     return Uninstalled(True, staged, sources, int(charges))
 
@@ -834,7 +944,8 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
     plan = GD.get("topk_registration")
     if plan is None:
         plan = GD["topk_registration"] = plpy.prepare(
-            "SELECT session_user::text AS role, s.source::text AS relation, s.id_column, "
+            "SELECT session_user::text AS role, session_user::regrole::oid::bigint AS role_oid, "
+            "s.source::text AS relation, s.id_column, "
             "s.score_column, "
             "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
             "s.deadline, "
@@ -888,7 +999,7 @@ def _spi_table(plpy: Any, GD: dict[str, Any], found: dict[str, Any]) -> Any:
     from topk_middleware.privacy import resolve_declared
 
     tables = GD.setdefault("topk_tables", {})
-    varying = ("role", "named", "granted", "row_security", "deadline")
+    varying = ("role", "role_oid", "named", "granted", "row_security", "deadline")
     key = tuple(found[c] for c in sorted(found) if c not in varying)
     table = tables.get(key)
     if table is None:
@@ -987,13 +1098,13 @@ def _charged_release(
     _no_predicate_locks(plpy, GD)
     found = _registration(plpy, GD, source)
     ledger = _ledger(plpy, GD)
-    role = found["role"]
+    role, principal = found["role"], principal_of(found["role_oid"])
     _not_refused_too_often(plpy, ledger, role)
     try:
         table = _spi_table(plpy, GD, found)
     except SensitivityError as error:  # a fact of the registration, not of the counts
         _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
-    budget = LedgerBudget(ledger, role, math.nan, math.nan)  # totals: the ledger's row
+    budget = LedgerBudget(ledger, principal, math.nan, math.nan)  # totals: the ledger's row
     ping = GD.get("topk_ping")
     if ping is None:
         ping = GD["topk_ping"] = plpy.prepare("SELECT 1")
@@ -1020,7 +1131,7 @@ def _charged_release(
             hint="an administrator grants one: SELECT topk.grant_budget('<role>', epsilon, delta)",
         )
     except BudgetExceeded as error:
-        if "epsilon = inf" in str(error) and _without_delta(ledger, role):
+        if "epsilon = inf" in str(error) and _without_delta(ledger, principal):
             _refuse(
                 plpy,
                 f"role {role}: this release spends a delta (an oblivious release, the default, "
@@ -1070,10 +1181,10 @@ def _charged_release(
     return rows
 
 
-def _without_delta(ledger: Any, role: str) -> bool:
+def _without_delta(ledger: Any, principal: str) -> bool:
     """Whether the role's budget was granted with delta 0 (so no release spending delta fits)."""
     try:
-        return ledger.total(role)[1] == 0.0
+        return ledger.total(principal)[1] == 0.0
     except KeyError:
         return False
 
@@ -1342,11 +1453,21 @@ def _is_lock_timeout(error: Exception) -> bool:
     return isinstance(cause, psycopg.errors.LockNotAvailable)
 
 
-def _role_name(plpy: Any, role: str) -> str:
+def principal_of(role_oid: int) -> str:
+    """The ledger's principal of a role: its OID (topk.principal(role) in SQL), so that a role
+    dropped and created again under its name starts with no budget and no spending, and a
+    renamed role keeps both."""
+    return f"role:{int(role_oid)}"
+
+
+def _role(plpy: Any, role: str) -> tuple[str, str]:
+    """(name, ledger principal) of a role given as regrole text."""
     plan = plpy.prepare(
-        "SELECT rolname::text AS name FROM pg_roles WHERE oid = $1::regrole", ["text"]
+        "SELECT rolname::text AS name, oid::bigint AS oid FROM pg_roles WHERE oid = $1::regrole",
+        ["text"],
     )
-    return plpy.execute(plan, [role])[0]["name"]
+    found = plpy.execute(plan, [role])[0]
+    return found["name"], principal_of(found["oid"])
 
 
 def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, delta: Any) -> None:
@@ -1367,7 +1488,7 @@ def server_grant_budget(plpy: Any, GD: dict[str, Any], role: Any, epsilon: Any, 
         "epsilon = excluded.epsilon, delta = excluded.delta",
         ["text", "float8", "float8"],
     )
-    plpy.execute(plan, [_role_name(plpy, role), float(epsilon), float(delta)])
+    plpy.execute(plan, [_role(plpy, role)[1], float(epsilon), float(delta)])
 
 
 def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ...]]:
@@ -1376,12 +1497,12 @@ def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ..
     from adapters.ledger import PRINCIPALS
 
     _no_nulls(plpy, role=role)
-    name = _role_name(plpy, role)
-    ledger = _ledger(plpy, GD)
     from topk_middleware.accounting import BudgetExceeded
 
+    name, principal = _role(plpy, role)
+    ledger = _ledger(plpy, GD)
     try:
-        spent = ledger.spent(name)
+        spent = ledger.spent(principal)
     except KeyError:
         _refuse(plpy, f"role {name} has no privacy budget", REFUSED)
     except BudgetExceeded as error:  # CorruptLedger: a tampered charge
@@ -1390,7 +1511,7 @@ def server_spent(plpy: Any, GD: dict[str, Any], role: Any) -> list[tuple[Any, ..
         f"SELECT epsilon, delta, charges FROM {SCHEMA}.{PRINCIPALS} WHERE principal = $1",
         ["text"],
     )
-    total = plpy.execute(plan, [name])[0]
+    total = plpy.execute(plan, [principal])[0]
     return [
         (spent.epsilon, spent.delta, spent.rule, total["charges"], total["epsilon"], total["delta"])
     ]
@@ -1500,6 +1621,12 @@ def run_install_sql(args: Any) -> int:
     done = install(args.dsn, args.ledger_dsn)
     print(f"installed schema topk: server {done.server}")
     print(f"  ledger connection: {mask_secrets(done.ledger_dsn)}")
+    if done.ledger_why:
+        print(
+            "  the ledger's own role could not log in, so its connections log in as the "
+            "installing superuser and may take the slots reserved for superusers (the server "
+            f"said: {done.ledger_why}); pass --ledger-dsn with a role of its own"
+        )
     if done.native:
         print(
             "  library topk_server: refusals without CONTEXT lines; the functions' reads kept "

@@ -533,8 +533,12 @@ def analyst(pg_conninfo: str, analyst_schema: str) -> Iterator[str]:
         conn.execute("SELECT topk.grant_budget(%s, %s, %s)", [role, 1e6, 0.5])
     yield psycopg.conninfo.make_conninfo(pg_conninfo, user=role)
     with _connect(pg_conninfo) as conn:
-        conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [role])
-        conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [role])
+        conn.execute(
+            "DELETE FROM topk.topk_ledger_charges WHERE principal = topk.principal(%s)", [role]
+        )
+        conn.execute(
+            "DELETE FROM topk.topk_ledger_principals WHERE principal = topk.principal(%s)", [role]
+        )
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 

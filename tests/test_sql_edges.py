@@ -203,7 +203,9 @@ def test_the_documented_grant_lines_run_as_written(
     finally:
         with _connect(pg_conninfo) as admin:
             for table in ("topk_ledger_charges", "topk_ledger_principals"):
-                admin.execute(f"DELETE FROM topk.{table} WHERE principal = %s", [role])
+                admin.execute(
+                    f"DELETE FROM topk.{table} WHERE principal = topk.principal(%s)", [role]
+                )
             admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
@@ -232,7 +234,7 @@ def test_a_tampered_nan_total_or_charge_admits_nothing(
 ) -> None:
     """The ledger's CHECK keeps a NaN, infinite or negative total out of the table; a charge
     whose stored cost was changed to NaN (or made negative) makes every later release of that
-    role refused, where NaN used to compare false with the total and let each one through."""
+    role refused (NaN compares false with every total, which would let each one through)."""
     analyst = make_role(epsilon=5.0)
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with _connect(pg_conninfo) as admin:
@@ -240,7 +242,7 @@ def test_a_tampered_nan_total_or_charge_admits_nothing(
             with pytest.raises(psycopg.errors.CheckViolation):
                 admin.execute(
                     "UPDATE topk.topk_ledger_principals SET epsilon = %s::float8 "
-                    "WHERE principal = %s",
+                    "WHERE principal = topk.principal(%s)",
                     [bad, role],
                 )
     with _connect(analyst) as conn:
@@ -249,7 +251,8 @@ def test_a_tampered_nan_total_or_charge_admits_nothing(
             with _connect(pg_conninfo) as admin:
                 admin.execute(
                     "UPDATE topk.topk_ledger_charges SET cost = regexp_replace(cost, "
-                    "'\"epsilon\": [^,]+', '\"epsilon\": ' || %s) WHERE principal = %s",
+                    "'\"epsilon\": [^,]+', '\"epsilon\": ' || %s) "
+                    "WHERE principal = topk.principal(%s)",
                     [bad.strip('"') if bad != '"NaN"' else "NaN", role],
                 )
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="repairs the ledger"):
@@ -258,7 +261,8 @@ def test_a_tampered_nan_total_or_charge_admits_nothing(
                 conn.execute("SELECT * FROM topk.my_budget()")
     with _connect(pg_conninfo) as admin:
         charges = admin.execute(
-            "SELECT count(*) FROM topk.topk_ledger_charges WHERE principal = %s", [role]
+            "SELECT count(*) FROM topk.topk_ledger_charges WHERE principal = topk.principal(%s)",
+            [role],
         ).fetchone()[0]
     assert charges == 1
 
@@ -415,3 +419,118 @@ def test_free_refusals_are_rate_limited_per_role(
             == 2
         )
     assert spent(pg_conninfo, analyst) == (0.0, 0)
+
+
+def test_budgets_are_held_by_role_oid(
+    pg_conninfo: str, pg_schema: str, zipf_table: str, make_role: Callable[..., str]
+) -> None:
+    """A renamed role keeps its budget and its spending; a role dropped and created again under
+    the same name has no budget (its releases are refused), where keying by name handed it the
+    old role's; install-sql keys an earlier install's name-keyed rows by OID. Cost: about 4 s
+    (one install)."""
+    analyst = make_role(epsilon=5.0)
+    role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
+    renamed = f"{role}_renamed"
+    query = "SELECT * FROM topk.private_top_k(%s, 2, 1.0)"
+    with _connect(analyst) as conn:
+        conn.execute(query, [zipf_table]).fetchall()
+    with _connect(pg_conninfo) as admin:
+        admin.execute(
+            sql.SQL("ALTER ROLE {} RENAME TO {}").format(*map(sql.Identifier, (role, renamed)))
+        )
+        try:
+            dsn = psycopg.conninfo.make_conninfo(pg_conninfo, user=renamed)
+            with _connect(dsn) as conn:
+                assert conn.execute(
+                    "SELECT releases, epsilon_total FROM topk.my_budget()"
+                ).fetchone() == (1, 5.0)
+                conn.execute(query, [zipf_table]).fetchall()
+        finally:
+            admin.execute(
+                sql.SQL("ALTER ROLE {} RENAME TO {}").format(*map(sql.Identifier, (renamed, role)))
+            )
+        assert spent(pg_conninfo, analyst)[1] == 2
+        twin = f"topk_twin_{uuid.uuid4().hex[:8]}"
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(twin)))
+        try:
+            admin.execute(
+                sql.SQL(
+                    "GRANT EXECUTE ON FUNCTION topk.private_top_k TO {0}; "
+                    "GRANT USAGE ON SCHEMA {1} TO {0}"
+                ).format(sql.Identifier(twin), sql.Identifier(pg_schema))
+            )
+            admin.execute("SELECT topk.grant_budget(%s, 3.0, 1e-6)", [twin])
+            twin_dsn = psycopg.conninfo.make_conninfo(pg_conninfo, user=twin)
+            with _connect(twin_dsn) as conn:
+                conn.execute(query, [zipf_table]).fetchall()
+            principal = admin.execute("SELECT topk.principal(%s)", [twin]).fetchone()[0]
+            for table in ("topk_ledger_charges", "topk_ledger_principals"):
+                admin.execute(f"DELETE FROM topk.{table} WHERE principal = %s", [principal])
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(twin)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(twin)))
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(twin)))
+            admin.execute(
+                sql.SQL(
+                    "GRANT EXECUTE ON FUNCTION topk.private_top_k TO {0}; "
+                    "GRANT USAGE ON SCHEMA {1} TO {0}"
+                ).format(sql.Identifier(twin), sql.Identifier(pg_schema))
+            )
+            with (
+                _connect(twin_dsn) as conn,
+                pytest.raises(psycopg.errors.InsufficientPrivilege, match="no privacy budget"),
+            ):
+                conn.execute(query, [zipf_table])
+            # rows as an earlier install keyed them (by name) are keyed by OID at install
+            admin.execute(
+                "INSERT INTO topk.topk_ledger_principals (principal, epsilon, delta, charges) "
+                "VALUES (%s, 2.0, 1e-6, 0)",
+                [twin],
+            )
+            sql_function.install(pg_conninfo)
+            with _connect(twin_dsn) as conn:
+                assert conn.execute("SELECT epsilon_total FROM topk.my_budget()").fetchone() == (
+                    2.0,
+                )
+            admin.execute(
+                "DELETE FROM topk.topk_ledger_principals WHERE principal = topk.principal(%s)",
+                [twin],
+            )
+        finally:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(twin)))
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(twin)))
+
+
+def test_ledger_connections_are_not_a_superusers(
+    pg_conninfo: str, zipf_table: str, make_role: Callable[..., str], installed: Any
+) -> None:
+    """The red team locked the superuser out: each session's first call opened a ledger
+    connection as the installing superuser, which takes the slots PostgreSQL keeps for
+    superusers. The ledger's connections log in as the database's own ledger role (install-sql
+    made it: LOGIN, no superuser, so never in a reserved slot), one per session that called a
+    function, however many calls it made; uninstall-sql drops the role with the schema
+    (tests/test_sql_function.py's uninstall test). Cost: about 2 s (three sessions)."""
+    role = psycopg.conninfo.conninfo_to_dict(installed.ledger_dsn)["user"]
+    assert role.startswith(sql_function.LEDGER_ROLE_PREFIX) and not installed.ledger_why
+    analyst = make_role(epsilon=10.0)
+    with _connect(pg_conninfo) as admin:
+        superuser = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [role])
+        assert superuser.fetchone()[0] is False
+        sessions = [_connect(analyst) for _ in range(3)]
+        try:
+            for conn in sessions:
+                for _ in range(2):
+                    conn.execute("SELECT * FROM topk.my_budget()").fetchall()
+                    conn.execute(
+                        "SELECT * FROM topk.private_top_k(%s, 2, 1.0)", [zipf_table]
+                    ).fetchall()
+            ledger = admin.execute(
+                "SELECT usename::text, count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1",
+                [sql_function.APPLICATION_NAME],
+            ).fetchall()
+        finally:
+            for conn in sessions:
+                conn.close()
+    # the module's kept sessions (the administrator's) hold one more each
+    assert [name for name, _ in ledger] == [role]
+    assert 3 <= ledger[0][1] <= 3 + 2

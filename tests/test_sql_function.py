@@ -126,8 +126,13 @@ def make_role(pg_conninfo: str, pg_schema: str, installed: Any) -> Iterator[Call
     close_sessions([psycopg.conninfo.make_conninfo(pg_conninfo, user=role) for role in made])
     with kept(pg_conninfo) as conn:
         for role in made:
-            conn.execute("DELETE FROM topk.topk_ledger_charges WHERE principal = %s", [role])
-            conn.execute("DELETE FROM topk.topk_ledger_principals WHERE principal = %s", [role])
+            conn.execute(
+                "DELETE FROM topk.topk_ledger_charges WHERE principal = topk.principal(%s)", [role]
+            )
+            conn.execute(
+                "DELETE FROM topk.topk_ledger_principals WHERE principal = topk.principal(%s)",
+                [role],
+            )
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
@@ -246,7 +251,10 @@ def test_uninstall_sql_removes_the_schema_and_the_staged_copy(
                 ignore=shutil.ignore_patterns("__pycache__"),
             )
         private.chmod(0o700)
-        staged = Path(sql_function.install(dsn, project_path=str(private)).project_path).parent
+        done = sql_function.install(dsn, project_path=str(private))
+        ledger_role = psycopg.conninfo.conninfo_to_dict(done.ledger_dsn)["user"]
+        assert ledger_role.startswith(sql_function.LEDGER_ROLE_PREFIX)
+        staged = Path(done.project_path).parent
         assert staged.parent == Path(sql_function.SERVER_DIR) and staged.is_dir()
         with _connect(dsn) as conn:
             conn.execute("SELECT topk.grant_budget(current_user::regrole, 1.0)")
@@ -263,6 +271,8 @@ def test_uninstall_sql_removes_the_schema_and_the_staged_copy(
         assert not staged.exists() and (private / "topk_middleware").is_dir()
         with _connect(dsn) as conn:
             assert conn.execute("SELECT to_regnamespace('topk')").fetchone()[0] is None
+            gone = conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", [ledger_role])
+            assert gone.fetchone()[0] == 0  # the ledger's role went with the schema
         assert cli.main(["uninstall-sql", "--dsn", dsn]) == 0
         assert "nothing to remove" in capsys.readouterr().out
     finally:
@@ -270,6 +280,8 @@ def test_uninstall_sql_removes_the_schema_and_the_staged_copy(
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+            if "ledger_role" in locals():
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(ledger_role)))
 
 
 def test_analyst_releases_and_cannot_read_the_counts(
@@ -293,8 +305,8 @@ def test_analyst_releases_and_cannot_read_the_counts(
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with kept(pg_conninfo) as conn:
         released_at, diagnostics = conn.execute(
-            "SELECT released_at, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s "
-            "AND seq = 1",
+            "SELECT released_at, diagnostics FROM topk.topk_ledger_charges "
+            "WHERE principal = topk.principal(%s) AND seq = 1",
             [role],
         ).fetchone()
     facts = json.loads(diagnostics)
@@ -527,7 +539,8 @@ def test_budget_administration_refusals_are_plain_sql_errors(
     clean_refusal(caught, words)
     with kept(pg_conninfo) as conn:  # nothing was granted
         left = conn.execute(
-            "SELECT count(*) FROM topk.topk_ledger_principals WHERE principal = %s", [role]
+            "SELECT count(*) FROM topk.topk_ledger_principals WHERE principal = topk.principal(%s)",
+            [role],
         )
         assert left.fetchone()[0] == 0
 
@@ -753,7 +766,8 @@ def test_mechanism_releases_and_charges_its_own_cost(
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with kept(pg_conninfo) as conn:
         stored, diagnostics = conn.execute(
-            "SELECT cost, diagnostics FROM topk.topk_ledger_charges WHERE principal = %s",
+            "SELECT cost, diagnostics FROM topk.topk_ledger_charges "
+            "WHERE principal = topk.principal(%s)",
             [role],
         ).fetchone()
         charged = conn.execute("SELECT epsilon, releases FROM topk.spent(%s)", [role]).fetchone()
@@ -933,7 +947,7 @@ def test_with_counts_and_a_declared_sensitivity(
     role = psycopg.conninfo.conninfo_to_dict(analyst)["user"]
     with kept(pg_conninfo) as conn:
         stored = conn.execute(
-            "SELECT cost FROM topk.topk_ledger_charges WHERE principal = %s", [role]
+            "SELECT cost FROM topk.topk_ledger_charges WHERE principal = topk.principal(%s)", [role]
         ).fetchall()
     selection = oneshot_cost("gumbel", 3, 500, 1.0, 0.0, sensitivity=5)
     assert [cost_from_json(s) for (s,) in stored] == [with_counts_cost(selection, plan)]

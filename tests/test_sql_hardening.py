@@ -382,11 +382,14 @@ def test_a_planted_ledger_recipe_is_refused_and_never_runs(
     with kept(pg_conninfo) as conn:
         conn.execute(
             "INSERT INTO topk.topk_ledger_charges (principal, seq, charged_at, mechanism, cost, "
-            "epsilon_after, delta_after, rule) VALUES (%s, 1, now(), 'x', %s, 0, 0, 'basic')",
+            "epsilon_after, delta_after, rule) "
+            "VALUES (topk.principal(%s), 1, now(), 'x', %s, 0, 0, 'basic')",
             [role, json.dumps(cost)],
         )
         conn.execute(
-            "UPDATE topk.topk_ledger_principals SET charges = 1 WHERE principal = %s", [role]
+            "UPDATE topk.topk_ledger_principals SET charges = 1 "
+            "WHERE principal = topk.principal(%s)",
+            [role],
         )
     with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
         release(analyst, zipf_table, 3, 0.1)

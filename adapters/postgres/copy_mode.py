@@ -1112,18 +1112,20 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
 
     def _hide_statistics(self, conn: psycopg.Connection[Any]) -> None:
         """An oblivious run's first statement: track_counts off for its transaction where the
-        role may set it (hides_statistics()). Where it may not, a live table tells the
-        statistics views whether rows written since its last VACUUM were among the rows read
-        (docs/oblivious.md, "What is left"): said once per source."""
+        role may set it (hides_statistics()). Where it may not, the statistics views show the
+        pages a run on a live table read, which depend on its layout (docs/promise.md): said
+        once per source."""
         if self.hides_statistics():
             conn.execute(HIDE_STATISTICS)
         elif self.mode == "live" and not self._warned_statistics:
             self._warned_statistics = True
             warnings.warn(
-                f"{self.where}: this role may not set track_counts, so pg_statio_user_tables "
-                "shows the buffers of oblivious runs on this live table, which after writes "
-                "depend on whether written rows were read; grant it SET ON PARAMETER "
-                "track_counts, or VACUUM (INDEX_CLEANUP ON) after writes (docs/oblivious.md)",
+                f"{self.where}: this role may not set track_counts, so pg_statio_user_tables, "
+                "which every role reads, shows the pages oblivious runs on this live table "
+                "read; they depend on the table's layout (index page splits, which VACUUM does "
+                "not undo, text ids, writes), so another role can tell neighbouring tables "
+                "apart by them; grant this role SET ON PARAMETER track_counts, or release "
+                "through the SQL functions (docs/promise.md)",
                 stacklevel=4,
             )
 

@@ -139,6 +139,14 @@ AS $$
     RETURNING true
 $$;
 
+-- The ledger's principal of a role (topk.topk_ledger_*.principal): its OID, so that a role
+-- dropped and created again under its name holds no budget, and a renamed role keeps its own.
+CREATE OR REPLACE FUNCTION topk.principal(role regrole)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 'role:' || $1::oid::text $$;
+
 CREATE OR REPLACE FUNCTION topk.unregister_source(source regclass)
 RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -160,7 +168,7 @@ $$;
 -- and CREATE OR REPLACE keeps the grants of a function an older install created.
 REVOKE EXECUTE ON FUNCTION topk._refuse(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._hide_io_begin(), topk._hide_io_end() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION topk.unregister_source(regclass), topk.principal(regrole) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk.grant_source(regclass, text), topk.revoke_source(regclass, text)
     FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION topk._check() FROM PUBLIC;
