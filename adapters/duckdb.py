@@ -45,7 +45,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.planner import PROBE_ROWS
@@ -156,6 +156,24 @@ class DuckDBTable(LiveRead):
     `table` (in `schema`, default the connection's) has an id column and a numeric score column.
     Names are quoted, never pasted: spaces, quotes, capitals and keywords are fine.
     """
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity and bound, the score column's type."""
+        return StoreTraits(self.sensitivity, self.max_items_per_client, self.integer_scores)
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits of the run in progress (copy, copy and delta, or the table)."""
+        return RunTraits(
+            positions_are_ranks=self.positions_are_ranks,
+            sorted_read_rows=self.sorted_read_rows,
+            sorted_rows_in_hand=self.sorted_rows_in_hand,
+            costs=self.store_costs,
+            oblivious_costs=self.oblivious_costs,
+        )
+
+    def oneshot_reads(self) -> str | None:
+        """access.OneShotReads: what the last in-store one-shot read."""
+        return self.last_oneshot_reads
 
     @property
     def sorted_read_rows(self) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreTraits
 from topk_middleware.privacy import resolve_declared
 
 try:
@@ -178,6 +178,10 @@ class IbisTable:
         self._next = None
 
     # ----- the Source protocol ------------------------------------------------------------------
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity and bound."""
+        return StoreTraits(self.sensitivity, self.max_items_per_client)
+
     def domain_size(self) -> int:
         if self._m is None or not self._depth:
             self._m = int(self._table.count().execute())

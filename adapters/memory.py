@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreTraits
 from topk_middleware.privacy import check_max_items, check_sensitivity
 from topk_middleware.validation import check_ids, check_scores
 
@@ -192,6 +192,14 @@ class ArraySource:
 
     def snapshot(self) -> nullcontext[None]:
         return nullcontext()  # the arrays are private copies: nothing can change them
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity and bound, integer counts by dtype."""
+        return StoreTraits(self.sensitivity, self.max_items_per_client, self.integer_scores)
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: positions are ranks unless built with positions="input"."""
+        return RunTraits(positions_are_ranks=self.positions_are_ranks)
 
     def read_sorted(self, start: int, count: int) -> Rows:
         stop = min(start + count, len(self._scores))

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, StoreTraits
 
 FAMILIES = ("zipf", "flat", "uniform", "plateau", "distinct")
 MAX_DOMAIN = 2**62
@@ -273,6 +273,11 @@ class SyntheticSource:
         return self._seg_start[seg] + offset
 
     # ----- the Source protocol ------------------------------------------------------------------
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: counts of unit votes (sensitivity 1); the plateau's scores are
+        not integers."""
+        return StoreTraits(sensitivity=1.0)
+
     def domain_size(self) -> int:
         return self.m
 

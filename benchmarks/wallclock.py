@@ -40,6 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from topk_middleware.access import (
+    RunTraits,
+    ScoreRuns,
+    StoreTraits,
+    implements,
+    run_traits,
+    store_traits,
+)
+
 from . import common
 
 TARGETS = {  # (store, family) at m = 10^7: minimum speed-up of threshold over oneshot_sql
@@ -73,12 +82,21 @@ class TimedSource:
         self.inner = inner
         self.seconds = 0.0
         self.calls = 0
-        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
-        self.store_costs = getattr(inner, "store_costs", None)  # the batching fitted to it
-        self.positions_are_ranks = getattr(inner, "positions_are_ranks", True)
-        if hasattr(inner, "score_run_count"):
+        if implements(inner, ScoreRuns):
             self.score_run_count = lambda: self._timed(inner.score_run_count)
             self.read_score_runs = lambda: self._timed(inner.read_score_runs)
+
+    def traits(self) -> StoreTraits:
+        return store_traits(self.inner)
+
+    def run_traits(self) -> RunTraits:
+        """The inner store's read-ahead, costs (the batching fitted to it) and positions."""
+        inner = run_traits(self.inner)
+        return RunTraits(
+            positions_are_ranks=inner.positions_are_ranks,
+            sorted_read_rows=inner.sorted_read_rows,
+            costs=inner.costs,
+        )
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()

@@ -353,15 +353,8 @@ def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
 
 def has_copy(source: Any, args: argparse.Namespace) -> bool:
     """Whether a copy-mode table has the rank-ordered copy prepare() writes (one catalog
-    lookup; SQLAlchemyTable has no such method: its rank table is looked up by name)."""
-    has_rank_table = getattr(source, "has_rank_table", None)
-    if has_rank_table is not None:
-        return bool(has_rank_table())
-    import sqlalchemy as sa
-
-    _, schema = split_table(args.table, args.schema)
-    with source.engine.connect() as conn:
-        return sa.inspect(conn).has_table(source.rank_table_name, schema=schema)
+    lookup)."""
+    return bool(source.has_rank_table())
 
 
 def _not_prepared(source: Any) -> RuntimeError:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from adapters._sql import plain_values, rows_from_records, scores_in_order
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.interrupts import check as check_interrupts
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
@@ -97,6 +97,9 @@ class SPITable:
     ) -> None:
         self.plpy = plpy
         self.where = f"table {relation}"
+        # declared by the table's registration, set before a release (sql_function.py)
+        self.sensitivity: float | None = None
+        self.max_items_per_client: int | None = None
         self.id_column, self.score_column = id_column, score_column
         self.trigger_prefix = trigger_prefix
         self._relation = relation
@@ -221,6 +224,22 @@ class SPITable:
         count = min(int(count), self.domain_size())
         return self._rows(
             self.plpy.execute(self._plan("top_ids", self._top_ids, ["bigint"]), [count])
+        )
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the sensitivity and bound of the table's registration (set by
+        the SQL function before a release: never assumed), the score column's type."""
+        return StoreTraits(
+            self.sensitivity,  # type: ignore[arg-type]  # None: refused by the core
+            self.max_items_per_client,
+            self.integer_scores,
+            max_oblivious_rows=self.max_oblivious_rows,
+        )
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: positions from the position table, SPI's costs."""
+        return RunTraits(
+            positions_are_ranks=False, costs=self.store_costs, oblivious_costs=self.oblivious_costs
         )
 
     def domain_size(self) -> int:

@@ -12,7 +12,16 @@ import numpy as np
 
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
-from topk_middleware.access import Rows, ScoreRuns, Source, positions_are_ranks
+from topk_middleware.access import (
+    Rows,
+    RunTraits,
+    ScoreRuns,
+    Source,
+    StoreTraits,
+    positions_are_ranks,
+    run_traits,
+    store_traits,
+)
 
 
 class CountingSource:
@@ -27,6 +36,11 @@ class CountingSource:
         self.rank_rows = 0
         self.id_rows = 0
         self.calls = 0
+        # the run traits a test gives the wrapper (RunTraits); the inner store's are hidden
+        self.sorted_read_rows = 0
+        self.sorted_rows_in_hand = 0
+        self.score_runs_in_hand = False
+        self.store_costs: Any = None
 
     @property
     def rows(self) -> int:
@@ -35,6 +49,18 @@ class CountingSource:
     @property
     def positions_are_ranks(self) -> bool:
         return positions_are_ranks(self.inner)
+
+    def traits(self) -> StoreTraits:
+        return store_traits(self.inner)
+
+    def run_traits(self) -> RunTraits:
+        return RunTraits(
+            positions_are_ranks=self.positions_are_ranks,
+            score_runs_in_hand=self.score_runs_in_hand,
+            sorted_read_rows=self.sorted_read_rows,
+            sorted_rows_in_hand=self.sorted_rows_in_hand,
+            costs=self.store_costs,
+        )
 
     def domain_size(self) -> int:
         self.calls += 1
@@ -72,6 +98,16 @@ class _ReadAhead(CountingSource):
         self.sorted_rows_in_hand = sorted_rows_in_hand
 
 
+class _ReadAheadRuns(_ReadAhead):
+    """A _ReadAhead that keeps the inner source's runs of tied scores."""
+
+    def score_run_count(self) -> int | None:
+        return self.inner.score_run_count()  # type: ignore[attr-defined]
+
+    def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.inner.read_score_runs()  # type: ignore[attr-defined]
+
+
 def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
     """ArraySource(scores, ids) naming items as `store` does: by rank for a rank-ordered store,
     by input index for one whose positions are not ranks (the conformance plugins of live stores
@@ -86,14 +122,13 @@ def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     rows_fetched and round_trips, not only the answer and the access counts, must come out
     equal. (CountingSource forwards only the Source protocol, so wrapping hides them.)"""
     reference = reference_for(store, scores, ids)
-    reference.sorted_read_rows = getattr(store, "sorted_read_rows", 0)  # type: ignore[attr-defined]
-    reference.score_runs_in_hand = getattr(store, "score_runs_in_hand", False)  # type: ignore[attr-defined]
-    in_hand = getattr(store, "sorted_rows_in_hand", 0)
-    reference.sorted_rows_in_hand = in_hand  # type: ignore[attr-defined]
+    traits = run_traits(store)
     keeps_runs = isinstance(store, ScoreRuns) and store.score_run_count() is not None
-    if keeps_runs:
-        return reference
-    return _ReadAhead(reference, reference.sorted_read_rows, in_hand)
+    like = (_ReadAheadRuns if keeps_runs else _ReadAhead)(
+        reference, traits.sorted_read_rows, traits.sorted_rows_in_hand
+    )
+    like.score_runs_in_hand = keeps_runs and traits.score_runs_in_hand
+    return like
 
 
 def plateau_histogram(m: int, k: int, height: float | None = None) -> np.ndarray:
@@ -148,7 +183,7 @@ class RunsKept(CountingSource):
 
     def __init__(self, inner: Source, before_runs: Callable[[], None] | None = None) -> None:
         super().__init__(inner)
-        self.sorted_read_rows = getattr(inner, "sorted_read_rows", 0)
+        self.sorted_read_rows = run_traits(inner).sorted_read_rows
         self.before_runs = before_runs
         self.runs_read = 0
 

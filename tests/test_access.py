@@ -10,13 +10,23 @@ and that ids at inferred ranks are read, in one round trip, when they are releas
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from adapters.memory import ArraySource
 from tests.helpers import CountingSource, plateau_histogram
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessError, CountedAccess, Rows
+from topk_middleware.access import (
+    AccessError,
+    CountedAccess,
+    Rows,
+    RunTraits,
+    StoreTraits,
+    TraitsError,
+)
+from topk_middleware.accounting import PrivacyBudget
 
 
 def tied_counts(m: int, seed: int = 0) -> np.ndarray:
@@ -170,11 +180,12 @@ class _HeadOfRuns(_RunsCounter):
     ranks of the runs down to `cut` of them (in hand, the rest unsized), and the full runs only
     when asked (counted in runs_read)."""
 
-    score_runs_in_hand = True
-
     def __init__(self, scores: np.ndarray, cut: int) -> None:
         super().__init__(scores)
         self.cut = cut
+
+    def run_traits(self) -> RunTraits:
+        return RunTraits(score_runs_in_hand=True)
 
     def read_score_runs_head(self) -> tuple[np.ndarray, np.ndarray]:
         first, scores = ArraySource.read_score_runs(self)
@@ -346,3 +357,76 @@ def test_scores_without_rows_of_the_wrong_length_are_refused() -> None:
     access = CountedAccess(source)
     with pytest.raises(AccessError, match="scores for"):
         access.fetch_positions(np.array([3, 50, 70]))
+
+
+class _Bare:
+    """The Source protocol over an ArraySource, without traits; counts every call."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        self.inner, self.calls = ArraySource(scores), 0
+
+    def domain_size(self) -> int:
+        self.calls += 1
+        return self.inner.domain_size()
+
+    def snapshot(self) -> Any:
+        self.calls += 1
+        return self.inner.snapshot()
+
+    def read_sorted(self, start: int, count: int) -> Rows:
+        self.calls += 1
+        return self.inner.read_sorted(start, count)
+
+    def read_positions(self, positions: np.ndarray) -> Rows:
+        self.calls += 1
+        return self.inner.read_positions(positions)
+
+    def read_ids(self, ids: Any) -> np.ndarray:
+        self.calls += 1
+        return self.inner.read_ids(ids)
+
+
+@pytest.mark.parametrize("oblivious", [False, True])
+def test_a_source_without_traits_is_refused_before_it_is_read(oblivious: bool) -> None:
+    """A source that declares no traits (so no sensitivity) is refused with the project's
+    words before any call reaches it, and nothing is charged; one whose traits() gives another
+    record is refused too. Fails if a default sensitivity were assumed."""
+    bare = _Bare(tied_counts(200))
+    budget = PrivacyBudget(5.0)
+    with pytest.raises(TraitsError, match="_Bare declares no traits: a store defines traits"):
+        private_top_k(bare, 3, 1.0, seed=1, oblivious=oblivious, budget=budget)
+    assert bare.calls == 0 and budget.releases == []
+
+    class Wrong(_Bare):
+        def traits(self) -> dict[str, float]:
+            return {"sensitivity": 1.0}
+
+    with pytest.raises(TraitsError, match=r"Wrong.traits\(\) returned dict, not a StoreTraits"):
+        private_top_k(Wrong(tied_counts(200)), 3, 1.0, seed=1, oblivious=oblivious)
+    with pytest.raises(TypeError, match="sensitivity"):
+        StoreTraits()  # type: ignore[call-arg]  # no default sensitivity
+
+
+def test_declared_traits_reach_the_release() -> None:
+    """What a store declares is what the release states: its sensitivity scales the noise
+    (twice the unit scale at sensitivity 2), and run traits that say positions are not ranks
+    make the core name items apart from their ranks."""
+
+    class Declared(_Bare):
+        def __init__(self, scores: np.ndarray, sensitivity: float, ranks: bool) -> None:
+            super().__init__(scores)
+            self.sensitivity, self.ranks = sensitivity, ranks
+
+        def traits(self) -> StoreTraits:
+            return StoreTraits(self.sensitivity)
+
+        def run_traits(self) -> RunTraits:
+            return RunTraits(positions_are_ranks=self.ranks)
+
+    scores = tied_counts(2_000, seed=3)
+    unit = private_top_k(Declared(scores, 1.0, True), 5, 1.0, seed=2, method="threshold")
+    double = private_top_k(Declared(scores, 2.0, True), 5, 1.0, seed=2, method="threshold")
+    assert double.privacy.scale == pytest.approx(2 * unit.privacy.scale)
+    assert double.privacy.sensitivity == 2.0
+    assert CountedAccess(Declared(scores, 1.0, True)).ranked
+    assert not CountedAccess(Declared(scores, 1.0, False)).ranked

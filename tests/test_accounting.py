@@ -14,7 +14,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy.optimize import minimize_scalar
 
 from adapters.memory import ArraySource
-from topk_middleware.access import Rows
+from topk_middleware.access import Rows, StoreTraits
 from topk_middleware.accounting import (
     DEFAULT_ORDERS,
     BudgetExceeded,
@@ -211,6 +211,9 @@ class ReadCounter:
     def __init__(self, inner: ArraySource) -> None:
         self.inner = inner
         self.rows = 0
+
+    def traits(self) -> StoreTraits:
+        return self.inner.traits()
 
     def domain_size(self) -> int:
         return self.inner.domain_size()

@@ -31,7 +31,13 @@ from tests.helpers import (
     reference_like,
 )
 from topk_middleware import Batching, private_top_k
-from topk_middleware.access import ZONE_MAP_ROWS, AccessStats, CountedAccess
+from topk_middleware.access import (
+    ZONE_MAP_ROWS,
+    AccessStats,
+    CountedAccess,
+    RunTraits,
+    StoreCosts,
+)
 from topk_middleware.lazy_noise import LazyNoiseList
 from topk_middleware.mechanisms.threshold import private_threshold_top_k
 from topk_middleware.noise import make_noise
@@ -306,14 +312,21 @@ def test_planner_prices_pruned_random_reads() -> None:
     from adapters.postgres import STORE_COSTS as POSTGRES_COSTS
     from adapters.synthetic import SyntheticSource
 
+    class _Priced(SyntheticSource):
+        def __init__(self, costs: StoreCosts, *args: Any, **options: Any) -> None:
+            super().__init__(*args, **options)
+            self.costs = costs
+
+        def run_traits(self) -> RunTraits:
+            return RunTraits(costs=self.costs)
+
     m, k = 10**7, 10
     for costs in (DUCKDB_COSTS, POSTGRES_COSTS):
         plain = threshold_seconds(10_000, k, m, costs, tied_runs=False)
         pruned = threshold_seconds(10_000, k, m, costs, tied_runs=False, pruned=True)
         assert pruned <= plain and (pruned < plain or costs.flat_random_batches(m))
         for family in ("zipf", "plateau", "distinct"):
-            source = SyntheticSource(m, family, k=k)
-            source.store_costs = costs  # type: ignore[attr-defined]
+            source = _Priced(costs, m, family, k=k)
             plan = plan_run(CountedAccess(source), k, k / 1.0)
             assert plan.chosen == "threshold", (family, plan)
             assert plan.threshold_seconds < plan.oneshot_seconds / 2

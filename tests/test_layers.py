@@ -188,6 +188,51 @@ def test_the_rules_see_a_driver_and_an_undeclared_name(tmp_path: Path) -> None:
     assert upward_names(source) == {"adapters.postgres"}
 
 
+# Where a store's capabilities are read: the core and the CLI read a store's traits
+# (access.StoreTraits, RunTraits) and its optional protocols (access.implements), never an
+# attribute found by probing (DESIGN invariant 15). A store is a `source` wherever it is named.
+TRAITS_READERS = ("topk_middleware", "frontends.cli")
+PROBES = ("getattr", "hasattr")
+
+
+def store_probes(path: Path) -> list[str]:
+    """Every getattr / hasattr call in the file whose object names a store (a `source`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in PROBES
+            and node.args
+            and re.search(r"\bsource\b", ast.unparse(node.args[0]))
+        ):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(m for m in project_modules() if m.startswith(TRAITS_READERS)),
+)
+def test_the_core_reads_traits_and_probes_no_store(module: str) -> None:
+    assert store_probes(project_modules()[module]) == []
+
+
+def test_the_probe_rule_sees_a_probe(tmp_path: Path) -> None:
+    """The checker itself: a probe of a store attribute, direct or through an access."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f(source, access, args):\n"
+        "    a = getattr(source, 'sensitivity', 1.0)\n"
+        "    b = hasattr(access.source, 'read_oneshot')\n"
+        "    return getattr(args, 'mode', None), a, b\n"
+    )
+    assert [p.split(": ", 1)[1] for p in store_probes(probe)] == [
+        "getattr(source, 'sensitivity', 1.0)",
+        "hasattr(access.source, 'read_oneshot')",
+    ]
+
+
 @pytest.mark.parametrize("module", sorted(project_modules(SIZED)))
 def test_a_long_module_says_why(module: str) -> None:
     path = project_modules(SIZED)[module]

@@ -25,7 +25,7 @@ from adapters.memory import ArraySource
 from tests.helpers import plackett_luce
 from tests.test_duckdb_delta import pending
 from topk_middleware import PrivacyBudget, private_top_k
-from topk_middleware.access import StoreCosts, parameters_in_text
+from topk_middleware.access import StoreCosts, StoreTraits, parameters_in_text
 from topk_middleware.accounting import BudgetExceeded, oblivious_cost
 from topk_middleware.mechanisms.exponential import exponential_mechanism
 from topk_middleware.mechanisms.oblivious import miss_probability, oblivious_depth
@@ -47,6 +47,9 @@ class CountingSource:
     def __init__(self, inner: ArraySource) -> None:
         self.inner = inner
         self.log: list[tuple[str, int]] = []
+
+    def traits(self) -> StoreTraits:
+        return self.inner.traits()
 
     def domain_size(self) -> int:
         return self.inner.domain_size()

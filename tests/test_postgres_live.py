@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from adapters.postgres import live_mode as postgres_live
 from tests.helpers import CountingSource, plateau_histogram
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts
 
 Made = Callable[..., PostgresTable]
 
@@ -90,9 +91,20 @@ def reference(conninfo: str, source: PostgresTable, positions: str | None = None
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(source.schema, source.table))
         ).fetchone()
     assert [r[0] for r in records] == list(range(count))  # positions are dense 0..m-1
-    want = ArraySource([r[2] for r in records], [r[1] for r in records], positions=positions)
-    want.store_costs = source.store_costs  # type: ignore[attr-defined]
-    return want
+    return _Costed(
+        source.store_costs, [r[2] for r in records], [r[1] for r in records], positions=positions
+    )
+
+
+class _Costed(ArraySource):
+    """An ArraySource priced as a store is (RunTraits.costs), so that `auto` plans alike."""
+
+    def __init__(self, costs: StoreCosts, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.costs = costs
+
+    def run_traits(self) -> RunTraits:
+        return replace(super().run_traits(), costs=self.costs)
 
 
 def assert_same_releases(source: PostgresTable, want: ArraySource, k: int) -> None:

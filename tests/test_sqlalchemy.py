@@ -25,7 +25,7 @@ from tests.helpers import (
 )
 from tests.stores_sqlalchemy import create_counts_table, drop_tables, unique_name
 from topk_middleware import private_top_k
-from topk_middleware.access import AccessError
+from topk_middleware.access import AccessError, StoreTraits
 
 DIALECTS = ["sqlite", "postgres", "mariadb", "duckdb"]
 
@@ -439,6 +439,9 @@ class WriterMidRun:
 
     def __init__(self, source: SQLAlchemyTable, write: Callable[[], None]) -> None:
         self.source, self.write, self.written = source, write, False
+
+    def traits(self) -> StoreTraits:
+        return self.source.traits()
 
     def domain_size(self) -> int:
         return self.source.domain_size()

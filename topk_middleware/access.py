@@ -113,7 +113,7 @@ def implements(source: Any, protocol: type) -> bool:
             known = issubclass(cls, protocol)
         except TypeError:  # a protocol with data members: no answer by class
             known = None
-        if known is False and hasattr(cls, "__getattr__"):
+        if known is False and any("__getattr__" in vars(base) for base in cls.__mro__):
             known = None
         _BY_CLASS[key] = known
     if known:
@@ -127,7 +127,11 @@ def implements(source: Any, protocol: type) -> bool:
                 if callable(value) and not name.startswith("_")
             )
             _MEMBERS[protocol] = members
-        if members.isdisjoint(getattr(source, "__dict__", ())):
+        try:
+            own = vars(source)
+        except TypeError:  # no instance dictionary (__slots__)
+            own = {}
+        if members.isdisjoint(own):
             return False
     return isinstance(source, protocol)
 
@@ -146,15 +150,15 @@ class SortedIds(Protocol):
 
 def parameters_in_text(source: Any) -> bool:
     """Whether the store's driver writes query parameters into the statement text a server
-    observer reads (an optional `parameters_in_text` attribute: pymysql, psycopg2), so that no
-    secret (a key, drawn positions, noises) may be sent to it as a parameter."""
-    return bool(getattr(source, "parameters_in_text", False))
+    observer reads (StoreTraits.parameters_in_text: pymysql, psycopg2), so that no secret (a key,
+    drawn positions, noises) may be sent to it as a parameter."""
+    return store_traits(source).parameters_in_text
 
 
 def positions_are_ranks(source: Any) -> bool:
     """Whether the source names every item by its rank in the canonical order (a rank-ordered
-    copy). A source says otherwise with a `positions_are_ranks` attribute that is False."""
-    return bool(getattr(source, "positions_are_ranks", True))
+    copy; RunTraits.positions_are_ranks)."""
+    return run_traits(source).positions_are_ranks
 
 
 @runtime_checkable
@@ -168,20 +172,30 @@ class ScoreRuns(Protocol):
 
     def score_run_count(self) -> int | None:
         """How many runs the snapshot holds (no round trip: known with m), or None if the store
-        keeps none. A store that has them in hand already (read with m) says so with an optional
-        attribute `score_runs_in_hand = True`: the core then takes them before it reads any row
-        by rank (where a row by rank costs that store far more than a run)."""
+        keeps none. A store that has them in hand already (read with m) says so
+        (RunTraits.score_runs_in_hand): the core then takes them before it reads any row by
+        rank (where a row by rank costs that store far more than a run)."""
         ...
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """(first rank of each run, ascending from 0; its score, descending) in one round trip.
 
         A store for which sizing the lower runs costs reads (PostgreSQL's live tables count
-        rows) may also offer `read_score_runs_head()`, which the core then calls first: the
-        same pair, but with first ranks for the leading runs only, its last entry the rank where
-        the rest begins. The runs not given fill [first[-1], m) in order, their starts unknown,
-        so a score there lies in [scores[-1], scores[len(first) - 1]]. Where those bounds do not
-        settle a rank, the core reads the full runs with `read_score_runs()`."""
+        rows) may also offer `read_score_runs_head()` (ScoreRunsHead), which the core then
+        calls first."""
+        ...
+
+
+@runtime_checkable
+class ScoreRunsHead(Protocol):
+    """Optional, beside ScoreRuns: the runs' head, where sizing the lower runs costs reads."""
+
+    def read_score_runs_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pair read_score_runs() gives, but with first ranks for the leading runs only, its
+        last entry the rank where the rest begins. The runs not given fill [first[-1], m) in
+        order, their starts unknown, so a score there lies in [scores[-1], scores[len(first) -
+        1]]. Where those bounds do not settle a rank, the core reads the full runs with
+        `read_score_runs()`."""
         ...
 
 
@@ -355,10 +369,12 @@ class CountedAccess:
         self.m = int(self.source.domain_size())
         # positions 0 .. slots - 1 name the items (m of them; PositionSlots: a store may name
         # them by slots, some without an item)
-        slots = getattr(self.source, "position_slots", None)
-        self.slots = int(slots()) if callable(slots) else self.m
+        # what the run is like, asked after m: a store may read its first rows with m
+        self.traits = run_traits(self.source)
+        slots = implements(self.source, PositionSlots)
+        self.slots = int(self.source.position_slots()) if slots else self.m  # type: ignore[attr-defined]
         self.stats.round_trips += 1
-        self.ranked = positions_are_ranks(self.source)
+        self.ranked = self.traits.positions_are_ranks
         self._prefix = _Prefix(keep_positions=not self.ranked)
         # Scores known by position: beyond the prefix where positions are ranks (fetched or
         # inferred), every fetched row otherwise.
@@ -375,17 +391,14 @@ class CountedAccess:
             if self.ranked and implements(self.source, ScoreRuns)
             else None
         )
-        self._runs_in_hand = self._run_count is not None and bool(
-            getattr(self.source, "score_runs_in_hand", False)
-        )
+        self._runs_in_hand = self._run_count is not None and self.traits.score_runs_in_hand
         self._position_scores = not self.ranked and implements(self.source, PositionScores)
         # A store whose round trip costs about as much as reading this many rows asks for at
-        # least this many per sorted read (optional attribute; 0: read what is asked).
-        self._sorted_read_rows = int(getattr(self.source, "sorted_read_rows", 0) or 0)
+        # least this many per sorted read (0: read what is asked).
+        self._sorted_read_rows = self.traits.sorted_read_rows
         # A store that read the first rows of the canonical order with m, in the run's first
-        # query, says how many (optional attribute): a first sorted read within them makes no
-        # round trip of its own.
-        self._rows_in_hand = int(getattr(self.source, "sorted_rows_in_hand", 0) or 0)
+        # query, says how many: a first sorted read within them makes no round trip of its own.
+        self._rows_in_hand = self.traits.sorted_rows_in_hand
 
     @property
     def run_count(self) -> int | None:
@@ -665,9 +678,10 @@ class CountedAccess:
             return False
         if self._rank_rows + pending < count and not self._runs_in_hand:
             return False
-        head = getattr(self.source, "read_score_runs_head", None)
-        read = head if head is not None else self.source.read_score_runs  # type: ignore[attr-defined]
-        self._take_runs(*read())
+        if implements(self.source, ScoreRunsHead):
+            self._take_runs(*self.source.read_score_runs_head())  # type: ignore[attr-defined]
+        else:
+            self._take_runs(*self.source.read_score_runs())  # type: ignore[attr-defined]
         return True
 
     def _read_full_runs(self) -> None:
@@ -882,9 +896,8 @@ class CountedAccess:
         noisy_counts.py), and whether they were read exactly: through the store's
         `read_exact_scores` (ExactScores) where it has one, else as doubles (read_ids).
         len(ids) random accesses in one batch."""
-        reader = getattr(self.source, "read_exact_scores", None)
-        if reader is not None:
-            values, exact = list(reader(ids)), True
+        if implements(self.source, ExactScores):
+            values, exact = list(self.source.read_exact_scores(ids)), True  # type: ignore[attr-defined]
         else:
             values, exact = np.asarray(self.source.read_ids(ids), np.float64).tolist(), False
         if len(values) != len(ids):
@@ -981,7 +994,7 @@ def _plain(value: Any) -> Any:
 class ExactScores(Protocol):
     """Optional: counts read as the store holds them (integer columns as Python ints of any
     size, decimals as Decimals), for the noisy counts; stores say whether their counts are
-    integers with an attribute `integer_scores` (a fact of the schema)."""
+    integers in their traits (StoreTraits.integer_scores: a fact of the schema)."""
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """The scores of the named items, in the order given, with no conversion to a double."""
@@ -1006,7 +1019,47 @@ class InStoreOneShot(Protocol):
 def offers_in_store(source: Any) -> bool:
     """Whether `source` runs the in-store one-shot: an InStoreOneShot whose read_oneshot is not
     None (an instance can take it away: a dialect that would put the key in the statement text)."""
-    return implements(source, InStoreOneShot) and getattr(source, "read_oneshot", None) is not None
+    return implements(source, InStoreOneShot) and source.read_oneshot is not None
+
+
+@runtime_checkable
+class OneShotPositions(Protocol):
+    """Optional, beside InStoreOneShot: a store whose in-store one-shot draws its exceedances
+    over other positions than 0..m-1 (a table's slots where it reads the table itself)."""
+
+    def oneshot_positions(self) -> int:
+        """How many positions the in-store one-shot draws its exceedances from."""
+        ...
+
+
+@runtime_checkable
+class OneShotReads(Protocol):
+    """Optional, beside InStoreOneShot: what the last in-store one-shot read (DuckDB: the copy,
+    its delta or the table), for the operator's diagnostics."""
+
+    def oneshot_reads(self) -> str | None:
+        """What the last in-store one-shot read, in words, or None."""
+        ...
+
+
+@runtime_checkable
+class CountAtLeast(Protocol):
+    """Optional: how many items score at least a level, where the store counts it cheaply (an
+    index), for the planner's price of the in-store one-shot (planner.in_store_seconds)."""
+
+    def count_at_least(self, score: float) -> int | None:
+        """The number of items with score >= `score`, or None where it would cost a scan."""
+        ...
+
+
+@runtime_checkable
+class RunFreshness(Protocol):
+    """Optional: how the run in progress knew its data current, for the operator."""
+
+    def run_freshness(self) -> dict[str, Any] | None:
+        """Inside the run's snapshot: a copy proven current, or why not and what the run read
+        instead; None outside a run."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -1056,17 +1109,107 @@ class StoreCosts:
 
 
 def store_costs(source: Any) -> StoreCosts:
-    """The store's own `store_costs` (an optional StoreCosts attribute), else a generic guess."""
-    costs = getattr(source, "store_costs", None)
-    return costs if isinstance(costs, StoreCosts) else StoreCosts()
+    """The store's measured costs for the run (RunTraits.costs), else a generic guess."""
+    costs = run_traits(source).costs
+    return costs if costs is not None else StoreCosts()
 
 
 def run_freshness(source: Any) -> dict[str, Any] | None:
-    """How the store knew the run's data current (an optional `run_freshness()`, called inside
-    the run's snapshot: a copy proven current, or why not and what the run read instead), for
-    the operator's diagnostics; None where the store does not say."""
-    report = getattr(source, "run_freshness", None)
-    return report() if callable(report) else None
+    """How the store knew the run's data current (RunFreshness, asked inside the run's
+    snapshot), for the operator's diagnostics; None where the store does not say."""
+    return source.run_freshness() if implements(source, RunFreshness) else None
+
+
+@dataclass(frozen=True)
+class StoreTraits:
+    """What a store declares about itself: the one record the core reads (DESIGN invariant 15),
+    returned by the store's `traits()` and asked before a release reads anything.
+
+    `sensitivity` has no default: the most one client adds to or removes from one count,
+    declared by whoever built the table (privacy.check_sensitivity). `max_items_per_client`:
+    the contribution bound the counts were built under (from_votes), if any. `integer_scores`:
+    the counts are of an integer type (the noisy counts' interval, noisy_counts.py).
+    `parameters_in_text`: the driver writes query parameters into the statement text a server
+    observer reads (pymysql, psycopg2), so no secret is ever sent as one.
+    `max_oblivious_rows`: the most rows one oblivious release may read (None: no bound)."""
+
+    sensitivity: float
+    max_items_per_client: int | None = None
+    integer_scores: bool = False
+    parameters_in_text: bool = False
+    max_oblivious_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class RunTraits:
+    """What the run in progress is like, from the store's `run_traits()`, asked inside its
+    snapshot once m is read. A store without `run_traits()` names items by rank and has
+    generic costs: the defaults.
+
+    `positions_are_ranks`: every item is named by its rank in the canonical order (module
+    docstring). `score_runs_in_hand`: its runs of tied scores came with m (ScoreRuns).
+    `sorted_read_rows`: a round trip costs about as much as this many rows, so every sorted
+    read asks for at least this many. `sorted_rows_in_hand`: the first rows of the canonical
+    order read with m. `costs`: the measured cost shape (StoreCosts), None for a generic guess.
+    `oblivious_costs`: the oblivious release's own model (mechanisms/oblivious.ObliviousCosts),
+    None for one derived from `costs`."""
+
+    positions_are_ranks: bool = True
+    score_runs_in_hand: bool = False
+    sorted_read_rows: int = 0
+    sorted_rows_in_hand: int = 0
+    costs: StoreCosts | None = None
+    oblivious_costs: Any = None
+
+
+@runtime_checkable
+class DeclaresTraits(Protocol):
+    """Every source: its declared traits (StoreTraits)."""
+
+    def traits(self) -> StoreTraits:
+        """What the store declares about itself (cheap: no read of the data)."""
+        ...
+
+
+@runtime_checkable
+class DeclaresRunTraits(Protocol):
+    """Optional: what the run in progress is like (RunTraits)."""
+
+    def run_traits(self) -> RunTraits:
+        """Inside a snapshot: the run's traits; outside one, what a run would have now."""
+        ...
+
+
+class TraitsError(TypeError):
+    """A source that declares no traits, or declares them in another form than the records."""
+
+
+def store_traits(source: Any) -> StoreTraits:
+    """The source's StoreTraits; TraitsError where it declares none (no silent default)."""
+    if not implements(source, DeclaresTraits):
+        raise TraitsError(
+            f"{type(source).__name__} declares no traits: a store defines traits() returning a "
+            "StoreTraits, its sensitivity among them (docs/writing-a-store.md)"
+        )
+    traits = source.traits()
+    if not isinstance(traits, StoreTraits):
+        raise TraitsError(
+            f"{type(source).__name__}.traits() returned {type(traits).__name__}, not a StoreTraits"
+        )
+    return traits
+
+
+def run_traits(source: Any) -> RunTraits:
+    """The source's RunTraits (DeclaresRunTraits), or the defaults where it declares none."""
+    if not implements(source, DeclaresRunTraits):
+        return RunTraits()
+    traits = source.run_traits()
+    if not isinstance(traits, RunTraits):
+        raise TraitsError(
+            f"{type(source).__name__}.run_traits() returned {type(traits).__name__}, "
+            "not a RunTraits"
+        )
+    return traits
 
 
 @runtime_checkable

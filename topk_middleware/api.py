@@ -10,11 +10,15 @@ import numpy as np
 
 from .access import (
     CountedAccess,
+    OneShotPositions,
+    OneShotReads,
     Source,
+    implements,
     oblivious_reads,
     offers_in_store,
     parameters_in_text,
     run_freshness,
+    store_traits,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, record
 from .keyed_noise import KeyedNoise
@@ -50,7 +54,7 @@ from .privacy import (
     calibrate,
     check_max_items,
     check_neighbours,
-    source_sensitivity,
+    check_sensitivity,
 )
 from .randomness import make_rng
 from .release import TopKResult, unranked_order
@@ -162,7 +166,8 @@ def private_top_k(
     if not isinstance(with_counts, bool):
         raise TypeError(f"with_counts must be True or False, got {with_counts!r}")
     share = check_counts_share(counts_share) if with_counts else 0.0
-    sensitivity = source_sensitivity(source)
+    traits = store_traits(source)  # what the store declares: before anything is read
+    sensitivity = check_sensitivity(traits.sensitivity, "the source's sensitivity")
     k = int(k)
     select_epsilon, counts_epsilon = split_epsilon(float(epsilon), share)
     if with_counts and select_epsilon / k < MIN_ITEM_EPSILON:
@@ -173,8 +178,8 @@ def private_top_k(
             k,
             counts_epsilon,
             sensitivity,
-            check_max_items(getattr(source, "max_items_per_client", None)),
-            bool(getattr(source, "integer_scores", False)),
+            check_max_items(traits.max_items_per_client),
+            traits.integer_scores,
             neighbours,
         )
     rng = make_rng(seed)
@@ -219,7 +224,9 @@ def private_top_k(
         in_store = False
         if chosen in ("oneshot", "oneshot_in_store", "oneshot_full_read"):
             if chosen != "oneshot_full_read" and offers_in_store(source):
-                positions = getattr(source, "oneshot_positions", lambda: access.m)()
+                positions = (
+                    source.oneshot_positions() if implements(source, OneShotPositions) else access.m
+                )
                 keyed = KeyedNoise.draw(
                     rng, noise, guarantee.scale, positions, k, score_cap=guarantee.score_bound
                 )
@@ -257,7 +264,9 @@ def private_top_k(
     if freshness is not None:
         plan["freshness"] = freshness
     if in_store:  # where a store's in-store one-shot read, if it says (DuckDB: table or copy)
-        plan["in_store_reads"] = getattr(source, "last_oneshot_reads", None)
+        plan["in_store_reads"] = (
+            source.oneshot_reads() if implements(source, OneShotReads) else None
+        )
     if estimate is not None:
         plan["auto"] = estimate.as_dict()
     seconds = {"total": time.perf_counter() - started}

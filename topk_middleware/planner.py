@@ -48,7 +48,15 @@ from typing import Any
 
 import numpy as np
 
-from .access import ZONE_MAP_ROWS, CountedAccess, StoreCosts, offers_in_store, store_costs
+from .access import (
+    ZONE_MAP_ROWS,
+    CountAtLeast,
+    CountedAccess,
+    StoreCosts,
+    implements,
+    offers_in_store,
+    store_costs,
+)
 from .keyed_noise import KeyedNoise, default_exceedances, split_level
 from .mechanisms.threshold import Batching
 
@@ -211,7 +219,8 @@ def _oneshot_choice(
         copy = costs.copy_refresh.costs
         full = costs.copy_refresh.seconds + copy.round_trip + m * copy.full_read_row
     if offers_in_store(access.source):
-        counter = getattr(access.source, "count_at_least", None)
+        source = access.source
+        counter = source.count_at_least if implements(source, CountAtLeast) else None  # type: ignore[attr-defined]
         in_store = in_store_seconds(scores, k, m, scale, costs, counter)
         if in_store < full:
             return "oneshot_in_store", in_store

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .access import store_traits
+
 # The calibration floor (DESIGN invariant 6): a per-item epsilon below this would make the noise
 # scale 1/eps0 (and the noise, up to ~745 scales) not a finite double. Refused before anything is
 # read or charged.
@@ -106,8 +108,9 @@ def check_sensitivity(sensitivity: object, where: str = "sensitivity") -> float:
 
 
 def source_sensitivity(source: object) -> float:
-    """The sensitivity a source declares (`sensitivity` attribute; 1 when it declares none)."""
-    return check_sensitivity(getattr(source, "sensitivity", 1.0), "the source's sensitivity")
+    """The sensitivity a source declares in its traits (access.StoreTraits; no default: a source
+    that declares no traits is refused, access.store_traits)."""
+    return check_sensitivity(store_traits(source).sensitivity, "the source's sensitivity")
 
 
 class SensitivityError(ValueError):

@@ -89,7 +89,7 @@ from adapters._sql import (
     scores_in_order,
     sql_name_spellings,
 )
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.privacy import resolve_declared
@@ -1365,6 +1365,14 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
             )
         table = getattr(run, "table", None)
         return table_costs(run.m) if run is not None and table is not None else STORE_COSTS
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity and bound, the score column's type."""
+        return StoreTraits(self.sensitivity, self.max_items_per_client, self.integer_scores)
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: a copy's ranks, the costs of what the run reads."""
+        return RunTraits(costs=self.store_costs, oblivious_costs=self.oblivious_costs)
 
     def oneshot_positions(self) -> int:
         """How many positions the in-store one-shot draws its exceedances from: the table's

@@ -126,7 +126,7 @@ from adapters._sql import (
     rows_from_records,
     scores_in_order,
 )
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, RunTraits
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.planner import PROBE_ROWS
 
@@ -762,6 +762,17 @@ END
     # A run serving ranks read its runs with m: the core takes them before any row by rank
     # (a row by rank walks its run: far dearer than the runs).
     score_runs_in_hand = True
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: ranks where the run serves them from its runs, which it read with
+        m, and the first rows its first statement fetched."""
+        return RunTraits(
+            positions_are_ranks=self.positions_are_ranks,
+            score_runs_in_hand=self.score_runs_in_hand,
+            sorted_rows_in_hand=self.sorted_rows_in_hand,
+            costs=self.store_costs,
+            oblivious_costs=self.oblivious_costs,
+        )
 
     @property
     def positions_are_ranks(self) -> bool:  # type: ignore[override]

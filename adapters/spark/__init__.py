@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import check_sensitivity
 
@@ -746,6 +746,18 @@ class SparkTable:
         (its ranks), none on the table itself (no split: direct.py)."""
         run = self._state()
         return 0 if run.direct is not None else run.version.m  # type: ignore[union-attr]
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity."""
+        return StoreTraits(self.sensitivity)
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: the copy's ranks, read ahead, its runs in hand where few."""
+        return RunTraits(
+            score_runs_in_hand=self.score_runs_in_hand,
+            sorted_read_rows=self.sorted_read_rows,
+            costs=self.store_costs,
+        )
 
     @property
     def score_runs_in_hand(self) -> bool:

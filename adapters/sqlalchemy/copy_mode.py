@@ -60,7 +60,7 @@ from adapters._sql import (
     plain_values,
     sql_name_spellings,
 )
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import resolve_declared
 
@@ -1508,6 +1508,26 @@ class SQLAlchemyTable(WriteProof, TableRun):
             return [found[item] for item in wanted]
         except KeyError as missing:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    def traits(self) -> StoreTraits:
+        """access.StoreTraits: the declared sensitivity and bound, the score column's type,
+        whether the driver writes parameters into the statement text."""
+        return StoreTraits(
+            self.sensitivity,
+            self.max_items_per_client,
+            self.integer_scores,
+            parameters_in_text=self.parameters_in_text,
+        )
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: positions are ranks (the copy's, or the table's read in order),
+        the table's costs in a run that reads it (else None: the generic guess)."""
+        return RunTraits(costs=self.store_costs)
+
+    def has_rank_table(self) -> bool:
+        """Whether the rank-ordered copy prepare() writes is in the database (one lookup)."""
+        with self.engine.connect() as conn:
+            return sa.inspect(conn).has_table(self.rank_table_name, schema=self._source.schema)
 
     @property
     def integer_scores(self) -> bool:

@@ -73,7 +73,7 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from adapters._sql import AccessCheck, AccessPath, plain_values
-from topk_middleware.access import AccessError, Rows
+from topk_middleware.access import AccessError, Rows, RunTraits
 
 from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1
 
@@ -104,6 +104,10 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
     # No in-store one-shot: its keyed noise names items by rank, which a live table does not
     # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
     read_oneshot = None  # type: ignore[assignment]
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: positions from the position table, not ranks."""
+        return RunTraits(positions_are_ranks=False, costs=self.store_costs)
 
     def __init__(
         self,

@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 
 from .. import interrupts
-from ..access import CountedAccess, StoreCosts
+from ..access import CountedAccess, StoreCosts, run_traits, store_traits
 from ..noise import NoiseDistribution
 from ..privacy import PrivacyGuarantee
 from .oneshot import top_k_ranks
@@ -237,19 +237,18 @@ def costs_from_store(costs: StoreCosts) -> ObliviousCosts:
 
 
 def source_oblivious_costs(source: Any) -> ObliviousCosts:
-    """The source's own model (an `oblivious_costs` attribute), else one from its StoreCosts."""
-    costs = getattr(source, "oblivious_costs", None)
-    if isinstance(costs, ObliviousCosts):
-        return costs
-    stored = getattr(source, "store_costs", None)
-    return costs_from_store(stored if isinstance(stored, StoreCosts) else StoreCosts())
+    """The source's own model (RunTraits.oblivious_costs), else one from its StoreCosts."""
+    traits = run_traits(source)
+    if isinstance(traits.oblivious_costs, ObliviousCosts):
+        return traits.oblivious_costs
+    return costs_from_store(traits.costs if traits.costs is not None else StoreCosts())
 
 
 def check_read_size(source: Any, k: int, m: int, d: int) -> None:
     """Refuse, before anything is charged, a release that would read more rows than the store
-    allows (an optional `max_oblivious_rows` attribute: the SQL functions' SPI reads hold every
-    row in the server process): ValueError naming k and the bound."""
-    bound = getattr(source, "max_oblivious_rows", None)
+    allows (StoreTraits.max_oblivious_rows: the SQL functions' SPI reads hold every row in the
+    server process): ValueError naming k and the bound."""
+    bound = store_traits(source).max_oblivious_rows
     if bound is not None and rows_read(m, d) > bound:
         raise ValueError(
             f"an oblivious top-{k} on this table would read {rows_read(m, d):,} rows, more than "

@@ -37,7 +37,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..access import AccessStats, CountedAccess, Rows, Source, positions_are_ranks
+from ..access import (
+    AccessStats,
+    CountedAccess,
+    Rows,
+    RunTraits,
+    Source,
+    StoreTraits,
+    positions_are_ranks,
+    store_traits,
+)
 from ..accounting import (
     MechanismResult,
     PrivacyBudget,
@@ -137,6 +146,12 @@ class _Suffix:
         movers = np.setdiff1d(tail, removed)  # sorted, as many as the holes
         self._to_source = dict(zip(holes.tolist(), movers.tolist(), strict=True))
         self._from_source = dict(zip(movers.tolist(), holes.tolist(), strict=True))
+
+    def traits(self) -> StoreTraits:
+        return store_traits(self.source)
+
+    def run_traits(self) -> RunTraits:
+        return RunTraits(positions_are_ranks=self.positions_are_ranks)
 
     def domain_size(self) -> int:
         return int(self.source.domain_size()) - self.offset
