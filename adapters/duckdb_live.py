@@ -448,7 +448,8 @@ class LiveRead:
         noisy = np.concatenate([np.asarray(p["v"], np.float64) for p in parts])
         positions, first = np.unique(positions, return_index=True)
         ids, scores, noisy = ids[first], scores[first], noisy[first]
-        listed = ids.tolist()
+        # BLOB ids come as bytearrays, which do not hash: compared as bytes
+        listed = [bytes(i) if isinstance(i, bytearray) else i for i in ids.tolist()]
         if len(set(listed)) != len(listed):
             seen: set[Any] = set()
             duplicate = next(i for i in listed if i in seen or seen.add(i))

@@ -530,6 +530,58 @@ def test_pg_from_votes_refuses_mismatched_types_and_existing_output(pg_conninfo,
     PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, replace=True).close()
 
 
+def test_pg_from_votes_refuses_a_text_weight_before_reading(pg_conninfo, pg_table) -> None:
+    """A weight column of a text type (numbers in it or not) is refused from the catalog, in
+    the project's words, before the votes are read: no raw driver error (DataError, "COALESCE
+    types text and integer"), no counts table left."""
+    from psycopg import sql
+
+    from adapters.postgres import PostgresTable
+
+    conn, schema, name, _ = pg_table
+    votes = f"{name}_votes"
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (client int, item bigint, w text)").format(
+            sql.Identifier(schema, votes)
+        )
+    )
+    conn.execute(
+        sql.SQL("INSERT INTO {} VALUES (1, 1, '2'), (2, 3, 'many')").format(
+            sql.Identifier(schema, votes)
+        )
+    )
+    with pytest.raises(TypeError, match="column 'w' is text: weights must be of a numeric"):
+        PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, weight="w")
+    exists = "SELECT to_regclass(%s) IS NOT NULL"
+    assert not conn.execute(exists, [f'"{schema}"."{votes}_counts"']).fetchone()[0]
+    # an integer column is a weight like any
+    PostgresTable.from_votes(pg_conninfo, votes, name, schema=schema, weight="client").close()
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, votes + "_counts")))
+
+
+def test_sqlalchemy_pg_from_votes_refuses_a_text_weight_before_reading(sa_pg_table) -> None:
+    """The same through SQLAlchemy on PostgreSQL: a text weight column (a raw psycopg
+    DataError or DatatypeMismatch otherwise) is refused from the reflected type."""
+    import sqlalchemy as sa
+
+    from adapters.sqlalchemy import SQLAlchemyTable
+
+    engine, name, _, _ = sa_pg_table
+    votes = f"{name}_votes"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'CREATE TABLE "{votes}" (client text, item bigint, w text)')
+        conn.exec_driver_sql(f"INSERT INTO \"{votes}\" VALUES ('a', 1, '2'), ('b', 3, 'x')")
+    try:
+        for weight in ("w", "client"):
+            with pytest.raises(TypeError, match=f"column '{weight}' is TEXT: weights must be"):
+                SQLAlchemyTable.from_votes(engine, votes, name, weight=weight)
+        with engine.connect() as conn:
+            assert not sa.inspect(conn).has_table(f"{votes}_counts")
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{votes}"')
+
+
 # ----- DuckDB: rank tables that do not belong ----------------------------------------------------
 
 

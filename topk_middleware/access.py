@@ -883,14 +883,6 @@ class CountedAccess:
         self.stats.sorted += sorted_count
         self.stats.random += random_count
 
-    def random_access_ids(self, ids: Sequence[Any]) -> np.ndarray:
-        """Scores of named items: len(ids) random accesses, fetched in one batch."""
-        scores = np.asarray(self.source.read_ids(ids), dtype=np.float64)
-        self.stats.random += len(ids)
-        self.stats.rows_fetched += len(ids)
-        self.stats.round_trips += 1
-        return scores
-
     def exact_scores_of(self, ids: Sequence[Any]) -> tuple[list[Any], bool]:
         """The counts of named items as the store holds them, never clamped (noisy counts:
         noisy_counts.py), and whether they were read exactly: through the store's

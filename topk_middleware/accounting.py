@@ -354,10 +354,6 @@ class PrivacyBudget:
         with self._lock:
             return compose(list(self.releases), self.delta)
 
-    def would_spend(self, cost: PrivacyCost) -> ComposedGuarantee:
-        with self._lock:
-            return compose([*self.releases, cost], self.delta)
-
     def charge(self, cost: PrivacyCost) -> ComposedGuarantee:
         """Check and record under one lock: threads sharing the budget never overspend it."""
         with self._lock:
@@ -404,17 +400,6 @@ def refuse_if_over(
             f"(best rule: {after.rule}) at delta <= {delta:g}, over the total "
             f"epsilon = {epsilon:g}; nothing was read or released"
         )
-
-
-def precheck(budget: Any, cost: PrivacyCost) -> None:
-    """Refuse (BudgetExceeded) a cost the budget cannot pay, without charging it: for a release
-    that must read a row before its charge (the resolution check), so that an exhausted budget
-    still refuses before any row is read. The charge itself checks again, atomically."""
-    releases = getattr(budget, "releases", None)
-    if releases is None:
-        return
-    after = compose([*releases, cost], budget.delta)
-    refuse_if_over(after, budget.epsilon, budget.delta, cost)
 
 
 def charge(budget: Any, cost: PrivacyCost) -> None:

@@ -186,13 +186,6 @@ class KeyedNoise:
         v = f"({uniform} * {factor!r})" if factor != 1.0 else uniform
         return f"(CASE WHEN {v} < 0.5 THEN {b} * ln(2.0 * {v}) ELSE -{b} * ln(2.0 - 2.0 * {v}) END)"
 
-    def exceedance_values(self, row: str = "") -> str:
-        """The exceedances as an SQL VALUES list of (position, noise), each row prefixed by
-        `row` (MySQL's ROW); at least one row: a position -1 that no item has when none."""
-        pairs = zip(self.exceed_positions.tolist(), self.exceed_noises.tolist(), strict=True)
-        rows = [f"{row}({int(p)}, {float(z)!r})" for p, z in pairs] or [f"{row}(-1, 0.0)"]
-        return "VALUES " + ", ".join(rows)
-
 
 def default_exceedances(m: int, k: int) -> int | None:
     """The expected exceedances of a default split, max(EXCEEDANCES, 64 k), or None where m is

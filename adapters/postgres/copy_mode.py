@@ -406,6 +406,18 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
                         conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
                 except psycopg.Error as error:
                     raise ValueError(f"PostgreSQL table {label!r}: {first_line(error)}") from None
+            if vw is not None:  # a weight of a numeric type, before any row is read
+                kind = conn.execute(
+                    "SELECT format_type(atttypid, NULL) FROM pg_catalog.pg_attribute "
+                    "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
+                    [v.as_string(conn), weight],
+                ).fetchone()
+                if kind is None or kind[0] not in SCORE_TYPES:
+                    raise TypeError(
+                        f"PostgreSQL table {votes!r} column {weight!r} is "
+                        f"{'unknown' if kind is None else kind[0]}: weights must be of a "
+                        "numeric type"
+                    )
             try:
                 with conn.transaction():
                     stray = conn.execute(

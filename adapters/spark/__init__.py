@@ -347,10 +347,6 @@ class SparkTable:
             self._frames[version.name] = self.spark.read.schema(schema).parquet(path)
         return self._frames[version.name]
 
-    def is_prepared(self) -> bool:
-        """Whether a version of the copy exists."""
-        return self._latest() is not None
-
     def is_stale(self) -> bool:
         """Whether the source may differ from the current version of the copy (True without
         one). From the fingerprint (no scan) where Spark lists the source's files; otherwise

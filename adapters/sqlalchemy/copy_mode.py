@@ -299,6 +299,13 @@ class SQLAlchemyTable(WriteProof, TableRun):
         ):
             if name not in tab.c:
                 raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
+        if weight is not None and not (
+            _is_numeric(votes.c[weight].type) or _untyped(votes.c[weight].type)
+        ):
+            raise TypeError(
+                f"{votes_where} column {weight!r} is {votes.c[weight].type}: weights must be "
+                "of a numeric type"
+            )
         if isinstance(items.c[item_id].type, sa.String) != isinstance(
             votes.c[item].type, sa.String
         ):
