@@ -671,6 +671,7 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
         "f = GD['topk']._registration(plpy, GD, source)\n"
         "t = SPITable(plpy, f['relation'], f['id_column'], f['score_column'], f['id_type'], "
         "f['score_type'], f['position_table'], f['trigger_prefix'], bool(f['text_ids']))\n"
+        "t.sensitivity = 1.0  # declared by the registration (never assumed)\n"
         "with t.snapshot():\n"
         "    pages = [t.read_sorted(d, 7) for d in range(0, t.domain_size(), 7)]\n"
         "order = [(int(p), i) for r in pages for p, i in zip(r.positions, r.ids)]\n"
