@@ -16,10 +16,14 @@ started and waited for (wall time from spawn to exit):
   what a user would run instead, started the same way;
 * ``help``: `topk-middleware --help`; ``python``: `python -c pass` (the interpreter's start).
 
+Each run records its wall time and its CPU time (user + system, from the children's rusage): on
+a loaded machine a process waits for a core, which the wall time counts and the CPU time does
+not.
+
 Once more, with `python -X importtime`, the release's imports: their total time and the
 top-level packages loaded.
 
-Results: cli.json (medians, ratios release / store_query, every rep, the imports) in
+Results: cli.json (medians of wall and CPU time, ratios, every rep, the imports) in
 benchmarks/results/ (a --quick run: m = 10^4, 1 rep, in benchmarks/scratch/), or in --out.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,13 +75,18 @@ def _make_table(path: Path, m: int, k: int) -> float:
     return time.perf_counter() - started
 
 
-def _timed(argv: list[str]) -> float:
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds from spawn to exit, and the CPU seconds (user + system) the process used:
+    on a loaded machine the wall time grows with the wait for a core, the CPU time barely."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{argv[:3]} failed: {done.stderr.strip()[-300:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
 
 
 def _imports(argv: list[str]) -> dict:
@@ -135,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs.values():
             _timed(run)
         times: dict[str, list[float]] = {label: [] for label in runs}
+        cpu: dict[str, list[float]] = {label: [] for label in runs}
         labels = list(runs)
         for rep in range(reps):
             for label in labels[rep % len(labels) :] + labels[: rep % len(labels)]:
-                times[label].append(_timed(runs[label]))
+                wall, used = _timed(runs[label])
+                times[label].append(wall)
+                cpu[label].append(used)
         imports = _imports(arguments)
     medians = {label: statistics.median(values) for label, values in times.items()}
     payload = {
@@ -153,18 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_store_query_to_release_adaptive": (
             medians["store_query"] / medians["release_adaptive"]
         ),
+        "median_cpu_seconds": {label: statistics.median(v) for label, v in cpu.items()},
         "release_imports": imports,
         "seconds": times,
+        "cpu_seconds": cpu,
         "bytecode": "compiled (compileall) before the runs",
         "pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
         "machine": common.machine_info(),
     }
     out = common.write_json(common.output_dir(args) / "cli.json", payload)
     for label, value in medians.items():
-        print(f"{label:17s} {value * 1e3:9.1f} ms")
-    print(
-        f"release imports   {imports['seconds'] * 1e3:9.1f} ms ({', '.join(imports['packages'])})"
-    )
+        used = payload["median_cpu_seconds"][label]
+        print(f"{label:17s} {value * 1e3:9.1f} ms wall {used * 1e3:9.1f} ms cpu")
+    print(f"release imports   {imports['seconds'] * 1e3:9.1f} ms")
     print(f"store query / release {payload['ratio_store_query_to_release']:.2f}")
     print(out)
     return 0

@@ -258,6 +258,8 @@ def test_the_cli_benchmark_runs_quick(tmp_path: Path) -> None:
     labels = {"release", "release_adaptive", "store_query", "help", "python"}
     assert set(payload["seconds"]) == labels
     assert all(len(values) == 1 for values in payload["seconds"].values())
+    assert set(payload["cpu_seconds"]) == labels
+    assert all(0 < cpu for (cpu,) in payload["cpu_seconds"].values())
     packages = set(payload["release_imports"]["packages"])
     assert {"duckdb", "numpy", "topk_middleware", "adapters", "frontends"} <= packages
     assert not packages & {"scipy", "sqlalchemy", "psycopg", "polars", "pyarrow", "matplotlib"}
