@@ -589,6 +589,20 @@ class DuckDBTable(LiveRead):
                     AccessPath("random by id", True, "hash join over the id column"),
                 ],
             )
+        if not self.frozen:  # no cheap proof that the copy is current: runs read the table
+            now = (
+                f"{self.where} as it is now, read whole by one query (the in-store one-shot); "
+                f"the copy {self.rank_table!r} serves runs of a frozen table only "
+                "(frozen=True; the command line's --frozen)"
+            )
+            return AccessCheck(
+                self.where,
+                [
+                    AccessPath("sorted", True, now),
+                    AccessPath("random by rank", True, now),
+                    AccessPath("random by id", True, "hash join over the id column"),
+                ],
+            )
         return AccessCheck(
             self.where,
             [
@@ -1343,6 +1357,12 @@ class DuckDBTable(LiveRead):
             return [found[item] for item in wanted]
         except KeyError as missing:
             raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+
+    @property
+    def reads_copy(self) -> bool:
+        """Whether runs read the rank-ordered copy: only a frozen table's (module docstring);
+        the others read the table as it is now and need no copy."""
+        return self.frozen
 
     def _catalog_name(self, table: str, schema: str | None) -> tuple[str, str | None]:
         """(table, schema) as the catalog spells the table or view the name finds (DuckDB

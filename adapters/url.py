@@ -131,6 +131,7 @@ def open_table(
     mode: str = "copy",
     read_only: bool = False,
     sensitivity: float | None = None,
+    frozen: bool = False,
 ) -> Iterator[Any]:
     """The table of counts at `url` wrapped by its adapter (closed on exit). `read_only` opens
     a DuckDB file read-only (several processes may read it); other stores ignore it.
@@ -138,7 +139,9 @@ def open_table(
     declaration below the record is refused by the adapter)."""
     if mode not in MODES:
         raise StoreArgumentError(f"mode must be one of {MODES}, got {mode!r}")
-    declared = {} if sensitivity is None else {"sensitivity": sensitivity}
+    declared: dict[str, Any] = {} if sensitivity is None else {"sensitivity": sensitivity}
+    if frozen:  # the caller's promise that the table does not change after prepare()
+        declared["frozen"] = True
     if url.kind == "duckdb":
         with _duckdb_table(url, table, id, score, schema, mode, read_only, declared) as source:
             yield source

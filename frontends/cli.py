@@ -270,7 +270,13 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
     except (UsageError, StoreArgumentError) as error:
         problem = (EXIT_USAGE, first_line(error))
     except BudgetExceeded as error:
-        problem = (EXIT_BUDGET, f"budget exceeded: {first_line(error)}")
+        message = f"budget exceeded: {first_line(error)}"
+        if error.needed_delta is not None:  # budget totals are fixed: a principal of its own
+            message += (
+                f" (on the command line: {PROG} budget --grant EPSILON --grant-delta 1e-6 for a "
+                "new principal, or release --adaptive)"
+            )
+        problem = (EXIT_BUDGET, message)
     except KeyboardInterrupt:
         problem = (EXIT_INTERRUPTED, "interrupted")
     except Exception as error:  # every other failure: the message, never a traceback
@@ -329,6 +335,12 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
         help="copy: runs read the rank-ordered copy prepare writes (every store); live: runs "
         "read the table itself, no rebuild after writes (PostgreSQL and SQLAlchemy stores)",
     )
+    p.add_argument(
+        "--frozen",
+        action="store_true",
+        help="copy mode: the table does not change after prepare, so runs read the copy without "
+        "proving it current (DuckDB, which has no cheap proof, reads the table itself otherwise)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -339,6 +351,8 @@ def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
 
     store = parse_store_url(args.url)
     table, schema = split_table(args.table, args.schema)
+    if args.frozen and args.mode == "live":
+        raise UsageError("--frozen is a promise about the copy of copy mode: not with --mode live")
     return open_table(
         store,
         table,
@@ -348,6 +362,7 @@ def _open(args: argparse.Namespace, *, read_only: bool) -> Any:
         mode=args.mode,
         read_only=read_only,
         sensitivity=getattr(args, "sensitivity", None),
+        frozen=args.frozen,
     )
 
 
@@ -424,6 +439,11 @@ def add_release_parser(sub: Any) -> None:
         "stored release and charges nothing; the same key with other options is refused",
     )
     p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print the guarantee's derivation: the facts and theorems it rests on",
+    )
+    p.add_argument(
         "--diagnostics",
         action="store_true",
         help=f"also print the operator diagnostics, on stderr ({NOT_FOR_ANALYSTS})",
@@ -472,7 +492,8 @@ def release_command(args: argparse.Namespace) -> int:
         options.update(with_counts=True, counts_share=args.counts_share)
     with _open(args, read_only=True) as source:  # --sensitivity: declared, checked there
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
-        if args.mode == "copy" and not one_pass and not has_copy(source, args):
+        reads_copy = getattr(source, "reads_copy", True)  # DuckDB: a frozen table's runs only
+        if args.mode == "copy" and not one_pass and reads_copy and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
         try:
             result = private_top_k(
@@ -493,18 +514,18 @@ def release_command(args: argparse.Namespace) -> int:
     if args.json:
         print(_json(release_dict(release)))
     else:
-        print(_release_text(release, where))
+        print(_release_text(release, where, args.explain))
     if args.diagnostics:
         _print_diagnostics(result.diagnostics, args.json)
     return EXIT_OK
 
 
-def _release_text(release: Release, where: str) -> str:
+def _release_text(release: Release, where: str, explain: bool) -> str:
     from topk_middleware.release import guarantee_text
 
     order = "best first" if release.ranked else "a set: the order is not a ranking"
     lines = [f"Private top-{len(release.items)} of {where} ({order}):", "", _items_table(release)]
-    lines += ["", guarantee_text(release)]
+    lines += ["", guarantee_text(release, derivation=explain)]
     return "\n".join(lines)
 
 

@@ -187,8 +187,11 @@ def test_unprepare_a_duckdb_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert (code, err) == (0, "")
     assert "removed what prepare made" in out
     assert _duckdb_objects(path) == before
-    code, _, err = run(["release", path, "--table", "votes", "--k", "3", "--epsilon", "1"], capsys)
-    assert code != 0 and "prepare" in err  # a release needs prepare again
+    release = ["release", path, "--table", "votes", "--k", "3", "--epsilon", "1"]
+    code, _, err = run([*release, "--frozen"], capsys)
+    assert code != 0 and "prepare" in err  # a frozen table's release needs prepare again
+    code, _, err = run(release, capsys)  # the others read the table as it is now
+    assert (code, err) == (0, "") and _duckdb_objects(path) == before
 
 
 def _pg_objects(conn: psycopg.Connection[Any], schema: str) -> set[Any]:

@@ -47,7 +47,13 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(
 
 
 class BudgetExceeded(RuntimeError):
-    """A release would take the composed guarantee past the budget; nothing was released."""
+    """A release would take the composed guarantee past the budget; nothing was released.
+    `needed_delta`: where the budget's delta is what is short, the total delta the releases
+    with this one need (else None)."""
+
+    def __init__(self, message: str, needed_delta: float | None = None) -> None:
+        super().__init__(message)
+        self.needed_delta = needed_delta
 
 
 # ----- single-mechanism formulas ---------------------------------------------------------------
@@ -393,6 +399,15 @@ def refuse_if_over(
         raise BudgetExceeded(
             f"the budget is used up (epsilon = {before.epsilon:.6g} spent): {cost.mechanism} "
             f"would go over the total epsilon = {epsilon:g}; nothing was read or released"
+        )
+    if math.isinf(after.epsilon) and after.delta > delta:
+        raise BudgetExceeded(
+            f"{cost.mechanism} would take the budget to epsilon = inf: it spends delta = "
+            f"{cost.delta:.3g}, so the budget's releases need a total delta of at least "
+            f"{after.delta:.3g}, and the budget has delta = {delta:g}; grant a budget with a "
+            "delta (1e-6 pays for many such releases), or release without delta (an adaptive "
+            "release, oblivious=False); nothing was read or released",
+            needed_delta=after.delta,
         )
     if after.epsilon > epsilon * (1 + EXHAUSTED):
         raise BudgetExceeded(

@@ -94,10 +94,11 @@ class TopKResult:
         return self.release().to_arrow()
 
 
-def guarantee_text(release: Release) -> str:
-    """The guarantee of a release in words, as the CLI prints it and topk.last_guarantee()
-    returns it: (epsilon, delta), the neighbours and the noise, the sensitivity assumed, the
-    counts' interval where counts were released, and the derivation."""
+def guarantee_text(release: Release, derivation: bool = True) -> str:
+    """The guarantee of a release in words, as topk.last_guarantee() returns it and the CLI
+    prints it: (epsilon, delta), the neighbours and the noise, the sensitivity assumed, the
+    counts' interval where counts were released, and (`derivation`) the derivation, the facts
+    and theorems it rests on (Release.privacy.derivation holds it whatever is printed)."""
     p = release.privacy
     lines = [
         f"Guarantee: ({p.epsilon:.6g}, {p.delta:.3g})-DP for add/remove-one-client neighbours, "
@@ -110,7 +111,8 @@ def guarantee_text(release: Release) -> str:
             f"least 95% (discrete Laplace noise of scale {p.counts_scale:.6g}, epsilon "
             f"{p.counts_epsilon:.6g} of the total)"
         )
-    lines.append(f"  derived from {p.derivation}")
+    if derivation:
+        lines.append(f"  derived from {p.derivation}")
     return "\n".join(lines)
 
 

@@ -63,6 +63,7 @@ from adapters._sql import (
 from topk_middleware.access import AccessError, Rows, RunTraits, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import resolve_declared
+from topk_middleware.validation import first_line, mask_secrets
 
 from ..contributions import (
     FIXED_POINT,
@@ -168,7 +169,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | str,
         table: str | sa.Table,
         id: str = "id",
         score: str = "score",
@@ -189,7 +190,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
         self.last_freshness: dict[str, Any] | None = None  # how the last run knew its data
         resolve_declared(sensitivity, max_items_per_client, None, "table")  # bad: refused
         self._record: str | None = None  # from_votes: what its rank table records
-        self.engine = engine
+        self.engine = engine = engine_of(engine)
         self.dialect = engine.dialect.name
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
             raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
@@ -244,7 +245,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
     @classmethod
     def from_votes(
         cls,
-        engine: Engine,
+        engine: Engine | str,
         votes_table: str,
         items_table: str,
         client: str = "client",
@@ -282,7 +283,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
         self.sensitivity, self.max_items_per_client = float(bound), max_items
         # recorded with the rank table prepare() fills (contributions.py)
         self._record = record_text(bound, max_items)
-        self.engine = engine
+        self.engine = engine = engine_of(engine)
         self.dialect = engine.dialect.name
         self._no_keyed_sql()
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
@@ -1655,6 +1656,24 @@ def _seq_scans(plan: Any) -> Iterator[str]:
         for value in plan.values():
             if isinstance(value, list | dict):
                 yield from _seq_scans(value)
+
+
+def engine_of(engine: Engine | str) -> Engine:
+    """An SQLAlchemy Engine, or one made from a URL string by sqlalchemy.create_engine (a URL
+    SQLAlchemy cannot read, or whose driver is missing, is refused in one line)."""
+    if isinstance(engine, Engine):
+        return engine
+    if not isinstance(engine, str):
+        raise TypeError(
+            f"engine must be an SQLAlchemy Engine or a URL string such as 'sqlite:///shop.sqlite', "
+            f"got {type(engine).__name__}"
+        )
+    try:
+        return sa.create_engine(engine)
+    except (ImportError, sa.exc.ArgumentError) as error:
+        raise ValueError(
+            f"SQLAlchemy cannot make an engine of {mask_secrets(engine)!r}: {first_line(error)}"
+        ) from None
 
 
 def _keeps_stat1(engine: Engine) -> bool:
