@@ -492,8 +492,8 @@ def release_command(args: argparse.Namespace) -> int:
         options.update(with_counts=True, counts_share=args.counts_share)
     with _open(args, read_only=True) as source:  # --sensitivity: declared, checked there
         one_pass = args.method in ("oneshot", "oneshot_full_read")  # a full read or one query
-        reads_copy = getattr(source, "reads_copy", True)  # DuckDB: a frozen table's runs only
-        if args.mode == "copy" and not one_pass and reads_copy and not has_copy(source, args):
+        needs_copy = args.mode == "copy" and not one_pass and source.reads_copy  # DuckDB: frozen
+        if needs_copy and not has_copy(source, args):
             raise _not_prepared(source)  # else every read would be a full scan
         try:
             result = private_top_k(

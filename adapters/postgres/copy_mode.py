@@ -636,6 +636,8 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         self._has_log = bool(log)  # the write log's table (freshness.py)
         return bool(ranks), bool(runs)
 
+    reads_copy = True  # runs read the rank-ordered copy where it is current (freshness)
+
     def has_rank_table(self) -> bool:
         return self._catalog()[0]
 

@@ -1532,6 +1532,8 @@ class SQLAlchemyTable(WriteProof, TableRun):
         the table's costs in a run that reads it (else None: the generic guess)."""
         return RunTraits(costs=self.store_costs)
 
+    reads_copy = True  # runs read the rank-ordered copy where it is current (freshness)
+
     def has_rank_table(self) -> bool:
         """Whether the rank-ordered copy prepare() writes is in the database (one lookup)."""
         with self.engine.connect() as conn:
