@@ -9,6 +9,7 @@
     python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
     python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
     python -m benchmarks utility [--quick] [--trials 200] ...   precision and error per epsilon
+    python -m benchmarks work-caps [--quick]   the worst calls inside the work caps at m = 10^6
 
 Results (JSON, PNG) go to benchmarks/results/, and those of a --quick run to the scratch folder
 benchmarks/scratch/ (not kept by git), unless --out says otherwise.
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_utility)
     utility.add_arguments(p_utility)
 
+    from . import work_caps
+
+    p_caps = sub.add_parser("work-caps", help="the worst calls inside the work caps")
+    _common_arguments(p_caps)
+    work_caps.add_arguments(p_caps)
+
     args = parser.parse_args(argv)
     if args.command == "replot":
         files = replot(args.out)
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         print(oblivious.markdown_table(payload))
     elif args.command == "utility":
         return utility.main(args)
+    elif args.command == "work-caps":
+        payload = {"files": [str(work_caps.run(args))]}
     elif args.command == "spark":
         cfg = spark.config_from_args(args)
         cfg.seed, cfg.out = args.seed, args.out

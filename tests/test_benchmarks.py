@@ -293,3 +293,17 @@ def test_oblivious_harness(tmp_path: Path) -> None:
         assert e["rows_and_round_trips"] == [[2 * d, 3]]
         assert len(e["seconds"]["oneshot_sql"]) == len(e["seconds"]["oblivious"]) == 2
         assert e["median"]["oblivious"] >= e["deadline"] or e["deadline_missed"] > 0
+
+
+def test_work_caps_quick_writes_every_case(tmp_path: Path) -> None:
+    """`python -m benchmarks work-caps --quick` (m / 100, small k): one point per case with its
+    seconds and peak memory, the machine and its load (about 12 s under load: six fresh
+    processes, each importing numpy)."""
+    from benchmarks import work_caps
+
+    main(["work-caps", "--quick", "--quiet", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "work_caps.json").read_text())
+    assert [p["case"] for p in payload["points"]] == [c[0] for c in work_caps.CASES]
+    assert all(p["seconds"] > 0 and p["peak_mib"] > 0 for p in payload["points"])
+    assert len(payload["load_average"]) == 3
+    assert payload["target"] == {"seconds": 10, "peak_mib": 256}

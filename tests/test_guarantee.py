@@ -783,3 +783,19 @@ def test_the_counts_noise_is_drawn_after_the_charge_and_before_any_read(
         extra = with_counts.plan["deadline"] - plain.plan["deadline"]
         assert read > 0  # reading the k exact counts
         assert extra == pytest.approx(noisy_counts.counts_seconds(k) + read)
+
+
+def test_noisy_counts_beyond_their_cap_are_refused_before_the_charge() -> None:
+    """k > COUNTS_MAX_K with counts: refused in the project's words, nothing charged; at the cap
+    the oblivious deadline adds counts_seconds(k) = 0.05 + k / 1000 s (4.05 s at 4,000)."""
+    from topk_middleware import noisy_counts
+
+    budget = PrivacyBudget(100.0, 0.5)
+    source = ArraySource(np.arange(5000, dtype=np.int64))
+    cap = noisy_counts.COUNTS_MAX_K
+    with pytest.raises(ValueError, match=f"with_counts releases at most {cap} counts"):
+        private_top_k(source, cap + 1, 10.0, with_counts=True, budget=budget)
+    assert budget.releases == []
+    assert noisy_counts.counts_seconds(cap) == pytest.approx(0.05 + cap * 1e-3)
+    got = private_top_k(source, 10, 10.0, with_counts=True, budget=budget, seed=1)
+    assert len(got.counts) == 10 and len(budget.releases) == 1

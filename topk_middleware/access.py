@@ -275,6 +275,10 @@ class _Prefix:
             return np.arange(self.size, dtype=np.int64)
         return self._positions[: self.size]
 
+    def position_at(self, depth: int) -> int:
+        """The position at one depth in O(1) (`positions` builds the whole array)."""
+        return depth if self._positions is None else int(self._positions[depth])
+
     def append(self, rows: Rows) -> None:
         # Integer ids stay int64; anything else is kept as Python objects (numpy's fixed-width
         # strings would truncate a longer id fetched later).
@@ -824,7 +828,7 @@ class CountedAccess:
             self.fetch_sorted_until(depth + 1)
         self._depth += 1
         self.stats.sorted += 1
-        return int(self._prefix.positions[depth]), float(self._prefix.scores[depth])
+        return self._prefix.position_at(depth), float(self._prefix.scores[depth])
 
     def sorted_accesses(self, count: int) -> np.ndarray:
         """The scores of the next `count` depths in canonical order: `count` sorted accesses."""

@@ -42,6 +42,7 @@ from .noise import make_noise
 from .noise_list import EagerNoiseList
 from .noisy_counts import (
     CountsPlan,
+    check_counts_k,
     check_counts_share,
     counts_seconds,
     split_epsilon,
@@ -166,6 +167,8 @@ def private_top_k(
     if not isinstance(with_counts, bool):
         raise TypeError(f"with_counts must be True or False, got {with_counts!r}")
     share = check_counts_share(counts_share) if with_counts else 0.0
+    if with_counts:
+        check_counts_k(int(k))
     traits = store_traits(source)  # what the store declares: before anything is read
     sensitivity = check_sensitivity(traits.sensitivity, "the source's sensitivity")
     k = int(k)

@@ -36,9 +36,12 @@ holds every integer, so an integer count read as a double and then clamped is ex
   hold for counts up to C (above it the release is about C).
 * Timing. The exact sampler loops a random number of times (its running time grows with |Z|).
   The k noises are drawn after the charge and before any row is read; in an oblivious release
-  that is inside the padded window, whose deadline adds `counts_seconds(k)` (COUNT_DRAW_SECONDS
-  a count: measured median 46-59 us, slowest of 3,000 draws 0.8-6.7 ms on the loaded 2-core
-  development machine, scales 1/2 to 2^40).
+  that is inside the padded window, whose deadline adds `counts_seconds(k)`: COUNT_DRAWS_FLOOR
+  plus COUNT_DRAW_SECONDS a count (a single draw measured median 46-59 us, slowest of 3,000
+  draws 0.8-6.7 ms on the loaded 2-core development machine, scales 1/2 to 2^40; 10,000 draws
+  took 4.9-5.3 s, 0.5 ms a draw, at load average 26). At most COUNTS_MAX_K counts a release
+  (refused before anything is read or charged), so the draws and their padding stay within a
+  few seconds.
 
 The cost charged to a budget (once) carries the pure / approximate pairs and, when the selection
 has a zCDP form, rho_selection + n (s epsilon / n)^2 / 2 with n as above: at most n counts
@@ -64,14 +67,26 @@ from .privacy import PrivacyGuarantee
 COUNT_INTERVAL_LEVEL = 0.95
 COUNT_BOUND = 2**62  # counts above are released about it (a signed 64-bit integer holds c~)
 DOUBLE_COUNT_BOUND = 2**53  # the same where counts are read as doubles (module docstring)
-COUNT_DRAW_SECONDS = 0.01  # a generous bound on one exact draw (module docstring: Timing)
+COUNT_DRAW_SECONDS = 1e-3  # a bound on the mean time of one exact draw (module docstring)
+COUNT_DRAWS_FLOOR = 0.05  # room for the slowest single draws (module docstring: Timing)
+COUNTS_MAX_K = 4000  # the most noisy counts one release draws (module docstring: Timing)
 INT64_MAX = 2**63 - 1
 
 
 def counts_seconds(k: int) -> float:
     """A bound on the time to draw k count noises: what an oblivious release's deadline adds for
     them (they are drawn inside its padded window)."""
-    return k * COUNT_DRAW_SECONDS
+    return COUNT_DRAWS_FLOOR + k * COUNT_DRAW_SECONDS
+
+
+def check_counts_k(k: int) -> None:
+    """Refuse noisy counts for more than COUNTS_MAX_K items (work known before anything is read
+    or charged: k exact draws and their padding)."""
+    if k > COUNTS_MAX_K:
+        raise ValueError(
+            f"with_counts releases at most {COUNTS_MAX_K} counts (k = {k}): ask for a smaller k, "
+            "or release the items without counts"
+        )
 
 
 def check_counts_share(counts_share: Any) -> float:

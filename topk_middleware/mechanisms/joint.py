@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..access import CountedAccess, Source
+from ..access import CountedAccess, Source, store_traits
 from ..accounting import (
     MechanismResult,
     PrivacyBudget,
@@ -62,27 +62,68 @@ from ..validation import check_common, check_k_within
 TAIL_LOG_MARGIN = 80.0  # enumerate until the rest weighs < e^-80 of the top-k set
 
 
-# Work known to be excessive, refused before anything is charged. Exact counting costs about
-# k^2 (k + 1) big-integer steps per threshold, and a whole-table enumeration (small epsilon, or
-# tied counts) has up to k m thresholds: k = 20 at m = 5,000 took 2.3 s, k = 100 took 205 s
-# (ArraySource, epsilon 1e-9). The gaps hold k * (prefix) floats: k m * 8 bytes at worst.
+# Work known to be excessive, refused before anything is charged, from public facts (k, m, the
+# weight epsilon, whether the score column is an integer type). Exact counting costs one pass of
+# the segment program per distinct threshold, measured (benchmarks/work_caps.py, m = 10^6 and
+# 250,000, load average 22 on 2 cores) at about 2.5 us per (k + 1)^2 plus about 30 us: 35 us at
+# k = 1, 0.54 ms at k = 16, 10.5 ms at k = 64. The distinct thresholds are the distinct gaps
+# c_(i) - c_(j) up to the cut: at most k m, and for integer counts at most floor(cut) + 1. The
+# gaps hold k m doubles (k m 8 bytes at worst), the set of distinct thresholds one Python float
+# each.
 JOINT_MAX_K = 64
-JOINT_MAX_CELLS = 100_000_000  # k * m: 800 MB of gaps at worst
+JOINT_MAX_CELLS = 16_000_000  # k * m: 128 MiB of gaps at worst
+JOINT_MAX_WORK = 2_500_000  # thresholds * ((k + 1)^2 + 12): about 6 s at the rate above
 
 
-def check_joint_size(k: int, m: int | None = None) -> None:
-    """Refuse a joint_top_k whose worst-case work is excessive (JOINT_MAX_K, JOINT_MAX_CELLS):
-    from k alone, and with m (once known) before any charge; the message names k only."""
+def joint_thresholds_bound(k: int, m: int, weight_epsilon: float, integer_scores: bool) -> float:
+    """The most distinct thresholds the sampler enumerates (the comment above): k m, or for
+    integer counts min(k m, floor(cut) + 1), cut = 2 (ln C(m, k) + TAIL_LOG_MARGIN) / eps."""
+    if not integer_scores:
+        return float(k * m)
+    cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / weight_epsilon
+    return float(min(k * m, math.floor(cut) + 1))
+
+
+def joint_work(k: int, m: int, weight_epsilon: float, integer_scores: bool) -> float:
+    """The enumeration's worst-case work in the units of JOINT_MAX_WORK (the comment above)."""
+    return joint_thresholds_bound(k, m, weight_epsilon, integer_scores) * ((k + 1) ** 2 + 12)
+
+
+def smallest_joint_epsilon(k: int, m: int) -> float:
+    """The least weight epsilon at which integer counts of m items pass the work cap at k."""
+    thresholds = JOINT_MAX_WORK // ((k + 1) ** 2 + 12)
+    return 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / (thresholds - 1) * (1 + 1e-9)
+
+
+def check_joint_size(
+    k: int,
+    m: int | None = None,
+    weight_epsilon: float | None = None,
+    integer_scores: bool = False,
+) -> None:
+    """Refuse a joint_top_k whose worst-case work is excessive (JOINT_MAX_K, JOINT_MAX_CELLS,
+    JOINT_MAX_WORK): from k alone, and with m and the weight epsilon (once m is known) before
+    any charge; the message names k and epsilon only. The enumeration of the whole histogram
+    that a draw needs with probability below e^-80 (sample_joint) is not bounded here."""
     if k > JOINT_MAX_K:
         raise ValueError(
             f"joint_top_k with k = {k} is too much work (exact counting grows like k^3 per "
             f"threshold): at most k = {JOINT_MAX_K}; use private_top_k for larger k"
         )
-    if m is not None and k * m > JOINT_MAX_CELLS:
+    if m is None:
+        return
+    if k * m > JOINT_MAX_CELLS:
         raise ValueError(
             f"joint_top_k with k = {k} needs too much memory on this table (k times the number "
             f"of items above {JOINT_MAX_CELLS:,}); use a smaller k or private_top_k"
         )
+    if weight_epsilon is not None:
+        if joint_work(k, m, weight_epsilon, integer_scores) > JOINT_MAX_WORK:
+            kind = "" if integer_scores else " (non-integer scores: every gap may be a threshold)"
+            raise ValueError(
+                f"joint_top_k with k = {k} is too much work on this table at this epsilon"
+                f"{kind}: use a smaller k, a larger epsilon or private_top_k"
+            )
 
 
 def joint_cost(epsilon: float) -> PrivacyCost:
@@ -359,32 +400,37 @@ def joint_top_k(
         access.cap_scores(bound)
         m = access.m
         check_k_within(k, m)
-        check_joint_size(k, m)
+        check_joint_size(k, m, weight_epsilon, store_traits(source).integer_scores)
         charge(budget, cost)
         cut = 2.0 * (log_number_of_sets(m, k) + TAIL_LOG_MARGIN) / weight_epsilon
-        # Sorted accesses until a count falls below c_(k) - cut (or the end of the domain).
-        scores: list[float] = []
+        # Sorted accesses until a count falls below c_(k) - cut (or the end of the domain): the
+        # depth of the first such count is found in each fetched block at once, and exactly the
+        # accesses up to it are counted.
+        taken = 0
         block = 2 * k
-        while len(scores) < m:
-            access.fetch_sorted_until(len(scores) + block)
-            while len(scores) < access.prefix_fetched:
-                check_interrupts()
-                scores.append(access.sorted_access()[1])
-                if len(scores) > k and scores[k - 1] - scores[-1] > cut:
+        while taken < m:
+            check_interrupts()
+            access.fetch_sorted_until(taken + block)
+            fetched = access.prefix_scores()
+            if len(fetched) >= k:
+                start = max(taken, k)
+                below = np.flatnonzero(fetched[k - 1] - fetched[start:] > cut)
+                if len(below):
+                    access.charge(start + int(below[0]) + 1 - taken, 0)
+                    taken = start + int(below[0]) + 1
                     break
-            else:
-                block *= 2
-                continue
-            break
-        ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
+            access.charge(len(fetched) - taken, 0)
+            taken = len(fetched)
+            block *= 2
+        scores = access.prefix_scores()[:taken].copy()
+        ranks = sample_joint(scores, m, k, weight_epsilon, rng)
         if ranks is None:
             # The tail could matter for this draw: read everything and draw again (same u).
             access.fetch_sorted_until(m)
-            while len(scores) < m:
-                check_interrupts()
-                scores.append(access.sorted_access()[1])
+            access.charge(m - taken, 0)
+            scores = access.prefix_scores()[:m].copy()
             rng = saved
-            ranks = sample_joint(np.asarray(scores), m, k, weight_epsilon, rng)
+            ranks = sample_joint(scores, m, k, weight_epsilon, rng)
             assert ranks is not None
         positions = _positions_of(access, ranks, rng)
         order = rng.permutation(len(positions))
