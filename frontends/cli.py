@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from adapters.url import (
     DUCKDB_SUFFIXES,
@@ -234,8 +235,16 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+class ShortUsageParser(argparse.ArgumentParser):
+    """An argparse parser whose error is two short lines (what is wrong, then where the usage
+    is), not the command's whole usage: one bad flag, one message. Exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n  (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ShortUsageParser(
         prog=PROG,
         description="Differentially private top-k straight from the table that holds the counts.",
     )
@@ -279,6 +288,10 @@ def run_reporting_errors(handler: Callable[[argparse.Namespace], int], args: Any
         problem = (EXIT_BUDGET, message)
     except KeyboardInterrupt:
         problem = (EXIT_INTERRUPTED, "interrupted")
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say to it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return EXIT_OK
     except Exception as error:  # every other failure: the message, never a traceback
         message = first_line(error)
         if "prepare()" in message:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -122,3 +125,30 @@ def test_sqlalchemy_table_takes_a_url_string(tmp_path: Path) -> None:
         SQLAlchemyTable(3, "item_votes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot make an engine of 'nosuch://x'"):
         SQLAlchemyTable("nosuch://x", "item_votes")
+
+
+def test_one_bad_flag_gets_two_short_lines(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["release", *table(db, "--k", 3, "--epsilonn", 1)], capsys)
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        "topk-middleware release: error: the following arguments are required: --epsilon",
+        "  (see topk-middleware release --help)",
+    ]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(db: Path) -> None:
+    """`release ... | head -1`: the pipe's reader is gone before the release is printed (its
+    end closed at once here); the command exits 0 with nothing on stderr, no
+    'Broken pipe' error and no 'Exception ignored' line from the interpreter's last flush."""
+    argv = ["release", *map(str, table(db, "--k", 200, "--epsilon", 1, "--adaptive"))]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "frontends", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0 and err == ""
