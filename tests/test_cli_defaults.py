@@ -152,3 +152,17 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(db: Path) -> None:
     process.stdout.close()
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 0 and err == ""
+
+
+def test_make_demo_installs_what_the_demo_needs_only() -> None:
+    """`make demo` installs the extra `demo` (DuckDB), not the suite's `dev` (Spark, Ibis,
+    dbt, ...); `make test` keeps `dev`."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert extras["optional-dependencies"]["demo"] == ["topk_middleware[duckdb]"]
+    make = (ROOT / "Makefile").read_text()
+    demo = re.search(r"^\$\(DEMO_STAMP\):.*?\n\n", make, re.S | re.M)
+    assert demo is not None and "-e '.[demo]'" in demo[0]
+    assert re.search(r"^demo: \$\(DEMO_STAMP\)$", make, re.M)
+    assert re.search(r"^test: \$\(STAMP\)", make, re.M) and "-e '.[dev]'" in make
