@@ -288,3 +288,15 @@ def test_every_block_that_is_not_run_says_why() -> None:
         for block in blocks(page):
             if block.language in SHELL + SQL and block.not_run is not None:
                 assert len(block.not_run) > 10, f"{page}:{block.line}: say why it is not run"
+
+
+def test_every_plot_in_the_results_is_shown_on_a_page() -> None:
+    """Each PNG under benchmarks/results/ appears as an image (`results/<name>.png`) on a page
+    of the site (scripts/mkdocs_hooks.py copies them into the build)."""
+    shown = {
+        name
+        for page in (ROOT / "docs").glob("*.md")
+        for name in re.findall(r"!\[[^\]]*\]\(results/([^)\s]+\.png)\)", page.read_text())
+    }
+    built = {p.name for p in (ROOT / "benchmarks" / "results").glob("*.png")}
+    assert built - shown == set()
