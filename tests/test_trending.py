@@ -122,7 +122,7 @@ def test_a_gated_stream_spends_only_when_the_list_is_wrong(tmp_path: Path) -> No
     budget = ledger.budget(principal, 4.0)
     counts = zipf_counts(2000, 1)
     stream = trending_top_k(ArraySource(counts), 10, 2.0, 48, budget=budget, name="pages",
-                            refreshes=2)  # fmt: skip
+                            refreshes=2, paced=False)  # fmt: skip
     ticks = [stream.tick(t) for t in range(1, 11)]
     assert ticks[0].fresh and not any(t.fresh for t in ticks[1:])  # the list stands
     assert all(t.items == ticks[0].items for t in ticks)
@@ -141,6 +141,26 @@ def test_a_gated_stream_spends_only_when_the_list_is_wrong(tmp_path: Path) -> No
     assert [stream.tick(t).fresh for t in (12, 13)] == [True, False]
     assert len(ledger.log(principal)) == 5  # the last refresh starts no gate
     assert ledger.spent(principal).epsilon <= stream.guarantee.epsilon * (1 + 1e-9)
+
+
+def test_paced_refreshes_accrue_one_every_horizon_over_c_ticks(tmp_path: Path) -> None:
+    """Paced (the default): by tick t at most 1 + floor((t - 1) c / T) refreshes; a hit that
+    arrives when none is due waits, unqueried, until one is."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    budget = ledger.budget(fresh_principal(), 4.0)
+    counts = zipf_counts(500, 5)
+    stream = trending_top_k(ArraySource(counts), 5, 2.0, 40, budget=budget, name="p",
+                            refreshes=4)  # fmt: skip
+    assert [stream.allowed_refreshes(t) for t in (1, 10, 11, 21, 31, 40)] == [1, 1, 2, 3, 4, 4]
+    stream.tick(1)
+    for t, boost in ((2, 10), (3, 20)):  # two hits early: one refresh is due, then none
+        counts[int(np.argsort(counts)[t])] = boost * counts.max()
+        stream.source = ArraySource(counts)
+        stream.tick(t)
+    assert [stream.tick(t).fresh for t in (2, 3)] == [True, False]
+    waited = [stream.tick(t) for t in range(4, 12)]
+    assert [t.fresh for t in waited] == [False] * 7 + [True]  # tick 11: the second refresh
+    assert all(t.diagnostics["rows_read"] == 0 for t in waited[:7])  # no gate query
 
 
 def test_independent_ticks_release_every_tick_within_the_total(tmp_path: Path) -> None:

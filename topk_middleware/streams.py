@@ -190,6 +190,7 @@ class TrendingStream:
         margin: float,
         period: dt.timedelta | None,
         start: dt.datetime | None,
+        paced: bool = True,
     ) -> None:
         check_common(k, epsilon, delta)
         if mechanism not in MECHANISMS:
@@ -219,7 +220,7 @@ class TrendingStream:
             )
         self.source, self.k, self.horizon, self.name = source, int(k), horizon, name
         self.budget, self.ledger, self.principal = budget, ledger, budget.principal
-        self.mechanism, self.margin = mechanism, float(margin)
+        self.mechanism, self.margin, self.paced = mechanism, float(margin), bool(paced)
         self.period, self.start = period, start
         self.sensitivity = source_sensitivity(source)
         m = int(source.domain_size())
@@ -232,10 +233,21 @@ class TrendingStream:
             "k": self.k, "epsilon": float(epsilon), "delta": float(delta), "horizon": horizon,
             "mechanism": mechanism, "refreshes": refreshes, "gate_share": float(gate_share),
             "margin": self.margin,
+            "paced": bool(paced),
         }  # fmt: skip
         self.fingerprint = fingerprint("trending_top_k", source, parameters)
 
     # ----- ticks ---------------------------------------------------------------------------
+    def allowed_refreshes(self, t: int) -> int:
+        """Refreshes the gated stream may have made by tick t: all c at once, or, paced, one
+        more every T / c ticks (1 + floor((t - 1) c / T), at most c), so that early changes
+        cannot use up the refreshes of the whole horizon. A function of t only: skipping the
+        gate's query then tells nothing and costs nothing."""
+        c = self.guarantee.refreshes
+        if not self.paced:
+            return c
+        return min(c, 1 + (t - 1) * c // self.horizon)
+
     def current_tick(self, now: dt.datetime | None = None) -> int:
         """The tick the clock is in: 1 + whole periods since `start` (UTC)."""
         if self.period is None or self.start is None:
@@ -337,6 +349,8 @@ class TrendingStream:
         outcome.update(tick=t, fresh=False, fires=fires, rows_read=0)
         if previous["gate"] is None:  # every refresh spent: the list stands to the horizon
             return outcome, {}
+        if fires >= self.allowed_refreshes(t):  # paced: no gate query (public facts only)
+            return outcome, {}
         _, query_scale = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
         query_noise = float(rng.laplace(0.0, query_scale))
         gap, rows = self._gap(previous["items"])
@@ -371,6 +385,7 @@ def trending_top_k(
     margin: float = 0.0,
     period: dt.timedelta | None = None,
     start: dt.datetime | None = None,
+    paced: bool = True,
 ) -> TrendingStream:
     """A trending top-k over `horizon` ticks under one total (epsilon, delta) (module
     docstring): `stream.tick()` each period. `budget`: a PrivacyLedger's budget (the stream's
@@ -378,11 +393,12 @@ def trending_top_k(
     rerun of the job opens the same stream). `mechanism`: "gated" (sparse vector; at most
     `refreshes` new selections after the first, default ceil(horizon / 24), each gate instance
     of `gate_share` times a selection's epsilon, firing when the best outside item beats the
-    list's k-th by `margin` after noise) or "independent" (a release every tick). `period` and
+    list's k-th by `margin` after noise; `paced`: one more refresh allowed every horizon /
+    refreshes ticks, not all at once) or "independent" (a release every tick). `period` and
     `start` (UTC) number the ticks from the clock; without them pass `tick(index)`."""
     return TrendingStream(
         source, k, epsilon, horizon, budget, name, delta, mechanism, refreshes, gate_share,
-        margin, period, start,
+        margin, period, start, paced,
     )  # fmt: skip
 
 
