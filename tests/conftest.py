@@ -55,6 +55,7 @@ pytest_plugins = [
     "tests.stores_sqlalchemy",
     "tests.stores_spark",
     "tests.stores_ibis",
+    "tests.stores_clickhouse",
     "tests.sql_sessions",
     "tests.xdist_groups",
 ]
@@ -82,6 +83,7 @@ STORE_NAMES: list[str] = [
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
     "sqlalchemy-duckdb",
+    "clickhouse",
     *LIVE_STORE_NAMES,
     *IBIS_STORE_NAMES,
 ]

@@ -42,6 +42,7 @@ COPY_STORES = [
     "sqlalchemy-postgres",
     "sqlalchemy-mariadb",
     "sqlalchemy-duckdb",
+    "clickhouse",
 ]
 LIVE_STORES = [
     "postgres-live",
@@ -143,6 +144,36 @@ def _postgres_store(conninfo: str, schema: str, live: Any = None) -> Iterator[St
     conn.close()
 
 
+def _clickhouse_store(con: Any) -> Iterator[Store]:
+    """ClickHouseTable over a MergeTree table that takes standard UPDATE (lightweight updates:
+    patch parts) as well as ALTER UPDATE, INSERT and lightweight DELETE."""
+    from adapters.clickhouse import ClickHouseTable
+    from adapters.dialects.clickhouse import ClickHouseDialect
+
+    dialect = ClickHouseDialect(con)
+    name = f"Fresh Counts {uuid.uuid4().hex[:8]}"
+    table = dialect.quote(name)
+    dialect.query(
+        f"CREATE TABLE {table} (`Item ID` Int64, `select` Int64) ENGINE = MergeTree "
+        "ORDER BY `Item ID` SETTINGS enable_block_number_column = 1, "
+        "enable_block_offset_column = 1"
+    )
+    dialect.query(f"INSERT INTO {table} SELECT number, 2 * number FROM numbers({len(SCORES)})")
+    source = ClickHouseTable(con, name, id="Item ID", score="select")
+    source.prepare()
+
+    def execute(statement: str, params: dict[str, Any]) -> None:
+        typed = statement.replace(":item", "{item:Int64}").replace(":score", "{score:Int64}")
+        dialect.query(typed, params)
+
+    def frozen() -> ClickHouseTable:
+        return ClickHouseTable(con, name, id="Item ID", score="select", frozen=True)
+
+    yield Store(source, execute, table, "`Item ID`", "`select`", frozen)
+    source.uninstall()
+    dialect.query(f"DROP TABLE IF EXISTS {table} SYNC")
+
+
 def _sqlalchemy_store(source: Any) -> Store:
     engine: sa.Engine = source.engine
     preparer = engine.dialect.identifier_preparer
@@ -165,6 +196,8 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     name: str = request.param
     if name == "duckdb":
         yield from _duckdb_store()
+    elif name == "clickhouse":
+        yield from _clickhouse_store(request.getfixturevalue("clickhouse_connection"))
     elif name in ("postgres", "postgres-live"):
         conninfo = request.getfixturevalue("pg_conninfo")
         schema = request.getfixturevalue("pg_schema")

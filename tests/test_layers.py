@@ -233,6 +233,39 @@ def test_the_probe_rule_sees_a_probe(tmp_path: Path) -> None:
     ]
 
 
+# The SQL store engine (adapters/sql/) holds what every SQL store shares; what differs is a
+# dialect's (adapters/dialects/, one module per store). The engine names no dialect, imports
+# no driver and no dialect module, and asks no dialect its name: every difference is a method
+# or a supports_* flag of adapters/sql/dialect.py.
+ENGINE_PACKAGE = "adapters.sql"
+DIALECT_NAMES = ("clickhouse", "postgres", "duckdb", "sqlite", "mysql", "mariadb", "chdb")
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(m for m in project_modules() if m.split(".")[:2] == ENGINE_PACKAGE.split(".")),
+)
+def test_the_engine_has_no_dialect_branch(module: str) -> None:
+    path = project_modules()[module]
+    imported = imported_names(path, module)
+    assert not [n for n in imported if n.startswith("adapters.dialects")], imported
+    assert not [n for n in imported if n.split(".")[0] in STORE_DRIVERS], imported
+    tree = ast.parse(path.read_text())
+    texts = [
+        n.value.lower()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+    named = [t for t in texts for d in DIALECT_NAMES if re.search(rf"\b{d}\b", t)]
+    assert named == [], f"{path.name} names a store: {named}"
+    compares = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Compare) and ".name" in ast.unparse(n.left)
+    ]
+    assert compares == [], f"{path.name} branches on a dialect's name: {compares}"
+
+
 @pytest.mark.parametrize("module", sorted(project_modules(SIZED)))
 def test_a_long_module_says_why(module: str) -> None:
     path = project_modules(SIZED)[module]
