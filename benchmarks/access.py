@@ -376,7 +376,9 @@ def run(cfg: AccessConfig) -> dict[str, Any]:
     from tqdm import tqdm
 
     with ProcessPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
-        bar = tqdm(points_plan, desc="access", disable=cfg.quiet, dynamic_ncols=True)
+        bar = tqdm(
+            points_plan, desc="access", disable=common.bar_off(cfg.quiet), dynamic_ncols=True
+        )
         for spec, family, m, k in bar:
             bar.set_postfix_str(f"{family} m={m:.0e} k={k} {spec.label}")
             results.append(_run_point(pool, cfg, spec, family, m, k, oracle))

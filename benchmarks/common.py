@@ -326,10 +326,16 @@ def _plain(value: Any) -> Any:
 def progress(
     iterable: Iterable[T], *, total: int | None = None, desc: str = "", quiet: bool = False
 ) -> Iterator[T]:
-    """A tqdm progress bar on stderr (off with quiet)."""
+    """A tqdm progress bar on stderr, shown only when stderr is a terminal (a redirected log
+    gets none) and not quiet."""
     from tqdm import tqdm
 
-    yield from tqdm(iterable, total=total, desc=desc, disable=quiet, dynamic_ncols=True)
+    yield from tqdm(iterable, total=total, desc=desc, disable=bar_off(quiet), dynamic_ncols=True)
+
+
+def bar_off(quiet: bool) -> bool | None:
+    """tqdm's `disable`: True when quiet, else None (tqdm: off unless stderr is a terminal)."""
+    return True if quiet else None
 
 
 def legend_below(fig: Any, axes: Any, columns: int = 4) -> None:

@@ -498,7 +498,7 @@ def run(cfg: WallclockConfig) -> dict[str, Any]:
         except ImportError as error:  # an adapter not there yet
             skipped.append({"store": name, "reason": str(error)})
     plan = [(s, f, m) for s in stores for m in cfg.ms for f in cfg.families]
-    bar = tqdm(plan, desc="wallclock", disable=cfg.quiet, dynamic_ncols=True)
+    bar = tqdm(plan, desc="wallclock", disable=common.bar_off(cfg.quiet), dynamic_ncols=True)
     try:
         for store, family, m in bar:
             try:

@@ -166,3 +166,20 @@ def test_make_demo_installs_what_the_demo_needs_only() -> None:
     assert demo is not None and "-e '.[demo]'" in demo[0]
     assert re.search(r"^demo: \$\(DEMO_STAMP\)$", make, re.M)
     assert re.search(r"^test: \$\(STAMP\)", make, re.M) and "-e '.[dev]'" in make
+
+
+def test_progress_bars_only_on_a_terminal() -> None:
+    """The benchmarks' bars follow the CLI's rule: tqdm's disable=None (off unless stderr is
+    a terminal), True when quiet; a redirected log gets no bar."""
+    import io
+
+    from benchmarks.common import bar_off, progress
+
+    assert bar_off(True) is True and bar_off(False) is None
+    log = io.StringIO()
+    stderr, sys.stderr = sys.stderr, log
+    try:
+        assert list(progress(range(3), desc="points")) == [0, 1, 2]
+    finally:
+        sys.stderr = stderr
+    assert log.getvalue() == ""
