@@ -26,11 +26,13 @@ Calibration at a total (epsilon, delta = 1e-6):
   opendp_gumbel         the same with ZeroConcentratedDivergence (Gumbel noise) at scale
                         k/epsilon: peeling's law (a cross-check, rho = epsilon^2 / (8k))
 Costs that decide trials: OpenDP's release costs 1.4 s at m = 3 x 10^5 on an idle core and far
-more on tied counts under load, so it runs every point up to 1,000 items, 20 trials at k = 10
+more on tied counts under load, so it runs every point up to 1,000 items, 10 trials at k = 10
 up to 50,000, and 2 trials at k = 10, epsilon 1 above (OPENDP_ALL_M, OPENDP_MID_M);
-peeling costs k m per release and runs where k m <= 3 x 10^6; joint runs 50 trials (its exact
-sampler costs up to seconds per draw on tied data).
-Results: benchmarks/results/utility.json and utility_<data set>.png.
+peeling costs k m per release: 50 trials, where k m <= 3 x 10^6; joint 20 trials (its exact
+sampler costs up to seconds per draw on tied data). Their laws are those of threshold (peeling,
+opendp_gumbel) or are checked in their own tests; the 200-trial figures are the others'.
+Results: benchmarks/results/utility.json (and utility_<data set>.json, written as each data set
+finishes) and utility_<data set>.png.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +69,18 @@ MECHANISMS = (
     "opendp_gumbel",
 )
 PREVIEWED = ("threshold", "laplace", "limited_domain")
+# the mechanisms that run the full --trials; the others at most --other-trials (each row of the
+# JSON states its trials)
+FULL_TRIALS = ("threshold", "limited_domain")
 # OpenDP's trials by m (its exact samplers: 0.07 s a release at m = 2 x 10^4 and 1.4 s at
 # 3 x 10^5 on an idle core, 16-27 s at 2 x 10^5 counts with k / epsilon = 10 on this machine
-# under load): every point and trial up to 1,000 items; up to 50,000, 20 trials at k = 10;
+# under load): every point and trial up to 1,000 items; up to 50,000, 10 trials at k = 10;
 # above, 2 trials at k = 10 and epsilon 1 (the time of a release)
 OPENDP_ALL_M = 1_000
 OPENDP_MID_M = 50_000
 PEELING_MAX_KM = 3_000_000
-JOINT_TRIALS = 50
+JOINT_TRIALS = 20
+PEELING_TRIALS = 50
 
 
 @functools.lru_cache(maxsize=4)
@@ -140,7 +146,7 @@ def releases(
     if mechanism == "peeling":
         if k * m > PEELING_MAX_KM:
             return None
-        return (lambda s: (peeling_top_k(source, k, epsilon, seed=s).items, None)), 0
+        return (lambda s: (peeling_top_k(source, k, epsilon, seed=s).items, None)), PEELING_TRIALS
     if mechanism == "joint":
         if k > JOINT_MAX_K:
             return None
@@ -195,7 +201,7 @@ def releases(
         if m <= OPENDP_ALL_M:
             cap = 0
         elif k == 10 and (m <= OPENDP_MID_M or epsilon == 1.0):
-            cap = 20 if m <= OPENDP_MID_M else 2
+            cap = 10 if m <= OPENDP_MID_M else 2
         else:
             return None
         return (lambda s: (release(vector), None)), cap
@@ -203,7 +209,13 @@ def releases(
 
 
 def measure_point(
-    name: str, k: int, epsilon: float, mechanism: str, trials: int, k_bar: int | None
+    name: str,
+    k: int,
+    epsilon: float,
+    mechanism: str,
+    trials: int,
+    k_bar: int | None,
+    other_trials: int | None = None,
 ) -> dict[str, Any] | None:
     from topk_middleware.preview import release_figures
 
@@ -213,6 +225,8 @@ def measure_point(
         return None
     release, cap = made
     runs = min(trials, cap) if cap else trials
+    if other_trials is not None and mechanism not in FULL_TRIALS:
+        runs = min(runs, other_trials)
     kth = float(scores[k - 1])
     values = np.full((runs, k), np.nan)
     l_inf, l_1, seconds = [], [], []
@@ -255,6 +269,7 @@ def run_data_set(
     epsilons: tuple[float, ...],
     ks: tuple[int, ...],
     mechanisms: tuple[str, ...],
+    other_trials: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every point of one data set, the preview's prediction first."""
     from adapters.memory import ArraySource
@@ -289,7 +304,7 @@ def run_data_set(
         for epsilon in epsilons:
             k_bar = predicted.outcome("limited_domain", epsilon).k_bar
             for mechanism in mechanisms:
-                row = measure_point(name, k, epsilon, mechanism, trials, k_bar)
+                row = measure_point(name, k, epsilon, mechanism, trials, k_bar, other_trials)
                 if row is not None:
                     rows.append(row)
     return rows
@@ -394,6 +409,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="20 trials, epsilon 0.25, 1, 4, k 10")
     parser.add_argument("--trials", type=int, default=200, help="releases per point (200)")
     parser.add_argument(
+        "--other-trials",
+        type=int,
+        default=None,
+        help="at most this many releases per point for the mechanisms other than threshold and "
+        "limited_domain (default: --trials)",
+    )
+    parser.add_argument(
         "--data", nargs="+", default=[*DATASETS, *SYNTHETIC], help="data sets (default: all)"
     )
     parser.add_argument(
@@ -425,22 +447,27 @@ def main(args: argparse.Namespace) -> int:
     if args.quick:
         trials, epsilons, ks = min(trials, 20), (0.25, 1.0, 4.0), (10,)
     started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs or 2) as pool:
-        parts = list(
-            pool.map(
-                run_data_set,
-                args.data,
-                [trials] * len(args.data),
-                [epsilons] * len(args.data),
-                [ks] * len(args.data),
-                [tuple(args.mechanisms)] * len(args.data),
-            )
-        )
-    rows = [row for part in parts for row in part]
+        futures = {
+            pool.submit(
+                run_data_set, name, trials, epsilons, ks, tuple(args.mechanisms), args.other_trials
+            ): name
+            for name in args.data
+        }
+        for future in as_completed(futures):
+            part = future.result()
+            rows.extend(part)
+            name = futures[future]
+            common.write_json(out / f"utility_{name}.json", {"trials": trials, "rows": part})
+            print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+            if not args.no_plot:
+                plot(part, out)
     payload = {
         "machine": common.machine_info(),
         "seconds": time.perf_counter() - started,
         "trials": trials,
+        "other_trials": args.other_trials,
         "delta": DELTA,
         "data_sets": {
             name: SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}") for name in args.data
@@ -449,7 +476,23 @@ def main(args: argparse.Namespace) -> int:
     }
     path = common.write_json(out / "utility.json", payload)
     print(path, f"{payload['seconds']:.0f} s")
-    if not args.no_plot:
-        for png in plot(rows, out):
-            print(png)
     return 0
+
+
+def markdown(rows: list[dict[str, Any]], data: str, k: int, field: str = "precision") -> str:
+    """A table of one figure (precision, error_median, ...) per mechanism and epsilon: the form
+    docs/choosing-epsilon.md shows."""
+    mine = [row for row in rows if row["data"] == data and row["k"] == k and field in row]
+    epsilons = sorted({row["epsilon"] for row in mine})
+    lines = [
+        "| mechanism | " + " | ".join(f"eps {e:g}" for e in epsilons) + " |",
+        "|---|" + "---|" * len(epsilons),
+    ]
+    for mechanism in [*(f"preview:{m}" for m in PREVIEWED), *MECHANISMS]:
+        cells = {row["epsilon"]: row for row in mine if row["mechanism"] == mechanism}
+        if not cells:
+            continue
+        form = ".2f" if field in ("precision", "exact") else ".4g"
+        shown = [format(cells[e][field], form) if e in cells else "" for e in epsilons]
+        lines.append(f"| {mechanism} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)

@@ -402,9 +402,10 @@ def recommend(outcomes: list[Outcome], default: str = "threshold") -> list[str]:
                 else "lower k: no epsilon tried keeps the tail out"
             )
         lines.append(f"warning at epsilon {epsilon:g}: {why}; {fix}")
+    # the smallest epsilon at which some mechanism reaches 0.9; there, the default if it does
     good = sorted(
         (item for item in outcomes if item.precision >= 0.9),
-        key=lambda i: (i.epsilon, -i.precision),
+        key=lambda i: (i.epsilon, i.method != default, -i.precision),
     )
     if good:
         lines.append(
