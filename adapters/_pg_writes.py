@@ -15,9 +15,12 @@ snapshot (`pg_current_snapshot()`) and with a digest of the catalog facts the pr
   table dropped and re-created or renamed in), the same storage (`relfilenode`: a rewrite by
   ALTER TABLE .. TYPE, TRUNCATE, VACUUM FULL, CLUSTER changes it), the same trigger row on each
   (its `xmin` changes whenever it is disabled, enabled or replaced, so a write made while it
-  was disabled cannot hide behind a re-enable), each trigger enabled ALWAYS, each relation a
-  table or a partitioned table, none a logical replication target (the apply worker fires
-  row triggers only; PostgreSQL documents this in its logical replication chapter);
+  was disabled cannot hide behind a re-enable) with the same argument (the copy key it logs
+  under: a copy whose key is computed otherwise, say from another spelling of its name, finds
+  no log rows of its own and must not take that for no writes), each trigger enabled ALWAYS,
+  each relation a table or a partitioned table, none a logical replication target (the apply
+  worker fires row triggers only; PostgreSQL documents this in its logical replication
+  chapter);
 * and no log row of the copy visible to the run was written by a transaction the copy's
   snapshot does not see (the rule of `pg_visible_in_snapshot`): an EXISTS over the log's
   (copy, xid) index from the snapshot's xmin up, which stops at the first such row.
@@ -151,7 +154,8 @@ def state_sql(base: str, trigger: str, function: str) -> str:
     table does not exist."""
     return (
         "(" + _tree(base) + "SELECT pg_catalog.md5(pg_catalog.string_agg(pg_catalog.concat_ws("
-        "':', c.oid, c.relkind, c.relfilenode, tg.oid, tg.xmin, tg.tgenabled, tg.tgfoid), ',' "
+        "':', c.oid, c.relkind, c.relfilenode, tg.oid, tg.xmin, tg.tgenabled, tg.tgfoid, "
+        "tg.tgargs), ',' "
         "ORDER BY c.oid)) || CASE WHEN bool_and(c.relkind IN ('r', 'p') AND tg.tgenabled "
         "IS NOT DISTINCT FROM 'A' AND tg.tgfoid IS NOT DISTINCT FROM "
         "pg_catalog.to_regprocedure(" + literal(function + "()") + ")::oid) "

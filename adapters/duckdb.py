@@ -118,7 +118,10 @@ NOT_BUILT = "prepare() did not build it"
 ROWS_DIFFER = "it was built from"
 # Measured at m = 10^7 on a 2-core machine (DESIGN; benchmarks/wallclock.py): a batch of random
 # reads by rank is a semi-join over the rank column, 15-40 ms whatever its size; the in-store
-# one-shot's keyed hash (SHA-256) costs 0.3-0.4 us a hashed row here.
+# one-shot's keyed hash (SHA-256) costs 0.3-0.4 us a hashed row here. The in-store one-shot's
+# statement costs 3-23 ms besides (the fastest of 25 runs at m = 10^3 to 10^5, loaded), a full
+# read of the copy 0.4 / 0.5 / 2.3 ms at m = 10^3 / 10^4 / 10^5: below about 10^5 rows the full
+# read wins (benchmarks/sizes.py).
 STORE_COSTS = StoreCosts(
     round_trip=1e-3,
     sorted_row=5e-8,
@@ -127,6 +130,7 @@ STORE_COSTS = StoreCosts(
     random_batch_item=2e-9,
     oneshot_row=4e-7,
     full_read_row=2e-8,
+    oneshot_query=5e-3,
 )
 
 # Oblivious releases (the deadline's model, mechanisms/oblivious.py), measured on an idle 2-core

@@ -5,6 +5,7 @@
     python -m benchmarks profile [--store duckdb] [--family plateau] ...   where the time goes
     python -m benchmarks freshness [--quick] [--m 1e7] [--rounds 3] ...   releases after writes
     python -m benchmarks freshness-copy [--m 1e6] ...   PostgreSQL / SQLAlchemy copies after writes
+    python -m benchmarks sizes [--quick] [--ms 1e3 1e4 ...] ...   every size and state vs the query
     python -m benchmarks replot [--out DIR]   redraw the PNGs of the results' JSON, nothing run
     python -m benchmarks oblivious [--m M] [--stores duckdb postgres postgres-live] ...   vs SQL
     python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     p_copy = sub.add_parser("freshness-copy", help="copy mode after writes vs SQL (PostgreSQL)")
     _common_arguments(p_copy)
     freshness_copy.add_arguments(p_copy)
+
+    from . import sizes
+
+    p_sizes = sub.add_parser("sizes", help="every table size and state vs the store's query")
+    _common_arguments(p_sizes)
+    sizes.add_arguments(p_sizes)
 
     p_replot = sub.add_parser("replot", help="redraw the PNG plots from the JSON results")
     p_replot.add_argument(
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             print(freshness.rounds_report(payload))
     elif args.command == "freshness-copy":
         payload = {"files": [str(freshness_copy.main(args))]}
+    elif args.command == "sizes":
+        payload = {"files": [str(sizes.main(args))]}
     elif args.command == "oblivious":
         ocfg = oblivious.config_from_args(args)
         ocfg.seed, ocfg.out = args.seed, args.out

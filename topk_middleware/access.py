@@ -1078,7 +1078,9 @@ class StoreCosts:
     column, about one scan whatever the batch's size) fewer, larger batches win. `oneshot_row`
     is the in-store one-shot's cost per hashed row (InStoreOneShot), `oneshot_fixed` its cost
     besides (where it is not a round trip and a batch of random reads: a store reading its table
-    as it is now scans it), `full_read_row` a full read into the client per item (the fallback
+    as it is now scans it), `oneshot_query` what its statement costs besides a round trip
+    (planning and running a statement of several joins: milliseconds, which on a small table
+    outweigh a full read), `full_read_row` a full read into the client per item (the fallback
     one-shot). `sorted_scans`: every sorted read is a scan of the table (no index serves the
     order), so the planner reads nothing to price the threshold run. `copy_refresh`: reads
     only a refreshed copy serves (CopyRefresh)."""
@@ -1091,6 +1093,7 @@ class StoreCosts:
     oneshot_row: float = 5e-7
     full_read_row: float = 5e-7
     oneshot_fixed: float | None = None  # the in-store one-shot's cost besides its hashed rows
+    oneshot_query: float = 0.0  # the in-store one-shot statement's own cost past a round trip
     sorted_scans: bool = False  # every sorted read scans the table
     copy_refresh: CopyRefresh | None = None  # reads by rank refresh a stale copy first
 

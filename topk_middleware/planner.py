@@ -156,7 +156,7 @@ def in_store_seconds(
         hashed = m if counted is None else int(counted)
     if costs.oneshot_fixed is not None:
         return costs.oneshot_fixed + hashed * costs.oneshot_row
-    return costs.round_trip + lookups + hashed * costs.oneshot_row
+    return costs.round_trip + costs.oneshot_query + lookups + hashed * costs.oneshot_row
 
 
 def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:

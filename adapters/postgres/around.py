@@ -60,6 +60,7 @@ CHANGES_TAG = "topk-changes-v1"
 # change entries by id costs about 1 us an entry, and a run groups them twice.
 ENTRY_SECONDS = 1e-6
 AROUND_FIXED = 3e-3
+WORK_MEM = "64MB"  # of the run's transaction, where it reads around
 
 
 def around_seconds(entries: int) -> float:
@@ -306,6 +307,13 @@ class ReadAround:
         snapshot = parse_snapshot(lines[1])
         if snapshot is None:
             return None
+        # for this transaction: the grouping in memory (4 MB spills 10^5 ids to disk), and
+        # no parallel workers (on a small machine they cost more than they share)
+        cur.execute(
+            "SELECT pg_catalog.set_config('work_mem', %s, true), "
+            "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true)",
+            [WORK_MEM],
+        )
         score = "g.score::float8"
         good = f"coalesce({score} >= 0 AND {score} < 'Infinity'::float8, false)"
         query = (
