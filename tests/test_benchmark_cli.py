@@ -29,6 +29,7 @@ COMMANDS = [
     "oblivious",
     "spark",
     "utility",
+    "sizes",
 ]
 MODULES = [
     "exponential",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -307,3 +308,35 @@ def test_work_caps_quick_writes_every_case(tmp_path: Path) -> None:
     assert all(p["seconds"] > 0 and p["peak_mib"] > 0 for p in payload["points"])
     assert len(payload["load_average"]) == 3
     assert payload["target"] == {"seconds": 10, "peak_mib": 256}
+
+
+def test_sizes_harness(tmp_path: Path) -> None:
+    """benchmarks/sizes.py, tiny: m = 2,000, zipf, DuckDB (frozen, default, after writes) and
+    PostgreSQL copy mode after writes; each point has the release's and the query's times,
+    the ratio of their medians and the floor (a full read plus an in-memory release); the
+    PostgreSQL table is dropped. A few seconds."""
+    out = tmp_path / "sizes"
+    args = ["--ms", "2000", "--families", "zipf", "--reps", "1", "--rounds", "2", "--no-plot"]
+    main(["sizes", "--out", str(out), "--quiet", "--stores", "duckdb", *args])
+    pg = ["--name", "pg", "--stores", "postgres-copy", "--states", "writes"]
+    main(["sizes", "--out", str(out), "--quiet", *pg, *args])
+    entries = json.loads((out / "sizes.json").read_text())["results"]
+    entries += json.loads((out / "pg.json").read_text())["results"]
+    assert [(e["store"], e["state"]) for e in entries] == [
+        ("duckdb", "frozen"),
+        ("duckdb", "default"),
+        ("duckdb", "writes"),
+        ("postgres-copy", "writes"),
+    ]
+    for e in entries:
+        assert e["vs_query"] == pytest.approx(
+            statistics.median(e["query"]) / statistics.median(e["release"])
+        )
+        assert e["floor_kind"] == "full read + in memory" and len(e["floor"]) >= 1
+    assert {p["read"] for p in entries[-1]["plans"]} <= {"around", "table"}
+    dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
+    with psycopg.connect(dsn, autocommit=True) as con:
+        left = con.execute(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_sizes_%'"
+        ).fetchone()[0]
+    assert left == 0

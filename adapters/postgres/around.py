@@ -78,6 +78,8 @@ class AroundState:
     in_copy: int  # of them, held by the copy
     present: int  # of them, present now
     max_score: float
+    first_entry: int = 0  # the smallest entry number n among the changes
+    entries: int = 0  # the span of entry numbers: largest - smallest + 1
 
     @property
     def m(self) -> int:
@@ -85,7 +87,7 @@ class AroundState:
 
     @property
     def positions(self) -> int:
-        return self.m_copy + self.present
+        return self.m_copy + self.entries
 
 
 def parse_snapshot(stamp: str) -> tuple[int, int, list[int]] | None:
@@ -124,6 +126,7 @@ class ReadAround:
         )
         self._changes = qualify(f"topk_{digest}_changes")
         self._changes_seq = qualify(f"topk_{digest}_changes_seq")
+        self._changes_index = f"topk_{digest}_changes"
         self._changes_function = qualify(f"topk_{digest}_changes")
         self.change_triggers = tuple(f"topk_{digest}_{op}" for op in ("ins", "upd", "del"))
 
@@ -193,13 +196,26 @@ class ReadAround:
         base, relation = self._text(self._base), relations[0][0]
         try:
             with conn.transaction():  # a savepoint: without the right, prepare() goes on
+                conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(self._changes_seq))
                 conn.execute(
                     sql.SQL(
                         "CREATE TABLE IF NOT EXISTS {} AS SELECT NULL::xid8 AS xid, 0::bigint AS "
-                        "ord, {} AS id, {} AS score FROM {} WITH NO DATA"
+                        "ord, {} AS id, {} AS score, 0::bigint AS n FROM {} WITH NO DATA"
                     ).format(self._changes, self._id, self._score, self._base)
                 )
-                conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(self._changes_seq))
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ALTER n SET DEFAULT nextval({})").format(
+                        self._changes, sql.Literal(self._text(self._changes_seq))
+                    )
+                )
+                for suffix, column in (("id", "id"), ("n", "n")):
+                    conn.execute(
+                        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                            sql.Identifier(f"{self._changes_index}_{suffix}"),
+                            self._changes,
+                            sql.Identifier(column),
+                        )
+                    )
                 changes = conn.execute(pgw.qualified_sql(self._text(self._changes))).fetchone()[0]
                 seq = conn.execute(pgw.qualified_sql(self._text(self._changes_seq))).fetchone()[0]
                 function = self._text(self._changes_function)
@@ -314,6 +330,7 @@ class ReadAround:
             "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true)",
             [WORK_MEM],
         )
+        changes, unseen = self._text(self._changes), self._unseen_sql("c")
         score = "g.score::float8"
         good = f"coalesce({score} >= 0 AND {score} < 'Infinity'::float8, false)"
         query = (
@@ -324,23 +341,34 @@ class ReadAround:
             "(SELECT count(*) FROM g WHERE mod(g.first, 2) = 0), "
             "(SELECT count(*) FROM g WHERE mod(g.ord, 2) = 1), "
             f"(SELECT count(*) FROM g WHERE mod(g.ord, 2) = 1 AND NOT {good}), "
-            f"(SELECT max({score}) FROM g WHERE mod(g.ord, 2) = 1)"
+            f"(SELECT max({score}) FROM g WHERE mod(g.ord, 2) = 1), "
+            f"(SELECT min(c.n) FROM {changes} c WHERE {unseen}), "
+            f"(SELECT max(c.n) FROM {changes} c WHERE {unseen}), "
+            f"(SELECT count(*) FROM {changes} c WHERE c.n IS NULL AND {unseen})"
         )
-        digest, state, changed, null_ids, in_copy, present, bad, top = cur.execute(
-            query, self._snapshot_params(snapshot)
-        ).fetchone()
+        row = cur.execute(query, self._snapshot_params(snapshot)).fetchone()
+        digest, state, changed, null_ids, in_copy, present, bad, top, low, high, unnumbered = row
         if digest is None or lines[2] != f"{CHANGES_TAG} {digest}":
             return None
-        if state is None or lines[1].split(" ")[2] != state or null_ids or bad:
+        if state is None or lines[1].split(" ")[2] != state or null_ids or bad or unnumbered:
             return None
+        span = 0 if low is None else int(high) - int(low) + 1
         return AroundState(
-            snapshot, m_copy, int(changed), int(in_copy), int(present), float(top or 0.0)
+            snapshot,
+            m_copy,
+            int(changed),
+            int(in_copy),
+            int(present),
+            float(top or 0.0),
+            int(low or 0),
+            span,
         )
 
     def _around_oneshot(self, state: AroundState, noise: KeyedNoise, k: int) -> Rows:
         """The in-store one-shot over the copy with the changed rows beside it (module
-        docstring), best first, ties by smaller position, in one query."""
-        ranks = self._text(self._ranks)
+        docstring), best first, ties by smaller position, in one query. A changed item's row is
+        the last entry of its id, a new row (`current`); its position m_copy + n - n_min."""
+        ranks, changes = self._text(self._ranks), self._text(self._changes)
         digits = (
             "(('x' || encode(substring(sha256((%(key)s || ':' || {p}.position)::bytea) "
             "FROM 1 FOR 7), 'hex'))::bit(56)::bigint >> 4)::float8"
@@ -350,26 +378,30 @@ class ReadAround:
             keyed = noise.sql(uniform_from_hex_sql(digits.format(p=alias)))
             return f"{capped_sql(alias + '.score', noise.score_cap)} + coalesce(e.z, {keyed})"
 
-        unchanged = "r.id NOT IN (SELECT ch.id FROM ch)"  # a hashed subplan; no NULL id in ch
+        # probes of the change table's indexes on id: one per candidate row
+        unchanged = (
+            f"NOT EXISTS (SELECT 1 FROM {changes} c WHERE c.id = r.id AND {self._unseen_sql('c')})"
+        )
+        current = (
+            f"mod(c.ord, 2) = 1 AND {self._unseen_sql('c')} AND NOT EXISTS (SELECT 1 FROM "
+            f"{changes} d WHERE d.id = c.id AND d.ord > c.ord AND {self._unseen_sql('d')})"
+        )
+        entry = "%(m)s + c.n - %(first)s"
         bound = float(noise.bound)
         mid = "(b.lo + b.hi) / 2"
         above = f"(SELECT s.score FROM {ranks} s WHERE s.rank = {mid}) >= (SELECT low FROM cut)"
         query = (
-            f"WITH RECURSIVE ch AS MATERIALIZED ({self._grouped_sql()}), "
-            "cur AS MATERIALIZED (SELECT %(m)s + row_number() OVER (ORDER BY ch.id) - 1 "
-            "AS position, ch.id AS id, ch.score::float8 AS score FROM ch "
-            "WHERE mod(ch.ord, 2) = 1), "
-            "e(position, z) AS MATERIALIZED (SELECT * FROM unnest(%(positions)s::bigint[], "
-            "%(noises)s::float8[])), "
+            "WITH RECURSIVE e(position, z) AS MATERIALIZED (SELECT * FROM unnest("
+            "%(positions)s::bigint[], %(noises)s::float8[])), "
             "known AS MATERIALIZED ("
             f"SELECT r.rank AS position, r.id AS id, r.score AS score FROM {ranks} r "
             f"JOIN e ON r.rank = e.position WHERE {unchanged} "
             f"UNION (SELECT r.rank, r.id, r.score FROM {ranks} r WHERE {unchanged} "
             "ORDER BY r.rank LIMIT %(k)s) "
-            "UNION SELECT c.position, c.id, c.score FROM cur c JOIN e ON c.position = e.position "
-            "UNION (SELECT c.position, c.id, c.score FROM cur c ORDER BY c.score DESC "
-            "LIMIT %(k)s)), "
-            f"cut AS (SELECT min(b.v) - {bound!r} - 1e-12 * abs(min(b.v)) AS low FROM "
+            f"UNION SELECT {entry}, c.id, c.score::float8 FROM e JOIN {changes} c "
+            f"ON c.n = e.position - %(m)s + %(first)s WHERE e.position >= %(m)s AND {current}), "
+            "cut AS (SELECT CASE WHEN count(*) < %(k)s THEN '-Infinity'::float8 ELSE "
+            f"min(b.v) - {bound!r} - 1e-12 * abs(min(b.v)) END AS low FROM "
             f"(SELECT {value('n')} AS v FROM known n LEFT JOIN e ON e.position = n.position "
             "ORDER BY 1 DESC LIMIT %(k)s) b), "
             "prefix(lo, hi) AS (SELECT CAST(0 AS BIGINT), CAST(%(m)s AS BIGINT) "
@@ -379,8 +411,8 @@ class ReadAround:
             f"UNION SELECT r.rank, r.id, r.score FROM {ranks} r WHERE r.rank < "
             "(SELECT min(hi) FROM prefix) AND r.score >= (SELECT low FROM cut) "
             f"AND {unchanged} "
-            "UNION SELECT c.position, c.id, c.score FROM cur c "
-            "WHERE c.score >= (SELECT low FROM cut)) "
+            f"UNION SELECT {entry}, c.id, c.score::float8 FROM {changes} c "
+            f"WHERE c.score::float8 >= (SELECT low FROM cut) AND {current}) "
             f"SELECT c.position, c.id, c.score FROM cand c LEFT JOIN e ON e.position = "
             f"c.position ORDER BY {value('c')} DESC, c.position ASC LIMIT %(k)s"
         )
@@ -388,6 +420,7 @@ class ReadAround:
             "key": noise.key,
             "k": int(k),
             "m": int(state.m_copy),
+            "first": int(state.first_entry),
             "positions": int_array_literal(noise.exceed_positions),
             "noises": float_array_literal(noise.exceed_noises),
         }
