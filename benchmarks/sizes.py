@@ -321,6 +321,18 @@ def measure(
     }
 
 
+def _retried(run: Callable[..., dict[str, Any]], *args: Any, tries: int = 6) -> dict[str, Any]:
+    """`run(*args)`, tried again after a pause where a shared server refused the connection."""
+    for attempt in range(tries):
+        try:
+            return run(*args)
+        except Exception as error:
+            if "too many clients" not in str(error) or attempt == tries - 1:
+                raise
+            time.sleep(10.0)
+    raise AssertionError("unreachable")
+
+
 def report(results: list[dict[str, Any]]) -> str:
     lines = [
         "| store | state | family | m | release ms | query ms | vs query | vs floor |",
@@ -382,6 +394,7 @@ def main(args: argparse.Namespace) -> Path:
     dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as workdir:
         for m in sorted(int(x) for x in args.ms):
             for store in args.stores:
@@ -391,7 +404,22 @@ def main(args: argparse.Namespace) -> Path:
                     if args.states and state not in args.states:
                         continue
                     for family in args.families:
-                        point = measure(store, state, family, m, args, dsn, Path(workdir))
+                        try:
+                            point = _retried(
+                                measure, store, state, family, m, args, dsn, Path(workdir)
+                            )
+                        except Exception as error:  # a shared server out of connections
+                            failed.append(
+                                {
+                                    "store": store,
+                                    "state": state,
+                                    "family": family,
+                                    "m": m,
+                                    "error": f"{type(error).__name__}: {error}",
+                                }
+                            )
+                            print(f"failed: {failed[-1]}", flush=True)
+                            continue
                         results.append(point)
                         if not args.quiet:
                             print(report([point]).splitlines()[-1], flush=True)
@@ -401,6 +429,7 @@ def main(args: argparse.Namespace) -> Path:
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "elapsed_seconds": time.perf_counter() - started,
         "results": results,
+        "failed": failed,
     }
     out = common.output_dir(args)
     path = common.write_json(out / f"{args.name or 'sizes'}.json", payload)

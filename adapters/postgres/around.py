@@ -6,8 +6,9 @@ rows. Beside it, `prepare()` installs a change log of the copy on a plain table 
 no inheritance children) that has an immediate unique B-tree on exactly the id column: three
 statement-level triggers with transition tables (INSERT, UPDATE, DELETE) append, per statement,
 every old row as (xid, 2 s, id, NULL) and every new row as (xid, 2 s + 1, id, score), s one
-value of a sequence drawn by the statement's trigger. The table `topk_<digest>_changes` holds
-them; writers need no right on it (the function is SECURITY DEFINER, search_path pg_catalog).
+value of a sequence drawn by the statement's trigger, each entry numbered n from the same
+sequence. The table `topk_<digest>_changes` holds them, with B-trees on id and on n; writers
+need no right on it (the function is SECURITY DEFINER, search_path pg_catalog).
 
 Why the last entry of an id is its current row. Two writes to one id in different
 transactions are ordered by the row lock or by the unique index (an insert waits for the
@@ -24,17 +25,19 @@ their function, the change table, its sequence, the unique index), checked by th
 trigger disabled, replaced or dropped, or the index dropped, ends reading around.
 
 Positions (the one-shot's, keyed_noise.py): an unchanged item keeps its copy rank; the copy
-ranks of changed items are holes; the items present among the changed ids take the positions
-m_copy, m_copy + 1, ... in id order. Every item has one position, fixed before any noise is
-drawn, so the in-store one-shot over these M = m_copy + present positions has the one-shot law
-exactly as over a fresh copy (tested against an ArraySource of the current rows). The query
-(`oneshot_sql`) is the copy's one-shot with the changed rows beside it: the exceedances, the k
-first unchanged ranks and the k best changed rows bound the k-th noisy score from below; the
-copy's rows with score >= the cut are a prefix of ranks (binary search), less the changed ids;
-the changed rows are filtered by the same cut.
+ranks of changed items are holes; an item present among the changed ids takes m_copy + n -
+n_min, n its last entry's number (superseded entries and numbers drawn by other copies or by
+transactions rolled back are holes). Every item has one position, fixed before any noise is
+drawn, so the in-store one-shot over these M = m_copy + n_max - n_min + 1 positions has the
+one-shot law exactly as over a fresh copy (tested against the exact law and an ArraySource of
+the current rows). The query (`_around_oneshot`) is the copy's one-shot with the changed rows
+beside it: the exceedances and the k first unchanged ranks bound the k-th noisy score from
+below (fewer than k rows: no cut); the copy's rows with score >= the cut are a prefix of ranks
+(binary search), less the changed ids (a probe of the index on id per row); the changed rows
+are the entries above the cut that are the last of their id (a probe each).
 
-Cost: the change entries since the copy are grouped by id twice (the facts of the run's first
-queries, then the one-shot), about 1 us an entry; the rest is the copy's one-shot. A run falls
+Cost: the run's first queries group the entries since the copy by id once (m and the counts:
+about 1 us an entry); the one-shot reads the rows and entries it needs by index. A run falls
 back to the table read (table_read.py) when the changes are invalid (a NULL id, a bad score:
 that read refuses them in the project's words), or when reading around is priced above it.
 """
@@ -197,6 +200,14 @@ class ReadAround:
         try:
             with conn.transaction():  # a savepoint: without the right, prepare() goes on
                 conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(self._changes_seq))
+                numbered = conn.execute(
+                    "SELECT pg_catalog.to_regclass(%s) IS NULL OR EXISTS (SELECT 1 FROM "
+                    "pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass(%s) "
+                    "AND attname = 'n' AND NOT attisdropped)",
+                    [self._text(self._changes)] * 2,
+                ).fetchone()[0]
+                if not numbered:  # a change table without entry numbers: made anew
+                    conn.execute(sql.SQL("DROP TABLE {}").format(self._changes))
                 conn.execute(
                     sql.SQL(
                         "CREATE TABLE IF NOT EXISTS {} AS SELECT NULL::xid8 AS xid, 0::bigint AS "
