@@ -323,7 +323,7 @@ def test_the_cli_and_its_json_keep_the_recorded_sensitivity(tmp_path: Any) -> No
     assert done.returncode == 0, done.stderr
     guarantee = json.loads(done.stdout)["guarantee"]
     assert guarantee["sensitivity"] == 5 and guarantee["scale"] == pytest.approx(15.0)
-    done = run_process(base)  # the oblivious default's guarantee line
+    done = run_process([*base, "--explain"])  # the oblivious default's derivation
     assert done.returncode == 0, done.stderr
     assert "assumes each client changes each count by at most 5" in done.stdout
     assert "delta_pad" in done.stdout
