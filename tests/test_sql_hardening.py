@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 
 from frontends import sql_function
+from topk_middleware.mechanisms.joint import smallest_joint_epsilon
 
 from .sql_sessions import kept, session
 from .stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_table
@@ -48,6 +49,9 @@ pytestmark = pytest.mark.xdist_group("sql-hardening")
 
 BY_NAME = "topk.private_top_k"  # one front takes a regclass or a name as text
 JOINT = "topk.joint_top_k"
+# joint_top_k(k = 30) on slow_table at the smallest epsilon its work cap admits (joint.py's
+# JOINT_MAX_WORK): seconds of threshold enumeration in the server
+SLOW_EPSILON = smallest_joint_epsilon(30, 5000)
 REFUSED_FOR_DATA = "refused for a reason in the table's data"
 
 
@@ -205,9 +209,10 @@ def test_hidden_io_adds_nothing_to_the_callers_explain(
 
 @pytest.fixture(scope="module")
 def slow_table(register: Callable[..., str]) -> str:
-    """A table on which joint_top_k(k = 30, epsilon = 1e-9) enumerates every threshold: several
-    seconds of pure Python in the server (k = 20 at m = 5,000 took 2.3 s in the client)."""
-    return register(np.floor(1e5 / np.arange(1, 5001)))
+    """A table on which joint_top_k(k = 30, SLOW_EPSILON) enumerates as many thresholds as its
+    work cap admits: 5,000 dense integer counts, every gap a threshold (3.4 s in the client
+    under load 20)."""
+    return register(20_000 - np.arange(5000))
 
 
 def interrupted(dsn: str, table: str, interrupt: Callable[[int], None] | None, setup: str = ""):
@@ -233,7 +238,7 @@ def interrupted(dsn: str, table: str, interrupt: Callable[[int], None] | None, s
         timer.start()
     error: Exception | None = None
     try:
-        conn.execute(f"SELECT * FROM {JOINT}(%s::regclass, 30, 1e-9, false)", [table])
+        conn.execute(f"SELECT * FROM {JOINT}(%s::regclass, 30, %s, false)", [table, SLOW_EPSILON])
     except psycopg.Error as caught:
         error = caught
     ended = time.monotonic()
