@@ -2,6 +2,7 @@
 
     python -m benchmarks utility [--quick] [--trials 200] [--jobs 2]
     python -m benchmarks utility --preview-m 1e7     the preview's wall time on a DuckDB table
+    python -m benchmarks utility --combine           utility.json from the data sets' files
 
 For each data set (benchmarks/utility_data.py: three real tables from installed packages, and
 the synthetic families zipf and plateau of benchmarks/common.py at m = 10^4), k in {10, 100}
@@ -39,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -332,11 +335,12 @@ def preview_timing(m: int, k: int = 100) -> dict[str, Any]:
         started = time.perf_counter()
         source.prepare()
         prepare_seconds = time.perf_counter() - started
-        times = []
+        times, cpu = [], []
         for _ in range(3):
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             found = preview(source, k)
             times.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - used)
         source.close() if hasattr(source, "close") else None
     return {
         "store": "duckdb (prepared, frozen)",
@@ -344,6 +348,8 @@ def preview_timing(m: int, k: int = 100) -> dict[str, Any]:
         "k": k,
         "points": len(found.outcomes),
         "seconds": times,
+        "cpu_seconds": cpu,
+        "load_average": os.getloadavg(),
         "prepare_seconds": prepare_seconds,
         "rows_fetched": found.accesses.rows_fetched,
         "round_trips": found.accesses.round_trips,
@@ -371,21 +377,25 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
                 )
                 eps = [row["epsilon"] for row in line]
                 style = "--" if mechanism.startswith("preview:") else "-"
+                base = mechanism.removeprefix("preview:")
+                color = plt.get_cmap("tab20")(MECHANISMS.index(base) * 2 % 20)
                 axes[i][0].plot(
                     eps,
                     [row["precision"] for row in line],
                     style,
+                    color=color,
                     marker="o",
                     ms=3,
                     label=mechanism,
                 )
                 median = [row["error_median"] for row in line]
-                axes[i][1].plot(eps, median, style, marker="o", ms=3, label=mechanism)
+                axes[i][1].plot(eps, median, style, color=color, marker="o", ms=3, label=mechanism)
                 if not mechanism.startswith("preview:"):
                     axes[i][1].fill_between(
                         eps,
                         [row["error_q25"] for row in line],
                         [row["error_q75"] for row in line],
+                        color=color,
                         alpha=0.12,
                     )
             for ax, label in zip(
@@ -426,6 +436,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mechanisms (default: all)",
     )
     parser.add_argument(
+        "--combine",
+        action="store_true",
+        help="only merge the data sets' JSON files in the results folder into utility.json",
+    )
+    parser.add_argument(
         "--preview-m",
         type=float,
         default=None,
@@ -433,8 +448,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def combine(out: Path, names: list[str]) -> Path:
+    """utility.json from the per-data-set files of `names` present in `out` (a run cut short, or
+    data sets run apart), and their PNGs redrawn."""
+    rows: list[dict[str, Any]] = []
+    trials: dict[str, Any] = {}
+    for name in names:
+        path = out / f"utility_{name}.json"
+        if path.exists():
+            part = json.loads(path.read_text())
+            rows.extend(part["rows"])
+            trials[name] = part["trials"]
+    payload = {
+        "machine": common.machine_info(),
+        "trials": trials,
+        "delta": DELTA,
+        "data_sets": {
+            name: SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}") for name in trials
+        },
+        "rows": rows,
+    }
+    plot(rows, out)
+    return common.write_json(out / "utility.json", payload)
+
+
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.combine:
+        print(combine(out, args.data))
+        return 0
     if args.preview_m is not None:
         timing = preview_timing(int(args.preview_m))
         path = common.write_json(
