@@ -62,6 +62,7 @@ NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>[^>]*?)\s*-->\s*$")
 CONNECTIONS = {
     "postgresql://analytics@127.0.0.1/shop": "{url}",
     "postgresql://admin@127.0.0.1/shop": "{url}",
+    "postgresql://127.0.0.1/shop": "{url}",
     '"host=/var/run/postgresql dbname=shop user=postgres"': '"{dsn}"',
     '"host=/var/run/postgresql dbname=analytics user=postgres"': '"{dsn}"',
     '"dbname=shop"': '"{dsn}"',
@@ -141,17 +142,25 @@ def _counts_database(dsn: str, role: str, make_role: bool) -> None:
                     ),
                     ITEMS,
                 )
-        conn.execute("CREATE TABLE page_views (client bigint, item bigint, views bigint)")
-        conn.execute("CREATE TABLE pages (id bigint PRIMARY KEY)")
-        conn.execute("INSERT INTO pages SELECT g FROM generate_series(1, 30) g")
+        # the votes behind page_views_counts, under names no page uses
+        conn.execute("CREATE TABLE topk_docs_views (client bigint, item bigint, views bigint)")
+        conn.execute("CREATE TABLE topk_docs_pages (id bigint PRIMARY KEY)")
+        conn.execute("INSERT INTO topk_docs_pages SELECT g FROM generate_series(1, 30) g")
         conn.execute(
-            "INSERT INTO page_views SELECT g % 50, 1 + g % 30, 1 + g % 7 "
+            "INSERT INTO topk_docs_views SELECT g % 50, 1 + g % 30, 1 + g % 7 "
             "FROM generate_series(1, 600) g"
         )
         if make_role:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     PostgresTable.from_votes(
-        dsn, "page_views", "pages", client="client", item="item", weight="views", max_per_item=5
+        dsn,
+        "topk_docs_views",
+        "topk_docs_pages",
+        client="client",
+        item="item",
+        into="page_views_counts",
+        weight="views",
+        max_per_item=5,
     ).close()
 
 
