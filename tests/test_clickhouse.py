@@ -207,3 +207,34 @@ def test_the_writing_a_store_page_runs_as_written(
     assert printed[0].startswith("Bare declares no traits: a store defines traits()")
     assert printed[1] == "(0,)"  # 497 counts ahead: no noise at epsilon 1 moves it
     assert len(eval(printed[2])) == 5
+
+
+def test_reads_by_rank_come_back_in_the_order_asked(clickhouse_connection: Any) -> None:
+    """ClickHouse reads a copy written in several parts on several threads and gives the rows
+    back in the order they finish: reads by rank are put back in the order asked,
+    duplicates kept, each row the one sorted access serves at that rank. Fails if the rows were
+    matched to the ranks as they came (an IndexError or wrong ids)."""
+    con = clickhouse_connection
+    d = ClickHouseDialect(con)
+    name = f"threads_{uuid.uuid4().hex[:8]}"
+    d.query(f"CREATE TABLE {name} (id Int64, score Int64) ENGINE = MergeTree ORDER BY id")
+    try:
+        d.query(f"INSERT INTO {name} SELECT number, number % 997 FROM numbers(300000)")
+        source = ClickHouseTable(con, name)
+        # the copy written in parts of 10^4 rows, as a copy of 10^7 rows is by default
+        d.query("SET max_insert_block_size = 10000, min_insert_block_size_rows = 10000")
+        try:
+            source.prepare()
+        finally:
+            d.query("SET max_insert_block_size = DEFAULT, min_insert_block_size_rows = DEFAULT")
+        rng = np.random.default_rng(4)
+        with source.snapshot():
+            wanted = np.concatenate([rng.choice(300_000, 3000, replace=False), [7, 7]])
+            rows = source.read_positions(wanted)
+            head = source.read_sorted(0, 300_000)
+        assert rows.positions.tolist() == wanted.tolist()
+        assert rows.ids.tolist() == head.ids[wanted].tolist()
+        assert rows.scores.tolist() == head.scores[wanted].tolist()
+    finally:
+        ClickHouseTable(con, name).uninstall()
+        d.query(f"DROP TABLE IF EXISTS {name} SYNC")

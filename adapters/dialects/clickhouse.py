@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -45,19 +46,21 @@ except ImportError as error:  # pragma: no cover - the 'clickhouse' extra
 
 INDEX_GRANULARITY = 128  # rows per granule of the copy: a read by rank reads about this many
 
-# Measured on chdb 4.4 (ClickHouse 26.9), 2 cores, m = 10^7 (benchmarks/clickhouse.py): a
+# Measured on chdb 4.4 (ClickHouse 26.9), 2 shared cores (benchmarks/clickhouse.py): a
 # statement costs a few milliseconds; a batch of reads by rank reads a granule per rank and
-# walks the rank index; the one-shot scans the score column, then hashes the rows near the top.
+# walks the rank index; the keyed one-shot hashes about 2 x 10^5 rows a second (SHA-256 per
+# row) and a full read brings about 3 x 10^5 rows a second into the client.
 STORE_COSTS = StoreCosts(
     round_trip=5e-3,
     sorted_row=2e-7,
     random_batch=5e-3,
     random_row=2e-5,
     random_batch_item=1e-9,
-    oneshot_row=2e-6,
-    full_read_row=2e-7,
-    oneshot_fixed=5e-9,
+    oneshot_row=5e-6,
+    full_read_row=3e-6,
+    oneshot_fixed=0.0,
 )
+ONESHOT_ITEM = 4e-7  # the keyed one-shot's scans of the copy, per item (the cut, the joins)
 
 _INTEGERS = ("Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64")
 _FLOATS = ("Float32", "Float64", "Decimal")
@@ -222,6 +225,10 @@ class ClickHouseDialect(Dialect):
             facts += [str(rows["n"][0]), str(rows["h"][0])]
         return hashlib.sha256("\0".join(facts).encode()).hexdigest()
 
+    def costs_for(self, m: int) -> StoreCosts:
+        """STORE_COSTS, the keyed one-shot's scans of a copy of m rows added."""
+        return replace(self.costs, oneshot_fixed=ONESHOT_ITEM * m)
+
     def in_array(self, param: str, kind: str) -> str:
         return f"{{{param}:Array({'String' if kind == TEXT else 'Int64'})}}"
 
@@ -247,7 +254,8 @@ class ClickHouseDialect(Dialect):
             "(SELECT arrayJoin(arrayZip({positions:Array(Int64)}, {noises:Array(Float64)})) "
             "AS pz)), "
             f"known AS (SELECT r.rank AS position, r.id AS id, r.score AS score, {score} + e.z "
-            f"AS v FROM {ranks} AS r INNER JOIN e ON r.rank = e.position UNION ALL "
+            f"AS v FROM {ranks} AS r INNER JOIN e ON r.rank = e.position "
+            "WHERE r.rank IN (SELECT position FROM e) UNION ALL "
             f"SELECT r.rank, r.id, r.score, {keyed} FROM {ranks} AS r "
             f"WHERE r.rank < {int(k)} AND {not_drawn}), "
             f"(SELECT min(v) - {slack!r} - 1e-12 * abs(min(v)) FROM "

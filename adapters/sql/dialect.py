@@ -41,6 +41,10 @@ class Dialect:
     parameters_in_text = False
     costs = StoreCosts()
 
+    def costs_for(self, m: int) -> StoreCosts:
+        """The cost record for a copy of m rows (where a cost grows with the table)."""
+        return self.costs
+
     def query(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Run one statement; its result's columns by name (empty for DDL)."""
         raise NotImplementedError

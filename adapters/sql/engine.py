@@ -133,7 +133,10 @@ class SQLCopyTable:
 
     def run_traits(self) -> RunTraits:
         """access.RunTraits: positions are the copy's ranks; the dialect's measured costs."""
-        return RunTraits(costs=self.dialect.costs)
+        run = self._run
+        return RunTraits(
+            costs=self.dialect.costs if run is None else self.dialect.costs_for(run.version.m)
+        )
 
     # ----- checks ------------------------------------------------------------------------------
     def _check_columns(self) -> tuple[str, str]:
@@ -319,7 +322,10 @@ class SQLCopyTable:
                 {"positions": np.unique(wanted).tolist()},
             )
         )
-        at = np.searchsorted(got.positions, wanted)
+        order = np.argsort(got.positions, kind="stable")  # rows come in the store's order
+        if not np.array_equal(got.positions[order], np.unique(wanted)):
+            raise AccessError(f"{self.where}: the copy lacks ranks it should hold")
+        at = order[np.searchsorted(got.positions[order], wanted)]
         return Rows(wanted, got.ids[at], got.scores[at])
 
     def _by_id(self, ids: Sequence[Any], exact: bool) -> list[Any]:
