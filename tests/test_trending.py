@@ -273,7 +273,8 @@ def test_100_ticks_killed_between_charge_and_answer(
 ) -> None:
     """Each of 100 ticks: a forked attempt is killed (SIGKILL) after it charged and before its
     answer is stored; the retry answers. Then: one charge per charged key, no charge without a
-    key, every tick answered once. Cost: about 100 forks and 300 ticks on PostgreSQL, 10-20 s."""
+    key, every tick answered once. Cost: about 100 forks and 300 ticks on PostgreSQL, about 50 s
+    at a load average of 20 on 2 cores (the target asks for 100 ticks)."""
     url = request.getfixturevalue("postgres_url")
     principal = fresh_principal()
     PrivacyLedger(url).budget(principal, 50.0)
