@@ -115,7 +115,12 @@ def release_on(world: dict[str, Any], layer: str, **given: Any) -> Released:
         return Released([(r, str(i)) for r, i in rows], text, columns)
     if layer == "polars":
         got = world["frame"].topk.private_top_k(
-            k=k, epsilon=epsilon, budget=world["budget"], oblivious=False, **given
+            k=k,
+            epsilon=epsilon,
+            id=given.get("id", "id"),
+            score=given.get("score", "score"),
+            budget=world["budget"],
+            oblivious=False,
         )
         rows = [(r, str(i)) for r, i in got.frame.iter_rows()]
         return Released(rows, got.guarantee_text, got)
