@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test server-side lint docs bench-access bench-wallclock clean
+.PHONY: demo test server-side test-data lint docs bench-access bench-wallclock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ demo: $(DEMO_STAMP)
 
 # Parallel workers and the grouping of tests that share a server-side singleton come from
 # pyproject.toml's pytest options (tests/conftest.py); plain `pytest` runs the same way.
-test: $(STAMP) server-side
+test: $(STAMP) server-side test-data
 	$(BIN)/python -m pytest -q
 
 # What the SQL functions need on the local PostgreSQL servers: PL/Python and the library
@@ -33,6 +33,10 @@ test: $(STAMP) server-side
 # EXPLAIN); idempotent, quiet when in place.
 server-side:
 	./scripts/ensure-server-side.sh
+
+# Data sets the tests read from Debian's packages (WordNet for the utility benchmark's senses).
+test-data:
+	./scripts/ensure-test-data.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -332,6 +332,47 @@ def test_prepare_is_idempotent_and_staleness_is_detected(
 
 
 # ----- from votes -----------------------------------------------------------------------
+def test_two_count_definitions_over_one_votes_table_keep_copies_of_their_own(
+    engine: sa.Engine, tables: list[str]
+) -> None:
+    """Distinct clients and weights clipped at 3, built from the same two tables, each keep
+    their own copy (a shared one would serve one definition's counts to the other); a vote
+    written after prepare() makes the weighted copy stale, and the next release rebuilds it
+    (counts from votes have no table of their own to read instead)."""
+    items_name, votes_name = unique_name("items"), unique_name("votes")
+    tables.extend([votes_name, items_name])
+    items = sa.Table(items_name, sa.MetaData(), sa.Column("id", sa.BigInteger))
+    votes = sa.Table(
+        votes_name,
+        sa.MetaData(),
+        sa.Column("client", sa.String(20)),
+        sa.Column("item", sa.BigInteger),
+        sa.Column("w", sa.Float),
+    )
+    rows = [("a", 0, 5.0), ("b", 1, 1.0), ("c", 1, 1.0), ("d", 2, 2.0)]
+    with engine.begin() as conn:
+        items.create(conn)
+        votes.create(conn)
+        conn.execute(items.insert(), [{"id": i} for i in range(4)])
+        conn.execute(votes.insert(), [{"client": c, "item": i, "w": w} for c, i, w in rows])
+    distinct = SQLAlchemyTable.from_votes(engine, votes_name, items_name, item_id="id")
+    weighted = SQLAlchemyTable.from_votes(
+        engine, votes_name, items_name, item_id="id", weight="w", max_per_item=3
+    )
+    assert distinct.rank_table_name != weighted.rank_table_name
+    for source in (distinct, weighted):
+        tables.extend([source.rank_table_name, source.runs_table_name])
+        source.prepare()
+    options = {"k": 3, "epsilon": 50.0, "method": "threshold", "seed": 2}
+    for source, counts in ((distinct, [1, 2, 1, 0]), (weighted, [3, 2, 2, 0])):
+        expected = private_top_k(ArraySource(counts), **options).items
+        assert private_top_k(source, **options).items == expected
+    with engine.begin() as conn:
+        conn.execute(votes.insert().values(client="e", item=3, w=3.0))
+    got = private_top_k(weighted, **options)
+    assert got.items == private_top_k(ArraySource([3, 2, 2, 3]), **options).items
+
+
 def test_from_votes_counts_distinct_clients_over_the_public_domain(
     engine: sa.Engine, tables: list[str]
 ) -> None:

@@ -350,7 +350,10 @@ class SQLAlchemyTable(WriteProof, TableRun):
         self._from = counts
         self._id, self._score = counts.c.id, counts.c.score
         self._id_type = items.c[item_id].type
-        digest = _digest(schema, votes_table, items_table, client, item, item_id)
+        # one copy per definition of the counts: the tables and columns, and the bounds where
+        # they differ from one vote per client and item
+        bounds = () if (weight, bound, max_items) == (None, 1, None) else (weight, self._record)
+        digest = _digest(schema, votes_table, items_table, client, item, item_id, *bounds)
         name = rank_table or _fit(f"{votes_table}__{items_table}", f"__topk_votes_{digest}")
         score_type = sa.BigInteger() if weight is None else sa.Double()  # 8 bytes everywhere
         self._init_ranks(name, schema, max_params, score_type=score_type)

@@ -320,13 +320,16 @@ class TableRun:
             in_store = self._in_store_dialect()
             table, rebuild = table_seconds(m, in_store), refresh_seconds(m)
             report |= {"table_seconds": table, "refresh_seconds": rebuild}
-            refresh = self._oblivious or (rebuild < table and attempt == 0)
+            # counts from votes have no table of their own to read: their copy is rebuilt
+            votes = self._source is None
+            refresh = self._oblivious or votes or (rebuild < table and attempt == 0)
             if not refresh or attempt == REFRESH_TRIES:
-                if self._oblivious:
+                if self._oblivious or votes:
                     self._end(conn, transaction)
                     raise RuntimeError(
                         f"{self.where} kept changing while its copy was refreshed "
-                        f"({REFRESH_TRIES} times): try again, or use mode='live'"
+                        f"({REFRESH_TRIES} times): try again"
+                        + ("" if votes else ", or use mode='live'")
                     )
                 report["read"] = "table"
                 self._m = self._open_table_run(conn, report)
