@@ -200,33 +200,16 @@ class ReadAround:
         try:
             with conn.transaction():  # a savepoint: without the right, prepare() goes on
                 conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(self._changes_seq))
-                numbered = conn.execute(
-                    "SELECT pg_catalog.to_regclass(%s) IS NULL OR EXISTS (SELECT 1 FROM "
+                exists, numbered = conn.execute(
+                    "SELECT pg_catalog.to_regclass(%s) IS NOT NULL, EXISTS (SELECT 1 FROM "
                     "pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass(%s) "
                     "AND attname = 'n' AND NOT attisdropped)",
                     [self._text(self._changes)] * 2,
-                ).fetchone()[0]
-                if not numbered:  # a change table without entry numbers: made anew
-                    conn.execute(sql.SQL("DROP TABLE {}").format(self._changes))
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {} AS SELECT NULL::xid8 AS xid, 0::bigint AS "
-                        "ord, {} AS id, {} AS score, 0::bigint AS n FROM {} WITH NO DATA"
-                    ).format(self._changes, self._id, self._score, self._base)
-                )
-                conn.execute(
-                    sql.SQL("ALTER TABLE {} ALTER n SET DEFAULT nextval({})").format(
-                        self._changes, sql.Literal(self._text(self._changes_seq))
-                    )
-                )
-                for suffix, column in (("id", "id"), ("n", "n")):
-                    conn.execute(
-                        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-                            sql.Identifier(f"{self._changes_index}_{suffix}"),
-                            self._changes,
-                            sql.Identifier(column),
-                        )
-                    )
+                ).fetchone()
+                # DDL on the change table only where it is missing (or has no entry numbers):
+                # its locks would wait for every writer in progress, whose triggers write to it
+                if not (exists and numbered):
+                    self._create_changes(conn, drop=exists)
                 changes = conn.execute(pgw.qualified_sql(self._text(self._changes))).fetchone()[0]
                 seq = conn.execute(pgw.qualified_sql(self._text(self._changes_seq))).fetchone()[0]
                 function = self._text(self._changes_function)
@@ -268,6 +251,31 @@ class ReadAround:
                     conn.execute(f"ALTER TABLE {relation} ENABLE ALWAYS TRIGGER {quoted}")
         except psycopg.errors.InsufficientPrivilege:
             return  # the write log's trigger says so in its own warning
+
+    def _create_changes(self, conn: psycopg.Connection[Any], *, drop: bool) -> None:
+        """The change table (made anew where `drop`: one without entry numbers) and its two
+        indexes, in the caller's savepoint."""
+        if drop:
+            conn.execute(sql.SQL("DROP TABLE {}").format(self._changes))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} AS SELECT NULL::xid8 AS xid, 0::bigint AS "
+                "ord, {} AS id, {} AS score, 0::bigint AS n FROM {} WITH NO DATA"
+            ).format(self._changes, self._id, self._score, self._base)
+        )
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ALTER n SET DEFAULT nextval({})").format(
+                self._changes, sql.Literal(self._text(self._changes_seq))
+            )
+        )
+        for suffix, column in (("id", "id"), ("n", "n")):
+            conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} ({})").format(
+                    sql.Identifier(f"{self._changes_index}_{suffix}"),
+                    self._changes,
+                    sql.Identifier(column),
+                )
+            )
 
     def _stamp_changes(self, conn: psycopg.Connection[Any]) -> str:
         """In the copy's transaction: the stamp's third line (the change log's digest, empty
