@@ -177,13 +177,16 @@ class SqlFunction:
 
 
 RELEASE = 'TABLE("position" integer, item text)'
+# The last parameter of every release function: a call under a key already answered returns the
+# stored rows and charges nothing (release_keys.py; `_keyed`).
+KEY_PARAMETER = "release_key text DEFAULT NULL"
 SQL_FUNCTIONS = (
     SqlFunction(
         "private_top_k",
         "_release",
         "source regclass, k integer, epsilon double precision, "
         "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel', "
-        "oblivious boolean DEFAULT true",
+        "oblivious boolean DEFAULT true, " + KEY_PARAMETER,
         RELEASE,
         "server_release",
         comment="Private top-k (Wu, Ohrimenko, Wirth 2023): best first with Gumbel noise, a set "
@@ -196,7 +199,8 @@ SQL_FUNCTIONS = (
         "_release_with_counts",
         "source regclass, k integer, epsilon double precision, "
         "delta double precision DEFAULT 0, noise text DEFAULT 'gumbel', "
-        "counts_share double precision DEFAULT 0.5, oblivious boolean DEFAULT true",
+        "counts_share double precision DEFAULT 0.5, oblivious boolean DEFAULT true, "
+        + KEY_PARAMETER,
         'TABLE("position" integer, item text, count bigint, count_error bigint)',
         "server_release_with_counts",
         comment="Private top-k with each item's noisy count (exact discrete Laplace noise; "
@@ -206,7 +210,8 @@ SQL_FUNCTIONS = (
     SqlFunction(
         "exponential_mechanism",
         "_exponential_mechanism",
-        "source regclass, epsilon double precision, oblivious boolean DEFAULT true",
+        "source regclass, epsilon double precision, oblivious boolean DEFAULT true, "
+        + KEY_PARAMETER,
         RELEASE,
         "server_exponential",
         comment="The exponential mechanism (k = 1), charged to session_user; oblivious reads "
@@ -215,7 +220,8 @@ SQL_FUNCTIONS = (
     SqlFunction(
         "peeling_top_k",
         "_peeling_top_k",
-        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true",
+        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true, "
+        + KEY_PARAMETER,
         RELEASE,
         "server_peeling",
         comment="Peeling: k exponential mechanisms, best first, charged to session_user.",
@@ -223,7 +229,8 @@ SQL_FUNCTIONS = (
     SqlFunction(
         "joint_top_k",
         "_joint_top_k",
-        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true",
+        "source regclass, k integer, epsilon double precision, oblivious boolean DEFAULT true, "
+        + KEY_PARAMETER,
         RELEASE,
         "server_joint",
         comment="The joint exponential mechanism: an unordered set, so position is the order of "
@@ -233,7 +240,7 @@ SQL_FUNCTIONS = (
         "limited_domain_top_k",
         "_limited_domain_top_k",
         "source regclass, k integer, k_bar integer, epsilon double precision, "
-        "delta double precision, oblivious boolean DEFAULT true",
+        "delta double precision, oblivious boolean DEFAULT true, " + KEY_PARAMETER,
         RELEASE,
         "server_limited_domain",
         comment="Limited domain: at most k rows; when fewer than k items beat the threshold, a "
@@ -453,9 +460,53 @@ def install_sql_text(available: Collection[str] | None = None, held: Collection[
         *(f.replace("(regclass", "(text", 1) for f in SUPERSEDED),
         *current,
         *(f.replace("(regclass", "(text", 1) for f in current),
+        *_keyless(),
     ]
     drops = "".join(f"\nDROP FUNCTION IF EXISTS {SCHEMA}.{f};" for f in dict.fromkeys(superseded))
-    return static + drops + "".join(function_sql(f, available, held) for f in SQL_FUNCTIONS)
+    functions = "".join(function_sql(f, available, held) for f in SQL_FUNCTIONS)
+    return static + _KEEP_GRANTS + drops + functions + _GRANT_AGAIN
+
+
+def _keyless() -> list[str]:
+    """The release functions' signatures before KEY_PARAMETER (body: regclass; front:
+    anycompatible), dropped by an install over them."""
+    found = []
+    for f in SQL_FUNCTIONS:
+        if f.params.endswith(", " + KEY_PARAMETER):
+            bare = _parameters(f.params.removesuffix(", " + KEY_PARAMETER))[0]
+            found += [
+                f"{f.body}({bare})",
+                f"{f.name}({bare.replace('regclass', 'anycompatible', 1)})",
+            ]
+    return found
+
+
+# An install that drops a front of an earlier signature (`superseded`) would drop the EXECUTE
+# grants administrators gave on it: they are noted first and given again, by name, on the
+# function of that name once it is made (one signature per name).
+_KEEP_GRANTS = f"""
+DROP TABLE IF EXISTS pg_temp.topk_kept_grants;
+CREATE TEMP TABLE topk_kept_grants AS
+SELECT DISTINCT p.proname::text AS name, a.grantee::regrole::text AS grantee
+FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace, aclexplode(p.proacl) AS a
+WHERE n.nspname = '{SCHEMA}' AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+AND a.grantee <> p.proowner;
+"""
+_GRANT_AGAIN = f"""
+DO $$
+DECLARE
+    kept record;
+BEGIN
+    FOR kept IN SELECT g.name, g.grantee FROM pg_temp.topk_kept_grants AS g
+        WHERE (SELECT count(*) FROM pg_proc AS p WHERE p.proname = g.name
+               AND p.pronamespace = '{SCHEMA}'::regnamespace) = 1
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION {SCHEMA}.%I TO %s', kept.name, kept.grantee);
+    END LOOP;
+END
+$$;
+DROP TABLE pg_temp.topk_kept_grants;
+"""
 
 
 def default_paths() -> tuple[str, str]:
@@ -945,7 +996,7 @@ def _registration(plpy: Any, GD: dict[str, Any], source: str) -> dict[str, Any]:
     if plan is None:
         plan = GD["topk_registration"] = plpy.prepare(
             "SELECT session_user::text AS role, session_user::regrole::oid::bigint AS role_oid, "
-            "s.source::text AS relation, s.id_column, "
+            "s.source::text AS relation, s.source::oid::bigint AS relation_oid, s.id_column, "
             "s.score_column, "
             "s.position_table::text AS position_table, s.trigger_prefix, s.sensitivity, "
             "s.deadline, "
@@ -1077,23 +1128,65 @@ def _no_predicate_locks(plpy: Any, GD: dict[str, Any]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Keyed:
+    """A release under an analyst's key: the SQL function's name and its arguments (with the
+    table, by OID: what "the same parameters" means for a key)."""
+
+    key: str | None
+    function: str
+    arguments: dict[str, Any]
+
+
+def _check_key(release_key: Any) -> None:
+    """A release key: NULL (none) or release_keys.check_release_key's string."""
+    from topk_middleware.release_keys import check_release_key
+
+    if release_key is not None:
+        check_release_key(release_key)
+
+
+def _keyed(keyed: Keyed, relation_oid: int, run: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+    """`run(table, budget, seed)` as a release of `keyed` (release_keys.keyed_release, under the
+    role's principal): a key already answered returns its stored release, charging nothing; a
+    key charged with other arguments is refused (ReleaseKeyConflict) before anything is read or
+    charged; the noise comes from the secret the ledger keeps with the key."""
+    from topk_middleware.release_keys import keyed_release
+
+    if keyed.key is None:
+        return lambda table, budget: run(table, budget, None)
+    arguments = {**keyed.arguments, "source": relation_oid}
+    return lambda table, budget: keyed_release(
+        budget,
+        keyed.key,
+        keyed.function,
+        table,
+        arguments,
+        lambda rng, keyed_budget: run(table, keyed_budget, rng),
+    )
+
+
 def _charged_release(
     plpy: Any,
     GD: dict[str, Any],
     source: Any,
-    run: Callable[[Any, Any], Any],
+    run: Callable[[Any, Any, Any], Any],
+    keyed: Keyed,
     with_counts: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The common half of every release function: the source's registration, then `run(table,
-    budget)` (a mechanism given the SPI source and session_user's LedgerBudget as `budget=`: it
-    charges the ledger before reading any row, and logs its diagnostics there), its refusals in
-    the project's words; the rows (position, item) of the release."""
+    budget, seed)` (a mechanism given the SPI source and session_user's LedgerBudget as
+    `budget=`: it charges the ledger before reading any row, and logs its diagnostics there;
+    under a key, `_keyed`), its refusals in the project's words; the rows (position, item) of
+    the release. Neither the key nor its noise secret is in any statement's text (the ledger's
+    statements bind them as parameters) or in any message."""
     import sqlalchemy as sa
 
     from topk_middleware.accounting import BudgetExceeded
     from topk_middleware.interrupts import checking
     from topk_middleware.ledger import LedgerBudget
     from topk_middleware.privacy import SensitivityError
+    from topk_middleware.release_keys import ReleaseKeyConflict
 
     _no_predicate_locks(plpy, GD)
     found = _registration(plpy, GD, source)
@@ -1105,6 +1198,7 @@ def _charged_release(
     except SensitivityError as error:  # a fact of the registration, not of the counts
         _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
     budget = LedgerBudget(ledger, principal, math.nan, math.nan)  # totals: the ledger's row
+    release_run = _keyed(keyed, found["relation_oid"], run)
     ping = GD.get("topk_ping")
     if ping is None:
         ping = GD["topk_ping"] = plpy.prepare("SELECT 1")
@@ -1113,14 +1207,14 @@ def _charged_release(
         # server raise a pending cancel, statement_timeout or terminate (PL/Python does not).
         with checking(lambda: plpy.execute(ping)):
             try:
-                result = run(table, budget)
+                result = release_run(table, budget)
             except sa.exc.DBAPIError as error:
                 if not error.connection_invalidated:
                     raise
                 # The ledger's connection had died (idle too long, server restart): once more
                 # on a new one. Had the lost charge committed, it stays charged (never
-                # undercounted).
-                result = run(table, budget)
+                # undercounted); under a key, it is not charged again.
+                result = release_run(table, budget)
     except KeyError as error:
         if "has no budget" not in str(error):
             raise
@@ -1144,6 +1238,15 @@ def _charged_release(
         _refuse(plpy, f"role {role}: {error}", REFUSED)
     except SensitivityError as error:  # the registration's sensitivity: not a fact of the data
         _refuse(plpy, str(error), INVALID, hint=_REGISTER_AGAIN)
+    except ReleaseKeyConflict:  # the call's own arguments against the key's: not of the data
+        _refuse(
+            plpy,
+            f"role {role} has used this release key for a release with other arguments (the "
+            "function, the table, k, epsilon or an option differs); nothing was read, charged "
+            "or released",
+            INVALID,
+            hint="a retried job passes the same arguments; a new question takes a new key",
+        )
     except ValueError as error:  # k > m, an empty table, bad scores: facts of the data
         charged = getattr(budget._pending, "seq", None) is not None
         reference = _log_refusal(ledger, role, found["relation"], str(error))
@@ -1206,10 +1309,11 @@ def server_release(
     delta: Any,
     noise: Any,
     oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[int, str | None]]:
     """topk.private_top_k: check, charge session_user, release; the rows (position, item).
     `oblivious` (default true): reads and wall time fixed by public facts
-    (mechanisms/oblivious.py), charged oblivious_cost."""
+    (mechanisms/oblivious.py), charged oblivious_cost. `release_key`: `_keyed`."""
     from topk_middleware.api import NOISES, private_top_k
     from topk_middleware.validation import check_common
 
@@ -1222,22 +1326,26 @@ def server_release(
         check_release_k(k)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
+        _check_key(release_key)
 
     _checked(plpy, check)
+    arguments = {"k": k, "epsilon": epsilon, "delta": delta, "noise": noise}
     return _charged_release(
         plpy,
         GD,
         source,
-        lambda table, budget: private_top_k(
+        lambda table, budget, seed: private_top_k(
             table,
             k,
             epsilon,
             delta,
             noise,
+            seed=seed,
             budget=budget,
             oblivious=bool(oblivious),
             deadline=table.deadline if oblivious else None,
         ),
+        Keyed(release_key, "private_top_k", {**arguments, "oblivious": bool(oblivious)}),
     )
 
 
@@ -1251,6 +1359,7 @@ def server_release_with_counts(
     noise: Any,
     counts_share: Any,
     oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[Any, ...]]:
     """topk.private_top_k_with_counts: topk.private_top_k plus each item's noisy count and the
     95% half-width (private_top_k(..., with_counts=True))."""
@@ -1267,30 +1376,43 @@ def server_release_with_counts(
         check_counts_share(counts_share)
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
+        _check_key(release_key)
 
     _checked(plpy, check)
+    arguments = {"k": k, "epsilon": epsilon, "delta": delta, "noise": noise}
     return _charged_release(
         plpy,
         GD,
         source,
-        lambda table, budget: private_top_k(
+        lambda table, budget, seed: private_top_k(
             table,
             k,
             epsilon,
             delta,
             noise,
+            seed=seed,
             budget=budget,
             with_counts=True,
             counts_share=counts_share,
             oblivious=bool(oblivious),
             deadline=table.deadline if oblivious else None,
         ),
+        Keyed(
+            release_key,
+            "private_top_k_with_counts",
+            {**arguments, "counts_share": counts_share, "oblivious": bool(oblivious)},
+        ),
         with_counts=True,
     )
 
 
 def server_exponential(
-    plpy: Any, GD: dict[str, Any], source: Any, epsilon: Any, oblivious: Any = True
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    epsilon: Any,
+    oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[int, str | None]]:
     """topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i) (mechanisms/exponential.py;
     charged accounting.oneshot_cost("gumbel", 1, m, epsilon), as its `budget=` does)."""
@@ -1299,22 +1421,35 @@ def server_exponential(
 
     _no_nulls(plpy, source=source, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, 1, epsilon, 0.0)
+    _checked(plpy, _check_key, release_key)
     return _charged_release(
         plpy,
         GD,
         source,
-        lambda table, budget: exponential_mechanism(
+        lambda table, budget, seed: exponential_mechanism(
             table,
             epsilon,
+            seed=seed,
             budget=budget,
             oblivious=bool(oblivious),
             deadline=table.deadline if oblivious else None,
+        ),
+        Keyed(
+            release_key,
+            "exponential_mechanism",
+            {"epsilon": epsilon, "oblivious": bool(oblivious)},
         ),
     )
 
 
 def server_peeling(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, oblivious: Any = True
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    k: Any,
+    epsilon: Any,
+    oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[int, str | None]]:
     """topk.peeling_top_k: k exponential-mechanism steps of epsilon/k (mechanisms/peeling.py;
     charged peeling_cost(k, epsilon))."""
@@ -1323,14 +1458,25 @@ def server_peeling(
 
     _no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, k, epsilon, 0.0)
+    _checked(plpy, _check_key, release_key)
     _not_oblivious(plpy, "peeling", oblivious)
     return _charged_release(
-        plpy, GD, source, lambda table, budget: peeling_top_k(table, k, epsilon, budget=budget)
+        plpy,
+        GD,
+        source,
+        lambda table, budget, seed: peeling_top_k(table, k, epsilon, seed=seed, budget=budget),
+        Keyed(release_key, "peeling_top_k", {"k": k, "epsilon": epsilon}),
     )
 
 
 def server_joint(
-    plpy: Any, GD: dict[str, Any], source: Any, k: Any, epsilon: Any, oblivious: Any = True
+    plpy: Any,
+    GD: dict[str, Any],
+    source: Any,
+    k: Any,
+    epsilon: Any,
+    oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[int, str | None]]:
     """topk.joint_top_k: a k-set from the joint exponential mechanism, in random order
     (mechanisms/joint.py; charged joint_cost(epsilon))."""
@@ -1339,10 +1485,15 @@ def server_joint(
 
     _no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
     _checked(plpy, check_common, k, epsilon, 0.0)
+    _checked(plpy, _check_key, release_key)
     _not_oblivious(plpy, "joint", oblivious)
     _checked(plpy, check_joint_size, k)  # work known to be excessive, before anything
     return _charged_release(
-        plpy, GD, source, lambda table, budget: joint_top_k(table, k, epsilon, budget=budget)
+        plpy,
+        GD,
+        source,
+        lambda table, budget, seed: joint_top_k(table, k, epsilon, seed=seed, budget=budget),
+        Keyed(release_key, "joint_top_k", {"k": k, "epsilon": epsilon}),
     )
 
 
@@ -1355,6 +1506,7 @@ def server_limited_domain(
     epsilon: Any,
     delta: Any,
     oblivious: Any = True,
+    release_key: Any = None,
 ) -> list[tuple[int, str | None]]:
     """topk.limited_domain_top_k: Durfee-Rogers Algorithm 1 (mechanisms/limited_domain.py;
     charged limited_domain_cost(k, epsilon, delta)); a bottom symbol is a last row with item
@@ -1365,12 +1517,20 @@ def server_limited_domain(
         plpy, source=source, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta, oblivious=oblivious
     )
     _checked(plpy, check_limited_domain, k, k_bar, epsilon, delta, None)
+    _checked(plpy, _check_key, release_key)
     _not_oblivious(plpy, "limited_domain", oblivious)
     return _charged_release(
         plpy,
         GD,
         source,
-        lambda table, budget: limited_domain_top_k(table, k, k_bar, epsilon, delta, budget=budget),
+        lambda table, budget, seed: limited_domain_top_k(
+            table, k, k_bar, epsilon, delta, seed=seed, budget=budget
+        ),
+        Keyed(
+            release_key,
+            "limited_domain_top_k",
+            {"k": k, "k_bar": k_bar, "epsilon": epsilon, "delta": delta},
+        ),
     )
 
 
