@@ -7,8 +7,14 @@ in precision, 10% in the median error (or both zero). The preview runs 1,000 tri
 the tolerance covers the 200 measured releases' own spread: a median over 200 draws moves by
 about 1.25 IQR / (1.35 sqrt(200)), 5-7% of the median at these points. A preview that drew the
 wrong law (a noise scale off by 2x, the tail's Binomial counts dropped) misses by far more.
-Where errors take few values (Zipf counts near the k-th), a median at a step between two of
-them is left out: it flips with a few draws. The full comparison, every mechanism and epsilon,
+Where errors take few values (Zipf counts near the k-th), a median may sit at a step of their
+distribution, where the share of errors at or below one value is about 1/2: it then flips
+between that value and the next with a few draws. Two medians that differ by more than 10% pass
+only as such a step: the measured releases put 1/2 +- 0.07 (two standard errors of a share
+over 200 draws) of their errors at or below the lower one and below the upper one, i.e.
+nothing measured lies between them and the distribution crosses 1/2 there (words, k = 100,
+epsilon 0.5: P(error <= 72) = 0.49 in 4,000 simulated and 600 measured releases, medians 72
+or 95 by the draw). The full comparison, every mechanism and epsilon,
 is in benchmarks/results/utility.json ("preview:" rows beside the measured ones). Cost: about
 10 CPU seconds.
 """
@@ -42,14 +48,24 @@ def scores_of(name: str, k: int) -> np.ndarray:
     return load(name)
 
 
-def measured(scores: np.ndarray, k: int, release) -> tuple[float, float]:
+def measured(scores: np.ndarray, k: int, release) -> tuple[float, np.ndarray]:
     values = np.full((TRIALS, k), np.nan)
     for seed in range(TRIALS):
         items = np.asarray(release(seed), dtype=np.int64)  # ids are ranks
         values[seed, : len(items)] = scores[items]
     kth = float(scores[k - 1])
     precision, error, _ = release_figures(values, kth, 0.01 * kth, k)
-    return float(precision.mean()), float(np.median(error))
+    return float(precision.mean()), error
+
+
+def medians_agree(predicted: float, errors: np.ndarray) -> bool:
+    """Within 10% of the measured median, or on either side of one step of the measured errors'
+    distribution where it crosses 1/2 (module docstring)."""
+    observed = float(np.median(errors))
+    if abs(predicted - observed) <= 0.1 * observed + 1e-9:
+        return True
+    lower, upper = sorted((predicted, observed))
+    return bool(np.mean(errors <= lower) >= 0.43 and np.mean(errors < upper) <= 0.57)
 
 
 @pytest.mark.parametrize(("name", "k", "epsilons"), POINTS, ids=[f"{p[0]}-k{p[1]}" for p in POINTS])
@@ -85,15 +101,15 @@ def test_preview_predicts_measured_precision_and_error(name: str, k: int, epsilo
                 ),
             ),
         }
-        for method, (precision, error) in observed.items():
+        for method, (precision, errors) in observed.items():
             got = found.outcome(method, epsilon)
             assert abs(got.precision - precision) <= 0.05, (name, epsilon, method, got, precision)
-            assert abs(got.median_error - error) <= 0.1 * error + 1e-9, (
+            assert medians_agree(got.median_error, errors), (
                 name,
                 epsilon,
                 method,
                 got,
-                error,
+                float(np.median(errors)),
             )
 
 
