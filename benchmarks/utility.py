@@ -26,12 +26,13 @@ Calibration at a total (epsilon, delta = 1e-6):
                         pure epsilon, exponential noise (its own law)
   opendp_gumbel         the same with ZeroConcentratedDivergence (Gumbel noise) at scale
                         k/epsilon: peeling's law (a cross-check, rho = epsilon^2 / (8k))
-Costs that decide trials: OpenDP's release costs 1.4 s at m = 3 x 10^5 on an idle core and far
-more on tied counts under load, so it runs every point up to 1,000 items, 10 trials at k = 10
-up to 50,000, and 2 trials at k = 10, epsilon 1 above (OPENDP_ALL_M, OPENDP_MID_M);
-peeling costs k m per release: 50 trials, where k m <= 3 x 10^6; joint 20 trials (its exact
-sampler costs up to seconds per draw on tied data). Their laws are those of threshold (peeling,
-opendp_gumbel) or are checked in their own tests; the 200-trial figures are the others'.
+Trials: every mechanism of the project runs itself, `--trials` (200) seeded releases per point
+on an in-memory ArraySource (the stores' integer counts): a release costs 0.1-17 ms on these
+tables (load average 3-4), so 200 releases per point of all of them take about 8 CPU minutes.
+OpenDP's release costs 2 ms to 30 s (its exact samplers; measured at load 4: 0.3-0.8 s on the
+words at k = 10, 3-6 s at k = 100, 17-30 s on the senses at k = 100, epsilon 4), so it runs
+`--trials` releases or until `--opendp-seconds` (60) of one point's wall time are spent, at
+least 2; each row states its trials and the median wall and CPU seconds of one release.
 Results: benchmarks/results/utility.json (and utility_<data set>.json, written as each data set
 finishes) and utility_<data set>.png.
 """
@@ -72,18 +73,8 @@ MECHANISMS = (
     "opendp_gumbel",
 )
 PREVIEWED = ("threshold", "laplace", "limited_domain")
-# the mechanisms that run the full --trials; the others at most --other-trials (each row of the
-# JSON states its trials)
-FULL_TRIALS = ("threshold", "limited_domain")
-# OpenDP's trials by m (its exact samplers: 0.07 s a release at m = 2 x 10^4 and 1.4 s at
-# 3 x 10^5 on an idle core, 16-27 s at 2 x 10^5 counts with k / epsilon = 10 on this machine
-# under load): every point and trial up to 1,000 items; up to 50,000, 10 trials at k = 10;
-# above, 2 trials at k = 10 and epsilon 1 (the time of a release)
-OPENDP_ALL_M = 1_000
-OPENDP_MID_M = 50_000
-PEELING_MAX_KM = 3_000_000
-JOINT_TRIALS = 20
-PEELING_TRIALS = 50
+OPENDP_SECONDS = 60.0  # wall seconds of OpenDP's releases per point (at least OPENDP_MIN_TRIALS)
+OPENDP_MIN_TRIALS = 2
 
 
 @functools.lru_cache(maxsize=4)
@@ -101,9 +92,9 @@ def stable_rho(epsilon: float, delta: float) -> float:
 
 def releases(
     mechanism: str, scores: np.ndarray, k: int, epsilon: float, k_bar: int | None
-) -> tuple[Callable[[int], Any], int] | None:
-    """(one release for a seed -> (items, noisy counts or None), trials cap) or None where the
-    mechanism does not apply to this point."""
+) -> tuple[Callable[[int], Any], bool] | None:
+    """(one release for a seed -> (items, noisy counts or None), whether its time is budgeted)
+    or None where the mechanism does not apply to this point."""
     from adapters.memory import ArraySource
     from topk_middleware import (
         PayWhatYouGet,
@@ -126,7 +117,7 @@ def releases(
                 private_top_k(source, k, epsilon, DELTA, method="threshold", seed=s).items,
                 None,
             ),
-            0,
+            False,
         )
     if mechanism == "laplace":
         return (
@@ -136,7 +127,7 @@ def releases(
                 ).items,
                 None,
             ),
-            0,
+            False,
         )
     if mechanism == "threshold_counts":
 
@@ -146,15 +137,13 @@ def releases(
             )
             return result.items, result.counts
 
-        return counted, 0
+        return counted, False
     if mechanism == "peeling":
-        if k * m > PEELING_MAX_KM:
-            return None
-        return (lambda s: (peeling_top_k(source, k, epsilon, seed=s).items, None)), PEELING_TRIALS
+        return (lambda s: (peeling_top_k(source, k, epsilon, seed=s).items, None)), False
     if mechanism == "joint":
         if k > JOINT_MAX_K:
             return None
-        return (lambda s: (joint_top_k(source, k, epsilon, seed=s).items, None)), JOINT_TRIALS
+        return (lambda s: (joint_top_k(source, k, epsilon, seed=s).items, None)), False
     if mechanism == "limited_domain":
         return (
             lambda s: (
@@ -163,14 +152,14 @@ def releases(
                 ).items,
                 None,
             ),
-            0,
+            False,
         )
     if mechanism == "pay_what_you_get":
 
         def session(s: int) -> Any:
             return PayWhatYouGet(k, 1, item, DELTA / 4).top_k(source, k, k_bar, seed=s).items, None
 
-        return session, 0
+        return session, False
     if mechanism == "stable":
         if 4 * k >= m:
             return None
@@ -182,7 +171,7 @@ def releases(
                 ).items,
                 None,
             ),
-            0,
+            False,
         )
     if mechanism.startswith("opendp"):
         import opendp.prelude as dp
@@ -202,13 +191,7 @@ def releases(
         )
         # OpenDP draws from its own secure generator: no seed (the trials are independent)
         vector = np.ascontiguousarray(scores, dtype=np.float64)
-        if m <= OPENDP_ALL_M:
-            cap = 0
-        elif k == 10 and (m <= OPENDP_MID_M or epsilon == 1.0):
-            cap = 10 if m <= OPENDP_MID_M else 2
-        else:
-            return None
-        return (lambda s: (release(vector), None)), cap
+        return (lambda s: (release(vector), None)), True
     raise ValueError(f"unknown mechanism {mechanism!r}")
 
 
@@ -219,34 +202,44 @@ def measure_point(
     mechanism: str,
     trials: int,
     k_bar: int | None,
-    other_trials: int | None = None,
+    opendp_seconds: float = OPENDP_SECONDS,
 ) -> dict[str, Any] | None:
+    """`trials` seeded releases of one mechanism at one point (a budgeted one: until
+    `opendp_seconds` of wall time are spent, at least OPENDP_MIN_TRIALS) and their figures."""
     from topk_middleware.preview import release_figures
 
     scores = scores_of(name, k)
     made = releases(mechanism, scores, k, epsilon, k_bar)
     if made is None:
         return None
-    release, cap = made
-    runs = min(trials, cap) if cap else trials
-    if other_trials is not None and mechanism not in FULL_TRIALS:
-        runs = min(runs, other_trials)
+    release, budgeted = made
     kth = float(scores[k - 1])
-    values = np.full((runs, k), np.nan)
-    l_inf, l_1, seconds = [], [], []
-    for seed in range(runs):
-        started = time.perf_counter()
+    values = np.full((trials, k), np.nan)
+    l_inf, l_1, seconds, cpu = [], [], [], []
+    runs = 0
+    point_started = time.perf_counter()
+    for seed in range(trials):
+        if (
+            budgeted
+            and runs >= OPENDP_MIN_TRIALS
+            and time.perf_counter() - point_started >= opendp_seconds
+        ):
+            break
+        started, used = time.perf_counter(), time.process_time()
         try:
             items, counts = release(seed)
         except ValueError:  # work the mechanism refuses at this point (joint on long prefixes)
             return None
         seconds.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - used)
         ranks = np.asarray(items, dtype=np.int64)  # ids are ranks: the scores are descending
         values[seed, : len(ranks)] = scores[ranks]
+        runs += 1
         if counts is not None:
             errors = np.abs(np.asarray(counts, dtype=np.float64) - scores[ranks])
             l_inf.append(float(errors.max()))
             l_1.append(float(errors.sum()))
+    values = values[:runs]
     precision, error, tail = release_figures(values, kth, 0.01 * kth, k)
     q = np.quantile(error, [0.25, 0.5, 0.75])
     row = {
@@ -263,6 +256,7 @@ def measure_point(
         "exact": float(np.mean(precision == 1.0)),
         "tail_items": float(tail.mean()),
         "seconds_median": float(np.median(seconds)),
+        "cpu_seconds_median": float(np.median(cpu)),
     }
     if l_inf:
         row["counts_linf_median"] = float(np.median(l_inf))
@@ -276,7 +270,7 @@ def run_data_set(
     epsilons: tuple[float, ...],
     ks: tuple[int, ...],
     mechanisms: tuple[str, ...],
-    other_trials: int | None = None,
+    opendp_seconds: float = OPENDP_SECONDS,
 ) -> list[dict[str, Any]]:
     """Every point of one data set, the preview's prediction first."""
     from adapters.memory import ArraySource
@@ -311,7 +305,7 @@ def run_data_set(
         for epsilon in epsilons:
             k_bar = predicted.outcome("limited_domain", epsilon).k_bar
             for mechanism in mechanisms:
-                row = measure_point(name, k, epsilon, mechanism, trials, k_bar, other_trials)
+                row = measure_point(name, k, epsilon, mechanism, trials, k_bar, opendp_seconds)
                 if row is not None:
                     rows.append(row)
     return rows
@@ -423,11 +417,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="20 trials, epsilon 0.25, 1, 4, k 10")
     parser.add_argument("--trials", type=int, default=200, help="releases per point (200)")
     parser.add_argument(
-        "--other-trials",
-        type=int,
+        "--opendp-seconds",
+        type=float,
         default=None,
-        help="at most this many releases per point for the mechanisms other than threshold and "
-        "limited_domain (default: --trials)",
+        help=f"wall seconds of OpenDP's releases per point ({OPENDP_SECONDS:g}; --quick: 5), "
+        f"at least {OPENDP_MIN_TRIALS} releases",
     )
     parser.add_argument(
         "--data", nargs="+", default=[*DATASETS, *SYNTHETIC], help="data sets (default: all)"
@@ -490,14 +484,17 @@ def main(args: argparse.Namespace) -> int:
         print(path, timing)
         return 0
     trials, epsilons, ks = args.trials, EPSILONS, KS
+    opendp_seconds = OPENDP_SECONDS
     if args.quick:
-        trials, epsilons, ks = min(trials, 20), (0.25, 1.0, 4.0), (10,)
+        trials, epsilons, ks, opendp_seconds = min(trials, 20), (0.25, 1.0, 4.0), (10,), 5.0
+    if args.opendp_seconds is not None:
+        opendp_seconds = args.opendp_seconds
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs or 2) as pool:
         futures = {
             pool.submit(
-                run_data_set, name, trials, epsilons, ks, tuple(args.mechanisms), args.other_trials
+                run_data_set, name, trials, epsilons, ks, tuple(args.mechanisms), opendp_seconds
             ): name
             for name in args.data
         }
@@ -513,7 +510,8 @@ def main(args: argparse.Namespace) -> int:
         "machine": common.machine_info(),
         "seconds": time.perf_counter() - started,
         "trials": trials,
-        "other_trials": args.other_trials,
+        "opendp_seconds": opendp_seconds,
+        "load_average": os.getloadavg(),
         "delta": DELTA,
         "data_sets": {
             name: SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}") for name in args.data
