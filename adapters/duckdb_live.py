@@ -49,7 +49,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, StoreCosts
+from topk_middleware.access import AccessError, Rows, ScoreBins, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 from topk_middleware.validation import first_line
 
@@ -281,6 +281,21 @@ class LiveRead:
                 f"SELECT count(*) FROM {table} WHERE {column} >= $s", {"s": level}
             ).fetchone()[0]
         )
+
+    def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """access.ScoreHistogramRead: the scores of the table read as it is now at or below
+        `bins.top`, binned, by one aggregate (each bin's largest score and size; one scan, no
+        sort); None on a copy (its runs serve the histogram) or on rowid slots."""
+        run = self._state()
+        if not run.live or run.slots:
+            return None
+        score = f"{self._score}::DOUBLE"
+        got = run.cursor.execute(
+            f"SELECT max({score}) AS top, count(*) AS n FROM {self._base} "
+            f"WHERE {score} <= $top GROUP BY {bins.sql(score)}",
+            {"top": float(bins.top)},
+        ).fetchnumpy()
+        return np.asarray(got["top"], dtype=np.float64), np.asarray(got["n"], dtype=np.int64)
 
     def oneshot_positions(self) -> int:
         """How many positions the in-store one-shot samples its exceedances from: the rowid

@@ -199,6 +199,57 @@ class ScoreRunsHead(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ScoreBins:
+    """Bins of the scores at or below `top` by their distance d = top - score: one `width`
+    while d < linear x width, then a width that grows with d (a share 1/per_e of it):
+
+        bin(d) = floor(d / width)                                  where d < linear x width,
+                 linear + floor(per_e x ln(d / (linear x width)))  elsewhere.
+
+    Each bin is read as its largest score and how many items it holds (ScoreHistogramRead), so
+    an item is read at most max(width, d / per_e) above its score; a store may compute the bins
+    in its own arithmetic (a score on a boundary may land in the next bin: nothing else moves).
+    Non-empty bins: at most linear + per_e x ln(spread / (linear x width)) + 1."""
+
+    top: float
+    width: float
+    linear: int = 2048
+    per_e: int = 512
+
+    def index(self, scores: np.ndarray) -> np.ndarray:
+        """The bins of these scores (each at most `top`), in numpy."""
+        d = self.top - np.asarray(scores, dtype=np.float64)
+        edge = self.linear * self.width
+        with np.errstate(divide="ignore"):
+            far = self.linear + np.floor(self.per_e * np.log(np.maximum(d, edge) / edge))
+        return np.where(d < edge, np.floor(d / self.width), far).astype(np.int64)
+
+    def sql(self, score: str) -> str:
+        """The bin of `score` (an SQL expression of the score as a double precision number), in
+        the SQL that DuckDB, PostgreSQL, MariaDB / MySQL and SQLite read alike."""
+        top, width = repr(float(self.top)), repr(float(self.width))
+        edge = repr(float(self.linear * self.width))
+        d = f"({top} - {score})"
+        return (
+            f"CASE WHEN {d} < {edge} THEN FLOOR({d} / {width}) "
+            f"ELSE {int(self.linear)} + FLOOR({int(self.per_e)} * LN({d} / {edge})) END"
+        )
+
+
+@runtime_checkable
+class ScoreHistogramRead(Protocol):
+    """Optional: the histogram of the scores at or below a level, binned (ScoreBins), by one
+    aggregate query: where a store keeps no runs of tied scores, what `preview` reads of the
+    tail beyond the top rows (topk_middleware/preview.py), without a row per item."""
+
+    def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the largest score of each non-empty bin, how many items it holds), in any order,
+        over the items scoring at most `bins.top`, in one round trip inside the snapshot; None
+        where the store would read every row for it."""
+        ...
+
+
 @runtime_checkable
 class PositionScores(Protocol):
     """Optional, for a store whose positions are not ranks: scores at positions without their
@@ -760,6 +811,32 @@ class CountedAccess:
             capped = np.concatenate([[self.score_cap], scores[above:]])
             sizes = np.concatenate([[sizes[:above].sum()], sizes[above:]])
         return capped, np.asarray(sizes, dtype=np.int64)
+
+    def binned_scores(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """The store's binned histogram of the scores at or below `bins.top`
+        (ScoreHistogramRead): each bin's largest score, descending and clamped at score_cap, and
+        how many items it holds; one round trip, a row per bin. None where the store has none."""
+        source = self.source
+        got = source.read_score_histogram(bins) if implements(source, ScoreHistogramRead) else None
+        if got is None:
+            return None
+        tops = np.asarray(got[0], dtype=np.float64)
+        sizes = np.asarray(got[1], dtype=np.int64)
+        if not (
+            len(tops) == len(sizes)
+            and bool(np.all(sizes > 0))
+            and bool(np.all(np.isfinite(tops)))
+            and bool(np.all(tops <= bins.top))
+        ):
+            raise AccessError(
+                f"the store's histogram of the scores at or below {bins.top:g} is inconsistent "
+                f"({len(tops)} bins, {len(sizes)} sizes)"
+            )
+        self.stats.rows_fetched += len(tops)
+        self.stats.round_trips += 1
+        values, inverse = np.unique(np.minimum(tops, self.score_cap), return_inverse=True)
+        totals = np.bincount(inverse, weights=sizes, minlength=len(values)).astype(np.int64)
+        return values[::-1], totals[::-1]
 
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost).

@@ -4,11 +4,16 @@ NOT A PRIVATE RELEASE. The preview reads the exact counts and reports figures th
 them; it charges no budget, and its output must never be shown to an analyst. It is reachable
 from Python and from the command line (`topk-middleware preview`), never from the SQL functions.
 
-What it reads: the histogram of the scores (each distinct score and how many items hold it),
-from the store's runs of tied scores in one round trip where the store keeps them (every
-prepared store does), else from one full read (`CountedAccess.score_histogram`). Count data has
-few distinct scores: the read is as many rows as distinct scores, not m. Nothing is read per
-item, and no id is read.
+What it reads (`read_histogram`): the histogram of the scores (each distinct score and how many
+items hold it), from the store's runs of tied scores in one round trip where the store keeps
+them (every prepared store does: as many rows as distinct scores). Elsewhere (a live table),
+the top 16k + 1 rows of the canonical order by one sorted read, and the rest by one aggregate
+query (access.ScoreHistogramRead): the items at or below the head's last score, binned by their
+distance below it (access.ScoreBins), each bin read as its largest score and its size. Bins are
+1/16 of the smallest noise scale simulated wide (1 on integer counts, whose bins are then
+exact), and a share 1/512 of the distance past 2,048 widths; no item is read more than that
+above its score, and the head (limited domain's k_bar + 1 counts) is exact. A store that offers
+neither is read in full once. Nothing is read per item beyond the head.
 
 What it computes, for each epsilon and mechanism, from `trials` simulated releases on that
 histogram (fixed `seed`: the same figures every time):
@@ -37,8 +42,9 @@ Gumbel and Laplace; for limited domain, delta/2 sets its threshold and delta/2 i
 its Theorem 1, whose per-item epsilon is the largest meeting epsilon
 (`limited_domain_item_epsilon`).
 
-Cost: one read of the histogram (above) plus trials x (k + near-top items) draws per epsilon
-and mechanism; no budget, no ledger, no write.
+Cost: one read of the histogram (above: 2-3 round trips, at most 16k + 1 rows plus a row per
+distinct score or bin) plus trials x (8k + near-top items) draws per epsilon and mechanism; no
+budget, no ledger, no write.
 """
 
 from __future__ import annotations
@@ -48,7 +54,16 @@ from typing import Any
 
 import numpy as np
 
-from .access import AccessStats, CountedAccess, Source
+from .access import (
+    AccessError,
+    AccessStats,
+    CountedAccess,
+    ScoreBins,
+    ScoreHistogramRead,
+    Source,
+    implements,
+    store_traits,
+)
 from .accounting import limited_domain_epsilon
 from .mechanisms.joint import JOINT_MAX_K, TAIL_LOG_MARGIN, log_number_of_sets, sample_joint
 from .mechanisms.limited_domain import threshold_offset
@@ -72,6 +87,10 @@ JOINT_MAX_PREFIX = 200_000
 # their noisy values bounds the release's k-th from below, so few others pass it.
 HEAD_FACTOR = 8  # the joint sampler's prefix (k x prefix floats per draw)
 BLOCK_CELLS = 1 << 21  # (trial, run) pairs the one-shot simulation holds at once
+# A store without runs of tied scores: the head read row by row (limited domain's largest k_bar,
+# 16k, plus one), and the rest binned at this share of the smallest noise scale simulated.
+HEAD_ROWS_PER_K = 16
+BIN_SHARE = 1.0 / 16.0
 
 
 @dataclass(frozen=True)
@@ -436,6 +455,52 @@ def recommend(outcomes: list[Outcome], default: str = "threshold") -> list[str]:
     return lines
 
 
+def smallest_scale(
+    k: int, m: int, epsilons: tuple[float, ...], methods: tuple[str, ...], delta: float
+) -> float:
+    """The smallest noise scale among the points a preview simulates (Gumbel or Laplace scale;
+    2 / epsilon for the joint mechanism's exponential weights)."""
+    scales = [2.0 / max(epsilons)]
+    for epsilon in epsilons:
+        if "threshold" in methods:
+            scales.append(calibrate("gumbel", k, m, epsilon, delta).scale)
+        if "laplace" in methods:
+            scales.append(calibrate("laplace", k, m, epsilon, delta).scale)
+        if "limited_domain" in methods and delta > 0.0:
+            scales.append(1.0 / limited_domain_item_epsilon(k, epsilon, delta / 2.0))
+    return min(scales)
+
+
+def read_histogram(access: CountedAccess, k: int, scale: float) -> ScoreHistogram:
+    """The score histogram the simulations draw from (module docstring: What it reads): the
+    store's runs; else the head row by row and the rest by one binned aggregate, bins
+    BIN_SHARE x `scale` wide (at least 1 on integer counts); else a full read."""
+    head_rows = min(access.m, HEAD_ROWS_PER_K * k + 1)
+    offers = implements(access.source, ScoreHistogramRead)
+    if offers and not access.run_count and head_rows < access.m:
+        access.fetch_sorted_until(head_rows)
+        head = np.array(access.prefix_scores()[:head_rows])
+        top = float(head[-1])
+        width = BIN_SHARE * scale
+        if store_traits(access.source).integer_scores:
+            width = max(width, 1.0)
+        binned = access.binned_scores(ScoreBins(top, width))
+        if binned is not None:
+            above = head[head > top]
+            values = np.concatenate([above, binned[0]])
+            sizes = np.concatenate([np.ones(len(above), np.int64), binned[1]])
+            if int(sizes.sum()) != access.m:
+                raise AccessError(
+                    f"the store's head and histogram hold {int(sizes.sum())} items, not m = "
+                    f"{access.m}: they were not read in one snapshot"
+                )
+            distinct, inverse = np.unique(values, return_inverse=True)
+            totals = np.bincount(inverse, weights=sizes).astype(np.int64)
+            return ScoreHistogram(distinct[::-1], totals[::-1])
+    values, sizes = access.score_histogram()
+    return ScoreHistogram(np.asarray(values, dtype=np.float64), np.asarray(sizes, dtype=np.int64))
+
+
 def check_preview_arguments(
     k: Any,
     epsilons: Any,
@@ -478,14 +543,15 @@ def preview(
     """Predict, for each epsilon and mechanism, what a private top-k of `source` would give
     (module docstring). Owner only: it reads the exact counts, charges nothing, releases nothing.
     `delta`: the delta the releases would use (limited domain needs delta > 0). Cost: one read of
-    the score histogram (as many rows as distinct scores where the store keeps its runs)."""
+    the score histogram (`read_histogram`: the store's runs, or 16k + 1 rows and one aggregate
+    on a live table)."""
     epsilons, methods = check_preview_arguments(k, epsilons, methods, delta, trials, near_zero)
     k = int(k)
     with source.snapshot():
         access = CountedAccess(source)
         check_k_within(k, access.m)
-        values, sizes = access.score_histogram()
-    hist = ScoreHistogram(np.asarray(values, dtype=np.float64), np.asarray(sizes, dtype=np.int64))
+        scale = smallest_scale(k, access.m, epsilons, methods, float(delta))
+        hist = read_histogram(access, k, scale)
     rng = np.random.default_rng(seed)
     outcomes: list[Outcome] = []
     for epsilon in epsilons:

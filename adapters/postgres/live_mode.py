@@ -126,7 +126,7 @@ from adapters._sql import (
     rows_from_records,
     scores_in_order,
 )
-from topk_middleware.access import AccessError, Rows, RunTraits
+from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.planner import PROBE_ROWS
 
@@ -1293,6 +1293,19 @@ END
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """ExactScores: the scores in the table's own type, from the table itself."""
         return self._exact_scores(ids)
+
+    def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """access.ScoreHistogramRead: the scores of the table at or below `bins.top`, binned,
+        by one aggregate in the run's snapshot (each bin's largest score and size; one scan)."""
+        self._live_state()
+        query = sql.SQL(
+            "SELECT max(s), count(*) FROM (SELECT {score}::float8 AS s FROM {base}) AS t "
+            "WHERE s <= %s GROUP BY {bin}"
+        ).format(score=self._score, base=self._base, bin=sql.SQL(bins.sql("s")))
+        with self._reading() as cur:
+            got = cur.execute(query, [float(bins.top)]).fetchall()
+        tops = np.array([row[0] for row in got], dtype=np.float64)
+        return tops, np.array([row[1] for row in got], dtype=np.int64)
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Every run's first rank and score: those learnt in the run's first queries, the runs

@@ -73,7 +73,7 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from adapters._sql import AccessCheck, AccessPath, plain_values
-from topk_middleware.access import AccessError, Rows, RunTraits
+from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 
 from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1
 
@@ -632,6 +632,21 @@ $topk$"""
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         raise AccessError("mode='live' keeps no runs of tied scores (positions are not ranks)")
+
+    def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """access.ScoreHistogramRead: the scores of the table at or below `bins.top`, binned,
+        by one aggregate in the run's snapshot (each bin's largest score and size; one scan)."""
+        scores = sa.select(sa.cast(self._score_column, sa.Double()).label("s")).subquery("t")
+        bin_of = sa.literal_column(bins.sql("t.s"))
+        query = (
+            sa.select(sa.func.max(scores.c.s), sa.func.count())
+            .where(scores.c.s <= float(bins.top))
+            .group_by(bin_of)
+        )
+        with self._connection() as conn:
+            got = conn.execute(query).all()
+        tops = np.array([row[0] for row in got], dtype=np.float64)
+        return tops, np.array([row[1] for row in got], dtype=np.int64)
 
     def _open_run(self, conn: Connection, transaction: sa.RootTransaction) -> sa.RootTransaction:
         """The run's first query (SQLAlchemyTable.snapshot(), as in mode='copy'): m, read from
