@@ -47,7 +47,8 @@ import os
 import re
 import shutil
 import sysconfig
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -131,6 +132,8 @@ UNDEFINED = "42704"  # undefined_object: an unregistered source
 REFUSED = "42501"  # insufficient_privilege: no budget, or over budget
 FEATURE_NOT_SUPPORTED = "0A000"  # SERIALIZABLE, or row-level security on the table
 RATE_LIMITED = "54000"  # program_limit_exceeded: too many data refusals within a minute
+NO_SLOT = "53300"  # too_many_connections: the ledger's connection found no free slot
+LEDGER_REFUSED = "08004"  # the server refused the ledger's connection for another reason
 # A role's releases refused for a fact of the data, within one minute, after which its releases
 # are refused at once, reading and writing nothing, until the minute has passed.
 REFUSALS_PER_MINUTE = 30
@@ -154,6 +157,9 @@ class Installed:
     # why the ledger's connection logs in as the installing role, not its own (the server's
     # words); empty when it has its own role, or when --ledger-dsn named one
     ledger_why: str = ""
+    # the ledger's connections log in as a superuser (the fallback above, or a --ledger-dsn
+    # naming one): they may take the slots PostgreSQL reserves for superusers
+    ledger_superuser: bool = False
 
 
 # ----- client side ------------------------------------------------------------------------------
@@ -693,6 +699,11 @@ def install(
                     )
                 )
             conn.execute(KEY_BY_OID)
+            ledger_user = psycopg.conninfo.conninfo_to_dict(ledger_dsn).get("user")
+            superuser = conn.execute(
+                "SELECT coalesce(bool_or(rolsuper), false) FROM pg_roles WHERE rolname = %s",
+                [ledger_user or ""],
+            ).fetchone()[0]
         except psycopg.Error as error:
             blocked = [b for b in map(_unreadable, (project_path, site_packages)) if b]
             why = (
@@ -709,7 +720,7 @@ def install(
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
     return Installed(
-        project_path, site_packages, ledger_dsn, server, native, native_why, ledger_why
+        project_path, site_packages, ledger_dsn, server, native, native_why, ledger_why, superuser
     )
 
 
@@ -982,8 +993,37 @@ def _ledger(plpy: Any, GD: dict[str, Any]) -> Any:
         # No pre-ping (two round trips per call): a connection found dead fails its first
         # statement, SQLAlchemy drops it, and server_release runs the release once more.
         engine = sa.create_engine("postgresql+psycopg://", creator=connect, pool_size=1)
-        ledger = GD["topk_ledger"] = PrivacyLedger(engine)
+        with _ledger_reachable(plpy):
+            ledger = GD["topk_ledger"] = PrivacyLedger(engine)
     return ledger
+
+
+@contextmanager
+def _ledger_reachable(plpy: Any) -> Iterator[None]:
+    """A ledger connection the server refuses (no free slot: an analyst holding every slot open
+    to non-superusers; or authentication) becomes a refusal in the project's words with the
+    server's reason, never the driver's message, the DSN or a traceback; nothing was charged."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.DBAPIError as error:
+        text = str(error.orig)
+        if not text.startswith("connection failed"):
+            raise
+        reason = text.rsplit("FATAL:", 1)[-1].strip().splitlines()[0] if "FATAL:" in text else ""
+        full = "too many clients" in reason or "slots are reserved" in reason
+        _refuse(
+            plpy,
+            "the budget ledger could not open its connection to this server"
+            + (f" ({reason})" if reason else "")
+            + "; nothing was read, released or charged",
+            NO_SLOT if full else LEDGER_REFUSED,
+            hint="every connection slot open to roles other than superusers is taken: try "
+            "again later (an administrator may raise max_connections)"
+            if full
+            else "an administrator reads the server's log",
+        )
 
 
 def _refuse(plpy: Any, message: str, sqlstate: str, hint: str | None = None) -> None:
@@ -1214,7 +1254,8 @@ def _charged_release(
                 # The ledger's connection had died (idle too long, server restart): once more
                 # on a new one. Had the lost charge committed, it stays charged (never
                 # undercounted); under a key, it is not charged again.
-                result = release_run(table, budget)
+                with _ledger_reachable(plpy):
+                    result = release_run(table, budget)
     except KeyError as error:
         if "has no budget" not in str(error):
             raise
@@ -1786,6 +1827,12 @@ def run_install_sql(args: Any) -> int:
             "  the ledger's own role could not log in, so its connections log in as the "
             "installing superuser and may take the slots reserved for superusers (the server "
             f"said: {done.ledger_why}); pass --ledger-dsn with a role of its own"
+        )
+    elif done.ledger_superuser:
+        print(
+            "  the ledger's connections log in as a superuser, so they may take the slots "
+            "reserved for superusers: a role that can connect could lock the superusers out; "
+            "pass --ledger-dsn with a role of its own"
         )
     if done.native:
         print(
