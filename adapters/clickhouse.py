@@ -7,21 +7,24 @@
     source = ClickHouseTable(con, "item_votes", id="item", score="votes")
     source.prepare()  # once: the rank-ordered copy, in ClickHouse
 
-The store is the SQL store engine (adapters/sql/engine.py) over the ClickHouse dialect
-(adapters/dialects/clickhouse.py), which says how a copy is proven current without triggers.
+The store is the SQL store engine (adapters/sql/engine.py) over the chdb driver
+(adapters/sql/driver.py) and the ClickHouse dialect (adapters/dialects/clickhouse.py), which
+says how a copy is proven current without triggers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .dialects.clickhouse import STORE_COSTS, ClickHouseDialect, ClickHouseError
-from .sql.engine import SQLCopyTable
+from .dialects.clickhouse import STORE_COSTS, ClickHouseDialect
+from .sql.driver import ChdbDriver
+from .sql.driver import DriverError as ClickHouseError
+from .sql.engine import SQLTable
 
 __all__ = ["STORE_COSTS", "ClickHouseError", "ClickHouseTable"]
 
 
-class ClickHouseTable(SQLCopyTable):
+class ClickHouseTable(SQLTable):
     """A histogram in a ClickHouse table: one row per item, an id column (integer or String)
     and a numeric count column. `connection` is a chdb connection (chdb.connect(path)), a chdb
     session, or a database path to open; `database` defaults to the connection's current one.
@@ -41,7 +44,8 @@ class ClickHouseTable(SQLCopyTable):
         max_items_per_client: int | None = None,
     ) -> None:
         super().__init__(
-            ClickHouseDialect(connection),
+            ChdbDriver(connection),
+            ClickHouseDialect(),
             table,
             id,
             score,

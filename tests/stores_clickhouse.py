@@ -21,6 +21,7 @@ chdb = pytest.importorskip("chdb", reason="the 'clickhouse' extra (pip install c
 
 from adapters.clickhouse import ClickHouseTable  # noqa: E402
 from adapters.dialects.clickhouse import ClickHouseDialect  # noqa: E402
+from adapters.sql.driver import ChdbDriver  # noqa: E402
 
 TABLE = 'Vote "Counts" {}'
 ID_COLUMN = "Item ID"
@@ -34,15 +35,15 @@ def create_table(con: Any, name: str, scores: Any, ids: Any) -> None:
     integral = bool(np.all(np.isfinite(scores)) and np.all(scores == np.round(scores)))
     text = not np.issubdtype(ids.dtype, np.integer)
     id_type, score_type = ("String" if text else "Int64"), ("Int64" if integral else "Float64")
-    dialect = ClickHouseDialect(con)
-    q = dialect.quote
-    dialect.query(
+    driver, q = ChdbDriver(con), ClickHouseDialect().quote
+    driver.execute(
         f"CREATE TABLE {q(name)} ({q(ID_COLUMN)} {id_type}, {q(SCORE_COLUMN)} {score_type}) "
         f"ENGINE = MergeTree ORDER BY {q(ID_COLUMN)}"
     )
-    dialect.query(
+    driver.execute(
         f"INSERT INTO {q(name)} SELECT tupleElement(p, 1), tupleElement(p, 2) FROM "
-        f"(SELECT arrayJoin(arrayZip({{i:Array({id_type})}}, {{s:Array({score_type})}})) AS p)",
+        f"(SELECT arrayJoin(arrayZip(CAST(:i AS Array({id_type})), "
+        f"CAST(:s AS Array({score_type})))) AS p)",
         {
             "i": [str(v) for v in ids.tolist()] if text else ids.tolist(),
             "s": [int(v) for v in scores.tolist()] if integral else scores.tolist(),
@@ -61,7 +62,7 @@ def clickhouse_connection() -> Iterator[Any]:
 @pytest.fixture
 def make_clickhouse_source(clickhouse_connection: Any) -> Iterator[Callable[[Any, Any], Any]]:
     made: list[ClickHouseTable] = []
-    q = ClickHouseDialect(clickhouse_connection).quote
+    q = ClickHouseDialect().quote
 
     def make(scores: Any, ids: Any = None) -> ClickHouseTable:
         name = TABLE.format(uuid.uuid4().hex[:8])
@@ -79,7 +80,7 @@ def make_clickhouse_source(clickhouse_connection: Any) -> Iterator[Callable[[Any
 
 @pytest.fixture
 def write_clickhouse_source(clickhouse_connection: Any) -> Callable[[Any, Any, float], bool]:
-    q = ClickHouseDialect(clickhouse_connection).quote
+    q = ClickHouseDialect().quote
 
     def write(source: ClickHouseTable, item: Any, score: float) -> bool:
         clickhouse_connection.query(

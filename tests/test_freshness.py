@@ -149,29 +149,29 @@ def _clickhouse_store(con: Any) -> Iterator[Store]:
     patch parts) as well as ALTER UPDATE, INSERT and lightweight DELETE."""
     from adapters.clickhouse import ClickHouseTable
     from adapters.dialects.clickhouse import ClickHouseDialect
+    from adapters.sql.driver import ChdbDriver
 
-    dialect = ClickHouseDialect(con)
+    driver = ChdbDriver(con)
     name = f"Fresh Counts {uuid.uuid4().hex[:8]}"
-    table = dialect.quote(name)
-    dialect.query(
+    table = ClickHouseDialect().quote(name)
+    driver.execute(
         f"CREATE TABLE {table} (`Item ID` Int64, `select` Int64) ENGINE = MergeTree "
         "ORDER BY `Item ID` SETTINGS enable_block_number_column = 1, "
         "enable_block_offset_column = 1"
     )
-    dialect.query(f"INSERT INTO {table} SELECT number, 2 * number FROM numbers({len(SCORES)})")
+    driver.execute(f"INSERT INTO {table} SELECT number, 2 * number FROM numbers({len(SCORES)})")
     source = ClickHouseTable(con, name, id="Item ID", score="select")
     source.prepare()
 
     def execute(statement: str, params: dict[str, Any]) -> None:
-        typed = statement.replace(":item", "{item:Int64}").replace(":score", "{score:Int64}")
-        dialect.query(typed, params)
+        driver.execute(statement, params)
 
     def frozen() -> ClickHouseTable:
         return ClickHouseTable(con, name, id="Item ID", score="select", frozen=True)
 
     yield Store(source, execute, table, "`Item ID`", "`select`", frozen)
     source.uninstall()
-    dialect.query(f"DROP TABLE IF EXISTS {table} SYNC")
+    driver.execute(f"DROP TABLE IF EXISTS {table} SYNC")
 
 
 def _sqlalchemy_store(source: Any) -> Store:

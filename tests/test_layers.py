@@ -46,12 +46,26 @@ def project_modules(packages: tuple[str, ...] = LAYERS) -> dict[str, Path]:
     return modules
 
 
-def imported_names(path: Path, module: str) -> set[str]:
-    """Every module this file imports, anywhere in it (relative imports resolved)."""
+def _nodes(tree: ast.AST, module_level: bool) -> list[ast.AST]:
+    """Every node of the tree, or (module_level) those outside functions and classes."""
+    if not module_level:
+        return list(ast.walk(tree))
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imported_names(path: Path, module: str, module_level: bool = False) -> set[str]:
+    """Every module this file imports, anywhere in it (relative imports resolved), or only
+    those imported when the module is (`module_level`)."""
     is_package = path.name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(ast.parse(path.read_text(), str(path)), module_level):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -234,36 +248,106 @@ def test_the_probe_rule_sees_a_probe(tmp_path: Path) -> None:
 
 
 # The SQL store engine (adapters/sql/) holds what every SQL store shares; what differs is a
-# dialect's (adapters/dialects/, one module per store). The engine names no dialect, imports
-# no driver and no dialect module, and asks no dialect its name: every difference is a method
-# or a supports_* flag of adapters/sql/dialect.py.
+# dialect's (adapters/dialects/, one module or package per store), how a statement reaches the
+# store a driver's (adapters/sql/driver.py). The engine names no store, imports no dialect and
+# no driver package, asks no dialect its name and tests no driver's type: every difference is a
+# method or a flag of adapters/sql/dialect.py or of a Driver. driver.py alone names drivers and
+# imports their packages, lazily, inside the driver class that needs one. Dialects lie below the
+# constructors (adapters/postgres, adapters/sqlalchemy, adapters/clickhouse.py, ...): a dialect
+# imports the engine and the shared helpers, never a constructor.
 ENGINE_PACKAGE = "adapters.sql"
+DIALECTS_PACKAGE = "adapters.dialects"
+DRIVER_MODULE = "adapters.sql.driver"
 DIALECT_NAMES = ("clickhouse", "postgres", "duckdb", "sqlite", "mysql", "mariadb", "chdb")
+SHARED_HELPERS = ("adapters._sql", "adapters.contributions")  # below engine and dialects
 
 
-@pytest.mark.parametrize(
-    "module",
-    sorted(m for m in project_modules() if m.split(".")[:2] == ENGINE_PACKAGE.split(".")),
-)
+def module_level_imports(path: Path, module: str) -> set[str]:
+    """The modules a file imports when it is imported: outside every function and class."""
+    return imported_names(path, module, module_level=True)
+
+
+def engine_modules() -> list[str]:
+    return sorted(m for m in project_modules() if m.split(".")[:2] == ENGINE_PACKAGE.split("."))
+
+
+@pytest.mark.parametrize("module", engine_modules())
 def test_the_engine_has_no_dialect_branch(module: str) -> None:
     path = project_modules()[module]
     imported = imported_names(path, module)
-    assert not [n for n in imported if n.startswith("adapters.dialects")], imported
-    assert not [n for n in imported if n.split(".")[0] in STORE_DRIVERS], imported
+    assert not [n for n in imported if n.startswith(DIALECTS_PACKAGE)], imported
+    adapters = {n.split(".")[1] for n in imported if n.startswith("adapters.")}
+    assert adapters <= {"sql", *(h.split(".")[1] for h in SHARED_HELPERS)}, adapters
+    drivers = [n for n in imported if n.split(".")[0] in STORE_DRIVERS]
+    if module == DRIVER_MODULE:  # lazily, inside the driver class that needs it
+        top = [n for n in module_level_imports(path, module) if n.split(".")[0] in STORE_DRIVERS]
+        assert top == [], f"driver.py imports a driver package at module level: {top}"
+    else:
+        assert drivers == [], drivers
     tree = ast.parse(path.read_text())
-    texts = [
-        n.value.lower()
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    ]
-    named = [t for t in texts for d in DIALECT_NAMES if re.search(rf"\b{d}\b", t)]
-    assert named == [], f"{path.name} names a store: {named}"
+    if module != DRIVER_MODULE:
+        texts = [
+            n.value.lower()
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        ]
+        named = [t for t in texts for d in DIALECT_NAMES if re.search(rf"\b{d}\b", t)]
+        assert named == [], f"{path.name} names a store: {named}"
     compares = [
         ast.unparse(n)
         for n in ast.walk(tree)
         if isinstance(n, ast.Compare) and ".name" in ast.unparse(n.left)
     ]
     assert compares == [], f"{path.name} branches on a dialect's name: {compares}"
+    type_tests = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("isinstance", "issubclass", "type")
+        and n.args
+        and re.search(r"driver|dialect", ast.unparse(n.args[0]))
+    ]
+    assert type_tests == [], f"{path.name} tests a driver's or dialect's type: {type_tests}"
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(m for m in project_modules() if m.startswith(DIALECTS_PACKAGE + ".")),
+)
+def test_a_dialect_imports_no_constructor(module: str) -> None:
+    """A dialect imports the engine, other dialect modules and the shared helpers only."""
+    path = project_modules()[module]
+    allowed = (ENGINE_PACKAGE, DIALECTS_PACKAGE, *SHARED_HELPERS)
+    above = sorted(
+        n
+        for n in imported_names(path, module)
+        if n.startswith("adapters.") and not n.startswith(allowed) and n != "adapters"
+    )
+    assert above == [], f"{module} imports {above}"
+
+
+def test_the_engine_rules_see_a_branch_and_a_type_test(tmp_path: Path) -> None:
+    """The checkers themselves: a dialect's name compared and a driver's type tested are
+    found, and a driver imported inside a class is not a module-level import."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f(t):\n    if t.dialect.name == 'x':\n        return isinstance(t.driver, object)\n"
+    )
+    tree = ast.parse(probe.read_text())
+    assert any(
+        isinstance(n, ast.Compare) and ".name" in ast.unparse(n.left) for n in ast.walk(tree)
+    )
+    assert any(
+        isinstance(n, ast.Call)
+        and getattr(n.func, "id", "") == "isinstance"
+        and "driver" in ast.unparse(n.args[0])
+        for n in ast.walk(tree)
+    )
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("import re\nclass D:\n    def __init__(self):\n        import psycopg\n")
+    assert module_level_imports(lazy, "adapters.sql.lazy") == {"re"}
+    assert "psycopg" in imported_names(lazy, "adapters.sql.lazy")
 
 
 @pytest.mark.parametrize("module", sorted(project_modules(SIZED)))

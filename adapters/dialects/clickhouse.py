@@ -1,11 +1,13 @@
 """ClickHouse as a dialect of the SQL store engine (adapters/sql/), on chdb: ClickHouse in
 process. What differs from other SQL stores, and only that:
 
-* statements run through chdb's `query(sql, "ArrowTable", params=...)`; parameters are
-  ClickHouse query parameters (`{name:Type}`), bound by the server, never pasted into the
-  statement text: the key and exceedances of the in-store one-shot stay out of it.
+* statements run through the chdb driver (adapters/sql/driver.py ChdbDriver); parameters are
+  ClickHouse query parameters, bound by the server, never pasted into the statement text: the
+  key and exceedances of the in-store one-shot stay out of it.
 * reflection from system.tables and system.columns; names quoted with backquotes.
-* the copy is a MergeTree table ordered by rank, with a small index granularity
+* the copy is kept as numbered versions in a manifest (copies.VersionedCopy: ClickHouse has no
+  transaction to hold a run's snapshot while a refresh swaps tables), each a MergeTree table
+  ordered by rank, with a small index granularity
   (INDEX_GRANULARITY rows), so that a batch of reads by rank reads few granules; ties in the
   canonical order are by id in byte order, which is how ClickHouse compares String.
 * the freshness proof. ClickHouse has no triggers, so no write can be logged as it happens.
@@ -29,20 +31,12 @@ import math
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
+from adapters.sql.copies import VersionedCopy
+from adapters.sql.dialect import FLOAT, INTEGER, TEXT, Column, Dialect
+from adapters.sql.driver import Driver
+from adapters.sql.freshness import Fingerprint
 from topk_middleware.access import StoreCosts
-from topk_middleware.keyed_noise import uniform_from_hex_sql
-from topk_middleware.validation import first_line
-
-from ..sql.dialect import FLOAT, INTEGER, TEXT, Dialect
-
-try:
-    import chdb
-except ImportError as error:  # pragma: no cover - the 'clickhouse' extra
-    raise ImportError(
-        "adapters.clickhouse needs chdb: pip install 'topk_middleware[clickhouse]'"
-    ) from error
+from topk_middleware.keyed_noise import capped_sql, uniform_from_hex_sql
 
 INDEX_GRANULARITY = 128  # rows per granule of the copy: a read by rank reads about this many
 
@@ -81,169 +75,108 @@ def kind_of(type_name: str) -> str:
     return type_name
 
 
-def _param(value: Any) -> Any:
-    """A parameter value in the text form ClickHouse parses it from: a string with its
-    backslashes, tabs and newlines escaped; an array of strings as a quoted array literal
-    (chdb would send its elements unquoted). Still a parameter, never statement text."""
-    if isinstance(value, str):
-        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-    if isinstance(value, list) and value and isinstance(value[0], str):
-        quoted = (v.replace("\\", "\\\\").replace("'", "\\'") for v in value)
-        return "[" + ",".join(f"'{v}'" for v in quoted) + "]"
-    return value
-
-
-class ClickHouseError(RuntimeError):
-    """A statement ClickHouse refused, in one line."""
-
-
 class ClickHouseDialect(Dialect):
-    """The dialect over one chdb connection (or session), or a database path it opens."""
+    """ClickHouse's SQL (module docstring)."""
 
     name = "ClickHouse"
     supports_in_store_oneshot = True
-    parameters_in_text = False
+    score_types = "integers or floats"
+    id_types = "integers or String"
     costs = STORE_COSTS
 
-    def __init__(self, connection: Any) -> None:
-        if isinstance(connection, str):
-            connection = chdb.connect(connection)
-        if not callable(getattr(connection, "query", None)):
-            raise TypeError(
-                "ClickHouseTable needs a chdb connection (chdb.connect(path)), a chdb session "
-                f"or a database path, got {type(connection).__name__}"
-            )
-        self.connection = connection
+    def layout(self, t: Any) -> VersionedCopy:
+        return VersionedCopy(t)
 
-    def query(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        values = {name: _param(value) for name, value in (params or {}).items()}
-        try:
-            table = self.connection.query(sql, "ArrowTable", params=values or None)
-        except Exception as error:  # chdb raises its own RuntimeError subclasses
-            raise ClickHouseError(f"ClickHouse: {first_line(error)}") from None
-        if table is None or not hasattr(table, "column_names"):
-            return {}
-        return {
-            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
-        }
+    def proof(self, t: Any) -> Fingerprint:
+        return Fingerprint(t)
 
     def quote(self, name: str) -> str:
         return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
-    def resolve(self, table: str, namespace: str | None) -> tuple[str, str]:
+    def resolve(self, driver: Driver, table: str, namespace: str | None) -> tuple[str, str]:
         if namespace is None:
-            namespace = str(self.query("SELECT currentDatabase() AS db")["db"][0])
-            if not self._exists(namespace, table) and table.count(".") == 1:
+            namespace = str(driver.scalar("SELECT currentDatabase()"))
+            if not self._exists(driver, namespace, table) and table.count(".") == 1:
                 namespace, table = table.split(".")
         return namespace, table
 
-    def _exists(self, namespace: str, table: str) -> bool:
-        got = self.query(
-            "SELECT count() AS n FROM system.tables WHERE database = {db:String} "
-            "AND name = {t:String}",
-            {"db": namespace, "t": table},
+    def _exists(self, driver: Driver, namespace: str, table: str) -> bool:
+        return bool(
+            driver.scalar(
+                "SELECT count() FROM system.tables WHERE database = :db AND name = :t",
+                {"db": namespace, "t": table},
+            )
         )
-        return bool(got["n"][0])
 
-    def columns(self, namespace: str, table: str) -> dict[str, str] | None:
-        if not self._exists(namespace, table):
+    def columns(self, driver: Driver, namespace: str, table: str) -> dict[str, Column] | None:
+        if not self._exists(driver, namespace, table):
             return None
-        got = self.query(
-            "SELECT name, type FROM system.columns WHERE database = {db:String} "
-            "AND table = {t:String} ORDER BY position",
+        rows = driver.execute(
+            "SELECT name, type FROM system.columns WHERE database = :db AND table = :t "
+            "ORDER BY position",
             {"db": namespace, "t": table},
         )
-        return {str(n): kind_of(str(t)) for n, t in zip(got["name"], got["type"], strict=True)}
+        out = {}
+        for name, type_name in rows:
+            kind = kind_of(str(type_name))
+            out[str(name)] = Column(kind, str(type_name), kind in (INTEGER, TEXT))
+        return out
 
-    def create_rank_table(self, target: str, source: str, id: str, score: str) -> None:
-        self.query(
-            f"CREATE TABLE {target} ENGINE = MergeTree ORDER BY rank "
-            f"SETTINGS index_granularity = {INDEX_GRANULARITY} AS "
-            f"SELECT toInt64(row_number() OVER (ORDER BY {score} DESC, {id} ASC) - 1) AS rank, "
-            f"{id} AS id, {score} AS score FROM {source}"
-        )
-
-    def create_runs_table(self, target: str, ranks: str) -> None:
-        self.query(
-            f"CREATE TABLE {target} ENGINE = MergeTree ORDER BY first AS "
-            f"SELECT min(rank) AS first, score FROM {ranks} GROUP BY score"
-        )
-
-    def drop_table(self, qualified: str) -> None:
-        self.query(f"DROP TABLE IF EXISTS {qualified} SYNC")
-
-    def create_manifest(self, target: str) -> None:
-        self.query(
-            f"CREATE TABLE IF NOT EXISTS {target} (version UInt64, fingerprint String, "
-            "m UInt64, runs UInt64) ENGINE = MergeTree ORDER BY version"
-        )
-
-    def record_version(
-        self, manifest: str, version: int, fingerprint: str, m: int, runs: int
-    ) -> None:
-        self.query(
-            f"INSERT INTO {manifest} SELECT {{v:UInt64}}, {{f:String}}, {{m:UInt64}}, {{r:UInt64}}",
-            {"v": version, "f": fingerprint, "m": m, "r": runs},
-        )
-
-    def forget_version(self, manifest: str, version: int) -> None:
-        self.query(f"DELETE FROM {manifest} WHERE version = {{v:UInt64}}", {"v": version})
-
-    def tables_like(self, namespace: str, prefix: str) -> list[str]:
-        got = self.query(
-            "SELECT name FROM system.tables WHERE database = {db:String} "
-            "AND startsWith(name, {p:String})",
+    def tables_like(self, driver: Driver, namespace: str, prefix: str) -> list[str]:
+        rows = driver.execute(
+            "SELECT name FROM system.tables WHERE database = :db AND startsWith(name, :p)",
             {"db": namespace, "p": prefix},
         )
-        return [str(n) for n in got.get("name", [])]
+        return [str(r[0]) for r in rows]
 
-    def fingerprint(self, namespace: str, table: str) -> str:
+    def fingerprint(self, driver: Driver, namespace: str, table: str) -> str:
         where = {"db": namespace, "t": table}
-        got = self.query(
-            "SELECT engine, toString(uuid) AS uuid, "
-            "toString(metadata_modification_time) AS meta FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
+        row = driver.one(
+            "SELECT engine, toString(uuid), toString(metadata_modification_time) "
+            "FROM system.tables WHERE database = :db AND name = :t",
             where,
         )
-        if not len(got.get("engine", [])):
+        if row is None:
             return "gone"
-        engine = str(got["engine"][0])
-        facts = [engine, str(got["uuid"][0]), str(got["meta"][0])]
+        engine = str(row[0])
+        facts = [engine, str(row[1]), str(row[2])]
         if engine.endswith("MergeTree"):
-            parts = self.query(
-                "SELECT arrayStringConcat(arraySort(groupArray(name)), ',') AS parts "
-                "FROM system.parts WHERE database = {db:String} AND table = {t:String} "
-                "AND active",
+            parts = driver.scalar(
+                "SELECT arrayStringConcat(arraySort(groupArray(name)), ',') "
+                "FROM system.parts WHERE database = :db AND table = :t AND active",
                 where,
             )
-            facts.append(str(parts["parts"][0]))
+            facts.append(str(parts))
         else:
-            rows = self.query(
-                "SELECT count() AS n, sum(cityHash64(*)) AS h FROM "
-                + self.qualified(namespace, table)
+            count, digest = driver.one(
+                "SELECT count(), sum(cityHash64(*)) FROM " + self.qualified(namespace, table)
             )
-            facts += [str(rows["n"][0]), str(rows["h"][0])]
+            facts += [str(count), str(digest)]
         return hashlib.sha256("\0".join(facts).encode()).hexdigest()
 
-    def costs_for(self, m: int) -> StoreCosts:
-        """STORE_COSTS, the keyed one-shot's scans of a copy of m rows added."""
-        return replace(self.costs, oneshot_fixed=ONESHOT_ITEM * m)
-
-    def in_array(self, param: str, kind: str) -> str:
-        return f"{{{param}:Array({'String' if kind == TEXT else 'Int64'})}}"
-
+    # ----- fragments ----------------------------------------------------------------------------
     def double(self, expr: str) -> str:
         return f"toFloat64({expr})"
 
+    def count_if(self, condition: str) -> str:
+        return f"countIf({condition})"
+
+    def non_finite(self, expr: str, column: Column) -> str | None:
+        return f"NOT isFinite({expr})" if column.kind == FLOAT else None
+
+    def member(self, expr: str, param: str, kind: str | None) -> str:
+        return f"{expr} IN :{param}"
+
     def keyed_uniform(self, key_param: str, position: str) -> str:
-        digest = f"SHA256(concat({{{key_param}:String}}, ':', toString({position})))"
+        digest = f"SHA256(concat(:{key_param}, ':', toString({position})))"
         bits = f"bitShiftRight(reinterpretAsUInt64(reverse(substring({digest}, 1, 8))), 12)"
         return uniform_from_hex_sql(f"toFloat64({bits})")
 
-    def oneshot_sql(self, ranks: str, noise_sql: str, score: str, bound: float, k: int) -> str:
+    def oneshot_sql(self, ranks: str, noise_sql: str, bound: float, k: int, cap: float) -> str:
         """keyed_noise.py's split and cut in ClickHouse's words: the exceedances and the k
         first ranks bound the k-th best value from below (`low`), so only rows whose score can
         reach it are hashed; k is a literal (a public fact), the rest are parameters."""
+        score = capped_sql(self.double("r.score"), cap)
         keyed = f"{score} + {noise_sql}"
         slack = float(bound)
         if not math.isfinite(slack):
@@ -251,8 +184,7 @@ class ClickHouseDialect(Dialect):
         not_drawn = "r.rank NOT IN (SELECT position FROM e)"
         return (
             "WITH e AS (SELECT tupleElement(pz, 1) AS position, tupleElement(pz, 2) AS z FROM "
-            "(SELECT arrayJoin(arrayZip({positions:Array(Int64)}, {noises:Array(Float64)})) "
-            "AS pz)), "
+            "(SELECT arrayJoin(arrayZip(:positions, :noises)) AS pz)), "
             f"known AS (SELECT r.rank AS position, r.id AS id, r.score AS score, {score} + e.z "
             f"AS v FROM {ranks} AS r INNER JOIN e ON r.rank = e.position "
             "WHERE r.rank IN (SELECT position FROM e) UNION ALL "
@@ -266,5 +198,38 @@ class ClickHouseDialect(Dialect):
             f"ORDER BY v DESC, position ASC LIMIT {int(k)}"
         )
 
+    # ----- DDL ------------------------------------------------------------------------------------
+    def create_rank_table(self, target: str, rows: str) -> list[str]:
+        return [
+            f"CREATE TABLE {target} ENGINE = MergeTree ORDER BY rank "
+            f"SETTINGS index_granularity = {INDEX_GRANULARITY} AS "
+            f"SELECT toInt64(rank) AS rank, id, score FROM ({rows})"
+        ]
 
-__all__ = ["INDEX_GRANULARITY", "STORE_COSTS", "ClickHouseDialect", "ClickHouseError", "kind_of"]
+    def create_runs_table(self, target: str, ranks: str) -> list[str]:
+        return [
+            f"CREATE TABLE {target} ENGINE = MergeTree ORDER BY first AS "
+            f"SELECT min(rank) AS first, score FROM {ranks} GROUP BY score"
+        ]
+
+    def drop_table(self, qualified: str) -> str:
+        return f"DROP TABLE IF EXISTS {qualified} SYNC"
+
+    def create_manifest(self, target: str) -> str:
+        return (
+            f"CREATE TABLE IF NOT EXISTS {target} (version UInt64, fingerprint String, "
+            "m UInt64, runs UInt64) ENGINE = MergeTree ORDER BY version"
+        )
+
+    def record_version_sql(self, manifest: str) -> str:
+        return (
+            f"INSERT INTO {manifest} SELECT toUInt64(:version), :fingerprint, toUInt64(:m), "
+            "toUInt64(:runs)"
+        )
+
+    def costs_for(self, m: int) -> StoreCosts:
+        """STORE_COSTS, the keyed one-shot's scans of a copy of m rows added."""
+        return replace(self.costs, oneshot_fixed=ONESHOT_ITEM * m)
+
+
+__all__ = ["INDEX_GRANULARITY", "STORE_COSTS", "ClickHouseDialect", "kind_of"]

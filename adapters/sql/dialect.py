@@ -1,121 +1,325 @@
 """What one SQL store does in its own words: the surface a dialect fills for the engine.
 
-The engine (adapters/sql/engine.py) holds every idea a rank-ordered SQL store shares: the copy's
+The engine (adapters/sql/) holds every idea a rank-ordered SQL store shares: the copy's
 lifecycle, the canonical order, the runs of tied scores, the freshness proof, the reads, the
-in-store one-shot, the refusals. A dialect holds only what differs from one store to the next,
-as methods and `supports_*` flags, never as a branch in the engine (docs/writing-a-store.md):
+in-store one-shot, the refusals. A driver (driver.py) says how a statement reaches the store; a
+dialect holds only what differs from one store's SQL to the next, as methods and flags, never
+as a branch in the engine (docs/writing-a-store.md). Every statement a dialect composes uses
+`:name` placeholders, which the driver binds; a dialect method that must read (the catalog, a
+fingerprint) gets the driver and runs only what it composed.
 
-* how a statement runs and what it returns (`query`: named parameters bound by the driver,
-  columns back as numpy arrays), and how a name is quoted;
-* reflection (`columns`: a table's columns and their kinds, None where no such table);
-* DDL (`create_rank_table`, `create_runs_table`, `drop_table`): the copy is a table of
-  (rank, id, score) in canonical order, built in the store;
-* the freshness proof (`fingerprint`): a value that changes with every write to the table;
-* binding an array (`in_array`) and the keyed uniform of an item (`keyed_uniform`: SHA-256 of
-  "key:position", its first 52 bits), for the in-store one-shot;
-* the measured cost record (`costs`, access.StoreCosts) the planner prices reads with.
+The surface, by group (the base gives a portable default where one exists):
+
+* flags: `supports_in_store_oneshot` (keyed noise in SQL), `reads_tables` (a run may read the
+  table itself where the copy is stale: table_read.py), `snapshot_isolation` (the isolation
+  of a run's and a build's transaction; None: the store has none), `max_id_bytes`;
+* the copy's layout and proof for a table (`layout`, `proof`: copies.py, freshness.py);
+* names: `quote`, `qualified`, `resolve` (the catalog's spelling of a table, so that every
+  spelling derives the same copy names);
+* catalog: `columns` (each column's `Column`), `comment` (the text that may hold from_votes'
+  record), `tables_like`, `exists_sql`, `comment_sql` / `comment_statement` (a table's
+  comment, where the layout keeps its record), `fingerprint_sql` / `fingerprint`;
+* fragments: `double`, `byte_order` (text compared in byte order), `count_if`, `non_finite`,
+  `beyond_double`, `id_length`, `member` and `array_value` (an array bound as one parameter),
+  `keyed_uniform` (U_p of keyed_noise.py: SHA-256 of "key:position"), `oneshot_sql`;
+* DDL: `create_rank_table`, `create_runs_table`, `create_index_sql`, `rename_table_sql`,
+  `rename_index_sql`, `drop_table`, `analyze_sql`, and versioned copies' manifest
+  (`create_manifest`, `record_version_sql`, `forget_version_sql`);
+* sessions and errors: `prepare_lock`, `limit_statements`, `lock_timeout`, `run_transaction`,
+  `hides_statistics`, and what an error was (`lock_not_available`, `canceled`,
+  `insufficient_privilege`);
+* reads the dialect does better than the engine's plain SELECT: `read_ranks` (a range of the
+  copy), `read_runs`; the table's own (`open_table`, `known_rows_sql`, `range_read_sql`);
+  the SQL modules `writes` (a write log), `changes` (a change log), `oblivious_sql`;
+* EXPLAIN: `no_sequential_scans`, `full_scans`;
+* costs: `costs`, `costs_for(m)`, `stale_costs(run)`, `oblivious_costs(stale)`, and the prices
+  of the ways a stale run can go (`table_seconds`, `refresh_seconds`, `around_seconds`).
+
+A dialect may replace a whole read where its store has a better one (a method of the dialect,
+or a strategy object it hands the engine), never by a branch in the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from adapters._sql import rows_from_records
+from topk_middleware.access import Rows, StoreCosts
 
-from topk_middleware.access import StoreCosts
+from .driver import Driver
 
-# The kinds of column the engine tells apart (`Dialect.kind`).
+# The kinds of column the engine tells apart (`Dialect.columns`).
 INTEGER, FLOAT, TEXT = "integer", "float", "text"
 
 
+@dataclass(frozen=True)
+class Column:
+    """What the engine knows of a column: its kind (INTEGER, FLOAT, TEXT, or the store's type
+    name for any other), its type as the store names it, and whether it can hold ids (an
+    equality and an order)."""
+
+    kind: str
+    type: str
+    id_ok: bool = True
+
+    @property
+    def integer(self) -> bool:
+        return self.kind == INTEGER
+
+
 class Dialect:
-    """The base of every dialect: the flags a store declares and the methods it fills.
+    """The base of every dialect: the flags a store declares and the methods it fills."""
 
-    `supports_in_store_oneshot`: the store computes keyed noise in SQL (SHA-256) and its driver
-    keeps parameters out of the statement text. `parameters_in_text`: the driver writes
-    parameters into the statement text a server observer reads (access.StoreTraits): then no
-    secret is sent, and the in-store one-shot is off."""
-
-    name = "sql"
+    name = "sql"  # how messages name the store: "<name> table 'x'"
     supports_in_store_oneshot = False
-    parameters_in_text = False
+    reads_tables = False
+    snapshot_isolation: str | None = None
+    max_id_bytes: int | None = None
+    prepare_statement_timeout: float | None = None
+    swap_timeout = 2.0
+    score_types = "integers or floating point numbers"
+    id_types = "integers or text"
     costs = StoreCosts()
+    writes: Any = None
+    changes: Any = None
+    oblivious_sql: Any = None
 
-    def costs_for(self, m: int) -> StoreCosts:
-        """The cost record for a copy of m rows (where a cost grows with the table)."""
-        return self.costs
-
-    def query(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run one statement; its result's columns by name (empty for DDL)."""
+    # ----- the copy's layout and its proof ---------------------------------------------------
+    def layout(self, t: Any) -> Any:
+        """The copy's layout for table `t` (copies.py), where its constructor names none."""
         raise NotImplementedError
 
+    def proof(self, t: Any) -> Any:
+        """The freshness proof for table `t` (freshness.py), where its constructor names none."""
+        raise NotImplementedError
+
+    # ----- names ------------------------------------------------------------------------------
     def quote(self, name: str) -> str:
         """A quoted identifier (any text: spaces, quotes, capitals, keywords)."""
         raise NotImplementedError
 
-    def qualified(self, namespace: str, name: str) -> str:
-        """namespace.name, each part quoted."""
+    def qualified(self, namespace: str | None, name: str) -> str:
+        """namespace.name, each part quoted (the name alone without a namespace)."""
+        if namespace is None:
+            return self.quote(name)
         return f"{self.quote(namespace)}.{self.quote(name)}"
 
-    def resolve(self, table: str, namespace: str | None) -> tuple[str, str]:
+    def resolve(self, driver: Driver, table: str, namespace: str | None) -> tuple[Any, str]:
         """The (namespace, table) a name means in the store, however it was spelt: the copy's
         names derive from it, so that cleanup finds them from any spelling."""
         raise NotImplementedError
 
-    def columns(self, namespace: str, table: str) -> dict[str, str] | None:
-        """The table's columns and their kinds (INTEGER, FLOAT, TEXT, or the store's type name
-        for any other), in order; None where there is no such table."""
+    # ----- catalog ----------------------------------------------------------------------------
+    def columns(self, driver: Driver, namespace: Any, table: str) -> dict[str, Column] | None:
+        """The table's columns (Column), in order; None where there is no such table."""
         raise NotImplementedError
 
-    def create_rank_table(self, target: str, source: str, id: str, score: str) -> None:
-        """Create `target` (qualified) as (rank, id, score) of `source` in canonical order:
-        rank 0.. by score descending, ties by id ascending in byte order."""
+    def comment(self, driver: Driver, namespace: Any, table: str) -> str | None:
+        """The text that may hold a from_votes record (adapters/contributions.py): the table's
+        comment where the store keeps one; None elsewhere."""
+        return None
+
+    def tables_like(self, driver: Driver, namespace: Any, prefix: str) -> list[str]:
+        """The names of the tables in `namespace` that start with `prefix`."""
         raise NotImplementedError
 
-    def create_runs_table(self, target: str, ranks: str) -> None:
-        """Create `target` as (first, score): the first rank of each run of tied scores."""
+    def exists_sql(self, qualified: str) -> str:
+        """SQL of whether a relation exists (a scalar boolean)."""
         raise NotImplementedError
 
-    def drop_table(self, qualified: str) -> None:
+    def comment_sql(self, qualified: str) -> str:
+        """SQL of a table's comment (a scalar; NULL without one)."""
         raise NotImplementedError
 
-    def create_manifest(self, target: str) -> None:
-        """Create `target`, if missing, as (version, fingerprint, m, runs): the copy's
-        versions (adapters/sql/engine.py)."""
+    def comment_line_sql(self, qualified: str, line: int) -> str:
+        """SQL of one line (from 1) of a table's comment."""
         raise NotImplementedError
 
-    def record_version(
-        self, manifest: str, version: int, fingerprint: str, m: int, runs: int
-    ) -> None:
+    def comment_statement(self, qualified: str, text: str) -> str:
         raise NotImplementedError
 
-    def forget_version(self, manifest: str, version: int) -> None:
+    def fingerprint_sql(self, t: Any, ranks: str) -> str:
+        """SQL of the copy's fingerprint: a value that names the table and the copy as they are
+        (their identity and the id and score columns' types), recorded with the copy."""
         raise NotImplementedError
 
+    def fingerprint(self, driver: Driver, namespace: Any, table: str) -> str:
+        """A value that changes whenever the table's rows may have changed (a write, a rebuild,
+        a truncation); it may change without a write (then the copy is rebuilt for nothing),
+        never stay put across one (freshness.Fingerprint)."""
+        raise NotImplementedError
+
+    # ----- fragments --------------------------------------------------------------------------
     def double(self, expr: str) -> str:
         """SQL of `expr` as a double."""
         return f"CAST({expr} AS DOUBLE PRECISION)"
 
-    def tables_like(self, namespace: str, prefix: str) -> list[str]:
-        """The names of the tables in `namespace` that start with `prefix`."""
+    def byte_order(self, expr: str) -> str:
+        """SQL of a text expression compared in byte order (the canonical order's ties)."""
+        return expr
+
+    def count_if(self, condition: str) -> str:
+        return f"sum(CASE WHEN {condition} THEN 1 ELSE 0 END)"
+
+    def non_finite(self, expr: str, column: Column) -> str | None:
+        """A condition true for NaN or infinite scores, where the column can hold them."""
+        return None
+
+    def beyond_double(self, expr: str, column: Column) -> str | None:
+        """A condition true for scores a double cannot hold, where the column can hold them."""
+        return None
+
+    def id_length(self, expr: str) -> str:
+        """SQL of a text id's length in bytes."""
+        return f"length({expr})"
+
+    def member(self, expr: str, param: str, kind: str | None) -> str:
+        """SQL of `expr` being one of the array bound as `param` (elements of `kind`)."""
         raise NotImplementedError
 
-    def fingerprint(self, namespace: str, table: str) -> str:
-        """A value that changes whenever the table's rows may have changed (a write, a rebuild,
-        a truncation); it may change without a write (then the copy is rebuilt for nothing),
-        never stay put across one."""
-        raise NotImplementedError
-
-    def in_array(self, param: str, kind: str) -> str:
-        """SQL of the array bound as parameter `param` with elements of `kind`, for IN."""
-        raise NotImplementedError
+    def array_value(self, values: Any, kind: str | None, driver: Driver) -> Any:
+        """The value an array is bound as (the driver's fastest form the dialect's SQL reads)."""
+        return values.tolist() if hasattr(values, "tolist") else list(values)
 
     def keyed_uniform(self, key_param: str, position: str) -> str:
         """SQL of U_p (keyed_noise.py): the first 52 bits of SHA-256(key ":" position), plus
         1/2, over 2^52."""
         raise NotImplementedError
 
-    def oneshot_sql(self, ranks: str, noise_sql: str, score: str, bound: float, k: int) -> str:
+    def oneshot_sql(self, ranks: str, noise_sql: str, bound: float, k: int, cap: float) -> str:
         """SQL of the in-store one-shot over the rank table (keyed_noise.py's split and cut),
-        with parameters positions, noises and key, columns (rank, id, score) of the k best."""
+        parameters :key, :positions, :noises (and :k, :m where the dialect binds them), columns
+        (rank, id, score) of the k best by min(score, cap) + noise."""
         raise NotImplementedError
+
+    # ----- DDL --------------------------------------------------------------------------------
+    def create_rank_table(self, target: str, rows: str) -> list[str]:
+        """Statements creating `target` (qualified) as the (rank, id, score) rows of the SELECT
+        `rows` (the table in canonical order)."""
+        raise NotImplementedError
+
+    def create_runs_table(self, target: str, ranks: str) -> list[str]:
+        """Statements creating `target`: the first rank of each run of tied scores of `ranks`."""
+        raise NotImplementedError
+
+    def create_index_sql(
+        self, index: str, table: str, column: str, *, if_missing: bool = False
+    ) -> str:
+        raise NotImplementedError
+
+    def rename_table_sql(self, qualified: str, name: str) -> str:
+        raise NotImplementedError
+
+    def rename_index_sql(self, qualified: str, name: str) -> str:
+        raise NotImplementedError
+
+    def drop_table(self, qualified: str) -> str:
+        return f"DROP TABLE IF EXISTS {qualified}"
+
+    def analyze_sql(self, qualified: str) -> str:
+        return f"ANALYZE {qualified}"
+
+    def create_manifest(self, target: str) -> str:
+        """Create `target`, if missing, as (version, fingerprint, m, runs): the versions of a
+        copy kept as versions (copies.VersionedCopy)."""
+        raise NotImplementedError
+
+    def record_version_sql(self, manifest: str) -> str:
+        """Insert the row (:version, :fingerprint, :m, :runs) into the manifest."""
+        return (
+            f"INSERT INTO {manifest} (version, fingerprint, m, runs) "
+            "VALUES (:version, :fingerprint, :m, :runs)"
+        )
+
+    def forget_version_sql(self, manifest: str) -> str:
+        """Delete the manifest's row of :version."""
+        return f"DELETE FROM {manifest} WHERE version = :version"
+
+    # ----- sessions, transactions, errors -----------------------------------------------------
+    @contextmanager
+    def prepare_lock(self, driver: Driver, name: str) -> Iterator[None]:
+        """Held for the whole of prepare(): concurrent prepares of one copy wait for each other
+        (none where the store has no such lock)."""
+        yield
+
+    def limit_statements(self, driver: Driver, timeout: float | None) -> None:
+        """For the transaction: each statement stops after `timeout` seconds, where the store
+        can say so."""
+
+    def lock_timeout(self, driver: Driver, seconds: float | None) -> None:
+        """For the transaction: wait for a lock at most `seconds` (None: the default)."""
+
+    @contextmanager
+    def run_transaction(self, driver: Driver, oblivious: bool) -> Iterator[None]:
+        """A run's transaction: one snapshot for every read, read-only."""
+        with driver.transaction(isolation=self.snapshot_isolation, read_only=True):
+            yield
+
+    def hides_statistics(self, driver: Driver) -> bool:
+        """Whether oblivious runs keep their reads out of statistics every role reads."""
+        return False
+
+    def lock_not_available(self, driver: Driver, error: BaseException) -> bool:
+        return False
+
+    def canceled(self, driver: Driver, error: BaseException) -> bool:
+        return False
+
+    def insufficient_privilege(self, driver: Driver, error: BaseException) -> bool:
+        return False
+
+    # ----- reads ------------------------------------------------------------------------------
+    def read_ranks(self, driver: Driver, ranks: str, start: int, stop: int, packed: bool) -> Rows:
+        """Ranks [start, stop) of the copy, in rank order."""
+        return rows_from_records(
+            driver.execute(
+                f"SELECT rank, id, score FROM {ranks} WHERE rank >= :start AND rank < :stop "
+                "ORDER BY rank",
+                {"start": int(start), "stop": int(stop)},
+            )
+        )
+
+    def open_table(self, t: Any) -> Any:
+        """The first query of a run that reads the table (table_read.py), or None where the
+        table has no slots."""
+        return None
+
+    # ----- EXPLAIN ----------------------------------------------------------------------------
+    def no_sequential_scans(self, driver: Driver) -> None:
+        """For the transaction: the planner reads whole only what no index serves."""
+
+    def full_scans(self, driver: Driver, sql: str, params: dict[str, Any]) -> list[str]:
+        """The relations a statement would read whole (the store's EXPLAIN)."""
+        return []
+
+    # ----- costs ------------------------------------------------------------------------------
+    def costs_for(self, m: int) -> StoreCosts:
+        """The cost record for a copy of m rows (where a cost grows with the table)."""
+        return self.costs
+
+    def stale_costs(self, run: Any) -> StoreCosts:
+        """The cost record of a run that reads the table or around the changes."""
+        return self.costs
+
+    def oblivious_costs(self, stale: bool) -> Any:
+        """The oblivious release's model (mechanisms/oblivious.ObliviousCosts), None for one
+        derived from the costs."""
+        return None
+
+    def table_seconds(self, m: int) -> float:
+        """The in-store one-shot on the table of about m rows."""
+        return float("inf")
+
+    def refresh_seconds(self, m: int) -> float:
+        """A rebuild of a copy of about m rows and a threshold run on it."""
+        return 0.0
+
+    def around_seconds(self, changed: int) -> float:
+        """A release read around `changed` changed ids."""
+        return float("inf")
+
+
+__all__ = ["FLOAT", "INTEGER", "TEXT", "Column", "Dialect"]

@@ -1,95 +1,89 @@
-"""The SQL store engine: a rank-ordered copy of a table of counts, read through a dialect.
+"""The SQL store engine: a table of counts read through a rank-ordered copy in the same store.
 
-What every SQL store shares is written here once; what differs is the dialect's
-(adapters/sql/dialect.py). The engine serves the Source protocol (topk_middleware/access.py)
-and ScoreRuns, ExactScores and InStoreOneShot from a copy that prepare() builds in the store:
+What every SQL store shares is written here once; how a statement reaches the store is the
+driver's (driver.py), what its SQL looks like the dialect's (dialect.py). `SQLTable` serves the
+Source protocol (topk_middleware/access.py) with ScoreRuns, ExactScores and InStoreOneShot:
 
-* the copy: a table (rank, id, score) in canonical order (score descending, ties by id in
-  byte order), rank 0..m-1, so an item's position is its rank (DESIGN invariant 11), and a
-  table of its runs of tied scores (first rank, score) that answers random access by rank
-  without rows where scores tie (count data: few runs). Both are *versions*: prepare() builds
-  version n + 1 beside version n and records it in the manifest (version, fingerprint of the
-  table when its build started, m, runs); a run reads the version that was current when it
-  started, so a refresh in the meantime never changes what a run sees (one snapshot,
-  invariant 4), and the versions before the previous one are dropped.
-* freshness (invariant 14): the dialect's fingerprint of the table (a value that changes with
-  every write: docs/writing-a-store.md) is compared at the start of every run with the one the
-  current version was built from. Equal: the copy is proven current. Different: the copy is
-  rebuilt before the run reads anything (`run_freshness()` says so). `frozen=True` is the
-  caller's promise that the table does not change: no fingerprint is read.
-* names: the copy's tables are topk_<digest>_..., the digest of the table's resolved
-  (namespace, name), so that any spelling of the table finds them; `uninstall()` drops them
-  and never the table itself.
+* the copy: a table (rank, id, score) in canonical order (score descending, ties by id in byte
+  order), rank 0..m-1, so an item's position is its rank (DESIGN invariant 11), and a table of
+  its runs of tied scores that answers random access by rank without rows where scores tie
+  (count data: few runs). Where the copy lives, how a refresh replaces it while runs in
+  progress keep reading the old one (one snapshot, invariant 4) and where its record is kept is
+  the copy's layout (copies.py): tables under fixed names swapped at the end of a refresh,
+  or numbered versions listed in a manifest.
+* freshness (invariant 14): unless `frozen=True` (the caller's promise that the table does not
+  change), a run serves the copy only where it is proven current when the run opens
+  (freshness.py: a write log kept by triggers, or a catalog fingerprint compared); otherwise it
+  reads the table itself (table_read.py, where the dialect can), reads the copy around the
+  changes (around.py), or has the copy rebuilt first, whichever is priced cheaper
+  (`_stale_run`); `run_freshness()` says which and why.
+* the in-store one-shot (keyed_noise.py) over the copy in one statement, the key and the
+  exceedances bound by the driver, never statement text (off where the driver writes
+  parameters into the text: StoreTraits.parameters_in_text).
+* refusals in the project's words, before anything is read (`_refuse_columns`, `validate`).
 
 Costs (access.StoreCosts) are the dialect's measured record.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, RunTraits, StoreTraits
-from topk_middleware.keyed_noise import KeyedNoise, capped_sql
+from adapters._sql import RankTableMismatchError, plain_values, rows_from_records
+from adapters.contributions import parse_record
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
+from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import resolve_declared
 
+from .checks import check_copy, refuse_columns, validate
 from .dialect import FLOAT, INTEGER, TEXT, Dialect
+from .driver import Driver
 
-KEEP_VERSIONS = 2  # the current version and the one a run in progress may still read
-
-Read = TypeVar("Read", bound=Callable[..., Any])
+REFRESH_TRIES = 3  # a run that has its copy rebuilt first tries this often
 
 
-def in_a_run(read: Read) -> Read:
-    """A read outside snapshot() runs in a snapshot of its own (one run of one read)."""
-
-    @functools.wraps(read)
-    def wrapped(self: SQLCopyTable, *args: Any) -> Any:
-        if self._run is not None:
-            return read(self, *args)
-        with self.snapshot():
-            return read(self, *args)
-
-    return wrapped  # type: ignore[return-value]
+class Refresh(Exception):
+    """Raised while a run opens: rebuild the copy (outside the run's transaction), then open the
+    run again."""
 
 
 @dataclass
-class _Version:
-    """One built copy, as the manifest records it."""
+class Run:
+    """What a run reads, fixed when it opens (the run's snapshot)."""
 
-    number: int
-    fingerprint: str
+    read: str  # "copy", "table", "table by rank", "around"
     m: int
-    runs: int
+    ranks: str | None = None  # the copy's rank table (qualified)
+    runs: str | None = None  # its runs table (None: none, or not asked)
+    run_count: int | None = None  # runs of tied scores
+    freshness: dict[str, Any] = field(default_factory=dict)
+    table: Any = None  # table_read.TableState of a run that reads the table
+    around: Any = None  # around.AroundState of a run that reads the copy around changes
+    record: str | None = None  # the copy's stored record, as the run's first query read it
+    why: str | None = None  # why the copy is not proven current (None: it is, or is frozen)
 
 
-@dataclass
-class _Run:
-    """The version a run reads, pinned at its start."""
-
-    version: _Version
-    ranks: str  # qualified rank table
-    runs: str  # qualified runs table
-    freshness: dict[str, Any]
-
-
-class SQLCopyTable:
+class SQLTable:
     """A histogram in a SQL table (one row per item: an id column and a count column), read
     through a rank-ordered copy in the same store (module docstring).
 
-    `sensitivity` (default 1) is the most one client adds to or removes from one count, and
-    `max_items_per_client` how many counts it changes, both declared by whoever built the
-    table. `frozen=True` promises that the table does not change after prepare()."""
+    `driver` and `dialect` are the store's (driver.py, dialect.py); `layout` makes the copy's
+    layout (copies.py) and `proof` the freshness proof (freshness.py) for this table, the
+    dialect's defaults where None. `sensitivity` and `max_items_per_client` are declared by
+    whoever built the table (else what from_votes recorded with it, else (1, None));
+    `frozen=True` promises that the table does not change after prepare()."""
+
+    reads_copy = True  # runs read the rank-ordered copy where it is current
 
     def __init__(
         self,
+        driver: Driver,
         dialect: Dialect,
         table: str,
         id: str = "id",
@@ -99,25 +93,34 @@ class SQLCopyTable:
         frozen: bool = False,
         sensitivity: float | None = None,
         max_items_per_client: int | None = None,
+        where: str | None = None,
+        layout: Any = None,
+        proof: Any = None,
     ) -> None:
         for what, value in (("table", table), ("id", id), ("score", score)):
             if not isinstance(value, str) or not value:
                 raise TypeError(f"{what} must be a non-empty string, got {value!r}")
         if not isinstance(frozen, bool):
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
-        self.dialect = dialect
-        self.namespace, self.table = dialect.resolve(table, namespace)
-        self.where = f"{dialect.name} table {self.namespace!r}.{self.table!r}"
+        resolve_declared(sensitivity, max_items_per_client, None, f"{dialect.name} table")
+        self.driver, self.dialect, self.frozen = driver, dialect, frozen
+        self.namespace, self.table = dialect.resolve(driver, table, namespace)
+        self.where = where or f"{dialect.name} table {self.namespace!r}.{self.table!r}"
         self.id_column, self.score_column = id, score
-        self.frozen = frozen
+        self.source = dialect.qualified(self.namespace, self.table)
+        self.id_sql, self.score_sql = dialect.quote(id), dialect.quote(score)
+        self.id_info, self.score_info = refuse_columns(self)
+        self.text_ids = self.id_info.kind == TEXT
+        self.integer_ids = self.id_info.kind == INTEGER
+        self.integer_scores = self.score_info.integer
+        record = parse_record(dialect.comment(driver, self.namespace, self.table))
         self.sensitivity, self.max_items_per_client = resolve_declared(
-            sensitivity, max_items_per_client, None, self.where
+            sensitivity, max_items_per_client, record, self.where
         )
-        self._id_kind, self._score_kind = self._check_columns()
-        digest = hashlib.sha256(f"{self.namespace}\0{self.table}".encode()).hexdigest()[:12]
-        self.prefix = f"topk_{digest}"
-        self.manifest_name = f"{self.prefix}_manifest"
-        self._run: _Run | None = None
+        self.copies = (layout or dialect.layout)(self)
+        self.proof = (proof or dialect.proof)(self)
+        self._run: Run | None = None
+        self._oblivious = False  # inside oblivious_reads()
         self.last_freshness: dict[str, Any] | None = None
 
     # ----- what the store declares (access.StoreTraits, RunTraits) ---------------------------
@@ -127,291 +130,412 @@ class SQLCopyTable:
         return StoreTraits(
             self.sensitivity,
             self.max_items_per_client,
-            self._score_kind == INTEGER,
-            parameters_in_text=self.dialect.parameters_in_text,
+            self.integer_scores,
+            parameters_in_text=not self.driver.binds_on_server,
         )
 
     def run_traits(self) -> RunTraits:
-        """access.RunTraits: positions are the copy's ranks; the dialect's measured costs."""
+        """access.RunTraits: positions are ranks; the costs of what the run reads."""
+        return RunTraits(costs=self.store_costs, oblivious_costs=self.oblivious_costs)
+
+    @property
+    def store_costs(self) -> StoreCosts:
+        """The copy's costs, or those of what the run reads instead (table_read.py, around.py)."""
         run = self._run
-        return RunTraits(
-            costs=self.dialect.costs if run is None else self.dialect.costs_for(run.version.m)
+        if run is None:
+            return self.dialect.costs
+        if run.read == "copy":
+            return self.dialect.costs_for(run.m)
+        return self.dialect.stale_costs(run)
+
+    @property
+    def oblivious_costs(self) -> Any:
+        """The oblivious release's model of the run in progress (the dialect's)."""
+        run = self._run
+        return self.dialect.oblivious_costs(run is not None and run.read != "copy")
+
+    # ----- checks (checks.py) ----------------------------------------------------------------
+    def validate(self) -> int:
+        """Check every row (checks.validate); returns m."""
+        return validate(self)
+
+    def check_copy(self, ranks: str) -> None:
+        """A copy just built is a valid histogram (checks.check_copy)."""
+        check_copy(self, ranks)
+
+    def order_sql(self) -> str:
+        """The canonical order: score descending, ties by id ascending in byte order."""
+        key = self.dialect.byte_order(self.id_sql) if self.text_ids else self.id_sql
+        return f"{self.score_sql} DESC, {key} ASC"
+
+    def canonical_rows(self) -> str:
+        """SELECT of (rank, id, score as a double) of the table in canonical order."""
+        d = self.dialect
+        return (
+            f"SELECT row_number() OVER (ORDER BY {self.order_sql()}) - 1 AS rank, "
+            f"{self.id_sql} AS id, {d.double(self.score_sql)} AS score FROM {self.source}"
         )
 
-    # ----- checks ------------------------------------------------------------------------------
-    def _check_columns(self) -> tuple[str, str]:
-        """The kinds of the id and score columns, or a refusal in the project's words."""
-        columns = self.dialect.columns(self.namespace, self.table)
-        if columns is None:
-            raise ValueError(f"{self.where} does not exist")
-        for role, name in (("id", self.id_column), ("score", self.score_column)):
-            if name not in columns:
-                raise ValueError(
-                    f"{self.where} has no {role} column {name!r} (columns: {list(columns)})"
-                )
-        id_kind, score_kind = columns[self.id_column], columns[self.score_column]
-        if id_kind not in (INTEGER, TEXT):
-            raise TypeError(
-                f"{self.where} column {self.id_column!r} is {id_kind}: ids must be integers or text"
-            )
-        if score_kind not in (INTEGER, FLOAT):
-            raise TypeError(
-                f"{self.where} column {self.score_column!r} is {score_kind}: scores must be numbers"
-            )
-        return id_kind, score_kind
-
-    def _check_rows(self, ranks: str) -> None:
-        """After a build: no NULL, NaN, infinite or negative score, no NULL or repeated id."""
-        got = self.dialect.query(
-            "SELECT COUNT(*) AS m, COUNT(DISTINCT id) AS ids, "
-            "SUM(CASE WHEN id IS NULL THEN 1 ELSE 0 END) AS null_ids, "
-            "SUM(CASE WHEN score >= 0 AND score <= 1.7976931348623157e308 THEN 0 ELSE 1 END) "
-            f"AS bad FROM {ranks}"
-        )
-        m, ids, null_ids, bad = (int(got[c][0]) for c in ("m", "ids", "null_ids", "bad"))
-        if null_ids:
-            raise ValueError(f"{self.where} column {self.id_column!r} has NULL ids")
-        if ids != m:
-            raise ValueError(
-                f"{self.where} column {self.id_column!r} has {m - ids} duplicate ids: one "
-                "row per item"
-            )
-        if bad:
-            raise ValueError(
-                f"{self.where} column {self.score_column!r} has {bad} NULL, NaN, infinite or "
-                "negative score(s): counts must be finite and >= 0"
-            )
-
-    # ----- the copy's lifecycle -----------------------------------------------------------------
-    def _name(self, what: str, number: int) -> str:
-        return self.dialect.qualified(self.namespace, f"{self.prefix}_{what}_{number}")
-
-    def _versions(self) -> list[_Version]:
-        manifest = self.dialect.qualified(self.namespace, self.manifest_name)
-        if self.manifest_name not in self.dialect.tables_like(self.namespace, self.prefix):
-            return []
-        got = self.dialect.query(
-            f"SELECT version, fingerprint, m, runs FROM {manifest} ORDER BY version"
-        )
-        return [
-            _Version(int(v), str(f), int(m), int(r))
-            for v, f, m, r in zip(
-                got["version"], got["fingerprint"], got["m"], got["runs"], strict=True
-            )
-        ]
-
+    # ----- the copy's lifecycle (copies.py, freshness.py) -------------------------------------
     def has_rank_table(self) -> bool:
         """Whether prepare() has built a copy of this table."""
-        return bool(self._versions())
+        return self.copies.exists()
 
-    def prepare(self, refresh: bool = False) -> None:
-        """Build the copy (a new version; the table's fingerprint is read before the build
-        starts, so a write during it makes the copy stale, never wrongly current). Without
-        `refresh`, a copy already there is kept if it is current."""
-        versions = self._versions()
-        if versions and not refresh and self._is_current(versions[-1]):
-            return
-        d = self.dialect
-        number = versions[-1].number + 1 if versions else 1
-        fingerprint = d.fingerprint(self.namespace, self.table)
-        ranks, runs = self._name("rank", number), self._name("runs", number)
-        source = d.qualified(self.namespace, self.table)
-        d.create_rank_table(ranks, source, d.quote(self.id_column), d.quote(self.score_column))
-        try:
-            self._check_rows(ranks)
-        except BaseException:
-            d.drop_table(ranks)
-            raise
-        d.create_runs_table(runs, ranks)
-        m = int(d.query(f"SELECT COUNT(*) AS m FROM {ranks}")["m"][0])
-        count = int(d.query(f"SELECT COUNT(*) AS n FROM {runs}")["n"][0])
-        d.create_manifest(d.qualified(self.namespace, self.manifest_name))
-        d.record_version(
-            d.qualified(self.namespace, self.manifest_name), number, fingerprint, m, count
-        )
-        for old in versions[: max(0, len(versions) + 1 - KEEP_VERSIONS)]:
-            d.drop_table(self._name("rank", old.number))
-            d.drop_table(self._name("runs", old.number))
-            d.forget_version(d.qualified(self.namespace, self.manifest_name), old.number)
-
-    def _is_current(self, version: _Version) -> bool:
-        return self.frozen or (
-            version.fingerprint == self.dialect.fingerprint(self.namespace, self.table)
-        )
+    def prepare(self, refresh: bool = False, **options: Any) -> None:
+        """Build the copy if it is missing, or not current, or with `refresh=True` (copies.py);
+        install the freshness proof first (freshness.py). Options are the layout's (a
+        statement_timeout, a swap_timeout)."""
+        if self._run is not None:
+            raise RuntimeError("prepare() cannot run inside snapshot()")
+        self.driver.ensure()
+        self.copies.prepare(refresh, **options)
 
     def uninstall(self) -> None:
-        """Drop every table prepare() made for this table (never the table itself)."""
-        for name in self.dialect.tables_like(self.namespace, self.prefix):
-            if name != self.table:
-                self.dialect.drop_table(self.dialect.qualified(self.namespace, name))
+        """Drop everything prepare() made for this table (never the table itself)."""
+        if self._run is not None:
+            raise RuntimeError("uninstall() cannot run inside snapshot()")
+        self.driver.ensure()
+        self.copies.uninstall()
 
     unprepare = uninstall
+
+    def verify_rank_table(self) -> None:
+        """Raise RankTableMismatchError unless the copy provably belongs to this table."""
+        with self.driver.transaction():
+            opened = self.copies.open(strict=True)
+        if opened is None:
+            raise RankTableMismatchError(f"{self.where} has no copy: call prepare()")
 
     # ----- runs --------------------------------------------------------------------------------
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        """One run: the current version, proven current by the fingerprint or rebuilt first
-        (module docstring); every read of the run goes to that version."""
-        if self._run is not None:
-            yield  # nested: the outer run holds
+        """One run: one transaction in the dialect's snapshot isolation (read-only), whose first
+        query opens the run (`_open_run`). A copy that is to be rebuilt first is rebuilt outside
+        it and the run opens again; a copy swapped in while the snapshot was taken is looked
+        for once more; a connection lost before the run read anything is opened again once
+        (where the driver owns it)."""
+        if self._run is not None:  # nested: the outer run holds
+            yield
             return
-        started = time.perf_counter()
-        versions = self._versions()
-        if not versions:
-            raise AccessError(
-                f"{self.where} has no rank-ordered copy: call prepare() once (it builds the "
-                "copy in the store)"
+        self.driver.ensure()
+        if self.driver.in_transaction:
+            raise RuntimeError(
+                f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
+                "its own read-only transaction"
             )
-        latest = versions[-1]
-        if self.frozen:
-            freshness: dict[str, Any] = {"copy": "frozen"}
-        elif self._is_current(latest):
-            freshness = {"copy": "current", "proof": "fingerprint"}
-        else:
-            self.prepare(refresh=True)
-            latest = self._versions()[-1]
-            freshness = {
-                "copy": "stale",
-                "why": "written",
-                "read": "refreshed copy",
-                "refresh_seconds": time.perf_counter() - started,
-            }
-        n = latest.number
-        self._run = _Run(latest, self._name("rank", n), self._name("runs", n), freshness)
-        self.last_freshness = freshness
+        refreshes, attempt, opened = 0, 1, False
+        while True:
+            try:
+                with self.dialect.run_transaction(self.driver, self._oblivious):
+                    self._run = self._open_run(refreshes)
+                    opened = True
+                    try:
+                        yield
+                    finally:
+                        self.last_freshness = dict(self._run.freshness)
+                        self._run = None
+                return
+            except Refresh:
+                refreshes += 1
+                self.prepare(refresh=True)
+                continue
+            except RankTableMismatchError:
+                if attempt == 2 or opened:
+                    raise
+            except self.driver.errors as error:
+                lost = self.driver.lost(error)
+                if attempt == 2 or opened or not lost:
+                    if lost:
+                        raise self.driver.lost_error(self.where, error) from None
+                    raise
+                self.driver.ensure()
+            attempt += 1
+
+    def _open_run(self, refreshes: int) -> Run:
+        """What a run reads, learnt in its transaction's first queries (copies.open): the copy
+        where it is proven current (or frozen), else `_stale_run`; without a copy, the table
+        where the dialect reads tables, else a refusal."""
+        opened = self.copies.open(strict=self.frozen, runs=not self._oblivious)
+        report: dict[str, Any] = {"refreshes": refreshes}
+        if opened is None:
+            if not self.dialect.reads_tables:
+                raise AccessError(
+                    f"{self.where} has no rank-ordered copy: call prepare() once (it builds the "
+                    "copy in the store)"
+                )
+            warnings.warn(
+                f"{self.where} has no rank table: runs read the table itself; call prepare()",
+                stacklevel=6,
+            )
+            return self._table_run(report | {"copy": "none"})
+        if opened.why is None:
+            copy = "frozen" if self.frozen else "current"
+            opened.freshness = {"copy": copy, **({} if self.frozen else self.proof.said)} | report
+            return opened
+        return self._stale_run(opened, report | {"copy": "stale", "why": opened.why})
+
+    def _stale_run(self, copy: Run, report: dict[str, Any]) -> Run:
+        """A run whose copy is not proven current: it reads the table itself, reads the copy
+        around the changes, or has the copy rebuilt first (raises Refresh), the cheapest as the
+        dialect prices them from m. An oblivious run, or one on a store that reads no table,
+        always rebuilds (what the server observer sees then depends on m and on whether the
+        table was written, which its statistics show anyway), unless no copy can be proven
+        current (`why` "unprovable")."""
+        why, refreshes = report["why"], report["refreshes"]
+        unprovable = why == "unprovable"
+        if self._oblivious or not self.dialect.reads_tables:
+            if not unprovable:
+                if refreshes >= REFRESH_TRIES:
+                    raise RuntimeError(
+                        f"{self.where} kept changing while its copy was refreshed "
+                        f"({REFRESH_TRIES} times): try again, or use mode='live'"
+                    )
+                raise Refresh
+            return self._by_rank_run(report)
+        table, rebuild = self.dialect.table_seconds(copy.m), self.dialect.refresh_seconds(copy.m)
+        report |= {"table_seconds": table, "refresh_seconds": rebuild}
+        if why == "written" and self.copies.reads_around:
+            around = self.copies.around_state(copy)
+            if around is not None:
+                seconds = self.dialect.around_seconds(around.changed)
+                report |= {"around_seconds": seconds, "changed": around.changed}
+                if seconds <= min(table, rebuild):
+                    copy.read, copy.m, copy.around = "around", around.m, around
+                    copy.freshness = report | {"read": "around"}
+                    return copy
+        if rebuild < table and not unprovable and refreshes == 0:
+            raise Refresh
+        return self._table_run(report)
+
+    def _table_run(self, report: dict[str, Any]) -> Run:
+        """A run that reads the table itself: the in-store one-shot on its slots
+        (table_read.py), or, where the relation has none (a view), by rank."""
+        from .table_read import open_table
+
+        found = open_table(self)
+        if found is None:
+            return self._by_rank_run(report)
+        report["read"] = "table"
+        found.plan = report
+        return Run("table", found.m, freshness=report, table=found)
+
+    def _by_rank_run(self, report: dict[str, Any]) -> Run:
+        report["read"] = "table by rank"
+        return Run("table by rank", self.validate(), freshness=report)
+
+    def _state(self) -> Run:
+        """The run in progress (every read runs in one: `in_a_run`)."""
+        if self._run is not None:
+            return self._run
+        raise AccessError(f"{self.where}: a read outside snapshot()")
+
+    def run_freshness(self) -> dict[str, Any] | None:
+        """access.RunFreshness: how the run in progress knew its data current: the copy proven
+        current (by what), or why not, what the run read and each way's price."""
+        return None if self._run is None else dict(self._run.freshness)
+
+    def serves_copy(self) -> bool:
+        """Whether a run started now reads the copy (proven current, or frozen)."""
+        if self._run is not None:
+            return self._run.read == "copy"
+        self.driver.ensure()
+        with self.dialect.run_transaction(self.driver, self._oblivious):
+            opened = self.copies.open(strict=self.frozen, runs=False)
+        return opened is not None and opened.why is None
+
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside take no data-dependent shortcut (no probe
+        of the runs of tied scores) and read with oblivious.py's fixed-size reads."""
+        saved, self._oblivious = self._oblivious, True
         try:
             yield
         finally:
-            self._run = None
+            self._oblivious = saved
 
-    def _state(self) -> _Run:
-        assert self._run is not None  # every read runs in a snapshot (in_a_run)
-        return self._run
-
-    def run_freshness(self) -> dict[str, Any] | None:
-        """access.RunFreshness: how the run in progress knew its copy current."""
-        return None if self._run is None else dict(self._run.freshness)
+    def hides_statistics(self) -> bool:
+        """Whether oblivious runs keep their reads out of the statistics views any role reads
+        (the dialect asks the store once per connection: docs/oblivious.md)."""
+        return self.dialect.hides_statistics(self.driver)
 
     # ----- the Source protocol -----------------------------------------------------------------
-    @in_a_run
+    def _in_run(self) -> Any:
+        return nullcontext() if self._run is not None else self.snapshot()
+
     def domain_size(self) -> int:
-        return self._state().version.m
+        with self._in_run():
+            return self._state().m
 
-    @in_a_run
     def read_sorted(self, start: int, count: int) -> Rows:
-        run = self._state()
-        start, stop = max(0, int(start)), max(0, int(start) + int(count))
-        got = self.dialect.query(
-            f"SELECT rank, id, score FROM {run.ranks} WHERE rank >= {start} AND rank < {stop} "
-            "ORDER BY rank"
-        )
-        return self._rows(got)
+        with self._in_run():
+            run = self._state()
+            start, stop = max(0, int(start)), min(max(0, int(start) + int(count)), run.m)
+            if stop <= start:
+                return Rows(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+            if run.read != "copy":
+                from .table_read import sorted_by_rank
 
-    @in_a_run
+                return sorted_by_rank(self, start, stop)
+            if self._oblivious:
+                from .oblivious import oblivious_sorted
+
+                got = oblivious_sorted(self, run, start, stop)
+                if got is not None:
+                    return got
+            return self.dialect.read_ranks(self.driver, run.ranks, start, stop, self.integer_ids)
+
     def read_positions(self, positions: np.ndarray) -> Rows:
-        run = self._state()
-        wanted = np.asarray(positions, dtype=np.int64)
-        if len(wanted) == 0:
-            return Rows(np.empty(0, np.int64), np.empty(0, object), np.empty(0, np.float64))
-        if wanted.min() < 0 or wanted.max() >= run.version.m:
-            raise AccessError(f"positions must be in [0, {run.version.m})")
-        got = self._rows(
-            self.dialect.query(
-                f"SELECT rank, id, score FROM {run.ranks} "
-                f"WHERE rank IN {self.dialect.in_array('positions', INTEGER)}",
-                {"positions": np.unique(wanted).tolist()},
-            )
+        with self._in_run():
+            run = self._state()
+            wanted = np.asarray(positions, dtype=np.int64)
+            if len(wanted) == 0:
+                return Rows(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+            if wanted.min() < 0 or wanted.max() >= run.m:
+                raise AccessError(f"positions must be in [0, {run.m})")
+            if run.read != "copy":
+                from .table_read import positions_by_rank
+
+                return positions_by_rank(self, wanted)
+            if self._oblivious:
+                from .oblivious import oblivious_positions
+
+                got = oblivious_positions(self, run, wanted)
+                if got is not None:
+                    return got
+            return self._rows_at(run.ranks, wanted)
+
+    def _rows_at(self, relation: str | None, wanted: np.ndarray) -> Rows:
+        """The rows of `relation` (rank, id, score) at the ranks `wanted`, in that order."""
+        d = self.dialect
+        unique = np.unique(wanted)
+        rows = self.driver.execute(
+            f"SELECT r.rank, r.id, r.score FROM {relation} AS r "
+            f"WHERE {d.member('r.rank', 'ranks', INTEGER)} ORDER BY r.rank",
+            {"ranks": d.array_value(unique, INTEGER, self.driver)},
         )
+        got = rows_from_records(rows)
         order = np.argsort(got.positions, kind="stable")  # rows come in the store's order
-        if not np.array_equal(got.positions[order], np.unique(wanted)):
+        if not np.array_equal(got.positions[order], unique):
             raise AccessError(f"{self.where}: the copy lacks ranks it should hold")
         at = order[np.searchsorted(got.positions[order], wanted)]
         return Rows(wanted, got.ids[at], got.scores[at])
 
     def _by_id(self, ids: Sequence[Any], exact: bool) -> list[Any]:
         run = self._state()
-        asked = [self._id_value(i) for i in ids]
+        asked = plain_values(ids)
         if not asked:
             return []
-        score = "score" if exact else self.dialect.double("score")
-        got = self.dialect.query(
-            f"SELECT id, {score} AS score FROM {run.ranks} "
-            f"WHERE id IN {self.dialect.in_array('ids', self._id_kind)}",
-            {"ids": sorted(set(asked))},
+        d = self.dialect
+        if exact or run.read != "copy":  # the table's own type, in the run's snapshot
+            relation, id_sql, score = self.source, self.id_sql, self.score_sql
+            score = score if exact else d.double(score)
+        else:
+            relation, id_sql, score = run.ranks, "id", "score"
+        kind = TEXT if self.text_ids else INTEGER if self.integer_ids else None
+        found = dict(
+            self.driver.execute(
+                f"SELECT {id_sql}, {score} FROM {relation} WHERE {d.member(id_sql, 'ids', kind)}",
+                {"ids": d.array_value(list(dict.fromkeys(asked)), kind, self.driver)},
+            )
         )
-        found = dict(zip(got["id"].tolist(), got["score"].tolist(), strict=True))
-        for item in asked:
-            if item not in found:
-                raise AccessError(f"{self.where} has no item with id {item!r}")
-        return [found[item] for item in asked]
+        try:
+            return [found[item] for item in asked]
+        except KeyError as missing:
+            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
 
-    @in_a_run
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
-        return np.asarray(self._by_id(ids, exact=False), dtype=np.float64)
+        with self._in_run():
+            return np.asarray(self._by_id(ids, exact=False), dtype=np.float64)
 
-    @in_a_run
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
-        """access.ExactScores: the counts as the store holds them (integers stay integers)."""
-        return self._by_id(ids, exact=True)
-
-    def _id_value(self, item: Any) -> Any:
-        """An id as the column holds it; a wrong kind is refused before anything is read."""
-        if isinstance(item, np.generic):
-            item = item.item()
-        if self._id_kind == INTEGER and not isinstance(item, bool) and isinstance(item, int):
-            return item
-        if self._id_kind == TEXT and isinstance(item, str):
-            return item
-        raise AccessError(f"{self.where} has no item with id {item!r}")
+        """access.ExactScores: the counts as the table holds them (integers as Python ints,
+        numerics as Decimals), from the table in the run's snapshot."""
+        with self._in_run():
+            return self._by_id(ids, exact=True)
 
     # ----- runs of tied scores (access.ScoreRuns) --------------------------------------------
-    @in_a_run
     def score_run_count(self) -> int | None:
-        return self._state().version.runs
+        """How many runs of tied scores the copy's runs table holds (None without one, or in a
+        run that reads the table)."""
+        with self._in_run():
+            return self._state().run_count
 
-    @in_a_run
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
-        run = self._state()
-        got = self.dialect.query(
-            f"SELECT first, {self.dialect.double('score')} AS score FROM {run.runs} ORDER BY first"
-        )
-        return np.asarray(got["first"], np.int64), np.asarray(got["score"], np.float64)
+        """(first rank, score) of every run of tied scores, in rank order, in one query."""
+        with self._in_run():
+            return self.copies.read_runs(self._state())
 
     # ----- the in-store one-shot (access.InStoreOneShot) -------------------------------------
-    @in_a_run
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
-        """The k rows of largest min(score, cap) + keyed noise over the copy, best first, ties
-        by smaller rank, in one statement (keyed_noise.py; the dialect's oneshot_sql). The key
-        and the exceedances are parameters, never statement text (k, public, may be a
-        literal); None where the dialect cannot keep them out of it."""
-        if not self.dialect.supports_in_store_oneshot or self.dialect.parameters_in_text:
+        """The k rows of largest min(score, cap) + keyed noise, best first, ties by smaller
+        position, in one statement (keyed_noise.py) over the copy, the table's slots
+        (table_read.py) or the copy around the changes (around.py). The key and the
+        exceedances are parameters, never statement text; None where the driver would write
+        them into it or the dialect has no keyed hash."""
+        if not self.dialect.supports_in_store_oneshot or not self.driver.binds_on_server:
             return None
-        run = self._state()
-        d = self.dialect
-        sql = d.oneshot_sql(
-            run.ranks,
-            noise.sql(d.keyed_uniform("key", "r.rank")),
-            capped_sql(d.double("r.score"), noise.score_cap),
-            noise.bound,
-            int(k),
-        )
-        got = d.query(
-            sql,
-            {
-                "key": noise.key,
-                "positions": noise.exceed_positions.tolist(),
-                "noises": noise.exceed_noises.tolist(),
-            },
-        )
-        return self._rows(got)
+        with self._in_run():
+            run = self._state()
+            if run.read == "table":
+                from .table_read import table_oneshot
 
-    def _rows(self, got: dict[str, np.ndarray]) -> Rows:
-        ids = np.asarray(got["id"]).astype(object) if self._id_kind == TEXT else got["id"]
-        return Rows(
-            np.asarray(got["rank"], np.int64),
-            np.asarray(ids, dtype=object if self._id_kind == TEXT else np.int64),
-            np.asarray(got["score"], np.float64),
-        )
+                return table_oneshot(self, run.table, noise, k)
+            if run.read == "around":
+                return self.copies.around_oneshot(run, noise, k)
+            if run.read != "copy":
+                return None
+            d = self.dialect
+            sql = d.oneshot_sql(
+                run.ranks,
+                noise.sql(d.keyed_uniform("key", "r.rank")),
+                noise.bound,
+                int(k),
+                noise.score_cap,
+            )
+            params = {
+                "key": noise.key,
+                "m": int(run.m),
+                "k": int(k),
+                "positions": d.array_value(noise.exceed_positions, INTEGER, self.driver),
+                "noises": d.array_value(noise.exceed_noises, FLOAT, self.driver),
+            }
+            return rows_from_records(self.driver.execute(sql, params))
+
+    def oneshot_positions(self) -> int:
+        """How many positions the in-store one-shot draws its exceedances from: the table's
+        slots in a run that reads the table, the copy's and the changes' around them, else m."""
+        with self._in_run():
+            run = self._state()
+            if run.table is not None:
+                return int(run.table.slots)
+            if run.around is not None:
+                return int(run.around.positions)
+            return run.m
+
+    # ----- what a run will read (EXPLAIN) -------------------------------------------------------
+    def check(self) -> Any:
+        """How each access kind will be served (the dialect's EXPLAIN), before a run."""
+        return self.copies.check()
+
+    def is_stale(self) -> bool:
+        """Whether the table's counts differ from the copy (True without one): one full scan
+        of the table, joined on (id, score)."""
+        with self.dialect.run_transaction(self.driver, False):
+            opened = self.copies.open(strict=False, runs=False)
+            if opened is None:
+                return True
+            row = self.driver.one(
+                f"SELECT count(*) - count(r.id), (SELECT count(*) FROM {self.source}), "
+                f"(SELECT count(*) FROM {opened.ranks}) FROM {self.source} AS b LEFT JOIN "
+                f"{opened.ranks} AS r ON r.id = b.{self.id_sql} AND r.score = "
+                f"{self.dialect.double('b.' + self.score_sql)}"
+            )
+        unmatched, live, ranked = (int(x) for x in row)
+        return bool(unmatched or live != ranked)
 
     def close(self) -> None:
-        """Nothing to release: the dialect holds the connection (its owner closes it)."""
+        """Close the connection if the driver opened it."""
+        self.driver.close()
+
+
+__all__ = ["REFRESH_TRIES", "Refresh", "Run", "SQLTable"]

@@ -1,0 +1,172 @@
+"""How a run knows its copy current: the freshness proofs of the SQL store engine
+(docs/freshness.md, DESIGN invariant 14).
+
+A proof is asked by the copy's layout (copies.py) when a run opens; `why()` is None where the
+copy is proven current, else why not ("written", or "unprovable": nothing can prove a copy of
+this table current). Each proof also says how it knew (`said`, in run_freshness()).
+
+* `WriteLog`: statement-level triggers log each writing transaction (the dialect's `writes`
+  SQL). prepare() installs them in a transaction
+  of its own, committed before the snapshot the copy is made in (creating a trigger waits for
+  the writers in progress, so every write the copy's snapshot does not see was made with the
+  trigger in place), then stamps the copy with its snapshot in the copy's transaction and
+  deletes the log rows that snapshot saw; the run's first query checks the stamp against the
+  log and the catalog in one scalar subquery. Without the right to create a trigger, a
+  warning: runs then read the table itself. A copy of a frozen table is proven by the
+  caller's promise. Beside the log, the layout may keep a change log to read a stale copy
+  around (around.py): installed, stamped and dropped with it.
+* `Fingerprint`: a catalog value that changes with every write (the dialect's `fingerprint`:
+  the names of a table's immutable parts, say), recorded when the copy's build starts and
+  compared when a run opens: one small query, whatever the table's size. It may change
+  without a write (a background merge: a rebuild for nothing), never stay put across one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from typing import Any
+
+from topk_middleware.validation import first_line
+
+
+def copy_key(copy_name: str) -> int:
+    """The copy's key in a write log: a signed 64-bit hash of its qualified, quoted name."""
+    return int.from_bytes(hashlib.sha1(copy_name.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+class Fingerprint:
+    """The copy is current when the table's fingerprint is the one recorded with it."""
+
+    said = {"proof": "fingerprint"}  # noqa: RUF012
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+
+    def fingerprint(self) -> str:
+        t = self.t
+        return str(t.dialect.fingerprint(t.driver, t.namespace, t.table))
+
+    def why(self, stored: str | None, proven: Any) -> str | None:
+        return None if stored == self.fingerprint() else "written"
+
+
+class WriteLog:
+    """The write log of one copy (module docstring). `key_name` is the text its key is hashed
+    from (the copy's qualified name as the layout spells it), `trigger` its trigger's name."""
+
+    said = {"proof": "triggers"}  # noqa: RUF012
+
+    def __init__(self, t: Any, key_name: str, trigger: str, *, changes: Any = None) -> None:
+        self.t, self.sql = t, t.dialect.writes
+        self.key, self.trigger = copy_key(key_name), trigger
+        ns = t.namespace
+        self.log = t.dialect.qualified(ns, self.sql.LOG_TABLE)
+        self.function = t.dialect.qualified(ns, self.sql.LOG_FUNCTION)
+        self.changes = changes  # around.ChangeLog, where the layout reads around
+
+    def exists_sql(self) -> str:
+        return self.t.dialect.exists_sql(self.log)
+
+    def _state(self) -> str:
+        return self.sql.state_sql(self.t.source, self.trigger, self.function)
+
+    # ----- install, stamp, uninstall ----------------------------------------------------------
+    def install(self, copies: Any) -> None:
+        """The log table, its function and the copy's trigger on the table and each relation
+        below it, where missing or not in their state; the change log where the layout keeps
+        one. Without the right to create a trigger, a warning (runs read the table)."""
+        t, w = self.t, self.sql
+        driver = t.driver
+        driver.execute(w.setup_lock_sql())
+        indexed, body = driver.one(w.installed_sql(self.log, self.function))
+        if not indexed:  # CREATE .. IF NOT EXISTS would lock the log (and wait for writers)
+            for statement in w.setup_statements(self.log):
+                driver.execute(statement)
+        qualified = driver.scalar(w.qualified_sql(self.log))
+        if body != w.function_body(qualified):
+            driver.execute(w.function_statement(self.function, qualified))
+        relations = driver.execute(w.relations_sql(t.source, self.trigger, self.function, self.key))
+        for relation, kind, ready in relations:
+            if ready or kind not in ("r", "p"):
+                continue  # a view or foreign table below: the state digest says unprovable
+            try:
+                with driver.savepoint():  # without the right, prepare() goes on
+                    for statement in w.trigger_statements(
+                        relation, self.trigger, self.function, self.key
+                    ):
+                        driver.execute(statement)
+            except driver.errors as error:
+                if not t.dialect.insufficient_privilege(driver, error):
+                    raise
+                warnings.warn(
+                    f"{t.where}: no trigger to log writes on {relation} "
+                    f"({first_line(error)}): runs cannot prove the copy current and read the "
+                    "table itself; its owner can run prepare()",
+                    stacklevel=6,
+                )
+        if self.changes is not None:
+            self.changes.install(relations)
+
+    def stamp(self, copies: Any) -> list[str]:
+        """In the copy's transaction: the stamp (and the change log's), after which the log
+        rows this snapshot saw are deleted."""
+        t, w = self.t, self.sql
+        stamp = t.driver.scalar("SELECT " + w.stamp_sql(self._state()))
+        changes = self.changes.stamp() if self.changes is not None else ""
+        t.driver.execute(w.cleanup_sql(self.log, self.key))
+        return [stamp, changes] if changes else [stamp]
+
+    def uninstall(self, copies: Any) -> None:
+        """The copy's triggers and log rows (and its change log); the log table and its
+        function too once no trigger calls the function."""
+        t, w, d = self.t, self.sql, self.t.dialect
+        driver = t.driver
+        if driver.scalar(f"SELECT {d.exists_sql(t.source)}"):
+            relations = driver.execute(
+                w.relations_sql(t.source, self.trigger, self.function, self.key)
+            )
+            for relation, kind, _ in relations:
+                if kind in ("r", "p"):
+                    driver.execute(f"DROP TRIGGER IF EXISTS {d.quote(self.trigger)} ON {relation}")
+        if self.changes is not None:
+            self.changes.uninstall()
+        if driver.scalar(f"SELECT {d.exists_sql(self.log)}"):
+            driver.execute(f"DELETE FROM {self.log} WHERE copy = {int(self.key)}")
+        if not driver.scalar(w.function_users_sql(self.function)):
+            driver.execute(f"DROP FUNCTION IF EXISTS {self.function}()")
+            driver.execute(f"DROP TABLE IF EXISTS {self.log}")
+
+    # ----- the run ----------------------------------------------------------------------------
+    def proof_sql(self, copies: Any, logged: bool) -> str:
+        """SQL that is the copy's stamp where the run's snapshot proves the copy current, else
+        NULL (frozen: always the tag)."""
+        t, w = self.t, self.sql
+        if t.frozen:
+            return w.literal(w.STAMP_TAG)
+        if not logged:
+            return "CAST(NULL AS TEXT)"
+        stamp = copies.stamp_sql()
+        return w.proof_sql(stamp, self._state(), self.log, self.key)
+
+    def why(self, record: str | None, proven: Any) -> str | None:
+        """None where the copy is proven current (or frozen); else "written" (a write since the
+        copy, or a change to what the proof rests on, or a copy without a stamp), or
+        "unprovable" (the stamp says no trigger could prove it: no right to create one, a view,
+        a logical replication target)."""
+        if proven is not None:
+            return None
+        stamp = copies_stamp(record)
+        w = self.sql
+        if stamp.startswith(w.STAMP_TAG) and stamp.endswith(w.UNPROVABLE):
+            return "unprovable"
+        return "written"
+
+
+def copies_stamp(record: str | None) -> str:
+    """The stamp line of a copy's record (its second line), '' where none."""
+    lines = (record or "").split("\n")
+    return lines[1] if len(lines) > 1 else ""
+
+
+__all__ = ["Fingerprint", "WriteLog", "copies_stamp", "copy_key"]
