@@ -19,12 +19,25 @@ in one transaction of the backend's connection (`snapshot()`): BEGIN TRANSACTION
 BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY on PostgreSQL, BEGIN on SQLite; another backend
 is refused unless the caller promises that the data do not change during a run
 (`frozen=True`). A backend without window functions (Ibis's Polars backend) reads each
-rank with its own ORDER BY .. LIMIT 1 OFFSET query. The in-store one-shot (a keyed hash
-inside the backend) is not served: the one-shot method reads the expression once in full.
+rank with its own ORDER BY .. LIMIT 1 OFFSET query.
+
+The in-store one-shot (access.InStoreOneShot; topk_middleware/keyed_noise.py) on DuckDB and
+PostgreSQL: one statement of the backend's own SQL around the expression as Ibis compiles it,
+its rows numbered in the canonical order (the positions of every other read here), computed
+once (a materialized CTE: one sort of the expression); each row that can win gets the keyed
+uniform of its position, the first 52 bits of SHA-256("key:position") (DuckDB's sha256, and
+PostgreSQL's), the exceedances joined from bound arrays. The key and the exceedances are bound
+by the driver (DuckDB's prepared parameters, psycopg 3's server-side binding), never written
+into the statement text, which Ibis cannot promise (it inlines every value as a literal): the
+statement runs on the backend's connection, not through Ibis. Every other backend, and a
+PostgreSQL connection whose cursors interpolate parameters client-side (psycopg's
+ClientCursor), is not given the key: there `method="oneshot"` reads the expression once in
+full into the client (`oneshot_in_store` and check() say why). SQLite has no SHA-256 in SQL.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +45,15 @@ from typing import Any
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows, StoreTraits
+from topk_middleware.keyed_noise import (
+    KeyedNoise,
+    capped_sql,
+    oneshot_query,
+    uniform_from_hex_sql,
+)
 from topk_middleware.privacy import resolve_declared
+
+from ._sql import AccessCheck, AccessPath, float_array_literal, int_array_literal
 
 try:
     import ibis
@@ -47,6 +68,15 @@ def convert_to(text: str, encoding: str) -> bytes:  # type: ignore[empty-body]
     """PostgreSQL's convert_to(text, encoding): the text's bytes."""
 
 
+@ibis.udf.scalar.builtin(name="topk_oneshot_floor")
+def _oneshot_floor() -> float:  # type: ignore[empty-body]
+    """A stand-in in the compiled SQL for the one-shot's floor (IbisTable.read_oneshot), whose
+    value is a bound parameter: replaced in the statement text, never run."""
+
+
+FLOOR_CALL = "TOPK_ONESHOT_FLOOR()"
+
+
 @ibis.udf.scalar.builtin
 def encode(text: str) -> bytes:  # type: ignore[empty-body]
     """DuckDB's encode(text): the UTF-8 bytes of the text as a BLOB."""
@@ -58,12 +88,38 @@ BYTE_KEYS: dict[str, Callable[[Any], Any]] = {
     "postgres": lambda text: convert_to(text, "UTF8"),
     "sqlite": lambda text: text,
 }
-# The statements that open and close one consistent read of the backend's connection.
+# The statements that open and close one consistent read of the backend's connection. On
+# PostgreSQL, for that transaction only: no JIT (a read that sorts the expression is planned at
+# a cost that compiles it, ~0.4 s at 10^6 rows, more than the sort) and the sort in memory up to
+# 64 MB (the default 4 MB spills 10^6 rows to disk).
 SNAPSHOTS: dict[str, tuple[str, str]] = {
     "duckdb": ("BEGIN TRANSACTION", "COMMIT"),
-    "postgres": ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "COMMIT"),
+    "postgres": (
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT set_config('jit', 'off', true), "
+        "set_config('work_mem', '64MB', true)",
+        "COMMIT",
+    ),
     "sqlite": ("BEGIN", "COMMIT"),
 }
+# The in-store one-shot's SQL where the backend computes SHA-256 and its driver binds parameters
+# apart from the statement text: the first 52 bits of SHA-256(key ":" position) of the row `r`
+# as a double, the (position, noise) rows of the exceedances, over the placeholders of the key,
+# positions and noises, and the form of a named placeholder (module docstring).
+KEYED_HASHES: dict[str, tuple[str, str, str]] = {
+    "duckdb": (
+        "CAST(CAST('0x' || substr(sha256($key || ':' || CAST(r.position AS VARCHAR)), 1, 13) "
+        "AS UBIGINT) AS DOUBLE)",
+        "SELECT unnest(CAST($positions AS BIGINT[])), unnest(CAST($noises AS DOUBLE[]))",
+        "${}",
+    ),
+    "postgres": (
+        "CAST(CAST(CAST('x' || encode(substring(sha256(CAST(%(key)s || ':' || r.position AS "
+        "bytea)) FROM 1 FOR 7), 'hex') AS bit(56)) AS bigint) >> 4 AS float8)",
+        "SELECT * FROM unnest(CAST(%(positions)s AS bigint[]), CAST(%(noises)s AS float8[]))",
+        "%({})s",
+    ),
+}
+NO_KEYED_HASH = {"sqlite": "SQLite has no SHA-256 in SQL"}
 
 
 class IbisTable:
@@ -132,10 +188,57 @@ class IbisTable:
         self.numbers_rows = self.backend.has_operation(
             ops.RowNumber
         ) and self.backend.has_operation(ops.WindowFunction)
+        self.oneshot_refusal = self._oneshot_refusal()
+        if self.oneshot_refusal is not None:  # not an InStoreOneShot (access.offers_in_store)
+            self.read_oneshot = None  # type: ignore[method-assign,assignment]
         self._depth = 0  # nested snapshot() calls
         self._m: int | None = None
         self._runs: int | None = None
+        self._oneshot_sql: dict[int, tuple[str, str]] = {}  # k -> SQL (_oneshot_relations)
         self._next: tuple[int, float, Any] | None = None  # (start, score, id) of a keyset read
+
+    def _oneshot_refusal(self) -> str | None:
+        """Why this backend gets no in-store one-shot, or None where it runs one."""
+        if self.backend_name not in KEYED_HASHES:
+            return NO_KEYED_HASH.get(
+                self.backend_name,
+                f"this adapter knows no keyed hash with parameters bound apart from the "
+                f"statement text on {self.backend_name}",
+            )
+        cursor = getattr(self.backend.con, "cursor_factory", None)
+        if self.backend_name == "postgres" and "ClientCursor" in {
+            c.__name__ for c in getattr(cursor, "__mro__", ())
+        }:
+            return "this connection's cursors write parameters into the statement text"
+        return None
+
+    @property
+    def oneshot_in_store(self) -> str:
+        """How method="oneshot" reads this expression, in words (the operator's diagnostics)."""
+        if self.oneshot_refusal is None:
+            return (
+                f"in {self.backend_name}: one statement, SHA-256 keyed noise on the rows that "
+                "can win, the key bound as a parameter"
+            )
+        return f"a full read into the client: {self.oneshot_refusal}"
+
+    def check(self) -> AccessCheck:
+        """How each access kind is served, before a run (no read of the data)."""
+        sort = f"the backend sorts the expression ({self.backend_name}; no copy)"
+        by_rank = (
+            "row_number() over the canonical order, one query a batch: " + sort
+            if self.numbers_rows
+            else "ORDER BY .. LIMIT 1 OFFSET rank, one query a rank: " + sort
+        )
+        return AccessCheck(
+            self.where,
+            [
+                AccessPath("sorted", True, "ORDER BY .. LIMIT n, by keyset: " + sort),
+                AccessPath("random by rank", True, by_rank),
+                AccessPath("random by id", True, "WHERE id IN (...)"),
+                AccessPath("one-shot", True, self.oneshot_in_store),
+            ],
+        )
 
     # ----- the snapshot -------------------------------------------------------------------------
     @contextmanager
@@ -259,6 +362,92 @@ class IbisTable:
             raise AccessError(f"{self.where} has no item with id {missing[0]!r}")
         return np.asarray([found[value] for value in wanted], dtype=np.float64)
 
+    # ----- the in-store one-shot (access.InStoreOneShot) -------------------------------------
+    def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
+        """The k rows of largest min(score, cap) + keyed noise, best first, ties by smaller
+        position, in one statement on the backend's connection (module docstring). The key,
+        the exceedances and the floor below are bound parameters; k, public, is a literal.
+
+        Only a prefix of the canonical order is numbered (sorted): the rows scoring at least
+        floor = min(k-th largest score, cap) + lowest noise - max(bound, largest exceedance) - b,
+        found after a top-k of the expression (one scan, no sort). A row below it cannot win:
+        its value is below min(k-th score, cap) + lowest noise, which the k top rows' values
+        all reach; so an exceedance past the prefix is left out of `known` (keyed_noise.py),
+        which only lowers the cut. Cost: two scans of the expression (or an index on score,
+        where the backend has one), a sort of the prefix (all of it where every score lies
+        within the noise of the top), SHA-256 on the rows within the cut."""
+        relation, top_k = self._oneshot_relations(int(k))
+        digits, exceedances, double = KEYED_HASHES[self.backend_name]
+        largest = float(noise.exceed_noises.max()) if len(noise.exceed_noises) else -math.inf
+        params: dict[str, Any] = {
+            "key": noise.key,
+            "slack": noise.lowest - max(noise.bound, largest) - noise.scale,
+        }
+        if self.backend_name == "postgres":  # psycopg reads % as a placeholder's start
+            relation, top_k = relation.replace("%", "%%"), top_k.replace("%", "%%")
+            params["positions"] = int_array_literal(noise.exceed_positions)
+            params["noises"] = float_array_literal(noise.exceed_noises)
+        else:
+            params["positions"] = noise.exceed_positions.tolist()
+            params["noises"] = noise.exceed_noises.tolist()
+        prelude = (
+            f"floor AS (SELECT min({capped_sql('s.score', noise.score_cap)}) + "
+            f"CAST({double.format('slack')} AS DOUBLE PRECISION) AS c FROM ({top_k}) s), "
+            f"ranked AS MATERIALIZED ({relation})"
+        )
+        statement = oneshot_query(
+            "ranked",
+            "position",
+            noise.sql(uniform_from_hex_sql(digits)),
+            exceedances,
+            noise.bound,
+            str(int(k)),
+            materialized="MATERIALIZED ",
+            score_cap=noise.score_cap,
+            prelude=prelude,
+        )
+        if self.backend_name == "duckdb":
+            records = self.backend.con.execute(statement, params).fetchall()
+        else:
+            with self.backend.con.cursor() as cursor:
+                records = cursor.execute(statement, params).fetchall()
+        return Rows(
+            np.asarray([r[0] for r in records], dtype=np.int64),
+            _id_array([r[1] for r in records]),
+            np.asarray([r[2] for r in records], dtype=np.float64),
+        )
+
+    def _oneshot_relations(self, k: int) -> tuple[str, str]:
+        """The SQL of the numbered prefix (its floor a subquery of the CTE `floor`) and of the
+        top-k scores, compiled by Ibis once per k (about 20 ms of compiling a statement)."""
+        t = self._table
+        run_hooks = getattr(self.backend, "_run_pre_execute_hooks", None)
+        if callable(run_hooks):  # in-memory tables of the expression registered, as execute does
+            run_hooks(t)
+        if k in self._oneshot_sql:
+            return self._oneshot_sql[k]
+        floor = _oneshot_floor()
+        if t.score.type().is_integer():  # compared as integers: an index on score serves it
+            floor = ibis.greatest(floor, -(2.0**62)).ceil()
+        prefix = t.filter(t.score >= floor)
+        numbered = prefix.mutate(
+            position=ibis.row_number().over(
+                order_by=[ibis.desc(prefix.score), self._key(prefix.id).asc()]
+            ),
+            score=prefix.score.cast("float64"),
+        )
+        top = t.order_by(ibis.desc(t.score)).limit(k).select(score=t.score.cast("float64"))
+        relation, top_k = (str(self.backend.compile(expr)) for expr in (numbered, top))
+        if relation.count(FLOOR_CALL) != 1:
+            raise AccessError(f"{self.where}: the one-shot statement could not be built")
+        relation = relation.replace(FLOOR_CALL, "(SELECT c FROM floor)")
+        self._oneshot_sql[k] = relation, top_k
+        return relation, top_k
+
+    def oneshot_reads(self) -> str | None:
+        """OneShotReads: what the in-store one-shot reads."""
+        return "the expression"
+
     # ----- ScoreRuns ----------------------------------------------------------------------------
     def score_run_count(self) -> int | None:
         if self._runs is None or not self._depth:
@@ -288,4 +477,4 @@ def _rows(ids: list[Any], scores: Any, start: int) -> Rows:
     return Rows(positions, _id_array(ids), np.asarray(scores, dtype=np.float64))
 
 
-__all__ = ["BYTE_KEYS", "SNAPSHOTS", "IbisTable"]
+__all__ = ["BYTE_KEYS", "KEYED_HASHES", "SNAPSHOTS", "IbisTable"]

@@ -28,7 +28,10 @@ SQL_STORES = [
     "sqlalchemy-sqlite",
     "sqlalchemy-postgres",
     "sqlalchemy-duckdb",
-]  # not MariaDB: pymysql would put the key in the statement text (test_sql_hardening.py)
+    "ibis-duckdb",
+    "ibis-postgres",
+]  # not MariaDB: pymysql would put the key in the statement text (test_sql_hardening.py); not
+# Ibis on SQLite (no SHA-256 in SQL: test_ibis.py)
 
 
 def make(request: pytest.FixtureRequest, store: str, scores: Any) -> Any:
@@ -229,7 +232,9 @@ def test_in_store_oneshot_follows_plackett_luce(request: pytest.FixtureRequest, 
 
 
 @pytest.mark.parametrize("method", ["oneshot", "oneshot_in_store"])
-@pytest.mark.parametrize("store", ["duckdb", "postgres", "sqlalchemy-sqlite"])
+@pytest.mark.parametrize(
+    "store", ["duckdb", "postgres", "sqlalchemy-sqlite", "ibis-duckdb", "ibis-postgres"]
+)
 def test_oneshot_in_store_through_private_top_k(
     request: pytest.FixtureRequest, store: str, method: str
 ):

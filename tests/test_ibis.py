@@ -102,6 +102,15 @@ def test_the_benchmark_runs_as_the_docs_show(tmp_path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     payload = json.loads((tmp_path / "ibis_overhead.json").read_text())
-    assert {(r["backend"], r["family"]) for r in payload["results"]} == {
-        (b, f) for b in ("duckdb", "sqlite") for f in ("zipf", "distinct")
+    assert {(r["backend"], r["family"], r["method"]) for r in payload["results"]} == {
+        (b, f, m)
+        for b in ("duckdb", "sqlite")
+        for f in ("zipf", "distinct")
+        for m in ("threshold", "oneshot_in_store")
     }
+    in_store = {
+        (r["backend"], r["ibis_in_store"], r["native_in_store"])
+        for r in payload["results"]
+        if r["method"] == "oneshot_in_store"
+    }
+    assert in_store == {("duckdb", True, True), ("sqlite", False, True)}

@@ -230,6 +230,7 @@ def oneshot_query(
     materialized: str = "",
     search_m: str | None = None,
     score_cap: float = math.inf,
+    prelude: str = "",
 ) -> str:
     """SQL of the in-store one-shot (module docstring): the (position, id, score) of the k rows
     of largest score + noise, best first, ties by smaller position. `relation` has columns
@@ -244,11 +245,14 @@ def oneshot_query(
     search through the position's B-tree (about 2 log2 m probes), so the others are not scanned.
 
     Values are min(score, `score_cap`) + noise (privacy.score_bound); the cut compares raw
-    scores, which are at least the clamped ones, so it keeps every row that can win."""
+    scores, which are at least the clamped ones, so it keeps every row that can win.
+    `prelude`: common table expressions put before the query's own (a `relation` computed once
+    and read three times: `ranked AS MATERIALIZED (...)`)."""
     pos = position
     score = capped_sql("r.score", score_cap)
     keyed = f"{score} + {noise_sql}"
     ctes = [
+        *([prelude] if prelude else []),
         f"e(position, z) AS {materialized}({exceedances})",
         f"known AS {materialized}(SELECT r.{pos} AS position, r.id AS id, r.score AS score, "
         f"{score} + e.z AS v FROM {relation} r JOIN e ON r.{pos} = e.position "
