@@ -1,7 +1,8 @@
 """Utility: how close is the released top-k to the true one, at each epsilon, per mechanism.
 
     python -m benchmarks utility [--quick] [--trials 200] [--jobs 2]
-    python -m benchmarks utility --preview-m 1e7     the preview's wall time on a DuckDB table
+    python -m benchmarks utility --preview-m 1e7     the preview's time on a 10^7-row table
+                                                     (benchmarks/utility_preview.py)
     python -m benchmarks utility --combine           utility.json from the data sets' files
 
 For each data set (benchmarks/utility_data.py: three real tables from installed packages, and
@@ -311,49 +312,6 @@ def run_data_set(
     return rows
 
 
-def preview_timing(m: int, k: int = 100) -> dict[str, Any]:
-    """The preview's wall time on a prepared DuckDB table of m rows (a Zipf head over zeros):
-    6 epsilons x 3 mechanisms, 200 trials each; its rows read and round trips."""
-    import tempfile
-
-    import duckdb
-
-    from adapters.duckdb import DuckDBTable
-    from topk_middleware import preview
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "votes.duckdb"
-        with duckdb.connect(str(path)) as con:
-            con.execute(
-                "CREATE TABLE votes AS SELECT range AS item, "
-                "CASE WHEN range < 100000 THEN floor(1e6 / (range + 1))::BIGINT ELSE 0 END "
-                f"AS votes FROM range({int(m)})"
-            )
-        source = DuckDBTable(str(path), "votes", id="item", score="votes", frozen=True)
-        started = time.perf_counter()
-        source.prepare()
-        prepare_seconds = time.perf_counter() - started
-        times, cpu = [], []
-        for _ in range(3):
-            started, used = time.perf_counter(), time.process_time()
-            found = preview(source, k)
-            times.append(time.perf_counter() - started)
-            cpu.append(time.process_time() - used)
-        source.close() if hasattr(source, "close") else None
-    return {
-        "store": "duckdb (prepared, frozen)",
-        "m": m,
-        "k": k,
-        "points": len(found.outcomes),
-        "seconds": times,
-        "cpu_seconds": cpu,
-        "load_average": os.getloadavg(),
-        "prepare_seconds": prepare_seconds,
-        "rows_fetched": found.accesses.rows_fetched,
-        "round_trips": found.accesses.round_trips,
-    }
-
-
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per data set: precision@k and median k-relative error (25-75% band) against
     epsilon, a line per mechanism, a row per k."""
@@ -442,7 +400,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preview-m",
         type=float,
         default=None,
-        help="only time the preview on a DuckDB table of this many rows",
+        help="only time the preview on a table of this many rows (benchmarks/utility_preview.py)",
+    )
+    parser.add_argument(
+        "--preview-store",
+        nargs="+",
+        default=["duckdb"],
+        choices=("duckdb", "postgres"),
+        help="the stores of --preview-m (default: duckdb)",
     )
 
 
@@ -476,12 +441,18 @@ def main(args: argparse.Namespace) -> int:
         print(combine(out, args.data))
         return 0
     if args.preview_m is not None:
-        timing = preview_timing(int(args.preview_m))
+        from .utility_preview import preview_timing
+
+        m = int(args.preview_m)
+        timings = []
+        for store in args.preview_store:
+            timings.append(preview_timing(m, store))
+            print(timings[-1], flush=True)
         path = common.write_json(
-            out / f"utility_preview_{int(args.preview_m):.0e}.json",
-            {"machine": common.machine_info(), **timing},
+            out / f"utility_preview_{m:.0e}.json",
+            {"machine": common.machine_info(), "stores": timings},
         )
-        print(path, timing)
+        print(path)
         return 0
     trials, epsilons, ks = args.trials, EPSILONS, KS
     opendp_seconds = OPENDP_SECONDS

@@ -4,16 +4,10 @@ NOT A PRIVATE RELEASE. The preview reads the exact counts and reports figures th
 them; it charges no budget, and its output must never be shown to an analyst. It is reachable
 from Python and from the command line (`topk-middleware preview`), never from the SQL functions.
 
-What it reads (`read_histogram`): the histogram of the scores (each distinct score and how many
-items hold it), from the store's runs of tied scores in one round trip where the store keeps
-them (every prepared store does: as many rows as distinct scores). Elsewhere (a live table),
-the top 16k + 1 rows of the canonical order by one sorted read, and the rest by one aggregate
-query (access.ScoreHistogramRead): the items at or below the head's last score, binned by their
-distance below it (access.ScoreBins), each bin read as its largest score and its size. Bins are
-1/16 of the smallest noise scale simulated wide (1 on integer counts, whose bins are then
-exact), and a share 1/512 of the distance past 2,048 widths; no item is read more than that
-above its score, and the head (limited domain's k_bar + 1 counts) is exact. A store that offers
-neither is read in full once. Nothing is read per item beyond the head.
+What it reads: the histogram of the scores (topk_middleware/score_histogram.py,
+`read_histogram`): the store's runs of tied scores where it keeps them, else the top 16k + 1
+rows and one binned aggregate of the rest, else one full read. Nothing is read per item beyond
+the top rows.
 
 What it computes, for each epsilon and mechanism, from `trials` simulated releases on that
 histogram (fixed `seed`: the same figures every time):
@@ -30,10 +24,11 @@ The simulation draws exactly the mechanism's law, not an approximation of it:
     one-shot and peeling share this law, Wu et al. 2023 Lemma 3.1 / Durfee & Rogers Lemma 4.2)
     and "laplace" (the Laplace one-shot): the top 8k items' noise is drawn, tau = the k-th
     largest of their noisy values is a lower bound of the release's k-th noisy value, and in
-    every other run of n tied items the number whose noisy value passes tau is
-    Binomial(n, P(Z > tau - v)), their noises drawn from the law of Z above tau - v (inverse
-    survival function). The release is the top k of what passed: exact, and about 8k + (items
-    near the top) draws per trial.
+    every other run of n tied items the number c whose noisy value passes tau is
+    Binomial(n, P(Z > tau - v)); the k largest of their c noises (all that can be released)
+    are drawn from the law of Z above tau - v through the order statistics of c uniforms
+    (inverse survival function). The release is the top k of what passed: exact, and at most
+    8k + k x (runs with an item past tau) draws per trial.
   * "limited_domain" (Durfee & Rogers 2019, Algorithm 1): its top k_bar + 1 counts and noises.
     The k_bar reported is the best of k, 2k, 4k, 8k, 16k (below m).
   * "joint" (Gillenwater et al. 2022): its own sampler (mechanisms/joint.py) on the top counts.
@@ -54,22 +49,14 @@ from typing import Any
 
 import numpy as np
 
-from .access import (
-    AccessError,
-    AccessStats,
-    CountedAccess,
-    ScoreBins,
-    ScoreHistogramRead,
-    Source,
-    implements,
-    store_traits,
-)
+from .access import AccessStats, CountedAccess, Source
 from .accounting import limited_domain_epsilon
 from .mechanisms.joint import JOINT_MAX_K, TAIL_LOG_MARGIN, log_number_of_sets, sample_joint
 from .mechanisms.limited_domain import threshold_offset
 from .names import PREVIEW_DEFAULT_METHODS, PREVIEW_EPSILONS, PREVIEW_METHODS
 from .noise import make_noise
 from .privacy import calibrate
+from .score_histogram import HEAD_ROWS_PER_K, ScoreHistogram, read_histogram
 from .validation import check_common, check_k_within
 
 DEFAULT_METHODS = PREVIEW_DEFAULT_METHODS
@@ -87,35 +74,6 @@ JOINT_MAX_PREFIX = 200_000
 # their noisy values bounds the release's k-th from below, so few others pass it.
 HEAD_FACTOR = 8  # the joint sampler's prefix (k x prefix floats per draw)
 BLOCK_CELLS = 1 << 21  # (trial, run) pairs the one-shot simulation holds at once
-# A store without runs of tied scores: the head read row by row (limited domain's largest k_bar,
-# 16k, plus one), and the rest binned at this share of the smallest noise scale simulated.
-HEAD_ROWS_PER_K = 16
-BIN_SHARE = 1.0 / 16.0
-
-
-@dataclass(frozen=True)
-class ScoreHistogram:
-    """The distinct scores of a table, descending, and how many items hold each (sizes)."""
-
-    values: np.ndarray
-    sizes: np.ndarray
-
-    @property
-    def m(self) -> int:
-        return int(self.sizes.sum())
-
-    def top(self, count: int) -> np.ndarray:
-        """The `count` largest scores, in descending order (the canonical order's scores)."""
-        cut = int(np.searchsorted(np.cumsum(self.sizes), count)) + 1
-        return np.repeat(self.values[:cut], self.sizes[:cut])[:count]
-
-    def at_ranks(self, ranks: np.ndarray) -> np.ndarray:
-        """The scores at these depths (0-based) of the canonical order."""
-        return self.values[np.searchsorted(np.cumsum(self.sizes), ranks, side="right")]
-
-    def kth(self, k: int) -> float:
-        """h_(k): the k-th largest score."""
-        return float(self.values[int(np.searchsorted(np.cumsum(self.sizes), k))])
 
 
 @dataclass(frozen=True)
@@ -241,8 +199,9 @@ def simulate_one_shot(
     (trials x k), drawn exactly (module docstring). For a block of trials at once (BLOCK_CELLS
     (trial, run) pairs): the head's noises, each trial's k best of them and tau, the k-th; for
     every run beyond the head, the Binomial count of its items whose noise passes tau. Then per
-    trial, those items' noises from the law above tau - v and the k best of both. Work
-    O(trials x (8k + runs + items passing tau)), no Python loop over runs or items."""
+    trial, the k largest of those items' noises in each run, from the law above tau - v, and
+    the k best of both. Work O(trials x (8k + runs x (1 + k))), no Python loop over runs or
+    items."""
     law = make_noise(noise, scale)
     m = hist.m
     explicit = min(m, HEAD_FACTOR * k)  # the top items, drawn one by one
@@ -276,11 +235,22 @@ def simulate_one_shot(
             if not len(which):  # nothing beyond the head passes tau: the head's k best
                 out[t] = best_truth[t]
                 continue
+            # of the c items of a run that pass tau, only the k largest noises can be released:
+            # their survival probabilities are p (= P(Z > tau - v)) times the k smallest of c
+            # uniforms, S_i / (S_j + G) for S_i the sums of i exponentials, i <= j = min(c, k),
+            # and G ~ Gamma(c + 1 - j) (the order statistics of uniforms by exponential
+            # spacings: exact, and O(k) draws per run however many pass)
             reps = row[which]
-            truth = np.repeat(values[which], reps)
-            # a noise above tau - v: its survival probability uniform in (0, P(Z > tau - v)]
-            tails = np.repeat(passing[t - lo, which], reps)
-            noisy = truth + law.from_survival((1.0 - rng.random(len(tails))) * tails)
+            take = np.minimum(reps, k)
+            run_of = np.repeat(np.arange(len(which)), take)
+            sums = np.cumsum(rng.standard_exponential(int(take.sum())))
+            ends = np.cumsum(take) - 1
+            before = np.concatenate([[0.0], sums[ends[:-1]]])
+            spacing = sums - before[run_of]
+            total = spacing[ends] + rng.standard_gamma(reps + 1 - take)
+            tails = passing[t - lo, which][run_of] * (spacing / total[run_of])
+            truth = values[which][run_of]
+            noisy = truth + law.from_survival(tails)
             pool = np.concatenate([best_noisy[t], noisy])
             top = np.argpartition(-pool, k - 1)[:k]
             out[t] = np.concatenate([best_truth[t], truth])[top]
@@ -295,10 +265,15 @@ def simulate_limited_domain(
     delta: float,
     trials: int,
     rng: np.random.Generator,
+    noise: np.ndarray | None = None,
 ) -> np.ndarray:
-    """True counts of the released items of Algorithm 1 (trials x k, NaN after the bottom)."""
+    """True counts of the released items of Algorithm 1 (trials x k, NaN after the bottom).
+    `noise`: Gumbel(1/item_epsilon) draws (trials x at least k_bar + 1) to use, shared by the
+    k_bar choices of one preview point (each choice still has its own exact law)."""
     scores = hist.top(k_bar + 1)
-    noisy = scores + rng.gumbel(0.0, 1.0 / item_epsilon, (trials, k_bar + 1))
+    if noise is None:
+        noise = rng.gumbel(0.0, 1.0 / item_epsilon, (trials, k_bar + 1))
+    noisy = scores + noise[:, : k_bar + 1]
     bottom = noisy[:, k_bar] + threshold_offset(k_bar, item_epsilon, delta, None)
     head = noisy[:, :k_bar]
     order = np.argpartition(-head, k - 1, axis=1)[:, :k] if k < k_bar else np.argsort(-head, 1)
@@ -381,8 +356,13 @@ def simulate(
             return None
         item_epsilon = limited_domain_item_epsilon(k, epsilon, delta / 2.0)
         best = None
-        for k_bar in k_bar_choices(k, m):
-            values = simulate_limited_domain(hist, k, k_bar, item_epsilon, delta / 2.0, trials, rng)
+        choices = k_bar_choices(k, m)
+        # one draw for all choices (common random numbers: a paired comparison of the k_bars)
+        shared = rng.gumbel(0.0, 1.0 / item_epsilon, (trials, max(choices) + 1))
+        for k_bar in choices:
+            values = simulate_limited_domain(
+                hist, k, k_bar, item_epsilon, delta / 2.0, trials, rng, shared
+            )
             found = _outcome(method, epsilon, values, kth, tail_bound, k, k_bar)
             if best is None or (found.precision, -found.median_error) > (
                 best.precision,
@@ -471,36 +451,6 @@ def smallest_scale(
     return min(scales)
 
 
-def read_histogram(access: CountedAccess, k: int, scale: float) -> ScoreHistogram:
-    """The score histogram the simulations draw from (module docstring: What it reads): the
-    store's runs; else the head row by row and the rest by one binned aggregate, bins
-    BIN_SHARE x `scale` wide (at least 1 on integer counts); else a full read."""
-    head_rows = min(access.m, HEAD_ROWS_PER_K * k + 1)
-    offers = implements(access.source, ScoreHistogramRead)
-    if offers and not access.run_count and head_rows < access.m:
-        access.fetch_sorted_until(head_rows)
-        head = np.array(access.prefix_scores()[:head_rows])
-        top = float(head[-1])
-        width = BIN_SHARE * scale
-        if store_traits(access.source).integer_scores:
-            width = max(width, 1.0)
-        binned = access.binned_scores(ScoreBins(top, width))
-        if binned is not None:
-            above = head[head > top]
-            values = np.concatenate([above, binned[0]])
-            sizes = np.concatenate([np.ones(len(above), np.int64), binned[1]])
-            if int(sizes.sum()) != access.m:
-                raise AccessError(
-                    f"the store's head and histogram hold {int(sizes.sum())} items, not m = "
-                    f"{access.m}: they were not read in one snapshot"
-                )
-            distinct, inverse = np.unique(values, return_inverse=True)
-            totals = np.bincount(inverse, weights=sizes).astype(np.int64)
-            return ScoreHistogram(distinct[::-1], totals[::-1])
-    values, sizes = access.score_histogram()
-    return ScoreHistogram(np.asarray(values, dtype=np.float64), np.asarray(sizes, dtype=np.int64))
-
-
 def check_preview_arguments(
     k: Any,
     epsilons: Any,
@@ -574,10 +524,12 @@ def preview(
 
 
 __all__ = [
+    "HEAD_ROWS_PER_K",
     "Preview",
     "ScoreHistogram",
     "check_preview_arguments",
     "preview",
+    "read_histogram",
     "simulate",
     "simulate_one_shot",
 ]
