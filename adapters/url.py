@@ -60,7 +60,7 @@ def _hide_password(url: str) -> str:
 
     try:
         return mask_secrets(sa.make_url(url).render_as_string(hide_password=True))
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):  # ValueError: a port SQLAlchemy cannot read
         return mask_secrets(url)
 
 
@@ -83,7 +83,7 @@ def parse_store_url(text: str) -> StoreURL:
 
     try:
         url = sa.make_url(text)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):  # its message may quote the password
         raise StoreArgumentError(
             f"{mask_secrets(text)!r} is not a store URL: expected {URL_FORMS}"
         ) from None

@@ -995,8 +995,10 @@ def open_ledger(text: str, *, create: bool) -> PrivacyLedger:
 
     try:
         url = sa.make_url(ledger_url(text))
-    except sa.exc.ArgumentError:
-        raise UsageError(f"--ledger {text!r} is not a URL: expected {LEDGER_URL_HELP}") from None
+    except (sa.exc.ArgumentError, ValueError):  # ValueError's message may quote the password
+        raise UsageError(
+            f"--ledger {mask_secrets(text)!r} is not a URL: expected {LEDGER_URL_HELP}"
+        ) from None
     shown = url.render_as_string(hide_password=True)
     if url.get_backend_name() in ("sqlite", "duckdb"):
         database = url.database or ""

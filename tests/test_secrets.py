@@ -58,6 +58,8 @@ URLS = [
     f"postgresql://bob@127.0.0.1:1/x?password={SECRET}",
     f"mysql+pymysql://root:{SECRET}@127.0.0.1:1/x",
     f"mysql+pymysql://root@127.0.0.1:1/x?password={SECRET}",
+    f"mysql+pymysql://root:p@ss:{SECRET}@127.0.0.1:1/x",  # an @ and a : in the password
+    f"postgresql://bob:p@ss:{SECRET}@127.0.0.1:1/x",
     f"sqlite:///no-such-file.sqlite?password={SECRET}",
     f"host=127.0.0.1 port=1 password={SECRET}",
     f'host=127.0.0.1 port=1 password="{SECRET}"',
