@@ -77,8 +77,8 @@ def parse_store_url(text: str) -> StoreURL:
         return _duckdb_file(text[len("duckdb:///") :])
     if "://" not in text and text.lower().endswith(DUCKDB_SUFFIXES):
         return _duckdb_file(text)
-    if text.startswith(POSTGRES_SCHEMES):
-        return StoreURL("postgres", text, _hide_password(text))
+    if text.startswith(POSTGRES_SCHEMES):  # masked without loading SQLAlchemy (~0.2 s)
+        return StoreURL("postgres", text, mask_secrets(text))
     import sqlalchemy as sa
 
     try:

@@ -13,7 +13,7 @@ Algorithm 3) and, for comparison, with the one-shot mechanism (Algorithm 2, a fu
 prints the items, the privacy guarantee, and the wall time and rows read of both.
 
 Size: one argparse parser per command with its handler beside it; the SQL functions'
-installer is sql_function.py.
+installer is sql_function.py, its commands sql_cli.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from adapters.url import (
 from adapters.url import (
     MODES as STORE_MODES,
 )
-from frontends import sql_function
+from frontends import sql_cli
 from topk_middleware.names import (
     METHODS,
     NOISES,
@@ -260,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_preview_parser(sub)
     add_budget_parser(sub)
     add_trend_parser(sub)
-    sql_function.add_install_sql_parser(sub)
-    sql_function.add_uninstall_sql_parser(sub)
+    sql_cli.add_install_sql_parser(sub)
+    sql_cli.add_uninstall_sql_parser(sub)
     return parser
 
 

@@ -111,10 +111,25 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {**urls, "ledger": ledger}
 
 
+# Modules an oblivious release (the default) does not run: the installer of the SQL functions,
+# and the threshold algorithm's noise lists and cost model (an --adaptive release uses them).
+NOT_IN_AN_OBLIVIOUS_RELEASE = {
+    "frontends.sql_function",
+    "topk_middleware.lazy_noise",
+    "topk_middleware.mechanisms.cost_aware",
+    "sortedcontainers",
+}
+
+
 @pytest.mark.parametrize(
     ("store", "options", "needed", "unused"),
     [
-        ("duckdb", [], {"numpy", "duckdb", "adapters.duckdb"}, {"sqlalchemy"}),
+        (
+            "duckdb",
+            [],
+            {"numpy", "duckdb", "adapters.duckdb"},
+            {"sqlalchemy", *NOT_IN_AN_OBLIVIOUS_RELEASE},
+        ),
         (
             "duckdb",
             ["--ledger", "LEDGER", "--principal", "analyst"],
@@ -149,6 +164,32 @@ def test_a_release_imports_only_what_it_uses(
     )
     assert not imported, f"{store} {options} imported {imported[:5]}"
     assert not (unused & modules)
+
+
+def test_a_postgres_release_imports_neither_sqlalchemy_nor_duckdb(
+    pg_conninfo: str, pg_schema: str
+) -> None:
+    """`topk-middleware release postgresql://...` on a prepared copy, listed by -X importtime:
+    psycopg and the PostgreSQL adapter, never SQLAlchemy (which once only masked the URL's
+    password: ~0.2 s), DuckDB or the modules an oblivious release does not run."""
+    from frontends.cli import main
+
+    uri = postgres_uri(pg_conninfo)
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {pg_schema}.votes AS SELECT g AS id, (g * 7) % 101 AS score "
+            "FROM generate_series(0, 499) g"
+        )
+    table = f"{pg_schema}.votes"
+    assert main(["prepare", uri, "--table", table, "--no-progress", "--json"]) == 0
+    done, modules = _imported(["release", uri, "--table", table, "--k", "3", "--epsilon", "0.5"])
+    assert done.returncode == 0, done.stderr
+    assert "Private top-3" in done.stdout
+    assert {"numpy", "psycopg", "adapters.postgres"} <= modules
+    unwanted = {"sqlalchemy", "duckdb", "adapters.duckdb", *NOT_IN_AN_OBLIVIOUS_RELEASE}
+    unwanted |= set(NEVER_IN_A_RELEASE) - {"psycopg", "adapters.postgres"}
+    imported = sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in unwanted))
+    assert not imported, imported[:5]
 
 
 def test_version_prints_the_package_version() -> None:
@@ -246,8 +287,9 @@ def test_unprepare_on_postgres(mode: str, capsys: pytest.CaptureFixture[str]) ->
 
 def test_the_cli_benchmark_runs_quick(tmp_path: Path) -> None:
     """`python -m benchmarks.cli --quick --out DIR` (docs/cli.md): m = 10^4, one rep of each of
-    five processes after a warm-up (about 5 s idle, 10 s loaded); the JSON has every rep and
-    the release's imports, which include duckdb and none of the modules a release never uses."""
+    six processes after a warm-up (about 5 s idle, 10 s loaded); the JSON has every rep, the
+    load average before each, and the release's imports, which include duckdb and none of the
+    modules a release never uses."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.cli", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
@@ -258,10 +300,11 @@ def test_the_cli_benchmark_runs_quick(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     payload = json.loads((tmp_path / "cli.json").read_text())
     assert payload["m"] == 10**4
-    labels = {"release", "release_adaptive", "store_query", "help", "python"}
+    labels = {"release", "release_adaptive", "release_frozen", "store_query", "help", "python"}
     assert set(payload["seconds"]) == labels
     assert all(len(values) == 1 for values in payload["seconds"].values())
     assert set(payload["cpu_seconds"]) == labels
+    assert payload["store"] == "duckdb" and len(payload["load_averages"]) == 2
     assert all(0 < cpu for (cpu,) in payload["cpu_seconds"].values())
     packages = set(payload["release_imports"]["packages"])
     assert {"duckdb", "numpy", "topk_middleware", "adapters", "frontends"} <= packages

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from .access import (
     store_traits,
 )
 from .accounting import PrivacyBudget, oblivious_cost, oneshot_cost, record
-from .keyed_noise import KeyedNoise
-from .lazy_noise import LazyNoiseList
-from .mechanisms.cost_aware import CostModel, cost_aware_threshold_top_k
 from .mechanisms.oblivious import (
     DEADLINES,
     check_delta_pad,
@@ -36,10 +33,8 @@ from .mechanisms.oblivious import (
     source_oblivious_costs,
 )
 from .mechanisms.oneshot import oneshot_top_k
-from .mechanisms.threshold import DEFAULT_BATCHING, Batching, private_threshold_top_k
 from .names import METHODS, NOISES, OBLIVIOUS_METHODS, ORACLES
 from .noise import make_noise
-from .noise_list import EagerNoiseList
 from .noisy_counts import (
     CountsPlan,
     check_counts_k,
@@ -49,7 +44,6 @@ from .noisy_counts import (
     with_counts_cost,
     with_counts_guarantee,
 )
-from .planner import plan_run
 from .privacy import (
     MIN_ITEM_EPSILON,
     calibrate,
@@ -60,6 +54,10 @@ from .privacy import (
 from .randomness import make_rng
 from .release import TopKResult, unranked_order
 from .release_keys import keyable
+
+if TYPE_CHECKING:  # the threshold run's and the planner's modules load when a run needs them
+    from .mechanisms.cost_aware import CostModel
+    from .mechanisms.threshold import Batching
 from .validation import check_common, check_k_within
 
 
@@ -221,12 +219,16 @@ def private_top_k(
         distribution = make_noise(noise, guarantee.scale)
         chosen, estimate = method, None
         if method == "auto":  # after the charge, before any selection noise: planner.py
+            from .planner import plan_run
+
             estimate = plan_run(access, k, guarantee.scale)
             chosen = estimate.chosen
         items = None
         in_store = False
         if chosen in ("oneshot", "oneshot_in_store", "oneshot_full_read"):
             if chosen != "oneshot_full_read" and offers_in_store(source):
+                from .keyed_noise import KeyedNoise
+
                 positions = (
                     source.oneshot_positions() if implements(source, OneShotPositions) else access.m
                 )
@@ -238,16 +240,7 @@ def private_top_k(
             if items is None:
                 positions = oneshot_top_k(access, distribution.sample(rng, access.m), k)
         else:
-            if oracle == "lazy":
-                noise_list = LazyNoiseList(distribution, access.m, rng)
-            else:
-                noise_list = EagerNoiseList.draw(distribution, access.m, rng)
-            if costs is None:
-                schedule = batching or DEFAULT_BATCHING
-                positions = private_threshold_top_k(access, noise_list, k, schedule)
-            else:
-                schedule = batching or costs.batching(k, access.m)
-                positions = cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
+            positions = _threshold_run(access, distribution, rng, k, oracle, batching, costs)
         if items is None:
             items = access.ids_of(positions)
         if noise == "laplace":  # a set (Fact 3.2): its order must not tell the noisy ranking
@@ -287,6 +280,32 @@ def private_top_k(
         count_error=None if counts_plan is None else counts_plan.count_error,
     )
     return record(budget, result)
+
+
+def _threshold_run(
+    access: CountedAccess,
+    distribution: Any,
+    rng: np.random.Generator,
+    k: int,
+    oracle: str,
+    batching: Batching | None,
+    costs: CostModel | None,
+) -> list[int]:
+    """The private threshold algorithm's positions (Algorithm 3; the cost-aware reads with
+    `costs`), its noise list lazy or eager; its modules loaded here, by the runs that use them."""
+    from .lazy_noise import LazyNoiseList
+    from .mechanisms.cost_aware import cost_aware_threshold_top_k
+    from .mechanisms.threshold import DEFAULT_BATCHING, private_threshold_top_k
+    from .noise_list import EagerNoiseList
+
+    if oracle == "lazy":
+        noise_list: Any = LazyNoiseList(distribution, access.m, rng)
+    else:
+        noise_list = EagerNoiseList.draw(distribution, access.m, rng)
+    if costs is None:
+        return private_threshold_top_k(access, noise_list, k, batching or DEFAULT_BATCHING)
+    schedule = batching or costs.batching(k, access.m)
+    return cost_aware_threshold_top_k(access, noise_list, k, schedule, costs)
 
 
 def _oblivious_release(
