@@ -33,6 +33,12 @@ statement runs on the backend's connection, not through Ibis. Every other backen
 PostgreSQL connection whose cursors interpolate parameters client-side (psycopg's
 ClientCursor), is not given the key: there `method="oneshot"` reads the expression once in
 full into the client (`oneshot_in_store` and check() say why). SQLite has no SHA-256 in SQL.
+Where the one-shot runs in the backend, `auto` takes it without reading first (run_traits):
+every sorted or random read sorts the expression anyway.
+
+Ibis writes every value a read asks for (ranks, ids) into the statement text: on a backend
+outside this process (PostgreSQL) an oblivious release reads the whole expression and sends no
+drawn rank (traits: parameters_in_text).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, StoreTraits
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import (
     KeyedNoise,
     capped_sql,
@@ -120,6 +126,13 @@ KEYED_HASHES: dict[str, tuple[str, str, str]] = {
     ),
 }
 NO_KEYED_HASH = {"sqlite": "SQLite has no SHA-256 in SQL"}
+# Backends that run in this process: no server, so no observer of their statement text.
+IN_PROCESS = frozenset({"duckdb", "sqlite", "polars", "datafusion", "pandas"})
+# The model of an in-store one-shot (run_traits): a statement compiled and run (Ibis and the
+# backend, ~10 ms), and two scans of the expression (~5 ns a row on DuckDB; PostgreSQL's scans
+# are slower). An operator's estimate only: with sorted_scans the planner does not compare it.
+ONESHOT_STATEMENT_SECONDS = 1e-2
+SCAN_ROW_SECONDS = 5e-9
 
 
 class IbisTable:
@@ -282,8 +295,25 @@ class IbisTable:
 
     # ----- the Source protocol ------------------------------------------------------------------
     def traits(self) -> StoreTraits:
-        """access.StoreTraits: the declared sensitivity and bound."""
-        return StoreTraits(self.sensitivity, self.max_items_per_client)
+        """access.StoreTraits: the declared sensitivity and bound. Ibis writes every value a
+        read asks for (ranks, ids) into the statement text, which on a server backend its
+        observers read: there `parameters_in_text` (an oblivious release reads the whole
+        expression and sends no drawn position); a backend in this process has no observer."""
+        return StoreTraits(
+            self.sensitivity,
+            self.max_items_per_client,
+            parameters_in_text=self.backend_name not in IN_PROCESS,
+        )
+
+    def run_traits(self) -> RunTraits:
+        """access.RunTraits: positions are ranks; where the one-shot runs in the backend, every
+        sorted read sorts the expression as the one-shot does (`sorted_scans`: `auto` takes the
+        one-shot without reading first), its cost modelled as one statement and two scans."""
+        if self.oneshot_refusal is not None:
+            return RunTraits()
+        m = self._m if self._m is not None else 0
+        fixed = ONESHOT_STATEMENT_SECONDS + 2 * SCAN_ROW_SECONDS * m
+        return RunTraits(costs=StoreCosts(sorted_scans=True, oneshot_fixed=fixed))
 
     def domain_size(self) -> int:
         if self._m is None or not self._depth:

@@ -170,7 +170,7 @@ def test_a_postgres_release_imports_neither_sqlalchemy_nor_duckdb(
     pg_conninfo: str, pg_schema: str
 ) -> None:
     """`topk-middleware release postgresql://...` on a prepared copy, listed by -X importtime:
-    psycopg and the PostgreSQL adapter, never SQLAlchemy (which once only masked the URL's
+    psycopg and the PostgreSQL adapter, never SQLAlchemy (not needed to mask the URL's
     password: ~0.2 s), DuckDB or the modules an oblivious release does not run."""
     from frontends.cli import main
 

@@ -154,3 +154,57 @@ def test_sqlite_reads_in_full_and_says_why(make_ibis_sqlite_source: Any) -> None
     want = private_top_k(ArraySource(scores), 4, 1.0, method="oneshot_in_store", seed=6)
     assert not got.diagnostics.plan["in_store"] and got.items == want.items
     assert got.accesses.sorted == got.accesses.rows_fetched == 800
+
+
+@pytest.mark.parametrize("store", ["ibis-duckdb", "ibis-postgres"])
+def test_auto_takes_the_in_store_one_shot_without_reading_first(
+    request: pytest.FixtureRequest, store: str
+) -> None:
+    """Where the one-shot runs in the backend, every sorted read sorts the expression as the
+    one-shot does (run_traits: sorted_scans), so `auto` takes the one-shot at once: two round
+    trips (m, the statement), m sorted accesses counted, no read before; the same release as
+    method="oneshot_in_store" under that seed. On SQLite (no in-store one-shot) auto reads the
+    top rows first and chooses as before."""
+    scores = np.floor(1e5 / np.arange(1, 3001))
+    source = request.getfixturevalue(f"make_{store.replace('-', '_')}_source")(scores, None)
+    got = private_top_k(source, 5, 1.0, seed=8)
+    assert got.diagnostics.plan["auto"]["chosen"] == "oneshot_in_store"
+    assert got.diagnostics.plan["in_store"] and got.accesses.round_trips == 2
+    assert got.accesses.sorted == 3000 and got.accesses.random == 0
+    assert got.items == private_top_k(source, 5, 1.0, seed=8, method="oneshot_in_store").items
+
+
+def test_sqlite_auto_reads_first(make_ibis_sqlite_source: Any) -> None:
+    scores = np.floor(1e5 / np.arange(1, 3001))
+    got = private_top_k(make_ibis_sqlite_source(scores, None), 5, 1.0, seed=8)
+    assert got.diagnostics.plan["auto"]["chosen"] in ("threshold", "oneshot_full_read")
+    assert not got.diagnostics.plan["in_store"]
+
+
+def test_an_oblivious_release_on_postgres_sends_no_drawn_rank(
+    make_ibis_postgres_source: Any, make_ibis_duckdb_source: Any, tmp_path: Path
+) -> None:
+    """Ibis writes the ranks a read asks for into the statement text, which PostgreSQL's
+    observers read (pg_stat_activity, logs): an oblivious release there reads the whole
+    expression (m rows, libpq's trace holds no statement that reads by rank) and refuses the
+    threshold method; in-process DuckDB reads 2d rows by rank as other stores do."""
+    scores = np.floor(1e4 / np.arange(1, 3001))
+    source = make_ibis_postgres_source(scores, None)
+    assert source.traits().parameters_in_text
+    assert not make_ibis_duckdb_source(scores, None).traits().parameters_in_text
+    with pytest.raises(ValueError, match="cannot run obliviously on this store"):
+        private_top_k(source, 3, 1.0, oblivious=True, method="threshold", seed=1)
+    pgconn = source.backend.con.pgconn
+    with open(tmp_path / "trace", "w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            got = private_top_k(source, 3, 1.0, oblivious=True, seed=1, deadline=0)
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        sent = [
+            line for line in trace.read().splitlines() if "\tQuery\t" in line or "\tParse\t" in line
+        ]
+    assert got.plan["full_read"] and got.accesses.rows_fetched == 3000
+    assert sent and not any("ROW_NUMBER" in line.upper() for line in sent)
