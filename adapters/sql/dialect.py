@@ -22,6 +22,9 @@ The surface, by group (the base gives a portable default where one exists):
 * fragments: `double`, `byte_order` (text compared in byte order), `count_if`, `non_finite`,
   `beyond_double`, `id_length`, `member` and `array_value` (an array bound as one parameter),
   `keyed_uniform` (U_p of keyed_noise.py: SHA-256 of "key:position"), `oneshot_sql`;
+* from_votes' counts (votes.py): `text`, `text_length`, `concat`, `keyed_hash` (SHA-256 of the
+  key and a message; None: the store has none), `integer`, `floor_units`, `non_numbers` (values
+  of a numeric column that are not numbers, where types are hints), `is_table`;
 * DDL: `create_rank_table`, `create_runs_table`, `create_index_sql`, `rename_table_sql`,
   `rename_index_sql`, `drop_table`, `analyze_sql`, and versioned copies' manifest
   (`create_manifest`, `record_version_sql`, `forget_version_sql`);
@@ -194,6 +197,41 @@ class Dialect:
         parameters :key, :positions, :noises (and :k, :m where the dialect binds them), columns
         (rank, id, score) of the k best by min(score, cap) + noise."""
         raise NotImplementedError
+
+    # ----- from_votes' counts (votes.py) -------------------------------------------------------
+    def text(self, expr: str) -> str:
+        """SQL of `expr` as text, in its canonical spelling (42, abc)."""
+        return f"CAST({expr} AS VARCHAR)"
+
+    def text_length(self, expr: str) -> str:
+        """SQL of the number of characters of the text `expr`."""
+        return f"length({expr})"
+
+    def concat(self, *parts: str) -> str:
+        """SQL of the texts `parts` joined."""
+        return " || ".join(parts)
+
+    def keyed_hash(self, key: str, message: str) -> str | None:
+        """SQL of SHA-256 of the text `key` || `message` (UTF-8), as bytes or lower-case hex
+        (one order); None where the store has no SHA-256 (no max_items_per_client there)."""
+        return None
+
+    def integer(self, expr: str) -> str:
+        """SQL of `expr` as a 64-bit integer."""
+        return f"CAST({expr} AS BIGINT)"
+
+    def floor_units(self, expr: str) -> str:
+        """SQL of the largest 64-bit integer <= `expr` (a number >= 0)."""
+        return self.integer(f"floor({expr})")
+
+    def non_numbers(self, expr: str) -> str | None:
+        """A condition true where a value of a numeric column is not a number (a store whose
+        column types are hints); None where the type holds."""
+        return None
+
+    def is_table(self, driver: Driver, namespace: Any, table: str) -> bool:
+        """Whether the relation `table`, which exists, is a table (not a view)."""
+        return True
 
     # ----- DDL --------------------------------------------------------------------------------
     def create_rank_table(self, target: str, rows: str) -> list[str]:

@@ -367,9 +367,15 @@ class SQLAlchemyDriver(Driver):
 
     style = "text"
 
-    def __init__(self, engine: Any, read_only: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        read_only: Mapping[str, Any] | None = None,
+        connection: Any = None,
+    ) -> None:
         """`read_only`: the execution options that make a transaction read-only on this
-        engine's dialect (the dialect knows them), if any."""
+        engine's dialect (the dialect knows them), if any. `connection`: a Connection of the
+        engine that the caller holds: every statement runs on it (in its transaction)."""
         import sqlalchemy as sa
 
         self._sa = sa
@@ -377,7 +383,7 @@ class SQLAlchemyDriver(Driver):
         self.errors = (sa.exc.DBAPIError,)
         self.binds_on_server = engine.dialect.driver not in CLIENT_SIDE_BINDING
         self._read_only = dict(read_only or {})
-        self._conn: Any = None  # the connection of the session or transaction in progress
+        self._conn: Any = connection  # the connection of the session or transaction in progress
 
     @contextmanager
     def session(self) -> Iterator[None]:
