@@ -64,14 +64,8 @@ from ._sql import (
     scores_in_order,
     sql_name_spellings,
 )
-from .contributions import (
-    check_bounds,
-    clipped_counts_sql,
-    fresh_key,
-    parse_record,
-    record_text,
-    simple_count,
-)
+from .contributions import parse_record
+from .dialects.votes import DuckDBVotes
 from .duckdb_delta import (
     CACHE_MAX_ROWS,
     FOLD_FRACTION,
@@ -86,6 +80,8 @@ from .duckdb_delta import (
     shadow_sql,
 )
 from .duckdb_live import CATALOG_SCAN_MAX, LiveRead, _Run, live_costs
+from .sql.driver import DuckDBDriver
+from .sql.votes import count_votes, write_counts
 
 NUMERIC_TYPES = (
     "TINYINT",
@@ -311,7 +307,8 @@ class DuckDBTable(LiveRead):
         max_items_per_client: int | None = None,
     ) -> DuckDBTable:
         """Count votes per item over the public table of all items, each client's contribution
-        bounded (adapters/contributions.py).
+        bounded (adapters/sql/votes.py: the checks, the count and its record, in one
+        transaction; the law: adapters/contributions.py).
 
         `votes` holds (client, item[, weight]) rows; `items` is the public domain (column
         `item_id`). A client adds to an item min(its rows for the item, or the sum of their
@@ -322,131 +319,46 @@ class DuckDBTable(LiveRead):
         `items`. A vote for an item missing from `items` is an error: the domain must be public
         and complete; so is a negative, NaN or infinite weight.
         """
-        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
-        con = (
-            connection_or_path
-            if isinstance(connection_or_path, duckdb.DuckDBPyConnection)
-            else duckdb.connect(os.fspath(connection_or_path))
+        dialect, con = (
+            DuckDBVotes(),
+            (
+                connection_or_path
+                if isinstance(connection_or_path, duckdb.DuckDBPyConnection)
+                else duckdb.connect(os.fspath(connection_or_path))
+            ),
         )
-        prefix = "" if schema is None else quote_identifier(schema) + "."
-        v, i = prefix + quote_identifier(votes), prefix + quote_identifier(items)
         into = into or f"{votes}_counts"
-        out = prefix + quote_identifier(into)
-        vc, vi, ii = quote_identifier(client), quote_identifier(item), quote_identifier(item_id)
-        vw = None if weight is None else quote_identifier(weight)
-        vote_cols = (vc, vi) if vw is None else (vc, vi, vw)
-        for name, table, cols in ((votes, v, vote_cols), (items, i, (ii,))):
-            try:
-                con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
-            except duckdb.Error as error:
-                raise ValueError(f"DuckDB table {name!r}: {first_line(error)}") from None
-        kind = con.execute(f"DESCRIBE SELECT {ii} FROM {i}").fetchone()[1]
-        binary = ' COLLATE "binary"' if kind.startswith(TEXT_TYPES) else ""
-        on = f"v.{vi}{binary} = i.{ii}{binary}"  # byte-wise, whatever default_collation says
-        vote_kind = con.execute(f"DESCRIBE SELECT {vi} FROM {v}").fetchone()[1]
-        if vote_kind.startswith(TEXT_TYPES) != kind.startswith(TEXT_TYPES):
-            raise TypeError(
-                f"DuckDB table {votes!r} column {item!r} is {vote_kind} and table {items!r} "
-                f"column {item_id!r} is {kind}: item ids must be of one type"
-            )
-        if not replace:
-            found = con.execute(
-                "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                "AND schema_name = coalesce(?, current_schema()) AND table_name = ?",
-                [schema, into],
-            ).fetchone()[0]
-            if found:
-                raise ValueError(
-                    f"DuckDB table {into!r} (where the counts go) already exists: pass "
-                    "replace=True to replace it, or another name as into="
-                )
-        stray = con.execute(
-            f"SELECT count(*), any_value(v.{vi}) FROM {v} AS v "
-            f"ANTI JOIN {i} AS i ON {on} WHERE v.{vi} IS NOT NULL"
-        ).fetchone()
-        if stray and stray[0]:
-            raise ValueError(
-                f"DuckDB table {votes!r} column {item!r} has {stray[0]} vote(s) for items not in "
-                f"the items table {items!r} (e.g. {stray[1]!r}): the domain must list every item"
-            )
-        if vw is not None:
-            bad = con.execute(
-                f"SELECT count(*) FROM {v} WHERE {vw} IS NOT NULL AND NOT "
-                f"(CAST({vw} AS DOUBLE) >= 0 AND CAST({vw} AS DOUBLE) < 'infinity'::DOUBLE)"
-            ).fetchone()[0]
-            if bad:
-                raise ValueError(
-                    f"DuckDB table {votes!r} column {weight!r} has {bad} negative, NaN or "
-                    "infinite weight(s): weights must be finite and >= 0"
-                )
-        verb = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
-        try:  # the table and its record together (a caller's open transaction holds both)
-            con.execute("BEGIN TRANSACTION")
-            own = True
-        except duckdb.TransactionException:
-            own = False
         try:
-            cls._count_votes(con, verb, out, i, v, ii, vi, vc, vw, on, binary, bound, max_items)
-            record = record_text(bound, max_items).replace("'", "''")
-            con.execute(f"COMMENT ON TABLE {out} IS '{record}'")
-            if own:
-                con.execute("COMMIT")
-        except BaseException:
-            if own:
-                con.execute("ROLLBACK")
+            driver = DuckDBDriver(con)
+            counts = count_votes(
+                dialect,
+                driver,
+                votes=votes,
+                items=items,
+                schema=schema,
+                client=client,
+                item=item,
+                item_id=item_id,
+                weight=weight,
+                max_per_item=max_per_item,
+                max_items_per_client=max_items_per_client,
+            )
+            write_counts(dialect, driver, counts, into=into, schema=schema, replace=replace)
+            source = cls(
+                con,
+                into,
+                id="id",
+                score="score",
+                schema=schema,
+                sensitivity=counts.sensitivity,
+                max_items_per_client=counts.max_items,
+            )
+        except BaseException:  # refused: a connection opened here is closed, not left open
+            if con is not connection_or_path:
+                con.close()
             raise
-        source = cls(
-            con,
-            into,
-            id="id",
-            score="score",
-            schema=schema,
-            sensitivity=bound,
-            max_items_per_client=max_items,
-        )
         source._owns_connection = con is not connection_or_path
         return source
-
-    @staticmethod
-    def _count_votes(
-        con: duckdb.DuckDBPyConnection,
-        verb: str,
-        out: str,
-        i: str,
-        v: str,
-        ii: str,
-        vi: str,
-        vc: str,
-        vw: str | None,
-        on: str,
-        binary: str,
-        bound: float,
-        max_items: int | None,
-    ) -> None:
-        """CREATE the table of clipped counts (from_votes; names quoted by the caller)."""
-        if simple_count(vw, bound, max_items):
-            con.execute(
-                f"{verb} {out} AS SELECT i.{ii}{binary} AS id, count(DISTINCT v.{vc}) AS score "
-                f"FROM {i} AS i LEFT JOIN {v} AS v ON {on} GROUP BY i.{ii}{binary}"
-            )
-        else:
-            counted = clipped_counts_sql(
-                votes=v,
-                client=f"v.{vc}",
-                item=f"v.{vi}{binary}",
-                weight=None if vw is None else f"v.{vw}",
-                max_per_item=bound,
-                max_items=max_items,
-                keyed_hash="sha256(? || {message})",
-                as_text="CAST({} AS VARCHAR)",
-            )
-            kind_out = "BIGINT" if vw is None else "DOUBLE"
-            con.execute(
-                f"{verb} {out} AS SELECT i.{ii}{binary} AS id, "
-                f"CAST(coalesce(p.score, 0) AS {kind_out}) AS score "
-                f"FROM {i} AS i LEFT JOIN ({counted}) AS p ON p.it{binary} = i.{ii}{binary}",
-                [] if max_items is None else [fresh_key()],
-            )
 
     # ----- checks -------------------------------------------------------------------------------
     def _recorded(self) -> tuple[float, int | None] | None:

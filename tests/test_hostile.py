@@ -561,7 +561,8 @@ def test_pg_from_votes_refuses_a_text_weight_before_reading(pg_conninfo, pg_tabl
 
 def test_sqlalchemy_pg_from_votes_refuses_a_text_weight_before_reading(sa_pg_table) -> None:
     """The same through SQLAlchemy on PostgreSQL: a text weight column (a raw psycopg
-    DataError or DatatypeMismatch otherwise) is refused from the reflected type."""
+    DataError or DatatypeMismatch otherwise) is refused from the catalog, in the words
+    PostgresTable uses."""
     import sqlalchemy as sa
 
     from adapters.sqlalchemy import SQLAlchemyTable
@@ -573,7 +574,7 @@ def test_sqlalchemy_pg_from_votes_refuses_a_text_weight_before_reading(sa_pg_tab
         conn.exec_driver_sql(f"INSERT INTO \"{votes}\" VALUES ('a', 1, '2'), ('b', 3, 'x')")
     try:
         for weight in ("w", "client"):
-            with pytest.raises(TypeError, match=f"column '{weight}' is TEXT: weights must be"):
+            with pytest.raises(TypeError, match=f"column '{weight}' is text: weights must be"):
                 SQLAlchemyTable.from_votes(engine, votes, name, weight=weight)
         with engine.connect() as conn:
             assert not sa.inspect(conn).has_table(f"{votes}_counts")

@@ -637,7 +637,7 @@ def test_from_votes_bounds_each_client_as_the_other_stores(
     client's items give DuckDB's counts on the same events, the hash's key fixed for both (the
     other stores share adapters/contributions.py; DuckDB's counts are checked against an
     independent count in tests/test_guarantee.py); the bound is the source's sensitivity."""
-    import adapters.duckdb as duck_adapter
+    import adapters.contributions as contributions
     import adapters.spark.votes as spark_votes
 
     votes, items, duck = raw_votes
@@ -645,7 +645,7 @@ def test_from_votes_bounds_each_client_as_the_other_stores(
     assert fresh[0].copy != fresh[1].copy  # a fresh key each time: other counts, other copies
     key = "ab" * 32
     monkeypatch.setattr(spark_votes, "fresh_key", lambda: key)
-    monkeypatch.setattr(duck_adapter, "fresh_key", lambda: key)
+    monkeypatch.setattr(contributions, "fresh_key", lambda: key)  # adapters/sql/votes.py's
     cases = [  # COUNT(DISTINCT client), the default, is test_counts_from_votes'
         {"max_per_item": 3},
         {"weight": "w", "max_per_item": 2.5},

@@ -418,7 +418,7 @@ def test_from_votes_counts_distinct_clients_over_the_public_domain(
         with pytest.raises(
             ValueError,
             match=rf"table '{votes_name}' column 'item' has 1 vote\(s\) for items not in "
-            rf"table '{items_name}' \(e.g. '{stray}'\)",
+            rf"the items table \(\w+ table '{items_name}'\), e.g. '{stray}'",
         ):
             source.prepare(refresh=True)
         with engine.begin() as conn:

@@ -95,14 +95,10 @@ from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line
 
-from ..contributions import (
-    check_bounds,
-    clipped_counts_sql,
-    fresh_key,
-    parse_record,
-    record_text,
-    simple_count,
-)
+from ..contributions import parse_record
+from ..dialects.votes import PostgresVotes
+from ..sql.driver import PsycopgDriver
+from ..sql.votes import count_votes, write_counts
 from . import oblivious as oblivious_sql
 from .around import AroundState, ReadAround, around_seconds
 from .freshness import WriteLog
@@ -323,7 +319,8 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         max_items_per_client: int | None = None,
     ) -> PostgresTable:
         """Count votes per item over the public table of all items, each client's contribution
-        bounded (adapters/contributions.py).
+        bounded (adapters/sql/votes.py: the checks, the count and its record, in one
+        transaction; the law: adapters/contributions.py).
 
         `votes` holds (client, item[, weight]) rows; `items` is the public domain (column
         `item_id`). A client adds to an item min(its rows for the item, or the sum of their
@@ -334,27 +331,24 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
         `items`. A vote for an item missing from `items` is an error: the domain must be public
         and complete; so is a negative, NaN or infinite weight.
         """
-        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
-        if isinstance(conninfo_or_connection, psycopg.Connection):
-            conn, owned = conninfo_or_connection, False
-        else:
-            conn, owned = psycopg.connect(conninfo_or_connection, autocommit=True), True
+        dialect, driver = PostgresVotes(), PsycopgDriver(conninfo_or_connection)
+        conn, owned = driver.conn, driver.owns
         into = into or f"{votes}_counts"
         try:
-            cls._write_counts(
-                conn,
+            counts = count_votes(
+                dialect,
+                driver,
                 votes=votes,
                 items=items,
+                schema=schema,
                 client=client,
                 item=item,
                 item_id=item_id,
-                into=into,
-                schema=schema,
-                replace=replace,
                 weight=weight,
-                bound=bound,
-                max_items=max_items,
+                max_per_item=max_per_item,
+                max_items_per_client=max_items_per_client,
             )
+            write_counts(dialect, driver, counts, into=into, schema=schema, replace=replace)
             source = cls(
                 conn,
                 into,
@@ -362,8 +356,8 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
                 score="score",
                 schema=schema,
                 mode=mode,
-                sensitivity=bound,
-                max_items_per_client=max_items,
+                sensitivity=counts.sensitivity,
+                max_items_per_client=counts.max_items,
             )
         except BaseException:  # refused: a connection opened here is closed, not left open
             if owned:
@@ -371,138 +365,6 @@ class PostgresTable(WriteLog, TableRead, ReadAround):
             raise
         source._owns_connection = owned
         return source
-
-    @staticmethod
-    def _write_counts(
-        conn: psycopg.Connection[Any],
-        *,
-        votes: str,
-        items: str,
-        client: str,
-        item: str,
-        item_id: str,
-        into: str,
-        schema: str | None,
-        replace: bool,
-        weight: str | None,
-        bound: float,
-        max_items: int | None,
-    ) -> None:
-        """from_votes' checks and its counts table `into`, with the record of its bounds, in one
-        transaction."""
-
-        def name(n: str) -> sql.Identifier:
-            return sql.Identifier(n) if schema is None else sql.Identifier(schema, n)
-
-        v, i, out = name(votes), name(items), name(into)
-        vc, vi, ii = sql.Identifier(client), sql.Identifier(item), sql.Identifier(item_id)
-        with conn.transaction():
-            vw = None if weight is None else sql.Identifier(weight)
-            vote_cols = [vc, vi] if vw is None else [vc, vi, vw]
-            for table, label, cols in ((v, votes, vote_cols), (i, items, [ii])):
-                try:
-                    with conn.transaction():
-                        columns = sql.SQL(", ").join(cols)
-                        conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(columns, table))
-                except psycopg.Error as error:
-                    raise ValueError(f"PostgreSQL table {label!r}: {first_line(error)}") from None
-            if vw is not None:  # a weight of a numeric type, before any row is read
-                kind = conn.execute(
-                    "SELECT format_type(atttypid, NULL) FROM pg_catalog.pg_attribute "
-                    "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
-                    [v.as_string(conn), weight],
-                ).fetchone()
-                if kind is None or kind[0] not in SCORE_TYPES:
-                    raise TypeError(
-                        f"PostgreSQL table {votes!r} column {weight!r} is "
-                        f"{'unknown' if kind is None else kind[0]}: weights must be of a "
-                        "numeric type"
-                    )
-            try:
-                with conn.transaction():
-                    stray = conn.execute(
-                        sql.SQL(
-                            "SELECT count(*), min(v.{vi}::text) FROM {v} AS v "
-                            "WHERE v.{vi} IS NOT NULL "
-                            "AND NOT EXISTS (SELECT 1 FROM {i} AS i WHERE i.{ii} = v.{vi})"
-                        ).format(v=v, i=i, vi=vi, ii=ii)
-                    ).fetchone()
-            except (psycopg.errors.UndefinedFunction, psycopg.errors.DatatypeMismatch):
-                raise TypeError(
-                    f"PostgreSQL table {votes!r} column {item!r} and table {items!r} column "
-                    f"{item_id!r} have types that cannot be compared: item ids must be of one type"
-                ) from None
-            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [out.as_string(conn)])
-            if exists.fetchone()[0] and not replace:
-                raise ValueError(
-                    f"PostgreSQL table {into!r} (where the counts go) already exists: pass "
-                    "replace=True to replace it, or another name as into="
-                )
-            if stray and stray[0]:
-                raise ValueError(
-                    f"PostgreSQL table {votes!r} column {item!r} has {stray[0]} vote(s) for items "
-                    f"not in the items table {items!r} (e.g. {stray[1]!r}): the domain must list "
-                    "every item"
-                )
-            if vw is not None:
-                try:
-                    with conn.transaction():
-                        bad = conn.execute(
-                            sql.SQL(
-                                "SELECT count(*) FROM {v} WHERE {w} IS NOT NULL AND NOT "
-                                "({w}::float8 >= 0 AND {w}::float8 < 'infinity'::float8)"
-                            ).format(v=v, w=vw)
-                        ).fetchone()[0]
-                except psycopg.Error:
-                    raise TypeError(
-                        f"PostgreSQL table {votes!r} column {weight!r} is not numeric: weights "
-                        "must be numbers"
-                    ) from None
-                if bad:
-                    raise ValueError(
-                        f"PostgreSQL table {votes!r} column {weight!r} has {bad} negative, NaN or "
-                        "infinite weight(s): weights must be finite and >= 0"
-                    )
-            if replace:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(out))
-            if simple_count(weight, bound, max_items):
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE {out} AS SELECT i.{ii} AS id, "
-                        "count(DISTINCT v.{vc}) AS score FROM {i} AS i "
-                        "LEFT JOIN {v} AS v ON v.{vi} = i.{ii} GROUP BY i.{ii}"
-                    ).format(out=out, i=i, v=v, ii=ii, vi=vi, vc=vc)
-                )
-            else:
-
-                def text(part: sql.Composable) -> str:  # % doubled: the query has parameters
-                    return part.as_string(conn).replace("%", "%%")
-
-                counted = clipped_counts_sql(
-                    votes=text(v),
-                    client="v." + text(vc),
-                    item="v." + text(vi),
-                    weight=None if vw is None else "v." + text(vw),
-                    max_per_item=bound,
-                    max_items=max_items,
-                    keyed_hash="sha256(convert_to(%s || {message}, 'UTF8'))",
-                    as_text="CAST({} AS text)",
-                    double="double precision",
-                )
-                kind_out = "bigint" if weight is None else "float8"
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE {out} AS SELECT i.{ii} AS id, "
-                        "coalesce(p.score, 0)::" + kind_out + " AS score "
-                        "FROM {i} AS i LEFT JOIN (" + counted + ") AS p ON p.it = i.{ii}"
-                    ).format(out=out, i=i, ii=ii),
-                    [] if max_items is None else [fresh_key()],
-                )
-            conn.execute(
-                sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                    out, sql.Literal(record_text(bound, max_items))
-                )
-            )
 
     # ----- checks -------------------------------------------------------------------------------
     def _catalog_name(self, table: str, schema: str | None) -> tuple[str, str | None]:

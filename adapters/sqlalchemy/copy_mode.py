@@ -65,15 +65,10 @@ from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line, mask_secrets
 
-from ..contributions import (
-    FIXED_POINT,
-    UNITS_BOUND,
-    check_bounds,
-    fresh_key,
-    parse_record,
-    record_text,
-    simple_count,
-)
+from ..contributions import parse_record
+from ..dialects.votes import sqlalchemy_dialect
+from ..sql.driver import SQLAlchemyDriver, convert
+from ..sql.votes import Counts, check_votes, count_votes
 from .freshness import WriteProof, replace_row
 from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
 from .table_read import TableRun
@@ -220,7 +215,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
         )
         self._text_ids = isinstance(self._source.c[id].type, sa.String)
         self._from: sa.FromClause = self._source
-        self._stray_votes = None
+        self._votes: Counts | None = None
         self._id: ColumnElement[Any] = self._source.c[id]
         self._score: ColumnElement[Any] = self._source.c[score]
         score_type = self._source.c[score].type
@@ -259,186 +254,71 @@ class SQLAlchemyTable(WriteProof, TableRun):
         max_per_item: float = 1,
         max_items_per_client: int | None = None,
     ) -> SQLAlchemyTable:
-        """Counts from raw votes with bounded contributions (adapters/contributions.py): a
-        client adds to an item min(its rows for the item, or the sum of their `weight`,
-        `max_per_item`) (COUNT(DISTINCT client) when that is 1 without weight), to at most
-        `max_items_per_client` items chosen by a keyed hash (MD5 of a fresh secret key, the
-        client and the item, a bound parameter; PostgreSQL, MariaDB / MySQL and DuckDB: SQLite
-        has no hash function and refuses it); the source's sensitivity is `max_per_item`.
+        """Counts from raw votes with bounded contributions (adapters/contributions.py,
+        adapters/sql/votes.py): a client adds to an item min(its rows for the item, or the sum
+        of their `weight`, `max_per_item`) (COUNT(DISTINCT client) when that is 1 without
+        weight), to at most `max_items_per_client` items chosen by a keyed hash (SHA-256 of a
+        fresh secret key, the client and the item, a bound parameter; PostgreSQL, MariaDB /
+        MySQL and DuckDB: SQLite has no SHA-256 and refuses it); the source's sensitivity is
+        `max_per_item`.
 
         `items_table` lists the public item domain (column `item_id`); `votes_table` holds
         (client, item[, weight]) rows. An outer join keeps the items without votes (score 0), so
         m is the size of the public domain, not the number of items that happen to have votes.
-        NULL clients are not counted; a vote for an item missing from the domain is an error
-        raised by prepare() (the domain must be public and complete); a negative, NaN or
-        infinite weight is refused here.
+        NULL clients are not counted. Tables, columns and their types are checked here; the
+        votes are checked where they are counted, in every build of the copy by prepare() (a
+        vote for an item missing from the domain, a negative, NaN or infinite weight: refused),
+        and the copy carries the record of the bounds.
         """
-        bound, max_items = check_bounds(weight, max_per_item, max_items_per_client)
-        if max_items is not None and engine.dialect.name == "sqlite":
-            raise ValueError(
-                "max_items_per_client needs a hash function in the database (md5): SQLite has "
-                "none; use PostgreSQL, MariaDB / MySQL or DuckDB, or leave it None"
+        engine = engine_of(engine)
+        dialect, driver = sqlalchemy_dialect(engine), SQLAlchemyDriver(engine)
+        with driver.session():
+            counts = count_votes(
+                dialect,
+                driver,
+                votes=votes_table,
+                items=items_table,
+                schema=schema,
+                client=client,
+                item=item,
+                item_id=item_id,
+                weight=weight,
+                max_per_item=max_per_item,
+                max_items_per_client=max_items_per_client,
             )
+        statement = sa.text(convert(counts.select, "text")[0]).bindparams(**counts.params)
+        bound, max_items = counts.sensitivity, counts.max_items
         self = cls.__new__(cls)
         self.sensitivity, self.max_items_per_client = float(bound), max_items
-        # recorded with the rank table prepare() fills (contributions.py)
-        self._record = record_text(bound, max_items)
-        self.engine = engine = engine_of(engine)
+        self._record = counts.record  # recorded with the rank table prepare() fills
+        self._votes = counts  # checked in every build of the copy (_validate)
+        self.engine = engine
         self.dialect = engine.dialect.name
         self._no_keyed_sql()
         if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
             raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
-        items_where = f"table {items_table!r}"
-        votes_where = f"table {votes_table!r}"
-        items = _reflect(engine, items_table, schema, items_where)
-        votes = _reflect(engine, votes_table, schema, votes_where)
-        for where, tab, name in (
-            (items_where, items, item_id),
-            (votes_where, votes, client),
-            (votes_where, votes, item),
-            *([] if weight is None else [(votes_where, votes, weight)]),
-        ):
-            if name not in tab.c:
-                raise ValueError(f"{where} has no column {name!r} (columns: {list(tab.c.keys())})")
-        if weight is not None and not (
-            _is_numeric(votes.c[weight].type) or _untyped(votes.c[weight].type)
-        ):
-            raise TypeError(
-                f"{votes_where} column {weight!r} is {votes.c[weight].type}: weights must be "
-                "of a numeric type"
-            )
-        if isinstance(items.c[item_id].type, sa.String) != isinstance(
-            votes.c[item].type, sa.String
-        ):
-            raise TypeError(
-                f"{votes_where} column {item!r} is {votes.c[item].type} and {items_where} "
-                f"column {item_id!r} is {items.c[item_id].type}: item ids must be of one type"
-            )
-        self._text_ids = isinstance(items.c[item_id].type, sa.String)
-        # Ids are matched and grouped by their byte-order key: under a case-insensitive
-        # collation (MariaDB's default) 'apple' and 'Apple' are still two items.
-        item_key = self._id_key(items.c[item_id])
-        match = self._id_key(votes.c[item]) == item_key
-        if simple_count(weight, bound, max_items):
-            counts = (
-                sa.select(
-                    sa.func.min(items.c[item_id]).label("id"),
-                    sa.func.count(sa.distinct(votes.c[client])).label("score"),
-                )
-                .select_from(items.outerjoin(votes, match))
-                .group_by(item_key)
-                .subquery("topk_counts")
-            )
-        else:
-            if weight is not None:
-                self._refuse_bad_weights(votes.c[weight], votes_where, weight)
-            counts = self._clipped_counts(
-                items.c[item_id], votes, client, item, weight, bound, max_items
-            )
-        self._stray_votes = (
-            sa.select(sa.func.count(), sa.func.min(votes.c[item]))
-            .select_from(votes.outerjoin(items, match))
-            .where(votes.c[item].is_not(None), items.c[item_id].is_(None)),
-            f"{votes_where} column {item!r}",
-            items_where,
-        )
+        items = _reflect(engine, items_table, schema, f"table {items_table!r}")
+        id_type = items.c[item_id].type
+        self._text_ids = isinstance(id_type, sa.String)
+        score_type = sa.BigInteger() if weight is None else sa.Double()  # 8 bytes everywhere
+        self._from = statement.columns(
+            sa.column("id", id_type), sa.column("score", score_type)
+        ).subquery("topk_counts")
         self.where = f"votes {votes_table!r} over items {items_table!r}"
         self.table_name = None
         self._identity_tables = [(schema, votes_table), (schema, items_table)]
         self.id_column, self.score_column = item_id, "score"
         self._source = None
-        self._from = counts
-        self._id, self._score = counts.c.id, counts.c.score
-        self._id_type = items.c[item_id].type
+        self._id, self._score = self._from.c.id, self._from.c.score
+        self._id_type = id_type
         # one copy per definition of the counts: the tables and columns, and the bounds where
         # they differ from one vote per client and item
         bounds = () if (weight, bound, max_items) == (None, 1, None) else (weight, self._record)
         digest = _digest(schema, votes_table, items_table, client, item, item_id, *bounds)
         name = rank_table or _fit(f"{votes_table}__{items_table}", f"__topk_votes_{digest}")
-        score_type = sa.BigInteger() if weight is None else sa.Double()  # 8 bytes everywhere
         self._init_ranks(name, schema, max_params, score_type=score_type)
         self._source_indexes = []
         return self
-
-    def _refuse_bad_weights(self, column: Any, where: str, name: str) -> None:
-        """A negative, NaN or infinite weight is refused before the counts are defined."""
-        as_float = sa.cast(column, sa.Float())
-        bad = sa.select(sa.func.count()).where(
-            column.is_not(None),
-            sa.not_(sa.and_(as_float >= 0, as_float < 1e308, as_float == as_float)),
-        )
-        with self.engine.connect() as conn:
-            found = conn.execute(bad).scalar()
-        if found:
-            raise ValueError(
-                f"{where} column {name!r} has {found} negative, NaN or infinite weight(s): "
-                "weights must be finite and >= 0"
-            )
-
-    def _clipped_counts(
-        self,
-        item_ids: Any,
-        votes: sa.Table,
-        client: str,
-        item: str,
-        weight: str | None,
-        bound: float,
-        max_items: int | None,
-    ) -> Any:
-        """The counts with each client's contribution clipped (adapters/contributions.py)."""
-        who, what = votes.c[client], votes.c[item]
-        what_key = self._id_key(what)
-        amount = (
-            sa.func.count() if weight is None else sa.func.sum(sa.func.coalesce(votes.c[weight], 0))
-        )
-        limit = sa.literal(bound)
-        contrib = sa.case((amount > limit, limit), else_=amount)
-        if weight is not None:  # exact fixed-point units (contributions.py); weights are >= 0
-            scaled = contrib * FIXED_POINT
-            units = (
-                sa.cast(scaled, sa.BigInteger)  # truncation: floor of a value >= 0
-                if self.dialect == "sqlite"
-                else sa.cast(sa.func.floor(scaled), sa.BigInteger)
-            )
-            contrib = units
-        pairs = (
-            sa.select(who.label("c"), sa.func.min(what).label("it"), contrib.label("contrib"))
-            .where(who.is_not(None), what.is_not(None))
-            .group_by(who, what_key)
-            .subquery("topk_pairs")
-        )
-        if max_items is not None:
-            key = sa.bindparam("topk_contribution_key", fresh_key(), type_=sa.String())
-            as_text = sa.cast(pairs.c.it, sa.String())
-            client_text = sa.cast(pairs.c.c, sa.String())
-            message = (  # contributions.hash_message: the (client, item) pair, unambiguously
-                sa.cast(sa.func.length(client_text), sa.String()) + ":" + client_text + as_text
-            )
-            rank = (
-                sa.func.row_number()
-                .over(partition_by=pairs.c.c, order_by=(sa.func.md5(key + message), as_text))
-                .label("r")
-            )
-            ranked = sa.select(pairs.c.c, pairs.c.it, pairs.c.contrib, rank).subquery("topk_r")
-            pairs = (
-                sa.select(ranked.c.c, ranked.c.it, ranked.c.contrib)
-                .where(ranked.c.r <= max_items)
-                .subquery("topk_kept")
-            )
-        item_key = self._id_key(item_ids)
-        score = sa.func.coalesce(sa.func.sum(pairs.c.contrib), 0)
-        if weight is not None:  # units to a count, clamped at 2^53 units: exact in a double
-            bounded = sa.case((score > UNITS_BOUND, UNITS_BOUND), else_=score)
-            score = bounded * sa.literal(1.0 / FIXED_POINT, sa.Float())
-        return (
-            sa.select(
-                sa.func.min(item_ids).label("id"),
-                score.label("score"),
-            )
-            .select_from(item_ids.table.outerjoin(pairs, self._id_key(pairs.c.it) == item_key))
-            .group_by(item_key)
-            .subquery("topk_counts")
-        )
 
     def _init_ranks(
         self,
@@ -1051,14 +931,8 @@ class SQLAlchemyTable(WriteProof, TableRun):
 
     def _validate(self, conn: Connection) -> None:
         """One aggregate pass and one duplicate probe over the counts (DESIGN invariant 6)."""
-        if self._stray_votes is not None:
-            query, where, items_where = self._stray_votes
-            stray, example = conn.execute(query).one()
-            if stray:
-                raise ValueError(
-                    f"{where} has {stray} vote(s) for items not in {items_where} (e.g. "
-                    f"{example!r}): the items table must list the whole public domain"
-                )
+        if self._votes is not None:  # from_votes: the votes this build counts (sql/votes.py)
+            check_votes(SQLAlchemyDriver(self.engine, connection=conn), self._votes)
         score, id_ = self._score, self._id
         zero_one = lambda cond: sa.func.sum(sa.case((cond, 1), else_=0))  # noqa: E731
         checks: dict[str, Any] = {
