@@ -32,8 +32,10 @@ on an in-memory ArraySource (the stores' integer counts): a release costs 0.1-17
 tables (load average 3-4), so 200 releases per point of all of them take about 8 CPU minutes.
 OpenDP's release costs 2 ms to 30 s (its exact samplers; measured at load 4: 0.3-0.8 s on the
 words at k = 10, 3-6 s at k = 100, 17-30 s on the senses at k = 100, epsilon 4), so it runs
-`--trials` releases or until `--opendp-seconds` (60) of one point's wall time are spent, at
-least 2; each row states its trials and the median wall and CPU seconds of one release.
+`--trials` releases or until `--opendp-seconds` (30) CPU seconds of one point are spent, at
+least 2 (its own cost, whatever the load); each row states its trials and the median wall and
+CPU seconds of one release. `--merge --mechanisms ...` runs some mechanisms again and replaces
+only their rows in the data sets' files (utility.json is then combined from all of them).
 Results: benchmarks/results/utility.json (and utility_<data set>.json, written as each data set
 finishes) and utility_<data set>.png.
 """
@@ -74,7 +76,7 @@ MECHANISMS = (
     "opendp_gumbel",
 )
 PREVIEWED = ("threshold", "laplace", "limited_domain")
-OPENDP_SECONDS = 60.0  # wall seconds of OpenDP's releases per point (at least OPENDP_MIN_TRIALS)
+OPENDP_SECONDS = 30.0  # CPU seconds of OpenDP's releases per point (at least OPENDP_MIN_TRIALS)
 OPENDP_MIN_TRIALS = 2
 
 
@@ -206,7 +208,8 @@ def measure_point(
     opendp_seconds: float = OPENDP_SECONDS,
 ) -> dict[str, Any] | None:
     """`trials` seeded releases of one mechanism at one point (a budgeted one: until
-    `opendp_seconds` of wall time are spent, at least OPENDP_MIN_TRIALS) and their figures."""
+    `opendp_seconds` of CPU time are spent, at least OPENDP_MIN_TRIALS: its own cost, whatever
+    the machine's load) and their figures."""
     from topk_middleware.preview import release_figures
 
     scores = scores_of(name, k)
@@ -218,12 +221,12 @@ def measure_point(
     values = np.full((trials, k), np.nan)
     l_inf, l_1, seconds, cpu = [], [], [], []
     runs = 0
-    point_started = time.perf_counter()
+    point_cpu = time.process_time()
     for seed in range(trials):
         if (
             budgeted
             and runs >= OPENDP_MIN_TRIALS
-            and time.perf_counter() - point_started >= opendp_seconds
+            and time.process_time() - point_cpu >= opendp_seconds
         ):
             break
         started, used = time.perf_counter(), time.process_time()
@@ -378,7 +381,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--opendp-seconds",
         type=float,
         default=None,
-        help=f"wall seconds of OpenDP's releases per point ({OPENDP_SECONDS:g}; --quick: 5), "
+        help=f"CPU seconds of OpenDP's releases per point ({OPENDP_SECONDS:g}; --quick: 2), "
         f"at least {OPENDP_MIN_TRIALS} releases",
     )
     parser.add_argument(
@@ -390,6 +393,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(MECHANISMS),
         choices=MECHANISMS,
         help="mechanisms (default: all)",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the rows of --mechanisms in the data sets' files (a second pass)",
     )
     parser.add_argument(
         "--combine",
@@ -411,20 +419,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def merged(path: Path, rows: list[dict[str, Any]], ran: set[str]) -> list[dict[str, Any]]:
+    """The rows of a data set's file with those of the mechanisms in `ran` (and the preview's)
+    replaced by a new run's (--merge: a second pass of some mechanisms)."""
+    if not path.exists():
+        return rows
+    kept = [
+        row
+        for row in json.loads(path.read_text())["rows"]
+        if row["mechanism"] not in ran and not row["mechanism"].startswith("preview:")
+    ]
+    return kept + rows
+
+
 def combine(out: Path, names: list[str]) -> Path:
     """utility.json from the per-data-set files of `names` present in `out` (a run cut short, or
     data sets run apart), and their PNGs redrawn."""
     rows: list[dict[str, Any]] = []
     trials: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
     for name in names:
         path = out / f"utility_{name}.json"
         if path.exists():
             part = json.loads(path.read_text())
             rows.extend(part["rows"])
             trials[name] = part["trials"]
+            runs[name] = {key: value for key, value in part.items() if key != "rows"}
     payload = {
         "machine": common.machine_info(),
         "trials": trials,
+        "runs": runs,
         "delta": DELTA,
         "data_sets": {
             name: SHAPES.get(name, f"synthetic {name}, m = {SYNTHETIC_M}") for name in trials
@@ -457,7 +481,7 @@ def main(args: argparse.Namespace) -> int:
     trials, epsilons, ks = args.trials, EPSILONS, KS
     opendp_seconds = OPENDP_SECONDS
     if args.quick:
-        trials, epsilons, ks, opendp_seconds = min(trials, 20), (0.25, 1.0, 4.0), (10,), 5.0
+        trials, epsilons, ks, opendp_seconds = min(trials, 20), (0.25, 1.0, 4.0), (10,), 2.0
     if args.opendp_seconds is not None:
         opendp_seconds = args.opendp_seconds
     started = time.perf_counter()
@@ -471,12 +495,24 @@ def main(args: argparse.Namespace) -> int:
         }
         for future in as_completed(futures):
             part = future.result()
-            rows.extend(part)
             name = futures[future]
-            common.write_json(out / f"utility_{name}.json", {"trials": trials, "rows": part})
-            print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+            if args.merge:
+                part = merged(out / f"utility_{name}.json", part, set(args.mechanisms))
+            rows.extend(part)
+            run = {
+                "trials": trials,
+                "opendp_seconds": opendp_seconds,
+                "mechanisms": list(args.mechanisms),
+                "seconds": time.perf_counter() - started,
+                "load_average": os.getloadavg(),
+            }
+            common.write_json(out / f"utility_{name}.json", {**run, "rows": part})
+            print(f"{name}: {run['seconds']:.0f} s", flush=True)
             if not args.no_plot:
                 plot(part, out)
+    if args.merge:  # the other data sets' rows too
+        print(combine(out, [*DATASETS, *SYNTHETIC]))
+        return 0
     payload = {
         "machine": common.machine_info(),
         "seconds": time.perf_counter() - started,
