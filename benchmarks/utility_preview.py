@@ -1,4 +1,4 @@
-"""The preview's cost on a large table read as it is now (issue 38: under 5 s at m = 10^7).
+"""The preview's cost on a large table read as it is now (target: under 5 s at m = 10^7).
 
     python -m benchmarks utility --preview-m 1e7 [--preview-store duckdb postgres]
 

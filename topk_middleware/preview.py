@@ -440,7 +440,7 @@ def smallest_scale(
 ) -> float:
     """The smallest noise scale among the points a preview simulates (Gumbel or Laplace scale;
     2 / epsilon for the joint mechanism's exponential weights)."""
-    scales = [2.0 / max(epsilons)]
+    scales = [2.0 / max(epsilons)] if "joint" in methods else []
     for epsilon in epsilons:
         if "threshold" in methods:
             scales.append(calibrate("gumbel", k, m, epsilon, delta).scale)
@@ -448,7 +448,7 @@ def smallest_scale(
             scales.append(calibrate("laplace", k, m, epsilon, delta).scale)
         if "limited_domain" in methods and delta > 0.0:
             scales.append(1.0 / limited_domain_item_epsilon(k, epsilon, delta / 2.0))
-    return min(scales)
+    return min(scales, default=1.0)
 
 
 def check_preview_arguments(

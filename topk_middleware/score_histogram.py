@@ -7,11 +7,11 @@ rows as distinct scores). Elsewhere (a live table), the top 16k + 1 rows of the 
 by one sorted read, and the rest by one aggregate query (access.ScoreHistogramRead): the items
 at or below the head's last score, binned by their distance below it (access.ScoreBins), each
 bin read as its largest score and its size. Bins are 1/16 of the smallest noise scale simulated
-wide (1 on integer counts, whose bins are then exact), and a share 1/512 of the distance past
-2,048 widths; no item is read more than that above its score, and the head (limited domain's
-k_bar + 1 counts) is exact. A store that offers neither is read in full once. Nothing is read
-per item beyond the head. Cost, after m: one round trip (runs), or two (the head, and the
-aggregate: one scan of the scores in the store).
+wide (at least 1 on integer counts: bins one count wide are exact), and a share 1/512 of the
+distance past 2,048 widths; no item is read more than that above its score, and the head
+(limited domain's k_bar + 1 counts) is exact. A store that offers neither is read in full once.
+Nothing is read per item beyond the head. Cost, after m: one round trip (runs), or two (the
+head, and the aggregate: one scan of the scores in the store).
 """
 
 from __future__ import annotations
