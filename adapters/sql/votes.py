@@ -46,7 +46,6 @@ class Counts:
     params: dict[str, Any]  # the key of the keyed hash, where the count needs one
     sensitivity: float | int
     max_items: int | None
-    id_type: Column  # of the items table's id column
     record: str  # contributions.record_text of the bounds
     stray: str  # SELECT count, example: votes for items missing from the items table
     non_numbers: str | None  # SELECT count: weights that are not numbers (types as hints)
@@ -94,12 +93,12 @@ def count_votes(
         item_id=item_id,
         weight=weight,
     )
-    item_type, id_type = v_types[item], i_types[item_id]
+    item_type = v_types[item]
     q = dialect.quote
     v, i = dialect.qualified(schema, votes), dialect.qualified(schema, items)
     vc = _exact(dialect, f"v.{q(client)}", v_types[client])
     vi = _exact(dialect, f"v.{q(item)}", item_type)
-    ii = _exact(dialect, f"i.{q(item_id)}", id_type)
+    ii = _exact(dialect, f"i.{q(item_id)}", i_types[item_id])
     params: dict[str, Any] = {}
     if law.simple_count(weight, bound, max_items):
         select = (
@@ -143,7 +142,6 @@ def count_votes(
         params=params,
         sensitivity=bound,
         max_items=max_items,
-        id_type=id_type,
         record=law.record_text(bound, max_items),
         stray=stray,
         non_numbers=non_numbers,
