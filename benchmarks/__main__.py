@@ -11,6 +11,7 @@
     python -m benchmarks spark [--quick] [--ms 1e7 1e8] ...   a SparkTable vs Spark's one-shot
     python -m benchmarks utility [--quick] [--trials 200] ...   precision and error per epsilon
     python -m benchmarks work-caps [--quick]   the worst calls inside the work caps at m = 10^6
+    python -m benchmarks redteam [--quick] [--trials 100] ...   the red team's attacks' accuracy
 
 Results (JSON, PNG) go to benchmarks/results/, and those of a --quick run to the scratch folder
 benchmarks/scratch/ (not kept by git), unless --out says otherwise.
@@ -102,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_caps)
     work_caps.add_arguments(p_caps)
 
+    from . import redteam
+
+    p_red = sub.add_parser("redteam", help="the red team's attacks as a distinguisher's accuracy")
+    _common_arguments(p_red)
+    redteam.add_arguments(p_red)
+
     args = parser.parse_args(argv)
     if args.command == "replot":
         files = replot(args.out)
@@ -164,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         return utility.main(args)
     elif args.command == "work-caps":
         payload = {"files": [str(work_caps.run(args))]}
+    elif args.command == "redteam":
+        payload = {"files": [str(redteam.run(redteam.configure(args)))]}
     elif args.command == "spark":
         cfg = spark.config_from_args(args)
         cfg.seed, cfg.out = args.seed, args.out

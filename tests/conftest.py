@@ -39,7 +39,8 @@ before the single tests, so a group also starts at the beginning of the run. Use
 Today's groups: "sql-function", "sql-hardening", "sql-observer" (the SQL functions' tests: one
 worker's PL/Python sessions, kept between tests, serve each file), "spark", "bench-harness"
 (tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep),
-"mariadb-general-log" (tests/test_secrets.py: MariaDB's general log, a server-wide setting).
+"mariadb-general-log" (tests/test_secrets.py: MariaDB's general log, a server-wide setting),
+"redteam" (tests/test_redteam.py: one database of the red team benchmark, its module fixtures).
 """
 
 from collections.abc import Callable

@@ -30,6 +30,7 @@ COMMANDS = [
     "spark",
     "utility",
     "sizes",
+    "redteam",
 ]
 MODULES = [
     "exponential",
