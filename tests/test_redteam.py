@@ -11,7 +11,7 @@ with the hidden window's helpers in their PL/pgSQL forms, and pg_statio on a tab
 neighbour's last vote split a page of the score index, read by a role that may not set
 track_counts: the residue docs/promise.md states) must get all 10 right, which they do: their
 observations differ by a fixed number of blocks. The 100-trial figures are in docs/promise.md.
-Cost: about 50 s at a load average of 4 (one installation, seven tables, seven measurements of
+Cost: 60 s at a load average of 11 (one installation, seven tables, seven measurements of
 26 observations; the cancel attack's statements take 0.35 s each, cancelled for 0.15 s).
 """
 
