@@ -460,8 +460,9 @@ class SQLAlchemyDriver(Driver):
 
 
 class DuckDBDriver(Driver):
-    """A DuckDB connection (`$name` parameters, bound by DuckDB itself). Thin for now: the
-    engine's reads and DDL; the DuckDB dialect grows it (ENGINE.md item 4)."""
+    """A DuckDB connection (`$name`). Each outermost transaction runs on a cursor of its own,
+    never in one the caller holds open, begins in its first statement, and (read-only) ends by
+    closing its cursor; one inside another joins it (no savepoints). `arrays()`: fetchnumpy."""
 
     style = "dollar"
 
@@ -470,40 +471,43 @@ class DuckDBDriver(Driver):
 
         self.conn = connection
         self.errors = (duckdb.Error,)
-        self._depth = 0
+        self._cursor: Any = None  # the open transaction's cursor
+        self._begin: str | None = None  # the BEGIN its first statement still has to send
 
-    def execute(
-        self,
-        sql: str,
-        params: Mapping[str, Any] | None = None,
-        *,
-        prepare: bool | None = None,
-        binary: bool = False,
-    ) -> list[tuple[Any, ...]]:
+    def _run(self, sql: str, params: Mapping[str, Any] | None) -> Any:
         text, names = convert(sql, self.style)
         values = {name: (params or {})[name] for name in dict.fromkeys(names)}
-        cursor = self.conn.execute(text, values or None)
+        if self._begin is not None:
+            text, self._begin = f"{self._begin}; {text}", None
+        return (self.conn if self._cursor is None else self._cursor).execute(text, values or None)
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None, **_: Any) -> Any:
+        cursor = self._run(sql, params)
         return cursor.fetchall() if cursor.description is not None else []
+
+    def arrays(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return dict(self._run(sql, params).fetchnumpy())
 
     @contextmanager
     def transaction(
         self, *, isolation: str | None = None, read_only: bool = False
     ) -> Iterator[None]:
-        name = f"topk_sp{self._depth}"
-        self.conn.execute("BEGIN TRANSACTION" if self._depth == 0 else f"SAVEPOINT {name}")
-        self._depth += 1
+        if self._cursor is not None:  # no savepoints: joins the transaction in progress
+            yield
+            return
+        self._cursor = cursor = self.conn.cursor()
+        self._begin = "BEGIN TRANSACTION" + (" READ ONLY" if read_only else "")
         try:
             yield
-        except BaseException:
-            self._depth -= 1
-            self.conn.execute("ROLLBACK" if self._depth == 0 else f"ROLLBACK TO SAVEPOINT {name}")
-            raise
-        self._depth -= 1
-        self.conn.execute("COMMIT" if self._depth == 0 else f"RELEASE SAVEPOINT {name}")
+            if self._begin is None and not read_only:
+                cursor.execute("COMMIT")
+        finally:  # closing the cursor rolls back what it did not commit
+            self._cursor, self._begin = None, None
+            cursor.close()
 
     @property
     def in_transaction(self) -> bool:
-        return self._depth > 0
+        return self._cursor is not None
 
 
 def _clickhouse_type(value: Any) -> str:
