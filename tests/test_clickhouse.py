@@ -147,7 +147,7 @@ def test_refusals_come_before_anything_is_released(clickhouse_connection: Any) -
             f"CREATE TABLE {name} (id Int64, score Nullable(Int64), label String) "
             "ENGINE = MergeTree ORDER BY id"
         )
-        with pytest.raises(ValueError, match=r"has no score column 'votes' \(columns: \['id'"):
+        with pytest.raises(ValueError, match=r"has no column 'votes' \(columns: \['id'"):
             ClickHouseTable(con, name, score="votes")
         with pytest.raises(TypeError, match="column 'label' must be numeric, it is String"):
             ClickHouseTable(con, name, score="label")

@@ -24,11 +24,9 @@ def refuse_columns(t: Any) -> tuple[Column, Column]:
     columns = t.dialect.columns(t.driver, t.namespace, t.table)
     if columns is None:
         raise ValueError(f"{t.where} does not exist (or is not visible)")
-    for role, name in (("id", t.id_column), ("score", t.score_column)):
+    for name in (t.id_column, t.score_column):
         if name not in columns:
-            raise ValueError(
-                f"{t.where} has no {role} column {name!r} (columns: {sorted(columns)})"
-            )
+            raise ValueError(f"{t.where} has no column {name!r} (columns: {sorted(columns)})")
     id_info, score_info = columns[t.id_column], columns[t.score_column]
     if score_info.kind not in (INTEGER, FLOAT):
         raise TypeError(
@@ -63,15 +61,16 @@ def validate(t: Any) -> int:
                 f"{d.max_id_bytes} bytes can be indexed"
             )
     bad = d.non_finite(s, t.score_info) or "1 = 0"
+    key = d.byte_order(i) if t.text_ids else i  # ids equal only byte for byte
     row = driver.one(
-        f"SELECT count(*), count(*) - count({i}), count(DISTINCT {i}), count(*) - count({s}), "
+        f"SELECT count(*), count(*) - count({i}), count(DISTINCT {key}), count(*) - count({s}), "
         f"{d.count_if(bad)}, {d.count_if(f'{s} < 0')} FROM {t.source}"
     )
     facts = TableFacts(*(int(x or 0) for x in row))
     duplicate = None
     if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
         duplicate = driver.scalar(
-            f"SELECT {i} FROM {t.source} GROUP BY {i} HAVING count(*) > 1 LIMIT 1"
+            f"SELECT {key} FROM {t.source} GROUP BY {key} HAVING count(*) > 1 LIMIT 1"
         )
     raise_if_invalid(facts, t.where, t.id_column, t.score_column, duplicate)
     return facts.rows
