@@ -32,7 +32,8 @@ The surface, by group (the base gives a portable default where one exists):
   `hides_statistics`, and what an error was (`lock_not_available`, `canceled`,
   `insufficient_privilege`);
 * reads the dialect does better than the engine's plain SELECT: `read_ranks` (a range of the
-  copy), `read_runs`; the table's own (`open_table`, `known_rows_sql`, `range_read_sql`);
+  copy), `read_runs`; the table's own (`open_table`, `known_rows_sql`, `range_read_sql`, or
+  a whole strategy: `table_reads`);
   the SQL modules `writes` (a write log), `changes` (a change log), `oblivious_sql`;
 * EXPLAIN: `no_sequential_scans`, `full_scans`;
 * costs: `costs`, `costs_for(m)`, `stale_costs(run)`, `oblivious_costs(stale)`, and the prices
@@ -323,6 +324,11 @@ class Dialect:
     def open_table(self, t: Any) -> Any:
         """The first query of a run that reads the table (table_read.py), or None where the
         table has no slots."""
+        return None
+
+    def table_reads(self, t: Any) -> Any:
+        """A run's reads of the table as it is now the store's own way (engine.Reads), opened
+        in the run's transaction; None where the engine's (table_read.py) serve."""
         return None
 
     # ----- EXPLAIN ----------------------------------------------------------------------------

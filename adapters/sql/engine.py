@@ -21,6 +21,9 @@ Source protocol (topk_middleware/access.py) with ScoreRuns, ExactScores and InSt
   exceedances bound by the driver, never statement text (off where the driver writes
   parameters into the text: StoreTraits.parameters_in_text).
 * refusals in the project's words, before anything is read (`_refuse_columns`, `validate`).
+* a store's own reads: where a dialect has a better way to serve a run (row id ranges of its
+  copy, a delta beside it, its table read by row id), the copy's layout or the dialect's
+  `table_reads` hands the run a `Reads` strategy, which the engine asks before its own reads.
 
 Costs (access.StoreCosts) are the dialect's measured record.
 """
@@ -31,7 +34,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,6 +49,25 @@ from .dialect import FLOAT, INTEGER, TEXT, Dialect
 from .driver import Driver
 
 REFRESH_TRIES = 3  # a run that has its copy rebuilt first tries this often
+
+
+class Reads(Protocol):
+    """A run's reads served the store's own way (module docstring). `m` is the run's domain
+    size; positions are those the strategy names (ranks where its traits say so)."""
+
+    m: int
+
+    def traits(self) -> RunTraits: ...
+
+    def read_sorted(self, start: int, stop: int) -> Rows: ...
+
+    def read_positions(self, positions: np.ndarray) -> Rows: ...
+
+    def read_ids(self, ids: list[Any]) -> np.ndarray: ...
+
+    def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows: ...
+
+    def oneshot_positions(self) -> int: ...
 
 
 class Refresh(Exception):
@@ -67,6 +89,7 @@ class Run:
     around: Any = None  # around.AroundState of a run that reads the copy around changes
     record: str | None = None  # the copy's stored record, as the run's first query read it
     why: str | None = None  # why the copy is not proven current (None: it is, or is frozen)
+    reads: Reads | None = None  # the store's own reads of this run, asked first
 
 
 class SQLTable:
@@ -135,7 +158,11 @@ class SQLTable:
         )
 
     def run_traits(self) -> RunTraits:
-        """access.RunTraits: positions are ranks; the costs of what the run reads."""
+        """access.RunTraits: positions are ranks; the costs of what the run reads (the run's
+        own reads say theirs)."""
+        run = self._run
+        if run is not None and run.reads is not None:
+            return run.reads.traits()
         return RunTraits(costs=self.store_costs, oblivious_costs=self.oblivious_costs)
 
     @property
@@ -254,9 +281,12 @@ class SQLTable:
     def _open_run(self, refreshes: int) -> Run:
         """What a run reads, learnt in its transaction's first queries (copies.open): the copy
         where it is proven current (or frozen), else `_stale_run`; without a copy, the table
-        where the dialect reads tables, else a refusal."""
-        opened = self.copies.open(strict=self.frozen, runs=not self._oblivious)
+        where the dialect reads tables, else a refusal. Where nothing can prove a copy current
+        (the proof says so) a run that is not frozen reads the table without looking."""
         report: dict[str, Any] = {"refreshes": refreshes}
+        if not self.frozen and not self.proof.proves:
+            return self._table_run(report | {"copy": "unprovable"})
+        opened = self.copies.open(strict=self.frozen, runs=not self._oblivious)
         if opened is None:
             if not self.dialect.reads_tables:
                 raise AccessError(
@@ -308,8 +338,13 @@ class SQLTable:
         return self._table_run(report)
 
     def _table_run(self, report: dict[str, Any]) -> Run:
-        """A run that reads the table itself: the in-store one-shot on its slots
-        (table_read.py), or, where the relation has none (a view), by rank."""
+        """A run that reads the table itself: the dialect's own reads of it where it has them
+        (`table_reads`); else the in-store one-shot on its slots (table_read.py), or, where the
+        relation has none (a view), by rank."""
+        reads = self.dialect.table_reads(self)
+        if reads is not None:
+            report["read"] = "table"
+            return Run("table", reads.m, freshness=report, reads=reads)
         from .table_read import open_table
 
         found = open_table(self)
@@ -372,6 +407,8 @@ class SQLTable:
             start, stop = max(0, int(start)), min(max(0, int(start) + int(count)), run.m)
             if stop <= start:
                 return Rows(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+            if run.reads is not None:
+                return run.reads.read_sorted(start, stop)
             if run.read != "copy":
                 from .table_read import sorted_by_rank
 
@@ -390,6 +427,8 @@ class SQLTable:
             wanted = np.asarray(positions, dtype=np.int64)
             if len(wanted) == 0:
                 return Rows(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+            if run.reads is not None:  # its positions, its range
+                return run.reads.read_positions(wanted)
             if wanted.min() < 0 or wanted.max() >= run.m:
                 raise AccessError(f"positions must be in [0, {run.m})")
             if run.read != "copy":
@@ -445,6 +484,9 @@ class SQLTable:
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
         with self._in_run():
+            reads = self._state().reads
+            if reads is not None:
+                return reads.read_ids(plain_values(ids))
             return np.asarray(self._by_id(ids, exact=False), dtype=np.float64)
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
@@ -476,6 +518,8 @@ class SQLTable:
             return None
         with self._in_run():
             run = self._state()
+            if run.reads is not None:
+                return run.reads.read_oneshot(noise, k)
             if run.read == "table":
                 from .table_read import table_oneshot
 
@@ -506,6 +550,8 @@ class SQLTable:
         slots in a run that reads the table, the copy's and the changes' around them, else m."""
         with self._in_run():
             run = self._state()
+            if run.reads is not None:
+                return run.reads.oneshot_positions()
             if run.table is not None:
                 return int(run.table.slots)
             if run.around is not None:
@@ -538,4 +584,4 @@ class SQLTable:
         self.driver.close()
 
 
-__all__ = ["REFRESH_TRIES", "Refresh", "Run", "SQLTable"]
+__all__ = ["REFRESH_TRIES", "Reads", "Refresh", "Run", "SQLTable"]

@@ -15,6 +15,8 @@ this table current). Each proof also says how it knew (`said`, in run_freshness(
   warning: runs then read the table itself. A copy of a frozen table is proven by the
   caller's promise. Beside the log, the layout may keep a change log to read a stale copy
   around (around.py): installed, stamped and dropped with it.
+* `Unprovable`: nothing can prove a copy current (no trigger, and no catalog value an UPDATE
+  in place changes): a run that is not frozen reads the table as it is now.
 * `Fingerprint`: a catalog value that changes with every write (the dialect's `fingerprint`:
   the names of a table's immutable parts, say), recorded when the copy's build starts and
   compared when a run opens: one small query, whatever the table's size. It may change
@@ -35,9 +37,24 @@ def copy_key(copy_name: str) -> int:
     return int.from_bytes(hashlib.sha1(copy_name.encode("utf-8")).digest()[:8], "big", signed=True)
 
 
+class Unprovable:
+    """Nothing proves a copy current (a store without triggers or a catalog value that every
+    write changes): a run that is not frozen reads the table as it is now."""
+
+    proves = False
+    said = {"proof": "none"}  # noqa: RUF012
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+
+    def why(self, stored: str | None, proven: Any) -> str | None:
+        return None if self.t.frozen else "unprovable"
+
+
 class Fingerprint:
     """The copy is current when the table's fingerprint is the one recorded with it."""
 
+    proves = True
     said = {"proof": "fingerprint"}  # noqa: RUF012
 
     def __init__(self, t: Any) -> None:
@@ -55,6 +72,7 @@ class WriteLog:
     """The write log of one copy (module docstring). `key_name` is the text its key is hashed
     from (the copy's qualified name as the layout spells it), `trigger` its trigger's name."""
 
+    proves = True
     said = {"proof": "triggers"}  # noqa: RUF012
 
     def __init__(self, t: Any, key_name: str, trigger: str, *, changes: Any = None) -> None:
@@ -169,4 +187,4 @@ def copies_stamp(record: str | None) -> str:
     return lines[1] if len(lines) > 1 else ""
 
 
-__all__ = ["Fingerprint", "WriteLog", "copies_stamp", "copy_key"]
+__all__ = ["Fingerprint", "Unprovable", "WriteLog", "copies_stamp", "copy_key"]
