@@ -1,5 +1,5 @@
 """The catalog a DuckDB copy leaves, pinned: tables prepared by one version of the code keep
-working under the next with no migration (issue 37, ENGINE.md "Rules").
+working under the next with no migration.
 
 For DuckDBTable on a table and on a view the tests spell out every object prepare() and a
 refresh by delta make: tables with their columns, the unique index on rank, and the record each
@@ -182,7 +182,7 @@ def test_a_refresh_by_delta_records_its_sizes_in_the_delta_table(table: Any) -> 
 
 
 def write_old_layout(con: duckdb.DuckDBPyConnection, ids: list[Any], kind: str, text: bool) -> str:
-    """The copy of "Votes" as the code of issue 37's start wrote it, by hand: rank table in rank
+    """The copy of "Votes" in the pinned layout, written by hand: rank table in rank
     order with its fingerprint, unique index on rank, runs table, shadow (rows in the table's
     order), empty delta and skip tables."""
     rank = f"Votes__topk_rank_{digest('Votes', 'Item', 'n')}"

@@ -694,7 +694,7 @@ def test_store_failures_exit_1_in_one_line(
         ),
         (
             ["release", db, "--table", "nope", "--k", 3, "--epsilon", 1],
-            "DuckDB table 'nope' cannot be read",
+            "DuckDB table 'nope' does not exist",
         ),
         (
             ["release", db, "--table", "votes", "--score", "votez", "--k", 3, "--epsilon", 1],

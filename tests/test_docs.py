@@ -46,7 +46,7 @@ def test_docs_site_builds_strict(tmp_path: Path) -> None:
         "SparkTable",
         "LivePostgresTable",
         "SQLAlchemyLiveTable",
-        "LiveRead",
+        "TableReads",
     ):
         assert name in reference, f"the API reference lacks {name}"
     assert (site / "results" / "wallclock.png").read_bytes()[:4] == b"\x89PNG"

@@ -83,7 +83,7 @@ def test_bad_contents_are_refused_before_anything_is_released(
 
 
 def test_missing_table_column_and_non_numeric_score(con: duckdb.DuckDBPyConnection) -> None:
-    with pytest.raises(ValueError, match="DuckDB table 'nope' cannot be read"):
+    with pytest.raises(ValueError, match="DuckDB table 'nope' does not exist"):
         DuckDBTable(con, "nope")
     with pytest.raises(ValueError, match="DuckDB table 'votes' has no column 'count'"):
         DuckDBTable(con, "votes", score="count")
@@ -338,10 +338,10 @@ def test_a_prepared_source_skips_the_catalog_until_a_table_is_gone() -> None:
     for _ in range(2):  # the second snapshot takes the short path
         got = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2)
         assert got.items == want.items and got.accesses == want.accesses
-    assert source._seen_prepared
+    assert source.copies.seen_prepared
     con.execute(f"DROP TABLE {quote_identifier(source.runs_table)}")
     got = private_top_k(source, k=4, epsilon=1.0, method="threshold", seed=2)
-    assert source.score_run_count() is None and not source._seen_prepared
+    assert source.score_run_count() is None and not source.copies.seen_prepared
     without_runs = private_top_k(
         reference_like(source, scores), k=4, epsilon=1.0, method="threshold", seed=2
     )

@@ -1,4 +1,4 @@
-"""DuckDB refresh by delta (adapters/duckdb_delta.py), on real DuckDB.
+"""DuckDB refresh by delta (adapters/dialects/duckdb/delta.py), on real DuckDB.
 
 After UPDATE / INSERT / DELETE of counts and a delta refresh (no rebuild), a run serves the new
 counts: sorted access is their canonical order, random access by position agrees with it, and
@@ -15,7 +15,7 @@ import duckdb
 import numpy as np
 import pytest
 
-import adapters.duckdb_delta as duckdb_delta
+import adapters.dialects.duckdb.delta as duckdb_delta
 from adapters.duckdb import DuckDBTable, quote_identifier
 from adapters.memory import ArraySource
 from tests.helpers import reference_like

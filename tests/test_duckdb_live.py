@@ -1,4 +1,4 @@
-"""DuckDB tables read as they are now (not frozen; adapters/duckdb_live.py), on real DuckDB.
+"""DuckDB tables read as they are now (not frozen; dialects/duckdb/table.py), on real DuckDB.
 
 What is checked: the in-store one-shot on the table is exactly the top-k of score + keyed noise
 recomputed here in Python (hashlib) over every rowid slot, on spread, skewed, tied and
@@ -333,7 +333,7 @@ def test_oblivious_reads_of_a_live_table_depend_on_public_facts_only() -> None:
         try:
             source = slotted(con, scores)
             recorder = Recorder(con)
-            source._con = recorder  # type: ignore[assignment]
+            source.driver.conn = recorder  # the statements of every run go through it
             for seed in (1, 2, 3):
                 recorder.log.clear()
                 result = private_top_k(source, 3, 1.0, oblivious=True, seed=seed, deadline=0)

@@ -473,7 +473,7 @@ def test_plans_are_pinned(pg_conninfo: str, schema: str, mode: str, reader: str)
 @pytest.mark.parametrize("frozen", [True, False])
 def test_duckdb_reads_do_not_depend_on_the_data(frozen: bool) -> None:
     """The rank-ordered copy (frozen) reads the top row, then d rows of each list; the table
-    read as it is now (not frozen: rowid slots, adapters/duckdb_live.py) takes its top score
+    read as it is now (not frozen: rowid slots, dialects/duckdb/table.py) takes its top score
     from the run's first query and reads d rows of each list."""
     counts = set()
     for scores in (*neighbours(), zipf()):

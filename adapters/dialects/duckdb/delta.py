@@ -1,17 +1,18 @@
 """DuckDB refresh by delta: the rank-ordered copy as a *base*, the changed rows as a small *delta*.
 
-DuckDB has no index-ordered scan, so `DuckDBTable.prepare()` writes a rank-ordered copy of the
-table (the base) and, in the same transaction, a *shadow*: (id, score, base rank) of every row,
-in the user table's row order. After writes, `DuckDBTable.refresh()` finds the changed rows in
-one pass: a POSITIONAL JOIN of the user table with the shadow (both scanned once, in lockstep; no
-sort, no hash join of m rows). Rows whose id and score agree with the shadow row beside them are
-unchanged; the others (and shadow rows with no live row beside them) are matched by id among
-themselves (a hash join of the mismatched rows only), which tells score changes, inserts and
-deletes apart. UPDATE keeps a row in place and INSERT appends, so the mismatched rows are the
-changed ones. A DELETE shifts every later row against the shadow: still correct (those rows
-match by id and compare equal) but each costs a hash-join row, so once the mismatched rows pass
-the fold fraction the refresh folds instead. Only the mismatched rows are validated (the others
-were when the base was built): the errors of `validate()`, before anything is written.
+DuckDB has no index-ordered scan, so `DuckDBTable.prepare()` (copy.py) writes a rank-ordered
+copy of the table (the base) and, in the same transaction, a *shadow*: (id, score, base rank) of
+every row, in the user table's row order. After writes, `DuckDBTable.refresh()` finds the
+changed rows in one pass: a POSITIONAL JOIN of the user table with the shadow (both scanned
+once, in lockstep; no sort, no hash join of m rows). Rows whose id and score agree with the
+shadow row beside them are unchanged; the others (and shadow rows with no live row beside them)
+are matched by id among themselves (a hash join of the mismatched rows only), which tells score
+changes, inserts and deletes apart. UPDATE keeps a row in place and INSERT appends, so the
+mismatched rows are the changed ones. A DELETE shifts every later row against the shadow: still
+correct (those rows match by id and compare equal) but each costs a hash-join row, so once the
+mismatched rows pass the fold fraction the refresh folds instead. Only the mismatched rows are
+validated (the others were when the base was built): the errors of `validate()`, before anything
+is written.
 
 Positions (topk_middleware/access.py: what random access and sampling name) stay dense 0..m-1,
 as a function of the base and the table's current rows (the delta is recomputed from the base at
@@ -52,7 +53,6 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
 import numpy as np
 
 from topk_middleware.access import AccessError, Rows
@@ -149,15 +149,16 @@ def parse_delta_comment(comment: str | None) -> tuple[int, int, int | None] | No
 class DeltaRefresh:
     """One delta refresh inside the caller's transaction on `con` (see the module docstring)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, names: DeltaNames, where: str) -> None:
-        self.con, self.n, self.where = con, names, where
+    def __init__(self, driver: Any, names: DeltaNames, where: str) -> None:
+        self.driver, self.n, self.where = driver, names, where
         self.report = RefreshReport("delta")
 
-    def _run(self, sql: str, params: Any = None) -> duckdb.DuckDBPyConnection:
+    def _run(self, sql: str) -> Any:
+        """The first row of the statement's result (None without one)."""
         self.report.statements.append(sql)
         if self.n.table in sql:
             self.report.table_reads += 1
-        return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+        return self.driver.one(sql)
 
     def find_changes(self, fold_fraction: float) -> bool:
         """The one pass over the user's table, then the changes among the mismatched rows.
@@ -177,7 +178,7 @@ class DeltaRefresh:
             "count_if(l_live AND l_score IS NULL), count_if(isnan(l_score) OR isinf(l_score)), "
             f"count_if(l_score < 0), count_if(l_live) - count(DISTINCT l_id{c}) "
             "FROM __topk_mismatch"
-        ).fetchone()
+        )
         m_base, mismatched, null_ids, null_scores, non_finite, negative, repeated = (
             int(x or 0) for x in row
         )
@@ -198,7 +199,7 @@ class DeltaRefresh:
         row = self._run(
             "SELECT count_if(base_rank IS NULL), count_if(NOT present), "
             "count_if(present AND base_rank IS NOT NULL) FROM __topk_changes"
-        ).fetchone()
+        )
         inserted, deleted, changed = (int(x or 0) for x in row)
         if inserted:
             # An inserted id that the base holds unchanged (its row paired as unchanged) is a
@@ -207,7 +208,7 @@ class DeltaRefresh:
             duplicate = self._run(
                 f"SELECT any_value(c.id) FROM __topk_changes AS c JOIN {n.base} AS b "
                 f"ON b.id{c} = c.id{c} WHERE c.base_rank IS NULL"
-            ).fetchone()[0]
+            )[0]
             if duplicate is not None:
                 raise ValueError(
                     f"{self.where} has duplicate ids (e.g. {duplicate!r}): each item must appear "
@@ -224,7 +225,7 @@ class DeltaRefresh:
         top, changed_top, present, changed_below = self._run(
             f"SELECT greatest({m_base} - {m}, 0), count_if(base_rank >= {m}), "
             f"count_if(present), count_if(base_rank < {m}) FROM __topk_changes"
-        ).fetchone()
+        )
         self.report.delta_rows = int(present or 0) + int(top) - int(changed_top or 0)
         self.report.skip_rows = int(changed_below or 0) + int(top)
         return max(self.report.delta_rows, self.report.skip_rows) <= fold_fraction * m
@@ -240,7 +241,7 @@ class DeltaRefresh:
             duplicate = self._run(
                 f"SELECT l_id{self.n.collate} FROM __topk_mismatch WHERE l_live "
                 f"GROUP BY l_id{self.n.collate} HAVING count(*) > 1 LIMIT 1"
-            ).fetchone()[0]
+            )[0]
             raise ValueError(
                 f"{self.where} has duplicate ids (e.g. {duplicate!r}): each item must appear once"
             )
@@ -282,7 +283,7 @@ class DeltaRefresh:
         )
         delta, skip = self._run(
             f"SELECT (SELECT count(*) FROM {n.delta}), (SELECT count(*) FROM {n.skip})"
-        ).fetchone()
+        )
         self._run(delta_comment_sql(n, delta, skip, gen if delta else None))
 
 
@@ -303,22 +304,20 @@ class DeltaCache:
     runs: tuple[np.ndarray, np.ndarray] | None  # the base's runs (first rank, score)
 
 
-def load_cache(
-    cur: duckdb.DuckDBPyConnection, names: DeltaNames, gen: int, with_runs: bool
-) -> DeltaCache:
+def load_cache(driver: Any, names: DeltaNames, gen: int, with_runs: bool) -> DeltaCache:
     """Read one delta generation (in the caller's snapshot): three queries."""
-    got = cur.execute(f"SELECT seq, position, id, score FROM {names.delta}").fetchnumpy()
+    got = driver.arrays(f"SELECT seq, position, id, score FROM {names.delta}")
     order = np.argsort(np.asarray(got["seq"], dtype=np.int64), kind="stable")
     positions = np.asarray(got["position"], dtype=np.int64)[order]
     ids = np.asarray(got["id"])[order]
     scores = np.asarray(got["score"], dtype=np.float64)[order]
     by_position = np.argsort(positions)
     skip = np.sort(
-        np.asarray(cur.execute(f"SELECT base_rank FROM {names.skip}").fetchnumpy()["base_rank"])
+        np.asarray(driver.arrays(f"SELECT base_rank FROM {names.skip}")["base_rank"])
     ).astype(np.int64)
     runs = None
     if with_runs and names.runs:
-        r = cur.execute(f"SELECT first_rank, score FROM {names.runs}").fetchnumpy()
+        r = driver.arrays(f"SELECT first_rank, score FROM {names.runs}")
         first = np.asarray(r["first_rank"], dtype=np.int64)
         run_order = np.argsort(first)
         runs = (first[run_order], np.asarray(r["score"], dtype=np.float64)[run_order])
@@ -337,7 +336,7 @@ class DeltaView:
 
     def __init__(
         self,
-        cursor: duckdb.DuckDBPyConnection,
+        driver: Any,
         names: DeltaNames,
         m_base: int,
         delta_rows: int,
@@ -345,7 +344,7 @@ class DeltaView:
         base_runs: int | None = None,
         cache: DeltaCache | None = None,
     ) -> None:
-        self.cur, self.n = cursor, names
+        self.driver, self.n = driver, names
         self.cache = cache
         self.m_base, self.delta_rows, self.skip_rows = m_base, delta_rows, skip_rows
         self.base_runs = base_runs  # runs of tied scores of the base (None: no runs table)
@@ -371,11 +370,11 @@ class DeltaView:
         if stop <= start:
             return _rows([], [], [])
         if start != self._depth:
-            got = self.cur.execute(
+            got = self.driver.arrays(
                 f"SELECT position, id, score FROM {self.relation()} "
-                f"ORDER BY score DESC, id{self.n.collate} ASC LIMIT ? OFFSET ?",
-                [stop - start, start],
-            ).fetchnumpy()
+                f"ORDER BY score DESC, id{self.n.collate} ASC LIMIT :count OFFSET :start",
+                {"count": stop - start, "start": start},
+            )
             return _rows(got["position"], got["id"], got["score"])
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         need, trips = stop - start, 0
@@ -410,15 +409,16 @@ class DeltaView:
     def _cached_window(self, b0: int, b1: int, d0: int, d1: int) -> dict[str, np.ndarray]:
         """The base window from the store (a row id range), the delta's and the skipped ranks
         from the cache."""
-        base = self.cur.execute(
-            f"SELECT rank, id, score FROM {self.n.base} WHERE rowid >= ? AND rowid < ?", [b0, b1]
-        ).fetchnumpy()
+        bounds = {"b0": b0, "b1": b1}
+        base = self.driver.arrays(
+            f"SELECT rank, id, score FROM {self.n.base} WHERE rowid >= :b0 AND rowid < :b1", bounds
+        )
         ranks = np.asarray(base["rank"], dtype=np.int64)
         if len(ranks) != b1 - b0 or (len(ranks) and (ranks.min() != b0 or ranks.max() != b1 - 1)):
-            base = self.cur.execute(
-                f"SELECT rank, id, score FROM {self.n.base} WHERE rank >= ? AND rank < ?",
-                [b0, b1],
-            ).fetchnumpy()
+            base = self.driver.arrays(
+                f"SELECT rank, id, score FROM {self.n.base} WHERE rank >= :b0 AND rank < :b1",
+                bounds,
+            )
             ranks = np.asarray(base["rank"], dtype=np.int64)
         skip = self.cache.skip  # type: ignore[union-attr]
         lo, hi = np.searchsorted(skip, [b0, b1])
@@ -434,18 +434,18 @@ class DeltaView:
     def _window_query(self, b0: int, b1: int, d0: int, d1: int) -> dict[str, np.ndarray]:
         """The base window (skipped ranks flagged) and the delta's, in one query."""
         n, c = self.n, self.n.collate
-        return self.cur.execute(
+        return self.driver.arrays(
             "SELECT src, position, id, score, skipped FROM ("
             f"SELECT 0 AS src, b.rank AS position, b.id, b.score, "
-            f"b.rank IN (SELECT base_rank FROM {n.skip} WHERE base_rank >= $b0 "
-            "AND base_rank < $b1) AS skipped "
-            f"FROM {n.base} AS b WHERE b.rowid >= $b0 AND b.rowid < $b1 "
+            f"b.rank IN (SELECT base_rank FROM {n.skip} WHERE base_rank >= :b0 "
+            "AND base_rank < :b1) AS skipped "
+            f"FROM {n.base} AS b WHERE b.rowid >= :b0 AND b.rowid < :b1 "
             f"UNION ALL SELECT 1, position, id, score, false FROM {n.delta} "
-            "WHERE seq >= $d0 AND seq < $d1) "
+            "WHERE seq >= :d0 AND seq < :d1) "
             # numeric ids are merged by numpy below (cheaper than a sort in the query)
             + ("" if self.numeric_ids else f"ORDER BY score DESC, id{c} ASC, src"),
             {"b0": b0, "b1": b1, "d0": d0, "d1": d1},
-        ).fetchnumpy()
+        )
 
     def _final_rows(
         self, got: dict[str, np.ndarray], need: int, b1: int, d1: int
@@ -474,22 +474,22 @@ class DeltaView:
         keys = ", ".join(str(p) for p in wanted)
         if len(wanted) <= index_max:
             # two queries: inside a UNION the IN list would not be served by the rank index
-            base = self.cur.execute(
+            base = self.driver.arrays(
                 f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN ({keys})"
-            ).fetchnumpy()
-            delta = self.cur.execute(
+            )
+            delta = self.driver.arrays(
                 f"SELECT 1 AS src, position AS rank, id, score FROM {n.delta} "
                 f"WHERE position IN ({keys})"
-            ).fetchnumpy()
+            )
             got = {name: np.concatenate([base[name], delta[name]]) for name in base}
         else:
-            got = self.cur.execute(
-                "WITH w AS (SELECT unnest(?::BIGINT[]) AS p) "
+            got = self.driver.arrays(
+                "WITH w AS (SELECT unnest(:wanted::BIGINT[]) AS p) "
                 f"SELECT 0 AS src, rank, id, score FROM {n.base} WHERE rank IN (SELECT p FROM w) "
                 f"UNION ALL SELECT 1, position, id, score FROM {n.delta} "
                 "WHERE position IN (SELECT p FROM w)",
-                [wanted],
-            ).fetchnumpy()
+                {"wanted": wanted},
+            )
         src = np.asarray(got["src"], dtype=np.int64)
         positions = np.asarray(got["rank"], dtype=np.int64)
         from_delta = set(positions[src == 1].tolist())
@@ -523,7 +523,7 @@ class DeltaView:
             parts.append(f"SELECT 0, first_rank, score FROM {self.n.runs}")
         read = 0
         if parts:
-            got = self.cur.execute(" UNION ALL ".join(parts)).fetchnumpy()
+            got = self.driver.arrays(" UNION ALL ".join(parts))
             src = np.asarray(got["src"], dtype=np.int64)
             where = np.asarray(got["position"], dtype=np.int64)
             values = np.asarray(got["score"], dtype=np.float64)
@@ -561,8 +561,8 @@ class DeltaView:
         """(id, score) of the current items whose ids are in the list parameter."""
         n, c = self.n, self.n.collate
         return (
-            f"SELECT id, score FROM {n.delta} WHERE id{c} IN (SELECT unnest($ids){c}) "
-            f"UNION ALL SELECT id, score FROM {n.base} WHERE id{c} IN (SELECT unnest($ids){c}) "
+            f"SELECT id, score FROM {n.delta} WHERE id{c} IN (SELECT unnest(:ids){c}) "
+            f"UNION ALL SELECT id, score FROM {n.base} WHERE id{c} IN (SELECT unnest(:ids){c}) "
             f"AND rank NOT IN (SELECT base_rank FROM {n.skip})"
         )
 
