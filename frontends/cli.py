@@ -835,7 +835,11 @@ def add_trend_parser(sub: Any) -> None:
         "independent: a new list every tick",
     )
     p.add_argument(
-        "--refreshes", type=int, default=None, help="gated: most new lists after the first"
+        "--refreshes",
+        type=int,
+        default=None,
+        help="gated: most new lists after the first (default: horizon / 24 with --delta 0, "
+        "horizon / 4 with a delta)",
     )
     p.add_argument("--tick", type=int, default=None, help="the tick to answer (from 1)")
     p.add_argument(

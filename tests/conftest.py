@@ -36,8 +36,9 @@ before the single tests, so a group also starts at the beginning of the run. Use
   one worker and starts them first. Keep a group's total time well under the suite's (it runs
   serially).
 
-Today's groups: "sql-function", "sql-hardening", "sql-observer" (the SQL functions' tests: one
-worker's PL/Python sessions, kept between tests, serve each file), "spark", "bench-harness"
+Today's groups: "sql-function", "sql-hardening", "sql-observer", "sql-keys" (the SQL functions'
+tests: one worker's PL/Python sessions, kept between tests, serve each file), "spark",
+"bench-harness"
 (tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep),
 "mariadb-general-log" (tests/test_secrets.py: MariaDB's general log, a server-wide setting),
 "redteam" (tests/test_redteam.py: one database of the red team benchmark, its module fixtures).

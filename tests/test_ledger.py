@@ -40,6 +40,7 @@ from topk_middleware import (
 from topk_middleware.accounting import PrivacyCost, oneshot_cost, rdp_to_dp_epsilon
 from topk_middleware.ledger import UnknownRecipe, cost_from_json, cost_to_json
 from topk_middleware.mechanisms.stable import stable_cost
+from topk_middleware.release_keys import ReleaseKeyConflict
 
 SCORES = np.array([50, 40, 30, 20, 10, 5, 3, 2, 1, 0], dtype=float)
 COST = oneshot_cost("gumbel", 1, len(SCORES), 0.1, 0.0)  # what exponential_mechanism(0.1) costs
@@ -352,6 +353,8 @@ def test_ledger_files_are_created_owner_only(kind: str, tmp_path: Path) -> None:
     assert {name, cli_file} <= set(made)
     for path in made:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    if kind == "sqlite":  # write-ahead-log mode: its log is among the files checked
+        assert any(p.name == "ledger.sqlite-wal" for p in made)
 
 
 def test_a_used_up_ledger_budget_refuses_the_smallest_release(ledger_url: str) -> None:
@@ -365,3 +368,35 @@ def test_a_used_up_ledger_budget_refuses_the_smallest_release(ledger_url: str) -
         with pytest.raises(BudgetExceeded, match="used up"):
             exponential_mechanism(ArraySource(SCORES), 1e-17, budget=budget)
     assert len(ledger.log(principal)) == 1
+
+
+def test_costs_charged_together_are_all_or_nothing(ledger_url: str) -> None:
+    """PrivacyLedger.charge_keyed (a trending stream's selection and its gate): both charged in
+    one transaction with their keys claimed, nothing more for keys already charged, neither
+    (nor their keys) past the total, another fingerprint refused; `unless_stored` and
+    store_keyed's `unless_charged` make a charge and an answer exclude each other."""
+    ledger = PrivacyLedger(ledger_url)
+    principal = fresh_principal()
+    ledger.budget(principal, 1.0)
+
+    def cost(epsilon: float) -> PrivacyCost:
+        return PrivacyCost(mechanism="test", epsilon=epsilon)
+
+    pair = [("a", "f", cost(0.4)), ("b", "f", cost(0.4))]
+    assert ledger.charge_keyed(principal, pair) == ([1, 2], None)
+    assert ledger.charge_keyed(principal, pair) == ([1, 2], None)  # paid: nothing more
+    with pytest.raises(BudgetExceeded):
+        ledger.charge_keyed(principal, [("c", "f", cost(0.1)), ("d", "f", cost(0.15))])
+    assert len(ledger.log(principal)) == 2
+    assert ledger.lookup_releases(principal, ["c", "d"]) == {}
+    with pytest.raises(ReleaseKeyConflict):
+        ledger.charge_keyed(principal, [("a", "g", cost(0.1))])
+    assert ledger.store_keyed(principal, "t", "f", "{}") == "{}"
+    assert ledger.charge_keyed(principal, [("e", "f", cost(0.1))], unless_stored="t") == ([], "{}")
+    assert ledger.store_keyed(principal, "u", "f", "x", unless_charged="a") is None
+    assert ledger.store_keyed(principal, "u", "f", "x") == "x"
+    assert ledger.store_keyed(principal, "u", "f", "y") == "x"  # the first answer stays
+    with pytest.raises(ReleaseKeyConflict):
+        ledger.store_keyed(principal, "u", "g", "z")
+    assert len(ledger.log(principal)) == 2
+    assert ledger.spent(principal).epsilon == pytest.approx(0.8)

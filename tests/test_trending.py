@@ -15,8 +15,11 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,27 +58,54 @@ def test_pure_totals_are_basic_composition_exactly(mechanism: str) -> None:
     assert "basic composition" in plan.rule and "add/remove-one-client" in plan.derivation
 
 
-@pytest.mark.parametrize("mechanism", ["independent", "gated"])
-def test_approximate_totals_hold_by_an_independent_accountant(mechanism: str) -> None:
+@pytest.mark.parametrize(
+    ("mechanism", "refreshes"), [("independent", 0), ("gated", 7), ("gated", 42)]
+)
+def test_approximate_totals_hold_by_an_independent_accountant(
+    mechanism: str, refreshes: int
+) -> None:
     """With delta > 0 the accountant composes zCDP: dp_accounting's RDP accountant, given the
     same releases (Gumbel top-k of epsilon e: e^2 / (8k)-zCDP, Cesar & Rogers 2021; a gate of
-    epsilon g: g^2 / 2-zCDP), must find them within the stated total, and basic composition of
-    those epsilons must exceed it (else zCDP bought nothing)."""
+    epsilon g: g^2 / 2-zCDP), must find them within the stated total and use it (within 0.5%:
+    the split is the largest that fits), and basic composition of those epsilons must exceed
+    it (else zCDP bought nothing). A gate costs half a selection's rho: g^2 / 2 = e^2 / (16k).
+    """
     from dp_accounting import dp_event, rdp
 
     k, epsilon, delta = 10, 2.0, 1e-6
-    plan = plan_stream(k, 1000, epsilon, delta, 168, mechanism, 7, 0.5, 1.0)
+    plan = plan_stream(k, 1000, epsilon, delta, 168, mechanism, refreshes, 0.5, 1.0)
     e, g = plan.select_epsilon, plan.gate_epsilon
-    selections = 168 if mechanism == "independent" else 8
+    selections = 168 if mechanism == "independent" else refreshes + 1
+    gates = 0 if mechanism == "independent" else refreshes
+    if gates:
+        assert g**2 / 2 == pytest.approx(0.5 * e**2 / (8 * k), rel=1e-12)
+        assert "each 0.5 of a selection's zCDP rho" in plan.derivation
     # a fine grid of orders (dp_accounting's default grid is coarser than the continuous
     # optimum the project's accountant finds, and overstates epsilon by about 0.04% here)
     accountant = rdp.RdpAccountant(orders=list(np.linspace(1.01, 64.0, 20000)))
     accountant.compose(dp_event.ZCDpEvent(e**2 / (8 * k)), selections)
-    if mechanism == "gated":
-        accountant.compose(dp_event.ZCDpEvent(g**2 / 2), 7)
-    assert accountant.get_epsilon(delta) <= epsilon * (1 + 1e-6)
-    assert selections * e + (7 * g if mechanism == "gated" else 0.0) > epsilon
+    if gates:
+        accountant.compose(dp_event.ZCDpEvent(g**2 / 2), gates)
+    assert epsilon * 0.995 <= accountant.get_epsilon(delta) <= epsilon * (1 + 1e-6)
+    assert selections * e + gates * g > epsilon
     assert plan.rule.lower().startswith(("zcdp", "rdp", "renyi")) or "zCDP" in plan.rule
+
+
+def test_default_refreshes_follow_the_composition(tmp_path: Path) -> None:
+    """ceil(T / 24) refreshes under pure DP, ceil(T / 4) with delta > 0; the gate's share is
+    priced in epsilon (delta = 0) or in zCDP rho (delta > 0)."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    budget = ledger.budget(fresh_principal(), 4.0, 1e-5)
+    source = ArraySource(zipf_counts(500, 6))
+    pure = trending_top_k(source, 10, 2.0, 168, budget=budget, name="a")
+    approximate = trending_top_k(source, 10, 2.0, 168, budget=budget, name="b", delta=1e-6)
+    assert (pure.guarantee.refreshes, approximate.guarantee.refreshes) == (7, 42)
+    assert pure.guarantee.gate_epsilon == pytest.approx(0.5 * pure.guarantee.select_epsilon)
+    e = approximate.guarantee.select_epsilon
+    assert approximate.guarantee.gate_epsilon == pytest.approx(e * np.sqrt(0.5 / 40))
+    # the selections of the gated stream are sharper than independent releases' at one total
+    independent = plan_stream(10, 500, 2.0, 1e-6, 168, "independent", 0, 0.5, 1.0)
+    assert e > 1.5 * independent.select_epsilon
 
 
 # ----- the gate's law ----------------------------------------------------------------------------
@@ -115,6 +145,35 @@ def test_gate_first_fire_matches_above_threshold_law() -> None:
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_a_streams_gate_false_fires_by_the_exact_law(tmp_path: Path, delta: float) -> None:
+    """The gate as a stream runs it (TrendingStream._gate: the threshold of the instance and the
+    query of each tick derived from the stream's secret, the gap read from the source), on a
+    list that is right (gap -30: every fire is a false one), 3000 secrets, 8 ticks each: the
+    first false fire follows AboveThreshold's exact law at the plan's gate epsilon (the pure
+    plan's and the zCDP plan's). A threshold redrawn every tick, a query noise shared by two
+    ticks, or a wrong scale fails at p < 1e-3."""
+    counts = np.array([1000.0, 900.0, 800.0, 770.0, 10.0, 5.0])  # top 3 listed; gap 770 - 800
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    budget = ledger.budget(fresh_principal(), 4.0, 1e-5)
+    stream = trending_top_k(ArraySource(counts), 3, 2.0, 168, budget=budget, name="law",
+                            delta=delta)  # fmt: skip
+    eps, ticks, n = stream.guarantee.gate_epsilon, 8, 3000
+    first = np.full(n, ticks)
+    for i in range(n):
+        secret = f"{i:064x}"
+        for j in range(ticks):
+            fired, rows = stream._gate(2 + j, 1, secret, [0, 1, 2])
+            assert rows == 4 + 3
+            if fired:
+                first[i] = j
+                break
+    observed = np.bincount(first, minlength=ticks + 1)
+    expected = first_fire_law(-30.0, 0.0, eps, ticks) * n
+    assert expected.min() > 5
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
 # ----- streams on a ledger -----------------------------------------------------------------------
 def test_a_gated_stream_spends_only_when_the_list_is_wrong(tmp_path: Path) -> None:
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
@@ -141,6 +200,72 @@ def test_a_gated_stream_spends_only_when_the_list_is_wrong(tmp_path: Path) -> No
     assert [stream.tick(t).fresh for t in (12, 13)] == [True, False]
     assert len(ledger.log(principal)) == 5  # the last refresh starts no gate
     assert ledger.spent(principal).epsilon <= stream.guarantee.epsilon * (1 + 1e-9)
+
+
+def test_a_tick_whose_selection_is_charged_has_fired_on_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt dies after its gate fired and its charges committed, before its answer is
+    stored; the data then changes back so that the gate would not fire. The retry still
+    answers a fresh list of that tick (the charge records the fire: one decision per tick), with
+    the noise of that tick, and charges nothing more."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    principal = fresh_principal()
+    budget = ledger.budget(principal, 4.0)
+    counts = zipf_counts(2000, 1)
+    stream = trending_top_k(ArraySource(counts), 10, 2.0, 48, budget=budget, name="s",
+                            refreshes=3, paced=False)  # fmt: skip
+    assert stream.tick(1).fresh and not stream.tick(2).fresh
+    hit = int(np.argmin(counts))
+    jumped = counts.copy()
+    jumped[hit] = 10 * counts.max()
+    stream.source = ArraySource(jumped)
+    original = PrivacyLedger.store_keyed
+
+    def killed(self: PrivacyLedger, principal_: str, key: str, *args: Any, **kwargs: Any) -> Any:
+        if key == "s#3":
+            raise RuntimeError("killed before the answer is stored")
+        return original(self, principal_, key, *args, **kwargs)
+
+    monkeypatch.setattr(PrivacyLedger, "store_keyed", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        stream.tick(3)
+    monkeypatch.undo()
+    charged = ledger.log(principal)
+    assert len(charged) == 4 and charged[2]["released_at"] is None  # the selection, unanswered
+    stream.source = ArraySource(counts)  # the hit gone: a new query would not fire
+    retry = stream.tick(3)
+    assert retry.fresh and retry.selected_at == 3 and hit not in retry.items
+    logged = ledger.log(principal)
+    assert len(logged) == 4 and logged[2]["released_at"] is not None  # completed with the answer
+    assert stream.tick(3).items == retry.items and stream.tick(3).diagnostics["stored"]
+
+
+def test_workers_racing_on_one_tick_pay_once_and_answer_once(tmp_path: Path) -> None:
+    """Six workers (each with its own ledger connection and stream object) answer the same
+    firing tick at once: one answer, one selection and one gate charged."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    principal = fresh_principal()
+    counts = zipf_counts(2000, 2)
+    options = {"name": "s", "refreshes": 3, "paced": False}
+
+    def stream_of(values: np.ndarray) -> Any:
+        budget = PrivacyLedger(url).budget(principal, 4.0)
+        return trending_top_k(ArraySource(values), 10, 2.0, 48, budget=budget, **options)
+
+    stream_of(counts).tick(1)
+    counts[int(np.argmin(counts))] = 10 * counts.max()
+    streams = [stream_of(counts) for _ in range(6)]
+    start = threading.Barrier(6)
+
+    def tick(stream: Any) -> Any:
+        start.wait()
+        return stream.tick(2)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(tick, streams))
+    assert all(a.fresh and a.items == answers[0].items for a in answers)
+    assert len(PrivacyLedger(url).log(principal)) == 4  # (selection, gate) at ticks 1 and 2
 
 
 def test_paced_refreshes_accrue_one_every_horizon_over_c_ticks(tmp_path: Path) -> None:
@@ -244,17 +369,17 @@ DRIVER = textwrap.dedent(
         finally:
             ledger.close()
 
-    original = PrivacyLedger.store_release
+    original = PrivacyLedger.store_keyed
     for t in range(1, ticks + 1):
         if t % 3 == 0:  # drift: a new item rises every third tick
             counts[rng.integers(0, 300)] += 3 * counts.max()
         pid = os.fork()
         if pid == 0:  # the attempt: killed after its charges, before its answer is stored
-            def die(self, principal_, key, fingerprint, release):
-                if "/" not in key:
+            def die(self, principal_, key, *args, **kwargs):
+                if "#" in key:  # a tick's answer (not the stream's key, made once)
                     os.kill(os.getpid(), signal.SIGKILL)
-                return original(self, principal_, key, fingerprint, release)
-            PrivacyLedger.store_release = die
+                return original(self, principal_, key, *args, **kwargs)
+            PrivacyLedger.store_keyed = die
             tick(t)
             os._exit(3)  # never reached: every tick stores its answer
         _, status = os.waitpid(pid, 0)
@@ -287,16 +412,20 @@ def test_100_ticks_killed_between_charge_and_answer(
     assert out["kills"] == 100  # every attempt died before its answer
     ledger = PrivacyLedger(url)
     with ledger.store.engine.connect() as conn:
-        charges = conn.execute(
-            sa.text(f"SELECT seq FROM {CHARGES} WHERE principal = :p"), {"p": principal}
-        ).scalars().all()
+        charges = (
+            conn.execute(
+                sa.text(f"SELECT seq FROM {CHARGES} WHERE principal = :p"), {"p": principal}
+            )
+            .scalars()
+            .all()
+        )
         keyed = conn.execute(
             sa.text(f"SELECT release_key, seq, release FROM {KEYS} WHERE principal = :p"),
             {"p": principal},
         ).all()
     paid = [seq for _, seq, _ in keyed if seq is not None]
     assert sorted(paid) == sorted(charges)  # no double charge, no charge without its key
-    ticks = {key: release for key, _, release in keyed if "/" not in key}
+    ticks = {key: release for key, _, release in keyed if "#" in key and "/" not in key}
     assert len(ticks) == 100 and all(release is not None for release in ticks.values())
     fresh = sum(answer[1] for answer in out["answers"].values())
     if mechanism == "independent":

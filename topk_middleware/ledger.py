@@ -24,7 +24,7 @@ import datetime as dt
 import importlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .accounting import (
@@ -35,7 +35,7 @@ from .accounting import (
     compose,
     refuse_if_over,
 )
-from .release_keys import Claim, ReleaseKeyConflict, key_conflict, new_noise_key
+from .release_keys import ChargeEntry, Claim, ReleaseKeyConflict, key_conflict, new_noise_key
 
 # "module:class" of the store a URL or an engine opens, imported when first needed.
 SQL_STORE = "adapters.ledger:SQLLedgerStore"
@@ -92,24 +92,49 @@ class LedgerStore(Protocol):
         """The principal's stored (epsilon, delta), None if it has no row."""
         ...
 
-    def append_charge(
+    def append_charges(
         self,
         principal: str,
-        mechanism: str,
-        cost: str,
-        decide: Callable[[float, float, list[str]], ComposedGuarantee],
-        release_key: str | None = None,
-        fingerprint: str | None = None,
-        since: dt.datetime | None = None,
-    ) -> tuple[int, ComposedGuarantee | None]:
+        entries: Sequence[ChargeEntry],
+        decide: Callable[..., ComposedGuarantee],
+        claim: bool = False,
+        unless_stored: str | None = None,
+    ) -> tuple[list[int], ComposedGuarantee | None, str | None]:
         """In one transaction holding the principal's row locked (KeyError if it has none):
-        count the charge, call decide(total epsilon, total delta, the stored costs in order;
-        with `since`, only those charged at or after it),
-        which raises to refuse, and insert the charge with the composition it returned; (its
-        sequence number, that composition). With a claimed `release_key`: refuse
-        (ReleaseKeyConflict) if the key holds another fingerprint; if the key already has a
-        charge, insert nothing and return (that charge's number, None); else record the new
-        charge's number against the key in the same transaction."""
+        if `unless_stored` names a key with a stored release, charge nothing and return ([],
+        None, that release). Each entry with a key: refuse (ReleaseKeyConflict) if the key holds
+        another fingerprint (with `claim`, a key absent, or claimed and never charged nor
+        answered, is claimed with the entry's fingerprint and noise key), and pay nothing for a
+        key already charged. For the rest: call decide(total epsilon, total delta, the window's
+        name or None, costs_since (a function: since -> the stored costs charged at or after it,
+        in order; None: all), their costs), which raises to refuse, insert one charge each with
+        the composition it returned and record its number against its key. Returns (the charge
+        numbers of the entries, in order; the composition, None if nothing was due; None)."""
+        ...
+
+    def lookup_keys(
+        self, principal: str, release_keys: Sequence[str]
+    ) -> dict[str, tuple[str, str, int | None, str | None]]:
+        """lookup_key for several keys in one read: {key: its row} for those that exist."""
+        ...
+
+    def store_keyed(
+        self,
+        principal: str,
+        release_key: str,
+        fingerprint: str,
+        release: str,
+        unless_charged: str | None = None,
+        completions: Sequence[tuple[int, str, str, str]] = (),
+        noise_key: str = "",
+    ) -> str | None:
+        """In one transaction (holding the principal's row, as a charge does, when
+        `unless_charged` is given): None, storing nothing, if the key `unless_charged` is
+        charged; else the key's release: `release`, inserted with the key (and `noise_key`)
+        if it is absent, or stored on the key if it has none, or the one it holds;
+        ReleaseKeyConflict if it holds another fingerprint. Each completion (seq, guarantee,
+        source, diagnostics) completes a charge in the same transaction, as complete_charge
+        does."""
         ...
 
     def claim_key(
@@ -316,6 +341,45 @@ class PrivacyLedger:
             raise KeyError(f"principal {principal!r} has no budget in this ledger")
         return found
 
+    def _decider(self, principal: str, now: dt.datetime) -> Callable[..., ComposedGuarantee]:
+        """The `decide` of a charge (LedgerStore.append_charges): the stored costs of the
+        principal's current window (all, without one) composed with the new ones, refused
+        (BudgetExceeded, CorruptLedger) past the total or on a total no budget may have."""
+
+        def decide(
+            epsilon: float, delta: float, window: str | None, costs_since: Any, new: list[str]
+        ) -> ComposedGuarantee:
+            try:  # a tampered total (NaN, infinite, negative) admits nothing
+                check_budget_total(epsilon, delta)
+            except (TypeError, ValueError) as error:
+                raise CorruptLedger(
+                    f"the ledger's total for {principal!r} is no budget ({error}); nothing was "
+                    "read or released (an operator repairs the ledger)"
+                ) from None
+            since = None if window is None else window_start(window, now)
+            costs = costs_from_json(costs_since(since))
+            added = [cost_from_json(text) for text in new]
+            before = compose(costs, delta) if costs else None
+            after = compose([*costs, *added], delta)
+            if not (after.epsilon >= 0.0 and after.delta >= 0.0):  # NaN: no composition
+                raise CorruptLedger(
+                    f"the composition of {principal!r}'s charges is not a number; nothing was "
+                    "read or released (an operator repairs the ledger)"
+                )
+            named = added[0] if len(added) == 1 else _together(added)
+            try:
+                refuse_if_over(after, epsilon, delta, named, before)
+            except BudgetExceeded as error:
+                if since is None:
+                    raise
+                raise BudgetExceeded(
+                    f"{error} (the total of the {window} window that began "
+                    f"{since:%Y-%m-%d %H:%M} UTC)"
+                ) from None
+            return after
+
+        return decide
+
     def charge(
         self,
         principal: str,
@@ -326,41 +390,56 @@ class PrivacyLedger:
         """Add `cost` to the principal's releases in one committed transaction, or raise
         BudgetExceeded and record nothing. Returns (charge seq, composition after it). Under a
         claimed `release_key` that is already charged, nothing is added (release_keys.py)."""
-        text = cost_to_json(cost)
-        window = self.store.window(principal)
-        since = None if window is None else window_start(window, _utc_now())
-
-        def decide(epsilon: float, delta: float, stored: list[str]) -> ComposedGuarantee:
-            try:  # a tampered total (NaN, infinite, negative) admits nothing
-                check_budget_total(epsilon, delta)
-            except (TypeError, ValueError) as error:
-                raise CorruptLedger(
-                    f"the ledger's total for {principal!r} is no budget ({error}); nothing was "
-                    "read or released (an operator repairs the ledger)"
-                ) from None
-            costs = costs_from_json(stored)
-            before = compose(costs, delta) if costs else None
-            after = compose([*costs, cost], delta)
-            if not (after.epsilon >= 0.0 and after.delta >= 0.0):  # NaN: no composition
-                raise CorruptLedger(
-                    f"the composition of {principal!r}'s charges is not a number; nothing was "
-                    "read or released (an operator repairs the ledger)"
-                )
-            try:
-                refuse_if_over(after, epsilon, delta, cost, before)
-            except BudgetExceeded as error:
-                if since is None:
-                    raise
-                raise BudgetExceeded(
-                    f"{error} (the total of the {window} window that began "
-                    f"{since:%Y-%m-%d %H:%M} UTC)"
-                ) from None
-            return after
-
-        seq, after = self.store.append_charge(
-            principal, cost.mechanism, text, decide, release_key, fingerprint, since
+        entry = ChargeEntry(cost.mechanism, cost_to_json(cost), release_key, fingerprint)
+        seqs, after, _ = self.store.append_charges(
+            principal, [entry], self._decider(principal, _utc_now())
         )
-        return seq, self.spent(principal) if after is None else after
+        return seqs[0], self.spent(principal) if after is None else after
+
+    def charge_keyed(
+        self,
+        principal: str,
+        costs: Sequence[tuple[str, str, PrivacyCost]],
+        unless_stored: str | None = None,
+    ) -> tuple[list[int], str | None]:
+        """Charge (release key, fingerprint, cost) triples in one transaction, claiming each key
+        that is new (its noise drawn elsewhere: streams.py); a key already charged pays nothing;
+        all or nothing (BudgetExceeded). With `unless_stored`, a key whose release is stored
+        means nothing is charged: ([], that release). Returns (the charge numbers, None)."""
+        entries = [
+            ChargeEntry(cost.mechanism, cost_to_json(cost), key, fingerprint)
+            for key, fingerprint, cost in costs
+        ]
+        seqs, _, stored = self.store.append_charges(
+            principal, entries, self._decider(principal, _utc_now()), True, unless_stored
+        )
+        return seqs, stored
+
+    def lookup_releases(self, principal: str, release_keys: Sequence[str]) -> dict[str, Claim]:
+        """The claims of those of `release_keys` that exist, in one read (no claim made)."""
+        found = self.store.lookup_keys(principal, release_keys)
+        return {
+            key: Claim(noise_key, seq is not None, release, stored)
+            for key, (stored, noise_key, seq, release) in found.items()
+        }
+
+    def store_keyed(
+        self,
+        principal: str,
+        release_key: str,
+        fingerprint: str,
+        release: str,
+        unless_charged: str | None = None,
+        logs: Sequence[tuple[int, Any]] = (),
+        noise_key: str = "",
+    ) -> str | None:
+        """Store `release` under the key (inserted with `noise_key` if new) unless it holds one:
+        the stored release; None, storing nothing, if the key `unless_charged` is charged.
+        `logs`: (charge seq, result) pairs completed in the same transaction (log_release)."""
+        completions = [(seq, *_log_fields(result)) for seq, result in logs]
+        return self.store.store_keyed(
+            principal, release_key, fingerprint, release, unless_charged, completions, noise_key
+        )
 
     def claim_release(self, principal: str, release_key: str, fingerprint: str) -> Claim:
         """The key's claim (release_keys.py): inserted with a fresh noise key if new; refused
@@ -390,23 +469,7 @@ class PrivacyLedger:
 
     def log_release(self, principal: str, seq: int, result: Any) -> None:
         """Complete charge `seq` with its release: time, guarantee, source, diagnostics."""
-        privacy = result.privacy
-        guarantee = {"epsilon": privacy.epsilon, "delta": privacy.delta, "noise": privacy.noise}
-        diagnostics = {
-            "method": result.method,
-            "m": result.m,
-            "accesses": dataclasses.asdict(result.accesses),
-        }
-        plan = getattr(result, "plan", None) or {}
-        if plan.get("oblivious"):  # what the operator watches: overruns and misses
-            diagnostics["oblivious"] = {key: plan.get(key) for key in OBLIVIOUS_LOG}
-        self.store.complete_charge(
-            principal,
-            seq,
-            json.dumps(guarantee),
-            privacy.derivation,
-            json.dumps(diagnostics, default=str),
-        )
+        self.store.complete_charge(principal, seq, *_log_fields(result))
 
     def releases(self, principal: str) -> list[PrivacyCost]:
         """Every cost charged to `principal` (in its current window, if it has one), oldest
@@ -429,6 +492,29 @@ class PrivacyLedger:
         from dp_accounting import dp_event
 
         return dp_event.ComposedDpEvent([release_dp_event(c) for c in self.releases(principal)])
+
+
+def _log_fields(result: Any) -> tuple[str, str, str]:
+    """(guarantee JSON, source, diagnostics JSON) of a release for its charge's log: its
+    method, m and access counts; for an oblivious release also OBLIVIOUS_LOG."""
+    privacy = result.privacy
+    guarantee = {"epsilon": privacy.epsilon, "delta": privacy.delta, "noise": privacy.noise}
+    diagnostics = {
+        "method": result.method,
+        "m": result.m,
+        "accesses": dataclasses.asdict(result.accesses),
+    }
+    plan = getattr(result, "plan", None) or {}
+    if plan.get("oblivious"):  # what the operator watches: overruns and misses
+        diagnostics["oblivious"] = {key: plan.get(key) for key in OBLIVIOUS_LOG}
+    return json.dumps(guarantee), privacy.derivation, json.dumps(diagnostics, default=str)
+
+
+def _together(costs: list[PrivacyCost]) -> PrivacyCost:
+    """What a refusal names when several costs are charged together."""
+    return PrivacyCost(
+        mechanism=" and ".join(c.mechanism for c in costs), delta=sum(c.delta for c in costs)
+    )
 
 
 def release_dp_event(cost: PrivacyCost) -> Any:

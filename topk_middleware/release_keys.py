@@ -37,7 +37,7 @@ import inspect
 import json
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from randomgen import ChaCha
@@ -83,6 +83,14 @@ def keyed_rng(noise_key: str) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=int(noise_key, 16), counter=0, rounds=SECURE_ROUNDS))
 
 
+def derived_rng(secret: str, purpose: str) -> np.random.Generator:
+    """keyed_rng of SHA-256(secret, purpose): one stored secret gives each of its uses (a
+    trending stream's selection, query or threshold of a tick) noise of its own, the same on
+    every attempt; as secure as SHA-256 is a PRF."""
+    digest = hashlib.sha256(f"{secret}\x00{purpose}".encode()).hexdigest()
+    return keyed_rng(digest)
+
+
 def fingerprint(function: str, source: Any, parameters: dict[str, Any]) -> str:
     """SHA-256 of the release's function, the source's type and every parameter (canonical JSON;
     objects by repr): what "the same parameters" means for a key."""
@@ -103,6 +111,16 @@ class Claim:
     charged: bool
     release: str | None
     fingerprint: str
+
+
+class ChargeEntry(NamedTuple):
+    """One cost for a ledger to charge (its JSON text), under a release key or none."""
+
+    mechanism: str
+    cost: str
+    key: str | None = None
+    fingerprint: str | None = None
+    noise_key: str = ""
 
 
 class KeyedBudget:
@@ -253,6 +271,7 @@ __all__ = [
     "KEY_MAX_LENGTH",
     "ReleaseKeyConflict",
     "check_release_key",
+    "derived_rng",
     "keyable",
     "keyed_release",
 ]

@@ -4,9 +4,10 @@
 TrendingStream; a job calls `stream.tick()` once per period and gets a Tick: a fresh list, or
 the list that stands. Two mechanisms:
 
-- "independent": every tick is a private_top_k release (sublinear reads) of epsilon_t, the
-  largest per-tick epsilon whose T releases the accountant (accounting.compose: basic, advanced,
-  range-bounded or zCDP composition, the best that applies) composes within (epsilon, delta).
+- "independent": every tick is a Gumbel top-k selection (private_top_k: sublinear reads) of
+  epsilon_t, the largest per-tick epsilon whose T releases the accountant (accounting.compose:
+  basic, advanced, range-bounded or zCDP composition, the best that applies) composes within
+  (epsilon, delta).
 - "gated" (the sparse vector technique, Dwork & Roth 2014, Algorithms 1-2, Theorem 3.23): the
   first tick selects a list; each later tick asks an AboveThreshold gate whether the list is still
   right, on the gap q = (best count outside the list) - (lowest count in the list), and spends on a
@@ -18,24 +19,33 @@ the list that stands. Two mechanisms:
   count moves by at most D (the source's sensitivity), so the best outside count and the lowest
   listed count each move by at most D and q by at most 2 D (Delta = 2 D, which also holds when
   counts move in opposite directions). Re-serving the list is post-processing. Worst case: c + 1
-  selections of epsilon_s and c gate instances of epsilon_g = gate_share * epsilon_s, composed by
-  the accountant within (epsilon, delta).
+  selections of epsilon_s and c gate instances, composed by the accountant within (epsilon,
+  delta). How the total is split (`plan_stream`) follows the rule that composes it: with delta =
+  0 (basic composition: epsilons add up) a gate costs gate_share times a selection's epsilon and
+  c defaults to ceil(T / 24); with delta > 0 (zCDP: rho adds up; a Gumbel top-k of epsilon e is
+  e^2 / (8k)-zCDP, Cesar & Rogers 2021, a gate of epsilon g is g^2 / 2-zCDP, Bun & Steinke 2016
+  Prop. 1.4) a gate costs gate_share times a selection's rho, and c defaults to ceil(T / 4): the
+  selections' epsilon then falls as 1 / sqrt(c), not 1 / c, and a gate priced in epsilon would
+  cost k times a selection's rho.
 
 The neighbour relation is over the whole horizon: one client's whole stream of contributions
 moves each count by at most D at every tick (a live table of cumulative counts). The stated
 total (`stream.guarantee`) is then for everything the stream releases over its T ticks.
 
-State lives in the ledger (release_keys.py): every tick is a release key "<name>#<t>" (its
-stored outcome: the list, when it was selected, the gate instance, the fires used), every
-selection "<name>#<t>/select" (both mechanisms) and every gate instance "<name>#<t>/gate"
-(its noise key seeds the gate's secret threshold noise). So a tick retried after a crash
-returns its stored outcome, or computes it again with the same noise and no second charge;
-charges come before answers, so nothing is ever under-charged. Ticks are numbered from 1;
-`tick()` without an index numbers it from the clock (`period`, `start`), so a job retried
-within its period gets its tick's answer.
-Cost per tick: a gated tick that stands reads k + 1 rows by sorted access and k by random access
-(O(k)); a selection is one private_top_k release (about sqrt(mk) accesses by the threshold
-method); the ledger work is a handful of short transactions.
+State lives in the ledger (PrivacyLedger's keyed rows, operator-side): the stream's key `<name>`
+holds its parameters' fingerprint and a 256-bit secret from which every noise of the stream is
+derived (release_keys.derived_rng: the selection of tick t, the query of tick t, the threshold
+of the gate begun at tick j); each tick's outcome is stored under `<name>#<t>` (the list, when
+it was selected, the gate instance, the fires used); a selection is charged under
+`<name>#<t>/select` and a gate instance under `<name>#<t>/gate`, both in one transaction when a
+list is selected. So a tick retried after a crash returns its stored outcome, or computes it
+again with the same noise and no second charge: a tick whose selection is charged has fired,
+whatever the retry's data; charges come before answers, so nothing is ever under-charged.
+Ticks are numbered from 1; `tick()` without an index numbers it from the clock (`period`,
+`start`), so a job retried within its period gets its tick's answer.
+Cost per tick: a tick that stands reads k + 1 rows by sorted access and k by random access
+(O(k)), one read of the ledger and one commit (its outcome); a selection adds one private_top_k
+run (about sqrt(mk) accesses) and one commit (its charges, before any row is read).
 """
 
 from __future__ import annotations
@@ -49,13 +59,18 @@ from typing import Any, Literal
 import numpy as np
 
 from .accounting import PrivacyCost, compose, oneshot_cost
+from .api import private_top_k
 from .privacy import source_sensitivity
-from .release_keys import fingerprint, keyed_rng
+from .release import plain
+from .release_keys import derived_rng, fingerprint, key_conflict, new_noise_key
 from .validation import check_common
 
 MECHANISMS = ("gated", "independent")
 GATE_SOURCE = "Dwork & Roth 2014, Algorithm 1 (AboveThreshold), Theorem 3.23"
 COMPOSITION_SOURCE = "accounting.compose: the best of basic, advanced and zCDP composition"
+# How a stream keeps its state in the ledger (module docstring), in its fingerprint: a stream
+# begun under another layout (per-tick noise keys) is refused, never continued with other noise.
+STATE_LAYOUT = 2
 _BISECTIONS = 60
 
 
@@ -80,6 +95,13 @@ def gate_scales(epsilon: float, sensitivity: float) -> tuple[float, float]:
 def gate_fires(gap: float, margin: float, threshold_noise: float, query_noise: float) -> bool:
     """AboveThreshold's test: the noisy gap reaches the noisy threshold."""
     return gap + query_noise >= margin + threshold_noise
+
+
+def default_refreshes(horizon: int, delta: float) -> int:
+    """The gated stream's refreshes when none are given: ceil(T / 24) under basic composition
+    (delta = 0), ceil(T / 4) under zCDP (delta > 0) (module docstring); measured on the three
+    streams of benchmarks/trending.py (docs/trending.md)."""
+    return max(1, math.ceil(horizon / (24 if delta == 0.0 else 4)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,27 +147,34 @@ def plan_stream(
     gate_share: float,
     sensitivity: float,
 ) -> StreamGuarantee:
-    """Per-release epsilons for the stream's worst case, composed within (epsilon, delta)."""
+    """Per-release epsilons for the stream's worst case, composed within (epsilon, delta). A
+    gate costs `gate_share` of a selection in the currency of the composition: its epsilon when
+    delta = 0, its zCDP rho (e^2 / (8k)) when delta > 0, so g = e sqrt(gate_share / (4k))."""
 
     def selection(e: float) -> PrivacyCost:
         return oneshot_cost("gumbel", k, m, e, 0.0, "add_remove", sensitivity)
+
+    def gate_of(e: float) -> float:
+        rho = selection(e).rho
+        return math.sqrt(2.0 * gate_share * rho) if delta > 0.0 and rho else gate_share * e
 
     if mechanism == "independent":
         unit, rule = _largest(lambda e: [selection(e)] * horizon, epsilon, delta)
         gate, refreshes = 0.0, horizon - 1
     else:
         unit, rule = _largest(
-            lambda e: [selection(e)] * (refreshes + 1) + [gate_cost(gate_share * e)] * refreshes,
+            lambda e: [selection(e)] * (refreshes + 1) + [gate_cost(gate_of(e))] * refreshes,
             epsilon,
             delta,
         )
-        gate = gate_share * unit
+        gate = gate_of(unit)
+    share = "zCDP rho" if delta > 0.0 else "epsilon"
     worst = (
         f"{horizon} Gumbel top-{k} releases of epsilon {unit:.6g}"
         if mechanism == "independent"
         else f"{refreshes + 1} Gumbel top-{k} selections of epsilon {unit:.6g} and {refreshes} "
-        f"AboveThreshold gates of epsilon {gate:.6g} (gap sensitivity {2 * sensitivity:g}; "
-        f"{GATE_SOURCE})"
+        f"AboveThreshold gates of epsilon {gate:.6g}, each {gate_share:g} of a selection's "
+        f"{share} (gap sensitivity {2 * sensitivity:g}; {GATE_SOURCE})"
     )
     derivation = (
         f"({epsilon:g}, {delta:g})-DP over {horizon} ticks for add/remove-one-client neighbours "
@@ -199,7 +228,7 @@ class TrendingStream:
             raise ValueError(f"horizon must be a whole number of ticks >= 1, got {horizon!r}")
         horizon = int(horizon)
         if refreshes is None:
-            refreshes = max(1, math.ceil(horizon / 24))
+            refreshes = default_refreshes(horizon, float(delta))
         if isinstance(refreshes, bool) or not isinstance(refreshes, int) or refreshes < 0:
             raise ValueError(f"refreshes must be a whole number >= 0, got {refreshes!r}")
         if not (isinstance(gate_share, int | float) and 0.0 < gate_share <= 10.0):
@@ -213,7 +242,7 @@ class TrendingStream:
         if period is not None and period <= dt.timedelta(0):
             raise ValueError(f"period must be positive, got {period!r}")
         ledger = getattr(budget, "ledger", None)
-        if ledger is None or not hasattr(ledger, "claim_release"):
+        if ledger is None or not hasattr(ledger, "charge_keyed"):
             raise TypeError(
                 "a trending stream needs budget= a PrivacyLedger's budget: its state and its "
                 "charges live in the ledger"
@@ -223,19 +252,19 @@ class TrendingStream:
         self.mechanism, self.margin, self.paced = mechanism, float(margin), bool(paced)
         self.period, self.start = period, start
         self.sensitivity = source_sensitivity(source)
-        m = int(source.domain_size())
+        self.m = int(source.domain_size())
         self.guarantee = plan_stream(
-            self.k, m, float(epsilon), float(delta), horizon, mechanism,
+            self.k, self.m, float(epsilon), float(delta), horizon, mechanism,
             refreshes if mechanism == "gated" else horizon - 1, float(gate_share),
             self.sensitivity,
         )  # fmt: skip
         parameters = {
             "k": self.k, "epsilon": float(epsilon), "delta": float(delta), "horizon": horizon,
             "mechanism": mechanism, "refreshes": refreshes, "gate_share": float(gate_share),
-            "margin": self.margin,
-            "paced": bool(paced),
+            "margin": self.margin, "paced": bool(paced), "state": STATE_LAYOUT,
         }  # fmt: skip
         self.fingerprint = fingerprint("trending_top_k", source, parameters)
+        self._secret: str | None = None
 
     # ----- ticks ---------------------------------------------------------------------------
     def allowed_refreshes(self, t: int) -> int:
@@ -258,73 +287,96 @@ class TrendingStream:
         )
         return int((now - start) // self.period) + 1
 
+    def _key(self, t: int, part: str = "") -> str:
+        return f"{self.name}#{t}{part}"
+
     def tick(self, index: int | None = None) -> Tick:
         """The answer of tick `index` (default: the clock's): stored if it was answered before,
-        else computed, charged where it spends, and stored."""
+        else computed, charged where it spends, and stored. Ledger work: one read of the
+        stream's keys; one commit for an answer that stands; one more (the charges, before any
+        row is read) for a selection."""
         t = self.current_tick() if index is None else index
         if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 1 <= t <= self.horizon:
             raise ValueError(f"tick must be a whole number in [1, {self.horizon}], got {t!r}")
         t = int(t)
-        key = f"{self.name}#{t}"
-        claim = self.ledger.claim_release(self.principal, key, self.fingerprint)
-        if claim.release is not None:
-            return self._tick_of(json.loads(claim.release), stored=True)
+        keys = [self.name, self._key(t), self._key(t, "/select"), self._key(t - 1)]
+        state = self.ledger.lookup_releases(self.principal, keys)
+        for key, claim in state.items():
+            if claim.fingerprint != self.fingerprint:
+                raise key_conflict(self.principal, key)
+        secret = self._stream_secret(state.get(self.name))
+        answered = state.get(self._key(t))
+        if answered is not None and answered.release is not None:
+            return self._tick_of(json.loads(answered.release), stored=True)
+        charged = state.get(self._key(t, "/select"))
         if self.mechanism == "independent":
-            outcome, reads = self._select(t, self.guarantee.select_epsilon), {}
-            outcome.update(tick=t, fresh=True, selected_at=t)
-        else:
-            outcome, reads = self._gated(t, keyed_rng(claim.noise_key))
-        ours = json.dumps(outcome, default=str)
-        stored = self.ledger.store_release(self.principal, key, claim.fingerprint, ours)
-        tick = self._tick_of(json.loads(stored), stored=stored != ours)
-        tick.diagnostics.update(reads)
-        return tick
-
-    def _tick_of(self, outcome: dict[str, Any], stored: bool) -> Tick:
-        diagnostics = {"stored": stored, "rows_read": outcome.get("rows_read", 0)}
-        return Tick(
-            outcome["tick"],
-            tuple(outcome["items"]),
-            outcome["fresh"],
-            outcome["selected_at"],
-            self.guarantee,
-            diagnostics,
+            return self._selected(t, secret, {"gate": None, "fires": 0}, 0)
+        previous = state.get(self._key(t - 1))
+        outcome = (
+            json.loads(previous.release)
+            if previous is not None and previous.release is not None
+            else self._previous(t)
         )
+        if outcome is None:  # the first selection and the first gate
+            return self._selected(t, secret, {"gate": None, "fires": -1}, 0)
+        fired, rows = charged is not None and charged.charged, 0
+        if not fired:  # an earlier attempt that charged this tick's selection had fired
+            standing = {k: outcome[k] for k in ("items", "selected_at", "gate", "fires")}
+            standing.update(tick=t, fresh=False, rows_read=0)
+            gate = outcome["gate"]
+            if gate is not None and outcome["fires"] < self.allowed_refreshes(t):
+                fired, rows = self._gate(t, gate, secret, outcome["items"])
+                standing["rows_read"] = rows
+            if not fired:
+                text = json.dumps(standing, default=str)
+                stored = self.ledger.store_keyed(
+                    self.principal, self._key(t), self.fingerprint, text, self._key(t, "/select")
+                )
+                if stored is not None:
+                    return self._tick_of(json.loads(stored), stored=stored != text)
+                # another attempt fired meanwhile (its selection is charged): so did this tick
+        return self._selected(t, secret, outcome, rows)
 
-    def _select(self, t: int, epsilon: float) -> dict[str, Any]:
-        """A keyed selection at tick t (charged once, whatever retries): private_top_k."""
-        from .api import private_top_k
-        from .release import plain
-
-        key = f"{self.name}#{t}/select"
-        result = private_top_k(self.source, self.k, epsilon, budget=self.budget, release_key=key)
-        return {"items": [plain(i) for i in result.items], "rows_read": result.accesses.total}
+    def _stream_secret(self, claim: Any) -> str:
+        """The stream's secret: the stream key's noise key, the key made (once per stream, one
+        commit) if it is new."""
+        if claim is None:
+            self.ledger.store_keyed(
+                self.principal,
+                self.name,
+                self.fingerprint,
+                json.dumps({"stream": STATE_LAYOUT}),
+                noise_key=new_noise_key(),
+            )
+            claim = self.ledger.lookup_releases(self.principal, [self.name])[self.name]
+            if claim.fingerprint != self.fingerprint:
+                raise key_conflict(self.principal, self.name)
+        if not claim.noise_key:
+            raise LookupError(f"the stream {self.name!r} has no secret in the ledger")
+        return str(claim.noise_key)
 
     def _previous(self, t: int) -> dict[str, Any] | None:
-        """The outcome of the latest answered tick before t (None: t is the first)."""
-        for earlier in range(t - 1, 0, -1):
-            claim = self.ledger.lookup_release(self.principal, f"{self.name}#{earlier}")
-            if claim is not None and claim.release is not None:
-                return json.loads(claim.release)
-        return None
+        """The outcome of the latest answered tick before t - 1 (None: t is the first), one
+        read (a skipped tick: tick() looks at t - 1 first)."""
+        keys = [self._key(j) for j in range(1, t - 1)]
+        found = self.ledger.lookup_releases(self.principal, keys) if keys else {}
+        answered = [j for j in range(1, t - 1) if getattr(found.get(self._key(j)), "release", None)]
+        if not answered:
+            return None
+        claim = found[self._key(max(answered))]
+        if claim.fingerprint != self.fingerprint:
+            raise key_conflict(self.principal, self._key(max(answered)))
+        return json.loads(claim.release)
 
-    def _start_gate(self, t: int) -> str:
-        """Charge a gate instance keyed at tick t (once) and return its key."""
-        key = f"{self.name}#{t}/gate"
-        claim = self.ledger.claim_release(self.principal, key, self.fingerprint)
-        if not claim.charged:
-            self.ledger.charge(
-                self.principal, gate_cost(self.guarantee.gate_epsilon), key, claim.fingerprint
-            )
-        return key
-
-    def _threshold_noise(self, gate_key: str) -> float:
-        """The gate's secret threshold noise: Laplace(2 Delta / eps_g) from its key's noise."""
-        claim = self.ledger.lookup_release(self.principal, gate_key)
-        if claim is None:
-            raise LookupError(f"the stream's gate {gate_key!r} is missing from the ledger")
-        scale, _ = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
-        return float(keyed_rng(claim.noise_key).laplace(0.0, scale))
+    def _gate(self, t: int, gate: int, secret: str, items: list[Any]) -> tuple[bool, int]:
+        """The gate begun at tick `gate` asked at tick t: (fires, rows read). Its threshold
+        noise Laplace(2 Delta / eps_g) and the query noise Laplace(4 Delta / eps_g) of tick t
+        come from the stream's secret."""
+        threshold_scale, query_scale = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
+        threshold = float(derived_rng(secret, f"threshold/{gate}").laplace(0.0, threshold_scale))
+        query = float(derived_rng(secret, f"query/{t}").laplace(0.0, query_scale))
+        gap, rows = self._gap(items)
+        return gate_fires(gap, self.margin, threshold, query), rows
 
     def _gap(self, items: list[Any]) -> tuple[float, int]:
         """(best count outside the list) - (lowest count in the list), and the rows read."""
@@ -336,33 +388,56 @@ class TrendingStream:
         best_outside = float(outside[0]) if outside else -math.inf
         return best_outside - float(listed.min()), len(top) + len(items)
 
-    def _gated(self, t: int, rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
-        previous = self._previous(t)
-        fires = 0 if previous is None else previous["fires"]
-        if previous is None:  # the first selection and the first gate
-            selected = self._select(t, self.guarantee.select_epsilon)
-            gate = self._start_gate(t) if self.guarantee.refreshes > 0 else None
-            outcome = {"items": selected["items"], "fresh": True, "selected_at": t, "gate": gate}
-            outcome.update(tick=t, fires=0, rows_read=selected["rows_read"])
-            return outcome, {}
-        outcome = {k: previous[k] for k in ("items", "selected_at", "gate")}
-        outcome.update(tick=t, fresh=False, fires=fires, rows_read=0)
-        if previous["gate"] is None:  # every refresh spent: the list stands to the horizon
-            return outcome, {}
-        if fires >= self.allowed_refreshes(t):  # paced: no gate query (public facts only)
-            return outcome, {}
-        _, query_scale = gate_scales(self.guarantee.gate_epsilon, self.sensitivity)
-        query_noise = float(rng.laplace(0.0, query_scale))
-        gap, rows = self._gap(previous["items"])
-        outcome["rows_read"] = rows
-        if not gate_fires(gap, self.margin, self._threshold_noise(previous["gate"]), query_noise):
-            return outcome, {}
-        selected = self._select(t, self.guarantee.select_epsilon)
-        fires += 1
-        gate = self._start_gate(t) if fires < self.guarantee.refreshes else None
-        outcome.update(items=selected["items"], fresh=True, selected_at=t, gate=gate, fires=fires)
-        outcome["rows_read"] = rows + selected["rows_read"]
-        return outcome, {}
+    def _selected(self, t: int, secret: str, outcome: dict[str, Any], rows: int) -> Tick:
+        """Tick t selects a list: its selection (and, gated, the next gate instance while
+        refreshes remain) charged in one transaction unless the tick is answered meanwhile,
+        then private_top_k with the noise of tick t, then the outcome stored with the
+        selection's log."""
+        g = self.guarantee
+        fires = outcome["fires"] + 1  # -1 for the first selection
+        costs = [(self._key(t, "/select"), self.fingerprint, self._selection_cost())]
+        gate = None
+        if self.mechanism == "gated" and fires < g.refreshes:
+            gate = t
+            costs.append((self._key(t, "/gate"), self.fingerprint, gate_cost(g.gate_epsilon)))
+        seqs, stored = self.ledger.charge_keyed(self.principal, costs, unless_stored=self._key(t))
+        if stored is not None:
+            return self._tick_of(json.loads(stored), stored=True)
+        result = private_top_k(
+            self.source, self.k, g.select_epsilon, seed=derived_rng(secret, f"select/{t}")
+        )
+        answer = {
+            "tick": t,
+            "items": [plain(i) for i in result.items],
+            "fresh": True,
+            "selected_at": t,
+            "gate": gate,
+            "fires": max(fires, 0),
+            "rows_read": rows + result.accesses.total,
+        }
+        text = json.dumps(answer, default=str)
+        stored = self.ledger.store_keyed(
+            self.principal, self._key(t), self.fingerprint, text, logs=[(seqs[0], result)]
+        )
+        return self._tick_of(json.loads(stored), stored=stored != text)
+
+    def _selection_cost(self) -> PrivacyCost:
+        """A selection's cost, as private_top_k charges it (delta 0: m does not enter it)."""
+        return oneshot_cost(
+            "gumbel", self.k, self.m, self.guarantee.select_epsilon, 0.0, "add_remove",
+            self.sensitivity,
+        )  # fmt: skip
+
+    def _tick_of(self, outcome: dict[str, Any], stored: bool) -> Tick:
+        diagnostics = {"stored": stored, "rows_read": outcome.get("rows_read", 0)}
+        return Tick(
+            outcome["tick"],
+            tuple(outcome["items"]),
+            outcome["fresh"],
+            outcome["selected_at"],
+            self.guarantee,
+            diagnostics,
+        )
 
 
 def plain_id(item: Any) -> Any:
@@ -391,11 +466,12 @@ def trending_top_k(
     docstring): `stream.tick()` each period. `budget`: a PrivacyLedger's budget (the stream's
     state and charges live there); `name`: the stream's name among the principal's keys (a
     rerun of the job opens the same stream). `mechanism`: "gated" (sparse vector; at most
-    `refreshes` new selections after the first, default ceil(horizon / 24), each gate instance
-    of `gate_share` times a selection's epsilon, firing when the best outside item beats the
-    list's k-th by `margin` after noise; `paced`: one more refresh allowed every horizon /
-    refreshes ticks, not all at once) or "independent" (a release every tick). `period` and
-    `start` (UTC) number the ticks from the clock; without them pass `tick(index)`."""
+    `refreshes` new selections after the first, default default_refreshes(horizon, delta);
+    each gate instance costs `gate_share` of a selection, in epsilon when delta = 0 and in zCDP
+    rho when delta > 0 (plan_stream), and fires when the best outside item beats the list's
+    k-th by `margin` after noise; `paced`: one more refresh allowed every horizon / refreshes
+    ticks, not all at once) or "independent" (a release every tick). `period` and `start`
+    (UTC) number the ticks from the clock; without them pass `tick(index)`."""
     return TrendingStream(
         source, k, epsilon, horizon, budget, name, delta, mechanism, refreshes, gate_share,
         margin, period, start, paced,
@@ -406,6 +482,7 @@ __all__ = [
     "StreamGuarantee",
     "Tick",
     "TrendingStream",
+    "default_refreshes",
     "gate_cost",
     "gate_fires",
     "gate_scales",
