@@ -48,7 +48,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from topk_middleware.accounting import ComposedGuarantee
-from topk_middleware.release_keys import ChargeEntry, key_conflict
+from topk_middleware.release_keys import Charged, ChargeEntry, key_conflict
 
 PRINCIPALS = "topk_ledger_principals"
 CHARGES = "topk_ledger_charges"
@@ -235,33 +235,59 @@ class SQLLedgerStore:
         decide: Callable[..., ComposedGuarantee],
         claim: bool = False,
         unless_stored: str | None = None,
-    ) -> tuple[list[int], ComposedGuarantee | None, str | None]:
+        claims: Sequence[tuple[str, str, str, str]] = (),
+    ) -> Charged:
         """The LedgerStore's charge (topk_middleware/ledger.py): one transaction holding the
         principal's row locked (every dialect writes it; PostgreSQL locks it FOR UPDATE first),
-        its window read in it; each keyed entry checked (and, with `claim`, claimed) before
-        decide() sees the stored costs and the new ones."""
+        the keys it names read in one query, its window read; each keyed entry checked (and,
+        with `claim`, claimed) and `claims` made before decide() sees the stored costs and the
+        new ones."""
         k = self.keys.c
         p = self.principals
+        names = [e.key for e in entries if e.key is not None] + [c[0] for c in claims]
+        names += [unless_stored] if unless_stored is not None else []
 
-        def work(conn: sa.Connection) -> tuple[list[int], ComposedGuarantee | None, str | None]:
+        def work(conn: sa.Connection) -> Charged:
             query = sa.select(p.c.epsilon, p.c.delta, p.c.charges).where(p.c.principal == principal)
             if self.dialect == "postgresql":
                 query = query.with_for_update()
             row = conn.execute(query).first()
             if row is None:
                 raise KeyError(f"principal {principal!r} has no budget in this ledger")
-            if unless_stored is not None:
-                stored = self._release_of(conn, principal, unless_stored)
-                if stored is not None:  # answered meanwhile: nothing to pay
-                    return [], None, stored
+            found = {}
+            if names:
+                found = {
+                    r.release_key: r
+                    for r in conn.execute(
+                        sa.select(
+                            k.release_key, k.fingerprint, k.noise_key, k.seq, k.release
+                        ).where((k.principal == principal) & k.release_key.in_(names))
+                    )
+                }
+            stored = found.get(unless_stored)
+            if stored is not None and stored.release is not None:  # answered meanwhile
+                return Charged([], None, str(stored.release), {})
+            noise_keys = {}
+            for key, fingerprint, noise_key, release in claims:
+                held = found.get(key)
+                if held is None:
+                    self._insert_key(conn, principal, key, fingerprint, noise_key, release)
+                elif held.fingerprint != fingerprint:
+                    raise key_conflict(principal, key)
+                noise_keys[key] = noise_key if held is None else str(held.noise_key)
             seqs: list[int | None] = []
             for entry in entries:
+                held = None if entry.key is None else found.get(entry.key)
                 seqs.append(
-                    None if entry.key is None else self._key_paid(conn, principal, entry, claim)
+                    None
+                    if entry.key is None
+                    else self._key_paid(conn, principal, entry, held, claim)
                 )
             due = [e for e, seq in zip(entries, seqs, strict=True) if seq is None]
             if not due:
-                return [int(seq) for seq in seqs if seq is not None], None, None
+                return Charged(
+                    [int(seq) for seq in seqs if seq is not None], None, None, noise_keys
+                )
             w = self.windows.c
             window = conn.execute(
                 sa.select(w.window_name).where(w.principal == principal)
@@ -276,70 +302,68 @@ class SQLLedgerStore:
                 lambda since: self._costs(conn, principal, since),
                 [e.cost for e in due],
             )
-            seq, now = int(row.charges), _now()
+            seq, now, rows = int(row.charges), _now(), []
             for i, entry in enumerate(entries):
-                if seqs[i] is not None:
-                    continue
-                seq += 1
-                seqs[i] = seq
-                conn.execute(
-                    self.charges.insert().values(
-                        principal=principal,
-                        seq=seq,
-                        charged_at=now,
-                        mechanism=entry.mechanism,
-                        cost=entry.cost,
-                        epsilon_after=after.epsilon,
-                        delta_after=after.delta,
-                        rule=after.rule,
-                    )
-                )
-                if entry.key is not None:
-                    keyed = (k.principal == principal) & (k.release_key == entry.key)
-                    conn.execute(self.keys.update().where(keyed).values(seq=seq))
-            return [int(s) for s in seqs if s is not None], after, None
+                if seqs[i] is None:
+                    seq += 1
+                    seqs[i] = seq
+                    rows.append({"seq": seq, "mechanism": entry.mechanism, "cost": entry.cost})
+                    if entry.key is not None:
+                        keyed = (k.principal == principal) & (k.release_key == entry.key)
+                        conn.execute(self.keys.update().where(keyed).values(seq=seq))
+            composed = {"epsilon_after": after.epsilon, "delta_after": after.delta}
+            conn.execute(
+                self.charges.insert().values(
+                    principal=principal, charged_at=now, rule=after.rule, **composed
+                ),
+                rows,
+            )
+            return Charged([int(s) for s in seqs if s is not None], after, None, noise_keys)
 
         return self._retry(work)
 
+    def _insert_key(
+        self, conn: sa.Connection, principal: str, key: str, fingerprint: Any, noise_key: str,
+        release: str | None = None,
+    ) -> None:  # fmt: skip
+        now = _now()
+        conn.execute(
+            self.keys.insert().values(
+                principal=principal,
+                release_key=key,
+                fingerprint=fingerprint,
+                noise_key=noise_key,
+                claimed_at=now,
+                release=release,
+                released_at=None if release is None else now,
+            )
+        )
+
     def _key_paid(
-        self, conn: sa.Connection, principal: str, entry: ChargeEntry, claim: bool
+        self, conn: sa.Connection, principal: str, entry: ChargeEntry, held: Any, claim: bool
     ) -> int | None:
-        """The charge number of the entry's key if it is charged already (nothing more to pay),
-        else None; ReleaseKeyConflict if it holds another fingerprint; with `claim`, a key
-        absent (or claimed, never charged nor answered) is claimed with the entry's."""
+        """The charge number of the entry's key (its row `held`, or None) if it is charged
+        already (nothing more to pay), else None; ReleaseKeyConflict if it holds another
+        fingerprint; with `claim`, a key absent (or claimed, never charged nor answered) is
+        claimed with the entry's."""
         k = self.keys.c
-        keyed = (k.principal == principal) & (k.release_key == entry.key)
-        found = conn.execute(sa.select(k.seq, k.fingerprint, k.release).where(keyed)).first()
-        if found is None:
+        if held is None:
             if not claim:
                 raise KeyError(f"release key {entry.key!r} was not claimed")
-            conn.execute(
-                self.keys.insert().values(
-                    principal=principal,
-                    release_key=entry.key,
-                    fingerprint=entry.fingerprint,
-                    noise_key=entry.noise_key,
-                    claimed_at=_now(),
-                )
-            )
+            self._insert_key(conn, principal, str(entry.key), entry.fingerprint, entry.noise_key)
             return None
-        if found.fingerprint != entry.fingerprint:
-            unused = found.seq is None and found.release is None
+        if held.fingerprint != entry.fingerprint:
+            unused = held.seq is None and held.release is None
             if not (claim and unused):  # reclaimed with other parameters meanwhile
                 raise key_conflict(principal, str(entry.key))
+            keyed = (k.principal == principal) & (k.release_key == entry.key)
             conn.execute(
                 self.keys.update()
                 .where(keyed)
                 .values(fingerprint=entry.fingerprint, noise_key=entry.noise_key)
             )
             return None
-        return None if found.seq is None else int(found.seq)
-
-    def _release_of(self, conn: sa.Connection, principal: str, release_key: str) -> str | None:
-        k = self.keys.c
-        return conn.execute(
-            sa.select(k.release).where((k.principal == principal) & (k.release_key == release_key))
-        ).scalar_one_or_none()
+        return None if held.seq is None else int(held.seq)
 
     def claim_key(
         self, principal: str, release_key: str, fingerprint: str, noise_key: str
@@ -360,15 +384,7 @@ class SQLLedgerStore:
                 )
                 row = conn.execute(query).first()
             if row is None:
-                conn.execute(
-                    self.keys.insert().values(
-                        principal=principal,
-                        release_key=release_key,
-                        fingerprint=fingerprint,
-                        noise_key=noise_key,
-                        claimed_at=_now(),
-                    )
-                )
+                self._insert_key(conn, principal, release_key, fingerprint, noise_key)
                 return fingerprint, noise_key, None, None
             return row.fingerprint, row.noise_key, row.seq, row.release
 
@@ -380,14 +396,7 @@ class SQLLedgerStore:
     def lookup_key(
         self, principal: str, release_key: str
     ) -> tuple[str, str, int | None, str | None] | None:
-        k = self.keys.c
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(k.fingerprint, k.noise_key, k.seq, k.release).where(
-                    (k.principal == principal) & (k.release_key == release_key)
-                )
-            ).first()
-        return None if row is None else (row.fingerprint, row.noise_key, row.seq, row.release)
+        return self.lookup_keys(principal, [release_key]).get(release_key)
 
     def lookup_keys(
         self, principal: str, release_keys: Sequence[str]
@@ -436,36 +445,31 @@ class SQLLedgerStore:
     ) -> str | None:
         k = self.keys.c
         keyed = (k.principal == principal) & (k.release_key == release_key)
+        names = [release_key] + ([unless_charged] if unless_charged is not None else [])
 
         def store(conn: sa.Connection) -> str | None:
             if unless_charged is not None:
                 p = self.principals.c
                 lock = sa.select(p.charges).where(p.principal == principal)  # as a charge does
                 conn.execute(lock.with_for_update() if self.dialect == "postgresql" else lock)
-                paid = conn.execute(
-                    sa.select(k.seq).where(
-                        (k.principal == principal) & (k.release_key == unless_charged)
-                    )
-                ).scalar_one_or_none()
-                if paid is not None:
-                    return None
-            found = conn.execute(sa.select(k.fingerprint, k.release).where(keyed)).first()
-            if found is None:
-                conn.execute(
-                    self.keys.insert().values(
-                        principal=principal,
-                        release_key=release_key,
-                        fingerprint=fingerprint,
-                        noise_key=noise_key,
-                        claimed_at=_now(),
-                        release=release,
-                        released_at=_now(),
+            found = {
+                r.release_key: r
+                for r in conn.execute(
+                    sa.select(k.release_key, k.fingerprint, k.seq, k.release).where(
+                        (k.principal == principal) & k.release_key.in_(names)
                     )
                 )
-            elif found.fingerprint != fingerprint:
+            }
+            paid = found.get(unless_charged)
+            if paid is not None and paid.seq is not None:
+                return None
+            held = found.get(release_key)
+            if held is None:
+                self._insert_key(conn, principal, release_key, fingerprint, noise_key, release)
+            elif held.fingerprint != fingerprint:
                 raise key_conflict(principal, release_key)
-            elif found.release is not None:
-                return str(found.release)
+            elif held.release is not None:
+                return str(held.release)
             else:
                 conn.execute(
                     self.keys.update().where(keyed).values(release=release, released_at=_now())

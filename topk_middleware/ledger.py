@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .accounting import (
+    EXHAUSTED,
     BudgetExceeded,
     ComposedGuarantee,
     PrivacyCost,
@@ -35,7 +36,14 @@ from .accounting import (
     compose,
     refuse_if_over,
 )
-from .release_keys import ChargeEntry, Claim, ReleaseKeyConflict, key_conflict, new_noise_key
+from .release_keys import (
+    Charged,
+    ChargeEntry,
+    Claim,
+    ReleaseKeyConflict,
+    key_conflict,
+    new_noise_key,
+)
 
 # "module:class" of the store a URL or an engine opens, imported when first needed.
 SQL_STORE = "adapters.ledger:SQLLedgerStore"
@@ -99,17 +107,21 @@ class LedgerStore(Protocol):
         decide: Callable[..., ComposedGuarantee],
         claim: bool = False,
         unless_stored: str | None = None,
-    ) -> tuple[list[int], ComposedGuarantee | None, str | None]:
+        claims: Sequence[tuple[str, str, str, str]] = (),
+    ) -> Charged:
         """In one transaction holding the principal's row locked (KeyError if it has none):
-        if `unless_stored` names a key with a stored release, charge nothing and return ([],
-        None, that release). Each entry with a key: refuse (ReleaseKeyConflict) if the key holds
-        another fingerprint (with `claim`, a key absent, or claimed and never charged nor
-        answered, is claimed with the entry's fingerprint and noise key), and pay nothing for a
-        key already charged. For the rest: call decide(total epsilon, total delta, the window's
-        name or None, costs_since (a function: since -> the stored costs charged at or after it,
-        in order; None: all), their costs), which raises to refuse, insert one charge each with
-        the composition it returned and record its number against its key. Returns (the charge
-        numbers of the entries, in order; the composition, None if nothing was due; None)."""
+        if `unless_stored` names a key with a stored release, charge nothing and return
+        Charged([], None, that release, {}). Each claim (key, fingerprint, noise key, release):
+        the key inserted with them if absent, ReleaseKeyConflict if it holds another
+        fingerprint. Each entry with a key: refuse (ReleaseKeyConflict) if the key holds another
+        fingerprint (with `claim`, a key absent, or claimed and never charged nor answered, is
+        claimed with the entry's fingerprint and noise key), and pay nothing for a key already
+        charged. For the rest: call decide(total epsilon, total delta, the window's name or
+        None, costs_since (a function: since -> the stored costs charged at or after it, in
+        order; None: all), their costs), which raises to refuse, insert one charge each with
+        the composition it returned and record its number against its key. Returns Charged(the
+        charge numbers of the entries in order, the composition or None if nothing was due,
+        None, {claimed key: the noise key it holds})."""
         ...
 
     def lookup_keys(
@@ -359,8 +371,11 @@ class PrivacyLedger:
             since = None if window is None else window_start(window, now)
             costs = costs_from_json(costs_since(since))
             added = [cost_from_json(text) for text in new]
-            before = compose(costs, delta) if costs else None
             after = compose([*costs, *added], delta)
+            # the composition before them only matters where the total is used up (the
+            # composition grows with every cost: below that, the earlier one is too)
+            exhausted = after.epsilon >= epsilon * (1 - EXHAUSTED)
+            before = compose(costs, delta) if costs and exhausted else None
             if not (after.epsilon >= 0.0 and after.delta >= 0.0):  # NaN: no composition
                 raise CorruptLedger(
                     f"the composition of {principal!r}'s charges is not a number; nothing was "
@@ -391,29 +406,28 @@ class PrivacyLedger:
         BudgetExceeded and record nothing. Returns (charge seq, composition after it). Under a
         claimed `release_key` that is already charged, nothing is added (release_keys.py)."""
         entry = ChargeEntry(cost.mechanism, cost_to_json(cost), release_key, fingerprint)
-        seqs, after, _ = self.store.append_charges(
-            principal, [entry], self._decider(principal, _utc_now())
-        )
-        return seqs[0], self.spent(principal) if after is None else after
+        done = self.store.append_charges(principal, [entry], self._decider(principal, _utc_now()))
+        return done.seqs[0], self.spent(principal) if done.after is None else done.after
 
     def charge_keyed(
         self,
         principal: str,
         costs: Sequence[tuple[str, str, PrivacyCost]],
         unless_stored: str | None = None,
-    ) -> tuple[list[int], str | None]:
+        claims: Sequence[tuple[str, str, str, str]] = (),
+    ) -> Charged:
         """Charge (release key, fingerprint, cost) triples in one transaction, claiming each key
         that is new (its noise drawn elsewhere: streams.py); a key already charged pays nothing;
         all or nothing (BudgetExceeded). With `unless_stored`, a key whose release is stored
-        means nothing is charged: ([], that release). Returns (the charge numbers, None)."""
+        means nothing is charged (Charged.stored). `claims`: (key, fingerprint, noise key,
+        release) rows made in the same transaction if absent (Charged.noise_keys: what each
+        holds)."""
         entries = [
             ChargeEntry(cost.mechanism, cost_to_json(cost), key, fingerprint)
             for key, fingerprint, cost in costs
         ]
-        seqs, _, stored = self.store.append_charges(
-            principal, entries, self._decider(principal, _utc_now()), True, unless_stored
-        )
-        return seqs, stored
+        decide = self._decider(principal, _utc_now())
+        return self.store.append_charges(principal, entries, decide, True, unless_stored, claims)
 
     def lookup_releases(self, principal: str, release_keys: Sequence[str]) -> dict[str, Claim]:
         """The claims of those of `release_keys` that exist, in one read (no claim made)."""

@@ -123,6 +123,17 @@ class ChargeEntry(NamedTuple):
     noise_key: str = ""
 
 
+class Charged(NamedTuple):
+    """What a ledger's charge did: the charge numbers of its entries, the composition after
+    them (None: nothing was due), the release stored under its `unless_stored` key (then
+    nothing was charged), the noise keys its claims hold."""
+
+    seqs: list[int]
+    after: Any
+    stored: str | None
+    noise_keys: dict[str, str]
+
+
 class KeyedBudget:
     """A ledger budget that charges under a release key: a key already charged is not charged
     again (the ledger's charge transaction decides, under the principal's lock)."""

@@ -32,11 +32,12 @@ The neighbour relation is over the whole horizon: one client's whole stream of c
 moves each count by at most D at every tick (a live table of cumulative counts). The stated
 total (`stream.guarantee`) is then for everything the stream releases over its T ticks.
 
-State lives in the ledger (PrivacyLedger's keyed rows, operator-side): the stream's key `<name>`
-holds its parameters' fingerprint and a 256-bit secret from which every noise of the stream is
-derived (release_keys.derived_rng: the selection of tick t, the query of tick t, the threshold
-of the gate begun at tick j); each tick's outcome is stored under `<name>#<t>` (the list, when
-it was selected, the gate instance, the fires used); a selection is charged under
+State lives in the ledger (PrivacyLedger's keyed rows, operator-side): the stream's key `<name>`,
+made with the stream's first charges, holds its parameters' fingerprint and a 256-bit secret
+from which every noise of the stream is derived (release_keys.derived_rng: the selection of
+tick t, the query of tick t, the threshold of the gate begun at tick j); each tick's outcome is
+stored under `<name>#<t>` (the list, when it was selected, the gate instance, the fires used);
+a selection is charged under
 `<name>#<t>/select` and a gate instance under `<name>#<t>/gate`, both in one transaction when a
 list is selected. So a tick retried after a crash returns its stored outcome, or computes it
 again with the same noise and no second charge: a tick whose selection is charged has fired,
@@ -264,7 +265,6 @@ class TrendingStream:
             "margin": self.margin, "paced": bool(paced), "state": STATE_LAYOUT,
         }  # fmt: skip
         self.fingerprint = fingerprint("trending_top_k", source, parameters)
-        self._secret: str | None = None
 
     # ----- ticks ---------------------------------------------------------------------------
     def allowed_refreshes(self, t: int) -> int:
@@ -304,10 +304,11 @@ class TrendingStream:
         for key, claim in state.items():
             if claim.fingerprint != self.fingerprint:
                 raise key_conflict(self.principal, key)
-        secret = self._stream_secret(state.get(self.name))
         answered = state.get(self._key(t))
         if answered is not None and answered.release is not None:
             return self._tick_of(json.loads(answered.release), stored=True)
+        stream = state.get(self.name)
+        secret = None if stream is None else stream.noise_key  # None: made with the charges
         charged = state.get(self._key(t, "/select"))
         if self.mechanism == "independent":
             return self._selected(t, secret, {"gate": None, "fires": 0}, 0)
@@ -319,6 +320,8 @@ class TrendingStream:
         )
         if outcome is None:  # the first selection and the first gate
             return self._selected(t, secret, {"gate": None, "fires": -1}, 0)
+        if secret is None:  # answered ticks, no stream key: another layout, or removed
+            raise LookupError(f"the stream {self.name!r} has no secret in the ledger")
         fired, rows = charged is not None and charged.charged, 0
         if not fired:  # an earlier attempt that charged this tick's selection had fired
             standing = {k: outcome[k] for k in ("items", "selected_at", "gate", "fires")}
@@ -336,24 +339,6 @@ class TrendingStream:
                     return self._tick_of(json.loads(stored), stored=stored != text)
                 # another attempt fired meanwhile (its selection is charged): so did this tick
         return self._selected(t, secret, outcome, rows)
-
-    def _stream_secret(self, claim: Any) -> str:
-        """The stream's secret: the stream key's noise key, the key made (once per stream, one
-        commit) if it is new."""
-        if claim is None:
-            self.ledger.store_keyed(
-                self.principal,
-                self.name,
-                self.fingerprint,
-                json.dumps({"stream": STATE_LAYOUT}),
-                noise_key=new_noise_key(),
-            )
-            claim = self.ledger.lookup_releases(self.principal, [self.name])[self.name]
-            if claim.fingerprint != self.fingerprint:
-                raise key_conflict(self.principal, self.name)
-        if not claim.noise_key:
-            raise LookupError(f"the stream {self.name!r} has no secret in the ledger")
-        return str(claim.noise_key)
 
     def _previous(self, t: int) -> dict[str, Any] | None:
         """The outcome of the latest answered tick before t - 1 (None: t is the first), one
@@ -388,11 +373,12 @@ class TrendingStream:
         best_outside = float(outside[0]) if outside else -math.inf
         return best_outside - float(listed.min()), len(top) + len(items)
 
-    def _selected(self, t: int, secret: str, outcome: dict[str, Any], rows: int) -> Tick:
+    def _selected(self, t: int, secret: str | None, outcome: dict[str, Any], rows: int) -> Tick:
         """Tick t selects a list: its selection (and, gated, the next gate instance while
-        refreshes remain) charged in one transaction unless the tick is answered meanwhile,
-        then private_top_k with the noise of tick t, then the outcome stored with the
-        selection's log."""
+        refreshes remain) charged in one transaction unless the tick is answered meanwhile (the
+        stream's key made in it if `secret` is None: the stream's first charge), then
+        private_top_k with the noise of tick t, then the outcome stored with the selection's
+        log."""
         g = self.guarantee
         fires = outcome["fires"] + 1  # -1 for the first selection
         costs = [(self._key(t, "/select"), self.fingerprint, self._selection_cost())]
@@ -400,9 +386,16 @@ class TrendingStream:
         if self.mechanism == "gated" and fires < g.refreshes:
             gate = t
             costs.append((self._key(t, "/gate"), self.fingerprint, gate_cost(g.gate_epsilon)))
-        seqs, stored = self.ledger.charge_keyed(self.principal, costs, unless_stored=self._key(t))
-        if stored is not None:
-            return self._tick_of(json.loads(stored), stored=True)
+        claims = []
+        if secret is None:
+            stream = json.dumps({"stream": STATE_LAYOUT})
+            claims.append((self.name, self.fingerprint, new_noise_key(), stream))
+        done = self.ledger.charge_keyed(self.principal, costs, self._key(t), claims)
+        if done.stored is not None:
+            return self._tick_of(json.loads(done.stored), stored=True)
+        secret = done.noise_keys.get(self.name, secret)
+        if not secret:
+            raise LookupError(f"the stream {self.name!r} has no secret in the ledger")
         result = private_top_k(
             self.source, self.k, g.select_epsilon, seed=derived_rng(secret, f"select/{t}")
         )
@@ -417,7 +410,7 @@ class TrendingStream:
         }
         text = json.dumps(answer, default=str)
         stored = self.ledger.store_keyed(
-            self.principal, self._key(t), self.fingerprint, text, logs=[(seqs[0], result)]
+            self.principal, self._key(t), self.fingerprint, text, logs=[(done.seqs[0], result)]
         )
         return self._tick_of(json.loads(stored), stored=stored != text)
 
