@@ -46,7 +46,8 @@ Ticks are numbered from 1; `tick()` without an index numbers it from the clock (
 `start`), so a job retried within its period gets its tick's answer.
 Cost per tick: a tick that stands reads k + 1 rows by sorted access and k by random access
 (O(k)), one read of the ledger and one commit (its outcome); a selection adds one private_top_k
-run (about sqrt(mk) accesses) and one commit (its charges, before any row is read).
+run (about sqrt(mk) accesses; after a gate that fired, in the gap's snapshot) and one commit
+(its charges, before any of its rows is read).
 """
 
 from __future__ import annotations
@@ -322,23 +323,27 @@ class TrendingStream:
             return self._selected(t, secret, {"gate": None, "fires": -1}, 0)
         if secret is None:  # answered ticks, no stream key: another layout, or removed
             raise LookupError(f"the stream {self.name!r} has no secret in the ledger")
-        fired, rows = charged is not None and charged.charged, 0
-        if not fired:  # an earlier attempt that charged this tick's selection had fired
-            standing = {k: outcome[k] for k in ("items", "selected_at", "gate", "fires")}
-            standing.update(tick=t, fresh=False, rows_read=0)
-            gate = outcome["gate"]
-            if gate is not None and outcome["fires"] < self.allowed_refreshes(t):
+        if charged is not None and charged.charged:  # an earlier attempt of tick t fired
+            return self._selected(t, secret, outcome, 0)
+        standing = {k: outcome[k] for k in ("items", "selected_at", "gate", "fires")}
+        standing.update(tick=t, fresh=False, rows_read=0)
+        gate = outcome["gate"]
+        if gate is not None and outcome["fires"] < self.allowed_refreshes(t):
+            # the gap and, if the gate fires, the selection read one snapshot (the selection
+            # after its charge has committed): one set-up of the store's snapshot, not two
+            with self.source.snapshot():
                 fired, rows = self._gate(t, gate, secret, outcome["items"])
-                standing["rows_read"] = rows
-            if not fired:
-                text = json.dumps(standing, default=str)
-                stored = self.ledger.store_keyed(
-                    self.principal, self._key(t), self.fingerprint, text, self._key(t, "/select")
-                )
-                if stored is not None:
-                    return self._tick_of(json.loads(stored), stored=stored != text)
-                # another attempt fired meanwhile (its selection is charged): so did this tick
-        return self._selected(t, secret, outcome, rows)
+                if fired:
+                    return self._selected(t, secret, outcome, rows)
+            standing["rows_read"] = rows
+        text = json.dumps(standing, default=str)
+        stored = self.ledger.store_keyed(
+            self.principal, self._key(t), self.fingerprint, text, self._key(t, "/select")
+        )
+        if stored is not None:
+            return self._tick_of(json.loads(stored), stored=stored != text)
+        # another attempt fired meanwhile (its selection is charged): so did this tick
+        return self._selected(t, secret, outcome, 0)
 
     def _previous(self, t: int) -> dict[str, Any] | None:
         """The outcome of the latest answered tick before t - 1 (None: t is the first), one
