@@ -337,6 +337,7 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
         median = statistics.median(oneshot)
         out.update(oneshot_sql_median_s=median, oneshot_sql_s=oneshot, sqrt_mk=math.sqrt(m * k))
         out["load_average_during_ticks"] = [list(load_before), list(load_after)]
+        out["client_nice"] = os.nice(0)  # the niceness ticks ran at (the server's is 0)
         out["ledgers"] = {}
         for name, ticks in runs.items():
             construct = ticks.pop("construct_s")
@@ -405,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-m", type=int, default=10**7)
     parser.add_argument("--pg-reps", type=int, default=3, help="streams per mechanism and ledger")
     parser.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL part")
+    parser.add_argument(
+        "--pg-name", default="trending_postgres", help="the PostgreSQL part's JSON file name"
+    )
     parser.add_argument("--no-precision", action="store_true", help="skip the precision part")
     common.add_output_arguments(parser, "T = 48, 1 rep, m = 10^5 on PostgreSQL")
     args = parser.parse_args(argv)
@@ -434,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {folder / 'trending.json'} and {folder / 'trending.png'}")
     if not args.no_pg:
         path = common.write_json(
-            folder / "trending_postgres.json",
+            folder / f"{args.pg_name}.json",
             {**header, "epsilon": args.epsilon, "postgres": bench_postgres(args)},
         )
         print(f"wrote {path}")
