@@ -10,12 +10,16 @@ k = 100, its 6 default epsilons x 3 default mechanisms x 200 trials, 3 times: wa
 seconds with the load average, rows read and round trips; the read alone (read_histogram in a
 snapshot, its wall seconds); and, in the same run, the store's own queries as the reference of
 the ratio: its exact top-k (ORDER BY score DESC, id LIMIT k) and its exact histogram (GROUP BY
-score). Results: benchmarks/results/utility_preview_<m>.json.
+score). On DuckDB also `topk-middleware preview` end to end, a fresh process each time (Python's
+start and imports, scipy's half a second among them, included). Results:
+benchmarks/results/utility_preview_<m>.json.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -32,9 +36,25 @@ def _best(seconds: list[float]) -> float:
     return min(seconds)
 
 
+def cli_seconds(path: str, k: int, reps: int) -> list[float]:
+    """`topk-middleware preview` on the DuckDB file, end to end in a fresh process each time
+    (Python's start and imports included: what the owner waits for)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "frontends", "preview", path, "--table", "votes"]
+    argv += ["--id", "item", "--score", "votes", "--k", str(k)]
+    seconds = []
+    for _ in range(reps):
+        begun = time.perf_counter()
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+        seconds.append(time.perf_counter() - begun)
+    return seconds
+
+
 @contextmanager
-def duckdb_table(m: int) -> Iterator[tuple[Any, Callable[[str], Any]]]:
-    """The DuckDB table and a function running one statement on it (in its own connection)."""
+def duckdb_table(m: int, found: dict[str, Any]) -> Iterator[tuple[Any, Callable[[str], Any]]]:
+    """The DuckDB table and a function running one statement on it (in its own connection);
+    the CLI's end-to-end seconds into `found` first (the file is not open elsewhere then)."""
     import duckdb
 
     from adapters.duckdb import DuckDBTable
@@ -47,6 +67,8 @@ def duckdb_table(m: int) -> Iterator[tuple[Any, Callable[[str], Any]]]:
                 f"{HEAD} THEN floor(1e6 / (range + 1))::BIGINT ELSE 0 END AS votes "
                 f"FROM range({int(m)})"
             )
+        found["cli_seconds"] = cli_seconds(path, 100, 3)
+        found["cli_load_average_1min"] = os.getloadavg()[0]
         source = DuckDBTable(path, "votes", id="item", score="votes")
         query = duckdb.connect(path, read_only=False)
         try:
@@ -57,7 +79,7 @@ def duckdb_table(m: int) -> Iterator[tuple[Any, Callable[[str], Any]]]:
 
 
 @contextmanager
-def postgres_table(m: int) -> Iterator[tuple[Any, Callable[[str], Any]]]:
+def postgres_table(m: int, found: dict[str, Any]) -> Iterator[tuple[Any, Callable[[str], Any]]]:
     """The PostgreSQL table (mode='live', prepared) in a database made for the run, dropped
     after it; a function running one statement there."""
     import psycopg
@@ -107,7 +129,8 @@ def preview_timing(m: int, store: str = "duckdb", k: int = 100, reps: int = 3) -
     )
 
     started = time.perf_counter()
-    with STORES[store](m) as (source, run):
+    extra: dict[str, Any] = {}
+    with STORES[store](m, extra) as (source, run):
         build = time.perf_counter() - started
         topk_sql = f"SELECT item, votes FROM votes ORDER BY votes DESC, item LIMIT {k}"
         histogram_sql = "SELECT votes, count(*) FROM votes GROUP BY votes"
@@ -146,4 +169,5 @@ def preview_timing(m: int, store: str = "duckdb", k: int = 100, reps: int = 3) -
         "rows_fetched": found.accesses.rows_fetched,
         "round_trips": found.accesses.round_trips,
         "histogram_runs": found.histogram_runs,
+        **extra,
     }
