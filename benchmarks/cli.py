@@ -100,9 +100,10 @@ def _duckdb_store(folder: Path, m: int, k: int) -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def _postgres_store(m: int, k: int) -> Iterator[dict]:
+def _postgres_store(m: int, k: int, existing: str | None = None) -> Iterator[dict]:
     """The zipf table of m counts in PostgreSQL at TOPK_PG_DSN (COPY), prepared by the CLI in
-    copy mode; unprepared and dropped at the end."""
+    copy mode; unprepared and dropped at the end. `existing`: a table of those counts already
+    there and prepared, timed as it is and left alone."""
     import psycopg
 
     dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
@@ -110,6 +111,18 @@ def _postgres_store(m: int, k: int) -> Iterator[dict]:
     user = f"{parts['user']}@" if parts.get("user") else ""
     url = f"postgresql://{user}{parts.get('host', '127.0.0.1')}:{parts.get('port', 5432)}/"
     url += str(parts.get("dbname", "postgres"))
+    if existing is not None:
+        oneshot = (
+            f"SELECT id FROM {existing} ORDER BY score - {k / 1.0!r} * ln(-ln(random())) DESC "
+            f"LIMIT {k}"
+        )
+        query = (
+            f"import psycopg; con = psycopg.connect({dsn!r}); "
+            f"print(con.execute({oneshot!r}).fetchall()); con.close()"
+        )
+        yield {"url": url, "table": existing, "prepare": None, "query": query,
+               "postgresql": common.postgres_version(dsn)}  # fmt: skip
+        return
     table = f"topk_cli_bench_{uuid.uuid4().hex[:8]}"
     conn = psycopg.connect(dsn, autocommit=True)
     try:
@@ -180,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("duckdb", "postgres"), default="duckdb")
     parser.add_argument("--m", type=int, default=10**7)
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument(
+        "--table",
+        default=None,
+        help="postgres: time this table of the zipf counts, already there and prepared (not "
+        "made, not dropped)",
+    )
     common.add_output_arguments(parser, "m = 10^4, 1 rep")
     args = parser.parse_args(argv)
     m, reps, k, epsilon = (10**4, 1, 10, 1.0) if args.quick else (args.m, args.reps, 10, 1.0)
@@ -188,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         store = stack.enter_context(
-            _duckdb_store(folder, m, k) if args.store == "duckdb" else _postgres_store(m, k)
+            _duckdb_store(folder, m, k)
+            if args.store == "duckdb"
+            else _postgres_store(m, k, args.table)
         )
         arguments = [
             "release", store["url"], "--table", store["table"], "--id", "id", "--score",
