@@ -187,10 +187,16 @@ def _sqlalchemy(
     name = f"topk_sizes_{uuid.uuid4().hex[:8]}"
     with engine.begin() as conn:
         conn.exec_driver_sql(f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, score BIGINT NOT NULL)")
-        t = sa.table(name, sa.column("id"), sa.column("score"))
-        rows = [{"id": int(i), "score": int(s)} for i, s in zip(ids, scores, strict=True)]
-        for at in range(0, len(rows), 50_000):
-            conn.execute(t.insert(), rows[at : at + 50_000])
+        if dialect == "sqlite":
+            t = sa.table(name, sa.column("id"), sa.column("score"))
+            rows = [{"id": int(i), "score": int(s)} for i, s in zip(ids, scores, strict=True)]
+            for at in range(0, len(rows), 50_000):
+                conn.execute(t.insert(), rows[at : at + 50_000])
+        else:  # COPY through the engine's own psycopg connection: setup, not measured
+            raw = conn.connection.driver_connection
+            with raw.cursor() as cur, cur.copy(f"COPY {name} (id, score) FROM STDIN") as copy:
+                for row in zip(ids.tolist(), scores.tolist(), strict=True):
+                    copy.write_row(row)
     source = SQLAlchemyTable(engine, name)
     source.prepare()
     sqlrng = np.random.default_rng(0)

@@ -82,9 +82,9 @@ BOOT = """if "topk" not in GD:
 # cannot make the server show it the internal queries, their plans or bound values, and so that
 # the function's reads stay out of the statistics views any role reads (track_counts off:
 # pg_stat_user_tables and pg_stat_xact_user_tables see none of them); with them, the plans of
-# its reads (PINNED_PLAN_SETTINGS of adapters/postgres/oblivious.py: generic plans, no parallel
-# workers, one join method and scan kind per query; added by pinned_settings(), which imports
-# them only when SQL is written, so that the command line's help stays light), so that they
+# its reads (PINNED_PLAN_SETTINGS of adapters/dialects/postgres/oblivious.py: generic plans, no
+# parallel workers, one join method and scan kind per query; added by pinned_settings(), which
+# imports them only when SQL is written, so that the command line's help stays light), so that they
 # follow neither the analyst's settings nor the planner's statistics. Those absent from a server
 # (an extension not loaded) are left out at install time (install_sql_text).
 PINNED_SETTINGS = (
@@ -115,7 +115,7 @@ PINNED_SETTINGS = (
 def pinned_settings() -> tuple[tuple[str, str], ...]:
     """PINNED_SETTINGS and the pinned plan settings (plan_cache_mode = force_generic_plan and
     jit = off among them)."""
-    from adapters.postgres.oblivious import PINNED_PLAN_SETTINGS
+    from adapters.dialects.postgres.oblivious import PINNED_PLAN_SETTINGS
 
     return (*PINNED_SETTINGS, *PINNED_PLAN_SETTINGS)
 

@@ -259,7 +259,7 @@ def write_sqlalchemy_source(source: SQLAlchemyTable, item: Any, score: float) ->
     writer = SQLAlchemyTable(
         source.engine, source.table_name, id=source.id_column, score=source.score_column
     )
-    if source.dialect == "postgresql":
+    if source.engine.dialect.name == "postgresql":
         return RefreshAfterTheRun(lambda: writer.prepare(refresh=True, swap_timeout=60))
     writer.prepare(refresh=True)
     return True

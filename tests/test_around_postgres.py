@@ -1,9 +1,10 @@
 """PostgreSQL copy mode reading a stale copy around the rows written since it was made
-(adapters/postgres/around.py, docs/freshness.md).
+(adapters/sql/around.py, adapters/dialects/postgres/changes.py, docs/freshness.md).
 
 The planner reads around where that is priced below reading the table; on these small tables
 the table read is priced cheaper, so the `around` fixture prices reading around at zero
-(`copy_mode.around_seconds`): what is tested is what the reads return, not the choice.
+(adapters/dialects/postgres `around_seconds`): what is tested is what the reads return, not the
+choice.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from adapters.dialects import postgres as postgres_dialect
 from adapters.memory import ArraySource
-from adapters.postgres import PostgresTable, copy_mode
+from adapters.postgres import PostgresTable
 from topk_middleware import private_top_k
 from topk_middleware.privacy import calibrate
 
@@ -29,7 +31,7 @@ EPSILON = 1e4  # Gumbel scale 6e-4: a gap of 2 is never crossed (test_freshness_
 
 @pytest.fixture
 def around(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(copy_mode, "around_seconds", lambda entries: 0.0)
+    monkeypatch.setattr(postgres_dialect, "around_seconds", lambda entries: 0.0)
 
 
 def _make(conn: psycopg.Connection[Any], t: sql.Composable, scores: Any, key: bool) -> None:
@@ -160,9 +162,7 @@ def test_prepare_refresh_empties_the_change_log(
     run("UPDATE {t} SET score = 10000 WHERE id = 5")
     source.prepare(refresh=True)
     assert source.serves_copy()
-    count = sql.SQL("SELECT count(*) FROM {}").format(source._changes)
-    with source._reading() as cur:
-        assert cur.execute(count).fetchone()[0] == 0
+    assert source.driver.scalar(f"SELECT count(*) FROM {source.changes_table}") == 0
     run("UPDATE {t} SET score = 20000 WHERE id = 6")
     top, freshness = _top(source)
     assert top == [6, 5, 299] and freshness["read"] == "around" and freshness["changed"] == 1
@@ -181,7 +181,7 @@ def test_no_unique_key_no_change_log(pg_conninfo: str, pg_schema: str, around: N
         conn.execute(sql.SQL("UPDATE {} SET score = 10000 WHERE id = 5").format(t))
         top, freshness = _top(source)
         assert top == [5, 299, 298] and freshness["read"] == "table"
-        exists = conn.execute("SELECT to_regclass(%s)", [source._changes.as_string(conn)])
+        exists = conn.execute("SELECT to_regclass(%s)", [source.changes_table])
         assert exists.fetchone()[0] is None
     finally:
         source.uninstall()

@@ -271,7 +271,7 @@ def test_sqlalchemy_copy_says_how_it_knew(store: Store) -> None:
     triggers, by comparing the copy with the table); after a write the run reads the table
     itself (the in-store one-shot on it; MariaDB: a full read), and a refresh makes the copy
     current again. result.diagnostics.plan["freshness"] says which."""
-    proof = "compared" if store.source.dialect == "duckdb" else "triggers"
+    proof = "compared" if store.source.engine.dialect.name == "duckdb" else "triggers"
     result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
     assert result.plan["freshness"] == {"refreshes": 0, "copy": "current", "proof": proof}
     store.update(5, 10_000)
@@ -279,7 +279,7 @@ def test_sqlalchemy_copy_says_how_it_knew(store: Store) -> None:
     assert [int(i) for i in result.items] == [5, 299, 298]
     report = result.plan["freshness"]
     assert report["copy"] == "stale" and report["read"] == "table", report
-    assert result.plan["in_store"] == (store.source.dialect not in ("mysql", "mariadb"))
+    assert result.plan["in_store"] == (store.source.engine.dialect.name not in ("mysql", "mariadb"))
     store.source.prepare(refresh=True)
     result = private_top_k(store.source, k=K, epsilon=EPSILON, seed=1)
     assert result.plan["freshness"]["copy"] == "current"
@@ -382,7 +382,7 @@ def test_sqlalchemy_copy_after_truncate_and_recreate(store: Store) -> None:
     from tests.stores_sqlalchemy import create_counts_table
 
     source = store.source
-    sqlite = source.dialect == "sqlite"
+    sqlite = source.engine.dialect.name == "sqlite"
     store.execute(f"DELETE FROM {store.table}" if sqlite else f"TRUNCATE TABLE {store.table}", {})
     for item, score in ((7, 5), (8, 3), (9, 1), (10, 0)):
         store.insert(item, score)

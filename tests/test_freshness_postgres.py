@@ -1,5 +1,5 @@
-"""PostgreSQL copy mode on a changing table (docs/freshness.md; adapters/_pg_writes.py,
-adapters/postgres/freshness.py, adapters/postgres/table_read.py).
+"""PostgreSQL copy mode on a changing table (docs/freshness.md; adapters/sql/freshness.py,
+adapters/sql/table_read.py and their SQL, adapters/dialects/postgres/).
 
 Each test wraps a table of distinct even scores 0, 2, ..., 598 (ids 0..299, a primary key) in a
 PostgresTable that is not frozen, prepares it, and writes to it from connections of its own. A
@@ -24,8 +24,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from adapters.dialects.postgres.tables import constraints_vouch
 from adapters.postgres import PostgresTable
-from adapters.postgres.table_read import guess_cut
+from adapters.sql.table_read import guess_cut
 from topk_middleware import private_top_k
 from topk_middleware.privacy import calibrate
 
@@ -362,12 +363,12 @@ def test_constraints_vouch_for_the_scores(pg_table: Table) -> None:
     (PostgreSQL's constraint prover refutes the bad rows); without the CHECK it must check."""
     pg_table.run("UPDATE {t} SET score = score WHERE id = 0")
     source = pg_table.source
-    with source.snapshot(), source._conn.cursor() as cur:
-        assert not source._constraints_vouch(cur, "bigint")
+    with source.snapshot():
+        assert not constraints_vouch(source, "bigint")
     pg_table.run("ALTER TABLE {t} ADD CHECK (score >= 0), ALTER score SET NOT NULL")
-    with source.snapshot(), source._conn.cursor() as cur:
-        assert source._constraints_vouch(cur, "bigint")
-        assert not source._constraints_vouch(cur, "double precision")  # NaN is not refuted
+    with source.snapshot():
+        assert constraints_vouch(source, "bigint")
+        assert not constraints_vouch(source, "double precision")  # NaN is not refuted
 
 
 def test_oblivious_runs_refresh_a_stale_copy_first(pg_table: Table) -> None:
@@ -376,7 +377,7 @@ def test_oblivious_runs_refresh_a_stale_copy_first(pg_table: Table) -> None:
     pg_table.run("UPDATE {t} SET score = 10000 WHERE id = 5")
     got = private_top_k(pg_table.source, k=K, epsilon=EPSILON, oblivious=True, deadline=0, seed=1)
     assert [int(i) for i in got.items] == [5, 299, 298]
-    assert got.plan["freshness"] == {"copy": "current", "refreshes": 1}
+    assert got.plan["freshness"] == {"copy": "current", "proof": "triggers", "refreshes": 1}
     assert pg_table.source.serves_copy()
 
 

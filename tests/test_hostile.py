@@ -227,7 +227,7 @@ def test_pg_refresh_swaps_tables_without_dead_rows(pg_conninfo, pg_table) -> Non
     size_after, oid_after = conn.execute(
         "SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2
     ).fetchone()
-    beside = [n.as_string(conn) for n in source._build_names()[:2]]
+    beside = [source.dialect.qualified(schema, n) for n in source.copies.names.beside[:2]]
     dead = sum(
         conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
     )
@@ -264,7 +264,7 @@ def test_pg_refresh_waits_for_a_held_run_then_gives_up_without_dead_rows(
         assert reader.read_sorted(0, 1).ids.tolist() == [16]  # its snapshot, undisturbed
     after = conn.execute("SELECT pg_relation_size(%s), %s::regclass::oid", [qualified] * 2)
     assert after.fetchone() == (size, oid)  # nothing changed, no dead rows
-    beside = [n.as_string(conn) for n in writer._build_names()[:2]]
+    beside = [writer.dialect.qualified(schema, n) for n in writer.copies.names.beside[:2]]
     assert not any(
         conn.execute("SELECT to_regclass(%s) IS NOT NULL", [n]).fetchone()[0] for n in beside
     )
@@ -395,22 +395,28 @@ def test_sqlalchemy_duplicate_committed_during_prepare_is_never_released(
     with engine.begin() as conn:
         conn.execute(table.insert(), [{"id": i, "score": i} for i in range(10)])
     source = SQLAlchemyTable(engine, name)
-    validate = source._validate
+    hook = "_validate" if hasattr(source, "_validate") else "validate"  # not yet on the engine
+    validate = getattr(source, hook)
 
-    def validate_then_write(conn) -> None:
-        validate(conn)
+    def validate_then_write(*conn: object) -> object:
+        checked = validate(*conn)
         with engine.begin() as writer:  # another connection, committed
             writer.execute(table.insert().values(id=9, score=100))
+        return checked
 
-    source._validate = validate_then_write
+    setattr(source, hook, validate_then_write)
     try:
         if dialect == "mariadb":
             with pytest.raises(ValueError, match="changed while prepare\\(\\) copied it"):
                 source.prepare()
         else:
             source.prepare()
-            assert source.domain_size() == 10
-            assert source.read_sorted(0, 10).ids.tolist() == list(range(9, -1, -1))
+            copy = SQLAlchemyTable(engine, name, frozen=True)  # the copy, read as built
+            assert copy.domain_size() == 10
+            assert copy.read_sorted(0, 10).ids.tolist() == list(range(9, -1, -1))
+            if hasattr(source, "copies"):  # on the SQL store engine a run proves its copy
+                with pytest.raises(ValueError, match="duplicate ids"):  # stale: reads the table
+                    source.domain_size()
     finally:
         with engine.begin() as conn:
             for t in (source.runs_table_name, source.rank_table_name, name):
@@ -732,7 +738,7 @@ def test_sqlalchemy_pg_refresh_swaps_tables_without_dead_rows(sa_pg_table) -> No
         source.prepare(refresh=True)
     size_after, oid_after = _relation(engine, source.rank_table_name)
     assert oid_after != oid and size_after == size
-    beside = [t.name for t in source._beside()]
+    beside = list(source.copies.names.beside[:2])
     assert all(_relation(engine, t) == (None, None) for t in beside)  # nothing left beside
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [7]
     assert not source.is_stale()
@@ -789,7 +795,7 @@ def test_sqlalchemy_pg_statement_timeout_stops_prepare_clearly(sa_pg_table) -> N
     with pytest.raises(TimeoutError, match=r"statement_timeout of 0\.001 s"):
         source.prepare(statement_timeout=0.001)
     # a refused prepare leaves nothing behind: not even an empty rank table
-    assert not sa.inspect(engine).has_table(source._ranks.name, schema=source._ranks.schema)
+    assert not sa.inspect(engine).has_table(source.rank_table_name, schema=source.namespace)
     source.prepare()
     assert source.domain_size() == PG_ITEMS + 299_001
 
@@ -848,7 +854,7 @@ def test_sqlalchemy_rank_table_of_a_recreated_table_is_not_trusted(sa_counts) ->
     create([1000 if i == 3 else 0 for i in range(PG_ITEMS)])  # same definition, same m
     got = private_top_k(source, k=1, epsilon=1e6, seed=1)  # not the old copy: the new table
     assert got.items == [3] and got.plan["freshness"]["copy"] == "stale"
-    if source.dialect in ("postgresql", "mysql", "mariadb"):  # a lasting table identity
+    if engine.dialect.name in ("postgresql", "mysql", "mariadb"):  # a lasting table identity
         assert got.plan["freshness"]["why"] == "another table"
         frozen = SQLAlchemyTable(engine, name, frozen=True)  # served without proof: refused
         with pytest.raises(RankTableMismatchError, match="earlier table of this name"):
@@ -871,18 +877,32 @@ def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
     engine, name, _, made = sa_counts
     source = SQLAlchemyTable(engine, name)
     made.append(source)
-    for table in (source._ranks, source._runs):  # by hand, with the right columns
-        table.create(engine)
+    meta, big = sa.MetaData(), sa.BigInteger
+    ranks = sa.Table(  # by hand, with the right columns
+        source.rank_table_name,
+        meta,
+        sa.Column("rank", big, primary_key=True, autoincrement=False),
+        sa.Column("id", big, nullable=False),
+        sa.Column("score", big, nullable=False),
+    )
+    runs = sa.Table(
+        source.runs_table_name,
+        meta,
+        sa.Column("run", big, nullable=False),
+        sa.Column("first_rank", big, primary_key=True, autoincrement=False),
+        sa.Column("score", big, nullable=False),
+    )
+    meta.create_all(engine)
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(source._ranks),
+            sa.insert(ranks),
             [
                 {"rank": 0, "id": 199, "score": 10**9},
                 *({"rank": r, "id": r - 1, "score": 0} for r in range(1, PG_ITEMS)),
             ],
         )
         conn.execute(
-            sa.insert(source._runs),
+            sa.insert(runs),
             [{"run": 0, "first_rank": 0, "score": 10**9}, {"run": 1, "first_rank": 1, "score": 0}],
         )
     with pytest.raises(RankTableMismatchError, match="does not belong"):
@@ -891,7 +911,7 @@ def test_sqlalchemy_planted_rank_table_is_refused(sa_counts) -> None:
         source.prepare()
     source.prepare(refresh=True)  # asked for: replaced
     assert private_top_k(source, k=1, epsilon=1e6, seed=1).items == [16]
-    if source.dialect in ("postgresql", "mysql", "mariadb"):
+    if engine.dialect.name in ("postgresql", "mysql", "mariadb"):
         # A hand-made copy of the rank table under its name keeps the fingerprint row, not
         # the rank table's identity.
         quote = engine.dialect.identifier_preparer.quote

@@ -37,7 +37,7 @@ from psycopg import sql
 
 from adapters.duckdb import DuckDBTable
 from adapters.postgres import PostgresTable
-from adapters.postgres.oblivious import Int8Array
+from adapters.sql.driver import Int8Array
 from adapters.sqlalchemy import SQLAlchemyTable
 from frontends import sql_function
 from tests.stores_duckdb import ID_COLUMN as DUCK_ID

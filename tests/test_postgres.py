@@ -346,7 +346,7 @@ def test_large_sorted_reads_come_packed(
 ) -> None:
     """Large sorted reads with integer ids come packed in one bytea per column, unpacked by numpy:
     the rows must be exactly the canonical ones (the path is forced here on a small table)."""
-    import adapters.postgres.copy_mode
+    import adapters.dialects.postgres
 
     rng = np.random.default_rng(2)
     scores = rng.integers(0, 50, 3000)
@@ -358,7 +358,7 @@ def test_large_sorted_reads_come_packed(
     if prepared:
         source.prepare()
     reference = ArraySource(scores, ids)
-    monkeypatch.setattr(adapters.postgres.copy_mode, "PACKED_MIN_ROWS", 1)
+    monkeypatch.setattr(adapters.dialects.postgres, "PACKED_MIN_ROWS", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with source.snapshot():
@@ -419,7 +419,7 @@ def test_runs_are_those_of_array_source(
 ) -> None:
     """After prepare() the snapshot counts the runs with m and reads them in one query (plain,
     or packed in bytea when they are many): exactly ArraySource's runs of the same data."""
-    import adapters.postgres.copy_mode
+    import adapters.dialects.postgres
 
     scores, ids = RUNS_CASES[case]
     source = make_postgres_source(scores, ids)
@@ -428,7 +428,7 @@ def test_runs_are_those_of_array_source(
     with source.snapshot():
         assert source.score_run_count() == len(first)
         plain = source.read_score_runs()
-        monkeypatch.setattr(adapters.postgres.copy_mode, "PACKED_MIN_ROWS", 1)
+        monkeypatch.setattr(adapters.dialects.postgres, "PACKED_MIN_ROWS", 1)
         packed = source.read_score_runs()
     for got_first, got_scores in (plain, packed):
         assert got_first.dtype == np.int64 and got_scores.dtype == np.float64

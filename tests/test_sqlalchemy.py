@@ -140,13 +140,14 @@ def test_text_ids_match_exactly(make_source: Callable[..., Any]) -> None:
 
 
 def test_in_lists_are_chunked(make_source: Callable[..., Any]) -> None:
-    """With max_params=3, 10 ranks take 4 queries and 7 ids are still served in order."""
+    """With max_params=3, 10 ranks take 4 queries and 7 ids are still served in order (one
+    query on the dialects that bind an array as one parameter: on the SQL store engine)."""
     scores, ids = zipf_histogram(50, seed=3)
     source = make_source(scores, ids, max_params=3)
     reference = ArraySource(scores, ids)
     ranks = np.arange(40, 50)
     rows = source.read_positions(ranks)
-    assert rows.round_trips == 4
+    assert rows.round_trips == (1 if hasattr(source, "copies") else 4)
     assert rows.ids.tolist() == reference.read_positions(ranks).ids.tolist()
     asked = ids[:7]
     assert source.read_ids(asked).tolist() == reference.read_ids(asked).tolist()
@@ -245,7 +246,7 @@ INVALID = {
     "null score": ([(1, 2.0), (2, None), (3, 0.0)], ValueError, "column 'score' has 1 NULL"),
     "null id": ([(1, 2.0), (None, 1.0)], ValueError, "column 'id' has 1 NULL id"),
     "negative": ([(1, 2.0), (2, -0.5), (3, -1.0)], ValueError, "'score' has 2 negative"),
-    "duplicate": ([(1, 2.0), (2, 1.0), (1, 0.0)], ValueError, "'id' has duplicate ids, e.g. 1"),
+    "duplicate": ([(1, 2.0), (2, 1.0), (1, 0.0)], ValueError, r"'id' has duplicate ids.*e\.g\. 1"),
     "nan": ([(1, 2.0), (2, math.nan)], ValueError, "'score' has 1 NaN or infinite"),
     "infinite": ([(1, math.inf), (2, -math.inf)], ValueError, "'score' has 2 NaN or infinite"),
 }
@@ -321,8 +322,11 @@ def test_prepare_is_idempotent_and_staleness_is_detected(
     with engine.begin() as conn:
         conn.execute(live.update().where(live.c.id == 3).values(score=9.0))
     assert source.is_stale()
-    # The rank table is the snapshot of prepare(): the update is not seen until prepare() again.
-    assert source.read_sorted(0, 3).ids.tolist() == [1, 2, 3]
+    # The rank table is the snapshot of prepare(): the update is not seen until prepare() again
+    # by a read outside a run; on the SQL store engine every read is a run, which proves its
+    # copy current or reads the table.
+    seen = [3, 1, 2] if hasattr(source, "copies") else [1, 2, 3]
+    assert source.read_sorted(0, 3).ids.tolist() == seen
     source.prepare(refresh=True)
     assert not source.is_stale()
     assert source.read_sorted(0, 3).ids.tolist() == [3, 1, 2]
@@ -534,9 +538,12 @@ def test_snapshot_is_read_only(request: pytest.FixtureRequest, store: str) -> No
     """A write through the snapshot's connection is refused by the database itself."""
     source = request.getfixturevalue(f"make_sqlalchemy_{store}_source")([1.0, 2.0], None)
     with source.snapshot():
-        assert source._conn is not None
+        if hasattr(source, "copies"):  # on the SQL store engine: its driver's connection
+            write = lambda: source.driver.execute(f"DELETE FROM {source.copies.ranks}")  # noqa: E731
+        else:
+            write = lambda: source._conn.execute(sa.delete(source._ranks))  # noqa: E731
         with pytest.raises(sa.exc.DBAPIError, match=r"(?i)read.?only"):
-            source._conn.execute(sa.delete(source._ranks))
+            write()
     assert source.domain_size() == 2
     assert source.read_sorted(0, 2).ids.tolist() == [1, 0]
 
@@ -569,9 +576,13 @@ def test_check_reports_full_scans(engine: sa.Engine, tables: list[str], dialect:
     assert not after["sorted"].full_scan and not after["random by rank"].full_scan
     assert after["random by id"].full_scan == (dialect == "duckdb")
     if dialect != "duckdb":
-        index = next(ix for ix in source._ranks.indexes if ix.name.endswith("_id"))
+        indexes = sa.inspect(engine).get_indexes(source.rank_table_name)
+        index = next(ix["name"] for ix in indexes if ix["column_names"] == ["id"])
+        on = f" ON {source.rank_table_name}" if dialect == "mariadb" else ""
         with engine.begin() as conn:
-            index.drop(conn)
+            conn.exec_driver_sql(
+                f"DROP INDEX {engine.dialect.identifier_preparer.quote(index)}{on}"
+            )
         assert {p.access: p for p in source.check().paths}["random by id"].full_scan
 
 

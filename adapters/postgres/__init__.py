@@ -1,8 +1,9 @@
 """PostgresTable: wrap an existing PostgreSQL table of per-item counts (psycopg 3).
 
 copy_mode.py  PostgresTable(mode="copy"): runs read a rank-ordered copy that prepare() writes
+              (the SQL store engine over psycopg and the PostgreSQL dialect)
 live_mode.py  PostgresTable(mode="live"): runs read the table itself through its B-trees and
-              a position table kept current by triggers (LivePostgresTable)
+              a position table kept current by triggers (LivePostgresTable, over base.py)
 """
 
 from .copy_mode import MODES, STORE_COSTS, PostgresTable, RankTableMismatchError

@@ -126,12 +126,14 @@ from adapters._sql import (
     rows_from_records,
     scores_in_order,
 )
+from adapters.dialects.postgres import oblivious as oblivious_sql
+from adapters.sql.driver import Int8Array, register_int8_arrays
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
 from topk_middleware.planner import PROBE_ROWS
 
-from . import oblivious as oblivious_sql
-from .copy_mode import PostgresTable, _Refresh, _seq_scans
+from .base import PostgresBase, _Refresh, _seq_scans
+from .copy_mode import PostgresTable
 
 # Rows per FETCH of the sorted cursor are what the core asks for; the planner is told that a
 # run reads a small fraction of the table, so the cursor walks the B-tree instead of sorting.
@@ -282,7 +284,7 @@ LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
 )
 
 
-class LivePostgresTable(PostgresTable):
+class LivePostgresTable(PostgresBase):
     """PostgresTable in live mode (module docstring); built by `PostgresTable(..., mode="live")`."""
 
     oblivious_costs = LIVE_OBLIVIOUS_COSTS  # type: ignore[assignment]  # one model: no copy
@@ -813,7 +815,8 @@ END
         # scan: every read of a live run has an index path, and statistics gone stale after
         # writes (a value ANALYZE saw in 3 million rows, now in 17,000) made the planner count
         # a run of tied scores by scanning the table (5.3 s at m = 10^7 instead of ~50 ms).
-        # An oblivious run pins every plan of its transaction (adapters/postgres/oblivious.py).
+        # An oblivious run pins every plan of its transaction
+        # (adapters/dialects/postgres/oblivious.py).
         query = sql.SQL(
             "SELECT set_config('jit', 'off', true), "
             "set_config('cursor_tuple_fraction', {fraction}, true), "
@@ -835,7 +838,9 @@ END
                 else "NULL::float8"
             )
         ).format(
-            pins=oblivious_sql.pin_plans_sql() + sql.SQL(", ") if self._oblivious else sql.SQL(""),
+            pins=sql.SQL(oblivious_sql.pin_plans_sql()) + sql.SQL(", ")
+            if self._oblivious
+            else sql.SQL(""),
             # an oblivious run with integer ids: the least and the largest id (dense ids name
             # items by themselves, without the position table: _open_run)
             ids=sql.SQL(
@@ -1172,7 +1177,7 @@ END
         with self._reading() as cur:
             return rows_from_records(cur.execute(query, [wanted]).fetchall())
 
-    # ----- oblivious reads (adapters/postgres/oblivious.py; plans pinned by _live_facts) ------
+    # ----- oblivious reads (dialects/postgres/oblivious.py; plans pinned by _live_facts) --------
     def _oblivious_sorted(self, start: int, stop: int) -> Rows:
         """Depths [start, stop) with their positions in one query (no cursor): the (score DESC,
         id) B-tree in a nested loop with the position table's B-tree on id (with dense ids, the
@@ -1186,7 +1191,7 @@ END
             join=sql.SQL("")
             if dense
             else sql.SQL(" JOIN {} AS p ON p.id = b.{}").format(self._pos, self._id),
-            columns=oblivious_sql.PACKED_COLUMNS
+            columns=sql.SQL(oblivious_sql.PACKED_COLUMNS)
             if self._integer_ids
             else sql.SQL("r.rank, r.id, r.score::float8"),
             id=self._id,
@@ -1220,7 +1225,7 @@ END
             "SELECT {columns} FROM (SELECT -1::int8 AS rank, b.{id} AS id, b.{score} AS score "
             "FROM {base} AS b ORDER BY b.{order} LIMIT %s) AS r"
         ).format(
-            columns=oblivious_sql.PACKED_COLUMNS
+            columns=sql.SQL(oblivious_sql.PACKED_COLUMNS)
             if self._integer_ids
             else sql.SQL("r.rank, r.id, r.score::float8"),
             id=self._id,
@@ -1256,7 +1261,7 @@ END
                 self._pos, self._base, self._id
             ),
             match=sql.SQL("b.{} = q.p").format(self._id) if dense else sql.SQL("p.position = q.p"),
-            columns=oblivious_sql.PACKED_COLUMNS
+            columns=sql.SQL(oblivious_sql.PACKED_COLUMNS)
             if self._integer_ids
             else sql.SQL("r.rank, r.id, r.score::float8"),
             id=self._id,
@@ -1265,10 +1270,10 @@ END
             pos=self._pos,
         )
         with self._reading() as cur:
-            oblivious_sql.binary_int8_arrays(cur)
+            register_int8_arrays(cur)
             result = cur.execute(
                 query,
-                [oblivious_sql.Int8Array.of(wanted)],
+                [Int8Array.of(wanted)],
                 binary=self._integer_ids,
                 prepare=False,
             )

@@ -129,6 +129,11 @@ class NamedCopy:
             f"({why}): call prepare(refresh=True)"
         )
 
+    def stamp_sql(self) -> str:
+        """SQL of the freshness proof's stamp recorded with the copy (its record's second
+        line)."""
+        return self.d.comment_line_sql(self.ranks, 2)
+
     def read_runs(self, run: Run) -> Any:
         return self.d.read_runs(self.t.driver, run.runs, run.run_count)
 
@@ -143,20 +148,13 @@ class NamedCopy:
         return around_oneshot(self.t, self, run, noise, k)
 
     # ----- prepare ---------------------------------------------------------------------------
-    def prepare(
-        self,
-        refresh: bool = False,
-        *,
-        statement_timeout: float | None = None,
-        swap_timeout: float | None = None,
-    ) -> None:
+    def prepare(self, refresh: bool = False, **options: Any) -> None:
         """Build the copy where it is missing, not this table's, or with `refresh` (module
-        docstring); ANALYZE what was built."""
+        docstring); ANALYZE what was built. Options: `statement_timeout` (seconds a statement
+        may take; None: the server's setting) and `swap_timeout`, the dialect's by default."""
         t, d = self.t, self.d
-        statement_timeout = (
-            d.prepare_statement_timeout if statement_timeout is None else (statement_timeout)
-        )
-        swap_timeout = d.swap_timeout if swap_timeout is None else swap_timeout
+        statement_timeout = options.get("statement_timeout", d.prepare_statement_timeout)
+        swap_timeout = options.get("swap_timeout", d.swap_timeout)
         if not swap_timeout > 0:
             raise ValueError(f"swap_timeout must be > 0 seconds, got {swap_timeout}")
         if statement_timeout is not None and not statement_timeout > 0:
@@ -235,7 +233,9 @@ class NamedCopy:
         for statement in self.d.create_runs_table(runs, ranks):
             self.t.driver.execute(statement)
 
-    def _swap(self, beside: list[str], with_runs: bool, timeout: float) -> None:
+    def _swap(
+        self, beside: list[str], with_runs: bool, timeout: float, indexes: bool = True
+    ) -> None:
         """The new tables in place of the old ones: drop the old ones and rename the new ones
         and their indexes (the short, exclusive end of a refresh). Dropping waits for the runs
         reading the old tables at most `timeout` seconds; a run still open then makes the
@@ -257,8 +257,9 @@ class NamedCopy:
         d.lock_timeout(t.driver, None)
         for new, name in zip(beside, (n.ranks, n.runs), strict=True):
             t.driver.execute(d.rename_table_sql(new, name))
-        for new, name in zip(n.beside[2:], (n.rank_index, n.id_index), strict=True):
-            t.driver.execute(d.rename_index_sql(d.qualified(n.namespace, new), name))
+        if indexes:
+            for new, name in zip(n.beside[2:], (n.rank_index, n.id_index), strict=True):
+                t.driver.execute(d.rename_index_sql(d.qualified(n.namespace, new), name))
 
     # ----- cleanup and checks -----------------------------------------------------------------
     def uninstall(self) -> None:

@@ -17,9 +17,8 @@ driver binds it its own way:
 * `DuckDBDriver`: `$name`; `ChdbDriver` (ClickHouse in process): `{name:Type}`, the type read
   off the value (int Int64, float Float64, str String, lists Array(...)).
 
-Placeholders are found outside quoted text ('...', E'...', "...", `...`) and comments, so a
-colon inside a literal or a quoted name is never taken for one; `::` is a cast. What a
-statement becomes is cached per driver style.
+Placeholders are found outside quoted text and comments (placeholders.py); what a statement
+becomes is cached per driver style.
 
 A driver capability that only some drivers have is a flag of the driver (`prepares`,
 `binary_reads`, `binary_arrays`, `binds_on_server`), which the engine and the dialects ask;
@@ -30,8 +29,6 @@ is gone.
 
 from __future__ import annotations
 
-import functools
-import re
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -41,75 +38,7 @@ import numpy as np
 
 from topk_middleware.validation import first_line
 
-_NAME = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-
-
-def _segments(sql: str) -> Iterator[tuple[str, bool]]:
-    """The statement as (text, quoted) pieces: quoted literals, quoted names and comments are
-    `quoted` (never searched for placeholders)."""
-    i, n, start = 0, len(sql), 0
-    while i < n:
-        c = sql[i]
-        if c in "'\"`" or (c == "-" and sql.startswith("--", i)):
-            if i > start:
-                yield sql[start:i], False
-            if c == "-":
-                end = sql.find("\n", i)
-                end = n if end < 0 else end
-            else:
-                escapes = c == "`" or (c == "'" and i > 0 and sql[i - 1] in "eE")
-                end = i + 1
-                while end < n:
-                    if escapes and sql[end] == "\\":
-                        end += 2
-                        continue
-                    if sql[end] == c:
-                        if end + 1 < n and sql[end + 1] == c:  # a doubled quote
-                            end += 2
-                            continue
-                        end += 1
-                        break
-                    end += 1
-            yield sql[i:end], True
-            i = start = end
-            continue
-        i += 1
-    if start < n:
-        yield sql[start:], False
-
-
-@functools.lru_cache(maxsize=4096)
-def convert(sql: str, style: str) -> tuple[str, tuple[str, ...]]:
-    """`sql` with its `:name` placeholders written in `style` ("pyformat", "text", "dollar",
-    "brace"), and the names in order of appearance. "pyformat" doubles every `%`; "text" escapes
-    the colons of quoted pieces (sqlalchemy.text() would read them); "brace" leaves `{name}`
-    for the driver to type."""
-    names: list[str] = []
-    out: list[str] = []
-
-    def place(match: re.Match[str]) -> str:
-        name = match.group(1)
-        names.append(name)
-        if style == "pyformat":
-            return f"%({name})s"
-        if style == "dollar":
-            return f"${name}"
-        if style == "brace":
-            return "{" + name + "}"
-        return match.group(0)
-
-    for text, quoted in _segments(sql):
-        if quoted:
-            if style == "pyformat":
-                text = text.replace("%", "%%")
-            elif style == "text" and not text.startswith("--"):
-                text = text.replace(":", "\\:")
-            out.append(text)
-        else:
-            if style == "pyformat":
-                text = text.replace("%", "%%")
-            out.append(_NAME.sub(place, text))
-    return "".join(out), tuple(names)
+from .placeholders import convert
 
 
 class DriverError(RuntimeError):
@@ -310,7 +239,7 @@ class PsycopgDriver(Driver):
             return
         raise ConnectionError(
             f"{self.where}: the connection to PostgreSQL was lost (closed or terminated); make "
-            "a new source with a new connection, or with a conninfo string so that it "
+            "a PostgresTable with a new connection, or with a conninfo string so that it "
             "reconnects by itself"
         )
 
@@ -384,6 +313,9 @@ class SQLAlchemyDriver(Driver):
         self.binds_on_server = engine.dialect.driver not in CLIENT_SIDE_BINDING
         self._read_only = dict(read_only or {})
         self._conn: Any = connection  # the connection of the session or transaction in progress
+        # transactions open on it (outside one, a statement commits at once); a connection the
+        # caller holds is in the caller's transaction
+        self._depth = 0 if connection is None else 1
 
     @contextmanager
     def session(self) -> Iterator[None]:
@@ -405,23 +337,32 @@ class SQLAlchemyDriver(Driver):
     ) -> Iterator[None]:
         with self.session():
             conn = self._conn
-            if conn.in_transaction():
-                with conn.begin_nested():
-                    yield
+            if self._depth:
+                self._depth += 1
+                try:
+                    with conn.begin_nested():
+                        yield
+                finally:
+                    self._depth -= 1
                 return
             options: dict[str, Any] = {}
             if isolation is not None:
                 options["isolation_level"] = isolation
             if read_only:
                 options.update(self._read_only)
-            saved = self._conn
             if options:
-                self._conn = conn.execution_options(**options)
+                conn.execution_options(**options)  # in place, for this connection
+            self._depth = 1
             try:
-                with self._conn.begin():
+                with conn.begin():
                     yield
             finally:
-                self._conn = saved
+                self._depth = 0
+                if options:  # the session's next transaction gets the defaults again
+                    reset: dict[str, Any] = {k: False for k in self._read_only if k in options}
+                    if isolation is not None:
+                        reset["isolation_level"] = conn.default_isolation_level
+                    conn.execution_options(**reset)
 
     def execute(
         self,
@@ -433,16 +374,16 @@ class SQLAlchemyDriver(Driver):
     ) -> list[tuple[Any, ...]]:
         text, _ = convert(sql, self.style)
         statement = self._sa.text(text)
-        if self._conn is not None:
+        if self._conn is not None and self._depth:
             result = self._conn.execute(statement, dict(params or {}))
             return list(result.all()) if result.returns_rows else []
-        with self.engine.begin() as conn:
-            result = conn.execute(statement, dict(params or {}))
+        with self.session(), self._conn.begin():  # a statement of its own, committed
+            result = self._conn.execute(statement, dict(params or {}))
             return list(result.all()) if result.returns_rows else []
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn is not None and self._conn.in_transaction()
+        return self._depth > 0
 
     @property
     def server_version(self) -> int:

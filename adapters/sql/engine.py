@@ -195,12 +195,13 @@ class SQLTable:
         key = self.dialect.byte_order(self.id_sql) if self.text_ids else self.id_sql
         return f"{self.score_sql} DESC, {key} ASC"
 
-    def canonical_rows(self) -> str:
-        """SELECT of (rank, id, score as a double) of the table in canonical order."""
-        d = self.dialect
+    def canonical_rows(self, raw_scores: bool = False) -> str:
+        """SELECT of (rank, id, score) of the table in canonical order, scores as doubles (or
+        in the table's own type)."""
+        score = self.score_sql if raw_scores else self.dialect.double(self.score_sql)
         return (
             f"SELECT row_number() OVER (ORDER BY {self.order_sql()}) - 1 AS rank, "
-            f"{self.id_sql} AS id, {d.double(self.score_sql)} AS score FROM {self.source}"
+            f"{self.id_sql} AS id, {score} AS score FROM {self.source}"
         )
 
     # ----- the copy's lifecycle (copies.py, freshness.py) -------------------------------------

@@ -75,9 +75,20 @@ class WriteLog:
     proves = True
     said = {"proof": "triggers"}  # noqa: RUF012
 
-    def __init__(self, t: Any, key_name: str, trigger: str, *, changes: Any = None) -> None:
+    def __init__(
+        self,
+        t: Any,
+        key_name: str,
+        trigger: str,
+        *,
+        changes: Any = None,
+        shared: tuple[str, ...] = (),
+    ) -> None:
+        """`changes`: the layout's change log (around.ChangeLog), if any; `shared`: statements
+        making tables the layout's copies share, run under the log's setup lock."""
         self.t, self.sql = t, t.dialect.writes
-        self.key, self.trigger = copy_key(key_name), trigger
+        self.key_name, self.key, self.trigger = key_name, copy_key(key_name), trigger
+        self.shared = shared
         ns = t.namespace
         self.log = t.dialect.qualified(ns, self.sql.LOG_TABLE)
         self.function = t.dialect.qualified(ns, self.sql.LOG_FUNCTION)
@@ -86,7 +97,8 @@ class WriteLog:
     def exists_sql(self) -> str:
         return self.t.dialect.exists_sql(self.log)
 
-    def _state(self) -> str:
+    def state_sql(self) -> str:
+        """SQL of the digest of the catalog facts the proof rests on."""
         return self.sql.state_sql(self.t.source, self.trigger, self.function)
 
     # ----- install, stamp, uninstall ----------------------------------------------------------
@@ -97,6 +109,8 @@ class WriteLog:
         t, w = self.t, self.sql
         driver = t.driver
         driver.execute(w.setup_lock_sql())
+        for statement in self.shared:
+            driver.execute(statement)
         indexed, body = driver.one(w.installed_sql(self.log, self.function))
         if not indexed:  # CREATE .. IF NOT EXISTS would lock the log (and wait for writers)
             for statement in w.setup_statements(self.log):
@@ -130,14 +144,18 @@ class WriteLog:
         """In the copy's transaction: the stamp (and the change log's), after which the log
         rows this snapshot saw are deleted."""
         t, w = self.t, self.sql
-        stamp = t.driver.scalar("SELECT " + w.stamp_sql(self._state()))
+        stamp = t.driver.scalar("SELECT " + w.stamp_sql(self.state_sql()))
         changes = self.changes.stamp() if self.changes is not None else ""
         t.driver.execute(w.cleanup_sql(self.log, self.key))
         return [stamp, changes] if changes else [stamp]
 
-    def uninstall(self, copies: Any) -> None:
+    def users(self) -> int:
+        """How many triggers call the log's function (any copy's)."""
+        return int(self.t.driver.scalar(self.sql.function_users_sql(self.function)) or 0)
+
+    def uninstall(self, copies: Any, keep_shared: bool = False) -> None:
         """The copy's triggers and log rows (and its change log); the log table and its
-        function too once no trigger calls the function."""
+        function too once no trigger calls the function (unless `keep_shared`)."""
         t, w, d = self.t, self.sql, self.t.dialect
         driver = t.driver
         if driver.scalar(f"SELECT {d.exists_sql(t.source)}"):
@@ -151,7 +169,7 @@ class WriteLog:
             self.changes.uninstall()
         if driver.scalar(f"SELECT {d.exists_sql(self.log)}"):
             driver.execute(f"DELETE FROM {self.log} WHERE copy = {int(self.key)}")
-        if not driver.scalar(w.function_users_sql(self.function)):
+        if not keep_shared and not self.users():
             driver.execute(f"DROP FUNCTION IF EXISTS {self.function}()")
             driver.execute(f"DROP TABLE IF EXISTS {self.log}")
 
@@ -165,7 +183,7 @@ class WriteLog:
         if not logged:
             return "CAST(NULL AS TEXT)"
         stamp = copies.stamp_sql()
-        return w.proof_sql(stamp, self._state(), self.log, self.key)
+        return w.proof_sql(stamp, self.state_sql(), self.log, self.key)
 
     def why(self, record: str | None, proven: Any) -> str | None:
         """None where the copy is proven current (or frozen); else "written" (a write since the

@@ -1,11 +1,20 @@
 """SQLAlchemyTable: wrap an existing table of per-item counts in any SQLAlchemy engine.
 
-copy_mode.py  SQLAlchemyTable(mode="copy"): runs read a rank-ordered copy that prepare() writes
+copy_table.py SQLAlchemyTable(mode="copy") on the dialects moved onto the SQL store engine
+              (PostgreSQL): the engine and the store's own dialect through the Engine
+copy_mode.py  SQLAlchemyTable(mode="copy") elsewhere: runs read a rank-ordered copy prepare() writes
 live_mode.py  SQLAlchemyTable(mode="live"): runs read the table itself through an index, item
               positions kept by triggers (PostgreSQL, MariaDB / MySQL, SQLite)
 """
 
 from .copy_mode import FINGERPRINTS_TABLE, RankTableMismatchError, SQLAlchemyTable
+from .copy_table import SQLAlchemyCopyTable
 from .live_mode import SQLAlchemyLiveTable
 
-__all__ = ["FINGERPRINTS_TABLE", "RankTableMismatchError", "SQLAlchemyLiveTable", "SQLAlchemyTable"]
+__all__ = [
+    "FINGERPRINTS_TABLE",
+    "RankTableMismatchError",
+    "SQLAlchemyCopyTable",
+    "SQLAlchemyLiveTable",
+    "SQLAlchemyTable",
+]

@@ -154,12 +154,19 @@ class SQLAlchemyTable(WriteProof, TableRun):
     adapters/sqlalchemy/live_mode.py).
     """
 
-    # The class serving each mode other than "copy" (live_mode.py registers itself).
+    # The class serving each mode other than "copy" (live_mode.py registers itself), and copy
+    # mode on the dialects that have moved onto the SQL store engine (copy_table.py).
     mode_classes: dict[str, type[SQLAlchemyTable]] = {}  # noqa: RUF012
+    copy_classes: dict[str, type] = {}  # noqa: RUF012
 
-    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> SQLAlchemyTable:
+    def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> Any:
         if cls is SQLAlchemyTable and mode in cls.mode_classes:
             return super().__new__(cls.mode_classes[mode])
+        if cls is SQLAlchemyTable and mode == "copy" and (args or "engine" in kwargs):
+            engine = engine_of(args[0] if args else kwargs.pop("engine"))
+            moved = cls.copy_classes.get(engine.dialect.name)
+            if moved is not None:
+                return moved(engine, *args[1:], mode=mode, **kwargs)
         return super().__new__(cls)
 
     def __init__(

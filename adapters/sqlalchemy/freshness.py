@@ -6,8 +6,8 @@ that every write the copy does not see is recorded), triggers on the counts tabl
 writes, and stamps the copy, in the fill's transaction, with what it saw; the run's first query
 checks the stamp against what the triggers recorded since. Per dialect:
 
-* PostgreSQL: the write log of adapters/_pg_writes.py (one row per writing transaction, exact
-  under MVCC, writers never wait for each other), as PostgresTable;
+* PostgreSQL: on the SQL store engine (copy_table.py: the write log of PostgresTable, one row
+  per writing transaction); its from_votes() copies are compared with their counts;
 * MariaDB / MySQL: row triggers (AFTER INSERT, UPDATE, DELETE) upsert the row (copy, the
   writer's CONNECTION_ID()) of the log `topk_write_log`, adding 1 to its n: writers on other
   connections touch other rows, so none waits for another. The fill reads the copy's rows of
@@ -35,12 +35,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from adapters import _pg_writes as pgw
+from adapters.sql.freshness import copy_key
 
 STAMPS_TABLE = "topk_write_stamps"
 MY_LOG = "topk_write_log"
 LITE_COUNTS = "topk_write_counts"
-PROVEN = {"postgresql", "mysql", "mariadb", "sqlite"}  # dialects whose copies triggers prove
+PROVEN = {"mysql", "mariadb", "sqlite"}  # dialects whose copies triggers prove (PostgreSQL:
+# on the SQL store engine, copy_table.py)
 
 
 def replace_row(conn: Connection, table: str, row: dict[str, Any]) -> None:
@@ -100,14 +101,13 @@ class WriteProof:
             "table": preparer.format_table(self._source),
             "stamps": prefix + preparer.quote(STAMPS_TABLE),
             "log": prefix + preparer.quote(MY_LOG if self.dialect != "sqlite" else LITE_COUNTS),
-            "function": prefix + preparer.quote(pgw.LOG_FUNCTION),
             "trigger": f"topk_{digest}_w",
             "prefix": prefix,
             "copy": self._ranks.name,
         }
 
     def _copy_key(self) -> int:
-        return pgw.copy_key(self.engine.dialect.identifier_preparer.format_table(self._ranks))
+        return copy_key(self.engine.dialect.identifier_preparer.format_table(self._ranks))
 
     def proves_by_triggers(self) -> bool:
         """Whether this dialect's copies are proven by triggers (else: compared by a join)."""
@@ -122,9 +122,7 @@ class WriteProof:
         if not self.proves_by_triggers():
             return
         try:
-            if self.dialect == "postgresql":
-                self._install_postgresql_proof()
-            elif self.dialect == "sqlite":
+            if self.dialect == "sqlite":
                 self._install_sqlite_proof()
             else:
                 self._install_mysql_proof()
@@ -144,28 +142,6 @@ class WriteProof:
             f"CREATE TABLE IF NOT EXISTS {n['stamps']} (rank_table VARCHAR(255) NOT NULL "
             f"PRIMARY KEY, stamp {text_type})"
         )
-
-    def _install_postgresql_proof(self) -> None:
-        n = self._proof_names()
-        key = self._copy_key()
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(pgw.setup_lock_sql())
-            self._stamps_table(conn, "text")
-            indexed, body = conn.exec_driver_sql(pgw.installed_sql(n["log"], n["function"])).one()
-            if not indexed:
-                for statement in pgw.setup_statements(n["log"]):
-                    conn.exec_driver_sql(statement)
-            qualified = conn.exec_driver_sql(pgw.qualified_sql(n["log"])).scalar_one()
-            if body != pgw.function_body(qualified):
-                conn.exec_driver_sql(pgw.function_statement(n["function"], qualified))
-            relations = conn.exec_driver_sql(
-                pgw.relations_sql(n["table"], n["trigger"], n["function"], key)
-            ).all()
-            for relation, kind, ready in relations:
-                if ready or kind not in ("r", "p"):
-                    continue
-                for statement in pgw.trigger_statements(relation, n["trigger"], n["function"], key):
-                    conn.exec_driver_sql(statement)
 
     def _mysql_triggers(self) -> dict[str, str]:
         n = self._proof_names()
@@ -258,11 +234,7 @@ class WriteProof:
             return
         n = self._proof_names()
         key = self._copy_key()
-        if self.dialect == "postgresql":
-            state = pgw.state_sql(n["table"], n["trigger"], n["function"])
-            stamp = conn.exec_driver_sql("SELECT " + pgw.stamp_sql(state)).scalar_one()
-            conn.exec_driver_sql(pgw.cleanup_sql(n["log"], key))
-        elif self.dialect == "sqlite":
+        if self.dialect == "sqlite":
             count = conn.exec_driver_sql(
                 f"SELECT n FROM {n['log']} WHERE copy_key = {key}"
             ).scalar()
@@ -309,10 +281,7 @@ class WriteProof:
         n = self._proof_names()
         key = self._copy_key()
         stamp = f"(SELECT stamp FROM {n['stamps']} WHERE rank_table = {_literal(n['copy'])})"
-        if self.dialect == "postgresql":
-            state = pgw.state_sql(n["table"], n["trigger"], n["function"])
-            text = pgw.proof_sql(stamp, state, n["log"], key)
-        elif self.dialect == "sqlite":
+        if self.dialect == "sqlite":
             names = ", ".join(_literal(x) for x in sorted(self._sqlite_triggers()))
             master = n["prefix"] + "sqlite_master"
             text = (
@@ -336,7 +305,7 @@ class WriteProof:
             return False
         inspector = sa.inspect(conn)
         schema = self._ranks.schema
-        log = pgw.LOG_TABLE if self.dialect != "sqlite" else LITE_COUNTS
+        log = MY_LOG if self.dialect != "sqlite" else LITE_COUNTS
         return inspector.has_table(STAMPS_TABLE, schema=schema) and inspector.has_table(
             log, schema=schema
         )
@@ -350,26 +319,13 @@ class WriteProof:
         key = self._copy_key()
         inspector = sa.inspect(conn)
         schema = self._ranks.schema
-        exists = inspector.has_table(str(self.table_name), schema=schema)
         preparer = self.engine.dialect.identifier_preparer
-        if self.dialect == "postgresql":
-            if exists:
-                for relation, kind, _ in conn.exec_driver_sql(
-                    pgw.relations_sql(n["table"], n["trigger"], n["function"], key)
-                ).all():
-                    if kind in ("r", "p"):
-                        conn.exec_driver_sql(
-                            f"DROP TRIGGER IF EXISTS {preparer.quote(n['trigger'])} ON {relation}"
-                        )
-            if inspector.has_table(pgw.LOG_TABLE, schema=schema):
-                conn.exec_driver_sql(f"DELETE FROM {n['log']} WHERE copy = {key}")
-        else:
-            names = self._sqlite_triggers() if self.dialect == "sqlite" else self._mysql_triggers()
-            for name in names:
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {n['prefix']}{preparer.quote(name)}")
-            log = LITE_COUNTS if self.dialect == "sqlite" else MY_LOG
-            if inspector.has_table(log, schema=schema):
-                conn.exec_driver_sql(f"DELETE FROM {n['log']} WHERE copy_key = {key}")
+        names = self._sqlite_triggers() if self.dialect == "sqlite" else self._mysql_triggers()
+        for name in names:
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {n['prefix']}{preparer.quote(name)}")
+        log = LITE_COUNTS if self.dialect == "sqlite" else MY_LOG
+        if inspector.has_table(log, schema=schema):
+            conn.exec_driver_sql(f"DELETE FROM {n['log']} WHERE copy_key = {key}")
         left = 0
         if inspector.has_table(STAMPS_TABLE, schema=schema):
             conn.execute(
@@ -379,14 +335,9 @@ class WriteProof:
             left = conn.exec_driver_sql(f"SELECT count(*) FROM {n['stamps']}").scalar_one()
         if left:
             return
-        # no copy stamped any more: the shared tables go, once no trigger writes to the log
-        # (PostgreSQL: calls its function, which PostgresTable's copies share; elsewhere: names
-        # it in its body; another copy may be between installing its triggers and its stamp)
-        if self.dialect == "postgresql":
-            if conn.exec_driver_sql(pgw.function_users_sql(n["function"])).scalar_one():
-                return
-            conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {n['function']}()")
-        elif self.dialect == "sqlite":
+        # no copy stamped any more: the shared tables go, once no trigger names the log in its
+        # body (another copy may be between installing its triggers and its stamp)
+        if self.dialect == "sqlite":
             master = n["prefix"] + "sqlite_master"
             users = conn.execute(
                 sa.text(f"SELECT count(*) FROM {master} WHERE type = 'trigger' AND instr(sql, :t)"),

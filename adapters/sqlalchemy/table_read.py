@@ -1,12 +1,12 @@
 """SQLAlchemyTable (copy mode) reading the counts table itself: a run whose copy is not proven
 current and that is cheaper than a refresh of the copy (docs/freshness.md).
 
-As on PostgresTable (adapters/postgres/table_read.py), the release is the one-shot mechanism
-(Wu, Ohrimenko, Wirth 2023, Algorithm 2) run in the database on the table with keyed noise
-(topk_middleware/keyed_noise.py), each row's position a slot that is fixed within the run's
-snapshot: PostgreSQL block * P + offset - 1 from the ctid (P the most tuples a page holds),
-SQLite the rowid less the smallest one, DuckDB the rowid. Slots without a row are positions
-without an item, which never win; the law is the one-shot's. Steps:
+As on the SQL store engine (adapters/sql/table_read.py, where PostgreSQL's copies are), the
+release is the one-shot mechanism (Wu, Ohrimenko, Wirth 2023, Algorithm 2) run in the database
+on the table with keyed noise (topk_middleware/keyed_noise.py), each row's position a slot that
+is fixed within the run's snapshot: SQLite the rowid less the smallest one, DuckDB the rowid.
+Slots without a row are positions without an item, which never win; the law is the one-shot's.
+Steps:
 
 1. the run's first query over the table: m, the largest score and the checks of `_validate`
    (NULL ids and scores, negative, NaN or infinite scores; ids counted distinct unless a
@@ -20,7 +20,7 @@ without an item, which never win; the law is the one-shot's. Steps:
 
 MariaDB / MySQL run no in-store one-shot (the driver would put the key in the statement text):
 there the table is read in full in canonical order (the one-shot over a full read). A table
-without positions (a view, a WITHOUT ROWID table, a partitioned PostgreSQL table) is read the
+without positions (a view, a WITHOUT ROWID table) is read the
 same way. Sorted and random reads by rank on the table (an explicit threshold run) are ORDER
 BY .. LIMIT OFFSET and a row_number() window.
 
@@ -44,7 +44,6 @@ from adapters._sql import (
     TableFacts,
     id_array,
     raise_if_invalid,
-    tid_array_literal,
 )
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
@@ -90,7 +89,6 @@ class TableState:
     max_score: float
     slots: int = 0  # 0: no positions (no in-store one-shot)
     offset: int = 0  # SQLite: the smallest rowid
-    per_page: int = 0  # PostgreSQL: slots per block
     unique_ids: bool = True
     whole_scores: bool = False
     report: dict[str, Any] = field(default_factory=dict)
@@ -132,20 +130,6 @@ class TableRun:
                 {"s": schema, "n": name},
             ).scalars()
             return any(list(names) == wanted for names in found)
-        if self.dialect == "postgresql":  # one catalog query (the inspector makes three)
-            preparer = self.engine.dialect.identifier_preparer
-            return bool(
-                conn.execute(
-                    sa.text(
-                        "SELECT EXISTS (SELECT 1 FROM pg_index x JOIN pg_attribute a "
-                        "ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] "
-                        "WHERE x.indrelid = to_regclass(:t) AND x.indisunique AND x.indisvalid "
-                        "AND x.indnkeyatts = 1 AND x.indexprs IS NULL AND x.indpred IS NULL "
-                        "AND a.attname = :id)"
-                    ),
-                    {"t": preparer.format_table(self._source), "id": self.id_column},
-                ).scalar()
-            )
         if self.dialect in ("mysql", "mariadb"):
             found = conn.execute(
                 sa.text(
@@ -172,23 +156,6 @@ class TableRun:
         """Columns of the first query that give the slots, per dialect; [] without positions."""
         assert self._source is not None
         preparer = self.engine.dialect.identifier_preparer
-        if self.dialect == "postgresql":
-            name = preparer.format_table(self._source)
-            kind = conn.execute(
-                sa.text("SELECT relkind FROM pg_class WHERE oid = to_regclass(:t)"), {"t": name}
-            ).scalar()
-            if kind != "r":
-                return []
-            size = (
-                "(SELECT pg_relation_size(to_regclass("
-                + "'"
-                + name.replace("'", "''")
-                + "')) / current_setting('block_size')::int)"
-            )
-            return [
-                sa.literal_column(size),
-                sa.literal_column("current_setting('block_size')::int"),
-            ]
         if self.dialect in ("sqlite", "duckdb"):
             if self.dialect == "sqlite":
                 master = (
@@ -265,11 +232,7 @@ class TableRun:
             self._refuse_duplicate_ids(conn, m, int(distinct_ids))
         state = TableState(m, float(high), unique_ids=unique or distinct, report=report)
         state.whole_scores = isinstance(score.type, sa.Integer)
-        if slots and self.dialect == "postgresql":
-            blocks, block_size = int(row[8] or 0), int(row[9])
-            state.per_page = (block_size - 24) // 28
-            state.slots = max(1, blocks * state.per_page)
-        elif slots:
+        if slots:
             first, last = int(row[8]), int(row[9])
             state.offset = first if self.dialect == "sqlite" else 0
             state.slots = last - state.offset + 1
@@ -422,23 +385,16 @@ class TableRun:
 
     # ----- the one-shot on the table ----------------------------------------------------------
     def _position_sql(self, state: TableState, alias: str) -> str:
-        if self.dialect == "postgresql":
-            point = f"({alias}.ctid::text::point)"
-            return f"(({point}[0])::bigint * {state.per_page} + ({point}[1])::bigint - 1)"
         return f"({alias}.rowid - {state.offset})"
 
     def _exceed_sql(self, state: TableState, alias: str) -> tuple[str, dict[str, Any], Any]:
         """The condition naming the exceedances' rows, its parameters, and a function giving the
         parameter of a list of positions (for NOT IN)."""
-        if self.dialect == "postgresql":
-            return f"{alias}.ctid = ANY(CAST(:tids AS tid[]))", {}, None
         if self.dialect == "sqlite":
             return f"{alias}.rowid IN (SELECT value FROM json_each(:rowids))", {}, None
         return f"{alias}.rowid IN (SELECT unnest(CAST(:rowids AS BIGINT[])))", {}, None
 
     def _positions_list_sql(self) -> str:
-        if self.dialect == "postgresql":
-            return "SELECT unnest(CAST(:positions AS bigint[]))"
         if self.dialect == "sqlite":
             return "SELECT value FROM json_each(:positions)"
         return "SELECT unnest(CAST(:positions AS BIGINT[]))"
@@ -455,10 +411,7 @@ class TableRun:
         pos = self._position_sql(state, "t")
         exceed = noise.exceed_positions.tolist()
         params: dict[str, Any] = {"k": int(k)}
-        if self.dialect == "postgresql":
-            params["tids"] = tid_array_literal(noise.exceed_positions, state.per_page)
-        else:
-            params["rowids"] = array_param(self.dialect, [int(p) + state.offset for p in exceed])
+        params["rowids"] = array_param(self.dialect, [int(p) + state.offset for p in exceed])
         condition, _, _ = self._exceed_sql(state, "t")
         known_sql = (
             f"SELECT {pos} AS pos, t.{ident} AS id, t.{score} AS score FROM {table} t "
@@ -528,11 +481,10 @@ class TableRun:
         if math.isfinite(cut):
             params["cut"] = math.ceil(cut) if state.whole_scores else float(cut)
             where = f" WHERE t.{score} >= :cut"
-        cast = "CAST(t.{s} AS DOUBLE PRECISION)" if self.dialect == "postgresql" else "t.{s}"
         query = (
             f"SELECT r.pos, r.id, r.score, {capped_sql('r.score', noise.score_cap)} + {keyed} "
             f"AS v FROM (SELECT {pos} AS pos, "
-            f"t.{ident} AS id, {cast.format(s=score)} AS score FROM {table} t{where}) AS r "
+            f"t.{ident} AS id, t.{score} AS score FROM {table} t{where}) AS r "
             f"WHERE r.pos NOT IN ({self._positions_list_sql()}) ORDER BY v DESC, r.pos LIMIT :k"
         )
         try:

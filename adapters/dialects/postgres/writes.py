@@ -1,5 +1,5 @@
-"""The write log that proves a PostgreSQL copy current: SQL text shared by PostgresTable
-(psycopg) and SQLAlchemyTable on PostgreSQL (docs/freshness.md).
+"""The write log that proves a PostgreSQL copy current: the SQL of the engine's
+freshness.WriteLog on PostgreSQL, whatever the driver (docs/freshness.md).
 
 A copy (rank table) is current when no write to its table committed after the snapshot the copy
 was made in. Each copy has a key (`copy_key`, from its name) and, on its table and on every

@@ -1,5 +1,5 @@
-"""The SQL of oblivious reads on PostgreSQL (topk_middleware/mechanisms/oblivious.py): pinned
-plans, addresses fixed by public facts, and rows packed for numpy.
+"""PostgreSQL's SQL of oblivious reads (topk_middleware/mechanisms/oblivious.py; the engine's
+adapters/sql/oblivious.py): pinned plans, addresses fixed by public facts, rows packed.
 
 What a server observer counts (DESIGN invariant 12) is each query's text, its parameter sizes,
 its rows, its plan and the buffers its plan touches. The reads of an oblivious release are
@@ -19,29 +19,28 @@ written so that all of them follow from public facts (m, k, delta_pad, the colum
   on a rank-ordered copy with fixed-width rows (`ctid = ANY(...)`, a TID scan, which reads one
   page per address), else by one index lookup per position (a nested loop over
   `unnest(positions)`: each lookup descends the B-tree and fetches its heap row anew).
-* **Heap addresses of a rank-ordered copy.** `prepare()` writes the rank table with one
+* **Heap addresses of a rank-ordered copy.** prepare() writes the rank table with one
   `CREATE TABLE ... AS SELECT` in rank order; with fixed-width columns (integer ids) every heap
   page then holds the same number of rows, so rank r lives at (r // per_page, r % per_page + 1).
-  `LAYOUT_PROBE` reads that number from page 0 and checks it on the second page and on the last
+  `layout_probe` reads that number from page 0 and checks it on the second page and on the last
   row; a table that fails the check is read by index lookups (decided before any position is
   drawn), and every TID read checks that it got back exactly the ranks it asked for.
 * **Packed rows.** Integer ids come back as three bytea values (int8send / float8send), which
   numpy reads in one step instead of building a Python tuple per row; positions go out as one
-  binary int8[] that numpy writes (`Int8Array`), not a Python int per position.
+  binary int8[] where the driver sends one (adapters/sql/driver.py Int8Array), else as one text
+  parameter.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import numpy as np
-import psycopg
-from psycopg import sql
-from psycopg.adapt import Dumper
-from psycopg.pq import Format
 
+from adapters.sql.driver import Int8Array
 from topk_middleware.access import AccessError, Rows
+
+from .writes import literal
 
 # Settings of an oblivious run's transaction (module docstring).
 PINNED_PLAN_SETTINGS = (
@@ -61,27 +60,34 @@ PINNED_PLAN_SETTINGS = (
     ("jit", "off"),
 )
 
+PACKED_COLUMNS = (
+    "string_agg(int8send(r.rank), ''::bytea), string_agg(int8send(r.id::int8), ''::bytea), "
+    "string_agg(float8send(r.score::float8), ''::bytea)"
+)
 
-def pin_plans_sql() -> sql.Composable:
+
+def pin_plans_sql() -> str:
     """set_config(name, value, true) of every pinned setting, as a select list."""
-    return sql.SQL(", ").join(
-        sql.SQL("set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
+    return ", ".join(
+        f"set_config({literal(name)}, {literal(value)}, true)"
         for name, value in PINNED_PLAN_SETTINGS
     )
 
 
-def layout_probe(ranks: sql.Composable, m: int) -> sql.Composable:
+def layout_probe(ranks: str, m: int) -> str:
     """One query that pins the plans and returns (rows on heap page 0, the rank of the first row
     of page 1, the rank at the address the layout gives rank m - 1)."""
-    return sql.SQL(
-        "WITH pins AS MATERIALIZED (SELECT {pins}), "
-        "page AS MATERIALIZED (SELECT count(*) AS per FROM {ranks} "
+    last = int(m) - 1
+    return (
+        f"WITH pins AS MATERIALIZED (SELECT {pin_plans_sql()}), "
+        f"page AS MATERIALIZED (SELECT count(*) AS per FROM {ranks} "
         "WHERE ctid >= '(0,1)'::tid AND ctid < '(1,0)'::tid) "
-        "SELECT page.per, (SELECT r.rank FROM {ranks} AS r WHERE r.ctid = '(1,1)'::tid), "
-        "(SELECT r.rank FROM {ranks} AS r WHERE r.ctid = format('(%s,%s)', "
-        "({last})::int8 / greatest(page.per, 1), ({last})::int8 % greatest(page.per, 1) + 1)::tid) "
+        f"SELECT page.per, (SELECT r.rank FROM {ranks} AS r WHERE r.ctid = '(1,1)'::tid), "
+        f"(SELECT r.rank FROM {ranks} AS r WHERE r.ctid = format('(%s,%s)', "
+        f"({last})::int8 / greatest(page.per, 1), "
+        f"({last})::int8 % greatest(page.per, 1) + 1)::tid) "
         "FROM pins, page"
-    ).format(pins=pin_plans_sql(), ranks=ranks, last=sql.Literal(int(m) - 1))
+    )
 
 
 def rows_per_page(probe: tuple[Any, Any, Any], m: int) -> int | None:
@@ -97,18 +103,44 @@ def rows_per_page(probe: tuple[Any, Any, Any], m: int) -> int | None:
     return per
 
 
-def tid_rows_query(ranks: sql.Composable, per_page: int) -> sql.Composable:
-    """The rows at sorted ranks by heap address (one page read per rank), packed."""
-    return sql.SQL(
-        "SELECT {packed} FROM {ranks} AS r WHERE r.ctid = ANY(ARRAY(SELECT format('(%%s,%%s)', "
-        "q.p / {per}, q.p %% {per} + 1)::tid FROM unnest(%b::int8[]) AS q(p)))"
-    ).format(packed=PACKED_COLUMNS, ranks=ranks, per=sql.Literal(int(per_page)))
+def positions_value(wanted: np.ndarray, binary: bool) -> Any:
+    """The positions as one parameter: a binary int8[] where the driver sends one, else text."""
+    if binary:
+        return Int8Array.of(wanted)
+    return "{" + ",".join(map(str, np.asarray(wanted, dtype=np.int64).tolist())) + "}"
 
 
-PACKED_COLUMNS = sql.SQL(
-    "string_agg(int8send(r.rank), ''::bytea), string_agg(int8send(r.id::int8), ''::bytea), "
-    "string_agg(float8send(r.score::float8), ''::bytea)"
-)
+def sorted_packed_sql(ranks: str) -> str:
+    """Ranks [:start, :stop) of the rank table, packed: one range of its rank B-tree."""
+    return f"SELECT {PACKED_COLUMNS} FROM {ranks} AS r WHERE r.rank >= :start AND r.rank < :stop"
+
+
+def sorted_lookups_sql(ranks: str) -> str:
+    """Ranks :first .. :last, one rank B-tree lookup each (rows of varying width)."""
+    return (
+        "SELECT r.rank, r.id, r.score FROM generate_series(CAST(:first AS int8), "
+        "CAST(:last AS int8)) AS q(p) CROSS JOIN LATERAL (SELECT rank, id, score FROM "
+        f"{ranks} WHERE rank = q.p OFFSET 0) AS r"
+    )
+
+
+def tid_rows_sql(ranks: str, per_page: int) -> str:
+    """The rows at sorted ranks :positions by heap address (one page read per rank), packed."""
+    per = int(per_page)
+    return (
+        f"SELECT {PACKED_COLUMNS} FROM {ranks} AS r WHERE r.ctid = ANY(ARRAY(SELECT "
+        f"format('(%s,%s)', q.p / {per}, q.p % {per} + 1)::tid FROM "
+        "unnest(CAST(:positions AS int8[])) AS q(p)))"
+    )
+
+
+def lookups_sql(ranks: str) -> str:
+    """The rows at :positions, one rank B-tree lookup each, in a nested loop."""
+    return (
+        "SELECT r.rank, r.id, r.score FROM unnest(CAST(:positions AS int8[])) AS q(p) "
+        f"CROSS JOIN LATERAL (SELECT rank, id, score FROM {ranks} WHERE rank = q.p OFFSET 0) "
+        "AS r"
+    )
 
 
 def unpack(packed: tuple[Any, Any, Any] | None) -> Rows:
@@ -134,29 +166,12 @@ def check_positions(rows: Rows, wanted: np.ndarray, where: str) -> Rows:
     return rows
 
 
-INT8_OID, INT8_ARRAY_OID = 20, 1016
-
-
-class Int8Array(bytes):
-    """A one-dimensional int8[] in PostgreSQL's binary array format, written by numpy."""
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> Int8Array:
-        values = np.asarray(values, dtype=np.int64)
-        body = np.empty(len(values), dtype=[("size", ">i4"), ("value", ">i8")])
-        body["size"], body["value"] = 8, values
-        header = struct.pack(">iiiii", 1, 0, INT8_OID, len(values), 1)
-        return cls(header + body.tobytes())
-
-
-class _Int8ArrayDumper(Dumper):
-    format = Format.BINARY
-    oid = INT8_ARRAY_OID
-
-    def dump(self, obj: Any) -> bytes:
-        return bytes(obj)
-
-
-def binary_int8_arrays(cursor: psycopg.Cursor[Any]) -> None:
-    """Let `cursor` (only it, not its connection) send Int8Array parameters (`%b`)."""
-    cursor.adapters.register_dumper(Int8Array, _Int8ArrayDumper)
+__all__ = [
+    "PACKED_COLUMNS",
+    "PINNED_PLAN_SETTINGS",
+    "check_positions",
+    "layout_probe",
+    "pin_plans_sql",
+    "rows_per_page",
+    "unpack",
+]

@@ -1,0 +1,95 @@
+"""What PostgreSQL's reads cost: the measured records the planner and the engine's choices read.
+
+Measured on this project's 2-core machine (DESIGN; benchmarks/wallclock.py, sizes.py,
+freshness_copy.py, oblivious.py), against the store's own one-shot query.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from topk_middleware.access import StoreCosts
+from topk_middleware.mechanisms.oblivious import ObliviousCosts
+
+# The copy at m = 10^7: 20,000 rows by rank range in about 20 ms, 10^4 random ranks in about
+# 80 ms, a packed full read 3.5 s, the in-store one-shot's keyed hash (SHA-256) about 0.6 us a
+# hashed row.
+STORE_COSTS = StoreCosts(
+    round_trip=2e-4,
+    sorted_row=1e-6,
+    random_batch=2e-3,
+    random_row=8e-6,
+    oneshot_row=6e-7,
+    full_read_row=4e-7,
+)
+
+# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
+# 10^6 on the test server (2 cores shared by several loads: the 90th percentile of the work at a
+# load average of 8 is 49 ms at 10^6): reads from the rank table (one heap page per drawn rank,
+# a read from the operating system once the copy outgrows the buffer cache), and, for a copy
+# not proven current, from the table itself (both batches scan it: `scan_row` per item).
+OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=3e-3,
+    sorted_row=5e-7,
+    random_row=4e-6,
+    random_miss=1e-5,
+    cached_rows=1.5e6,
+    full_row=2e-6,
+)
+STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
+
+# The table itself, at m = 10^6 (benchmarks/freshness_copy.py): an aggregate pass or a filtered
+# scan about 25-40 ms (3e-8 s a row), a rebuild of the copy 2.3-6 s (prepare(refresh=True):
+# 2.5e-6 s a row), a keyed hash about 0.6 us a row.
+SCAN_ROW = 3.5e-8
+REBUILD_ROW = 2.5e-6
+HASH_ROW = 6e-7
+
+# Reading around the changes, at m = 10^7 (benchmarks/sizes.py): grouping the change entries by
+# id costs about 1 us an entry, and a run groups them twice.
+ENTRY_SECONDS = 1e-6
+AROUND_FIXED = 3e-3
+
+
+def table_costs(m: int) -> StoreCosts:
+    """What reads of the table itself cost (the planner's input in a table run): every sorted
+    read is an ORDER BY .. LIMIT OFFSET over a scan, a batch of random reads by rank a window
+    over the whole table, the in-store one-shot a TID scan and a range read (one scan where no
+    B-tree leads with the score)."""
+    return StoreCosts(
+        round_trip=2e-4 + SCAN_ROW * m,
+        sorted_row=1e-6,
+        random_batch=1e-2,
+        random_row=1e-6,
+        random_batch_item=6e-7,
+        oneshot_row=HASH_ROW,
+        full_read_row=1e-6,
+        oneshot_fixed=2e-3 + SCAN_ROW * m,
+        sorted_scans=True,
+    )
+
+
+def refresh_seconds(m: int) -> float:
+    """A rebuild of the copy (prepare(refresh=True)) and a threshold run on it."""
+    return 5e-3 + REBUILD_ROW * m
+
+
+def table_seconds(m: int, hashed: int) -> float:
+    """The in-store one-shot on the table: the aggregate pass, the range read, the hashes."""
+    return 2e-3 + 2 * SCAN_ROW * m + HASH_ROW * hashed
+
+
+def around_seconds(entries: int) -> float:
+    """A release read around `entries` changed ids: the facts, the one-shot, the grouping."""
+    return AROUND_FIXED + 2 * ENTRY_SECONDS * entries
+
+
+__all__ = [
+    "OBLIVIOUS_COSTS",
+    "STALE_OBLIVIOUS_COSTS",
+    "STORE_COSTS",
+    "around_seconds",
+    "refresh_seconds",
+    "table_costs",
+    "table_seconds",
+]

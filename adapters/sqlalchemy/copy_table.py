@@ -1,0 +1,145 @@
+"""SQLAlchemyTable in copy mode on the SQL store engine (adapters/sql/): the dialects that have
+moved onto it (PostgreSQL) read through an SQLAlchemy Engine with the same dialect, SQL and
+reads as their own store (PostgresTable), in SQLAlchemyTable's catalog layout
+(adapters/sql/recorded.py RecordedCopy: its rank table names, the shared tables
+topk_rank_fingerprints and topk_write_stamps, the indexes on the table of counts): one catalog
+layout, whichever code prepared the table (tests/test_catalog_layout.py pins it).
+
+SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
+the mode is "copy"; every other dialect keeps copy_mode.py until it moves onto the engine.
+from_votes() still builds copy_mode.py's class on every dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from adapters.dialects.postgres import PostgresDialect
+from adapters.sql.dialect import Dialect
+from adapters.sql.driver import SQLAlchemyDriver
+from adapters.sql.engine import SQLTable
+from adapters.sql.freshness import WriteLog
+from adapters.sql.recorded import RecordedCopy, RecordedNames
+
+from .copy_mode import DEFAULT_MAX_PARAMS, SQLAlchemyTable, _digest, _fit, _runs_name, engine_of
+
+# The SQLAlchemy dialects on the engine, and the engine's dialect for each.
+DIALECTS: dict[str, type[Dialect]] = {"postgresql": PostgresDialect}
+
+
+def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = None) -> RecordedNames:
+    """SQLAlchemyTable's names for table `t`'s copy: the digests of (schema, table, id, score)
+    and of (schema, rank table)."""
+    schema, table = t.namespace, t.table
+    digest = _digest(schema, table, t.id_column, t.score_column)
+    ranks = rank_table or _fit(table, f"__topk_rank_{digest}")
+    beside = _digest(schema, ranks)
+    key = t.dialect.byte_order(t.id_sql) if t.text_ids else t.id_sql
+    return RecordedNames(
+        schema,
+        ranks,
+        _runs_name(ranks),
+        "",
+        _fit("ix", f"_topk_{beside}_id"),
+        (f"topk_{beside}_new", f"topk_{beside}_new_runs", "", f"topk_{beside}_new_id"),
+        rank_key="",
+        runs_key="",
+        beside_keys=(f"topk_{beside}_new_pk", f"topk_{beside}_new_runs_pk"),
+        source_indexes=(
+            (_fit("ix", f"_topk_{digest}_score_id"), f"{t.score_sql} DESC, {key}"),
+            (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
+        ),
+        record=record,
+    )
+
+
+class SQLAlchemyCopyTable(SQLTable):
+    """A histogram in a table of an SQLAlchemy database whose dialect is on the engine (module
+    docstring); the arguments are SQLAlchemyTable's. `max_params` is accepted and checked: the
+    dialects here bind arrays as one parameter, so no IN list is cut into chunks."""
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        table: str | sa.Table,
+        id: str = "id",
+        score: str = "score",
+        *,
+        schema: str | None = None,
+        rank_table: str | None = None,
+        max_params: int | None = None,
+        mode: str = "copy",
+        sensitivity: float | None = None,
+        max_items_per_client: int | None = None,
+        frozen: bool = False,
+    ) -> None:
+        engine = engine_of(engine)
+        if isinstance(table, sa.Table):
+            schema, table = table.schema, table.name
+        where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
+        if max_params is not None and max_params < 1:
+            raise ValueError(f"max_params must be >= 1, got {max_params}")
+        self.engine, self.mode = engine, mode
+        self.max_params = int(max_params or DEFAULT_MAX_PARAMS)
+        dialect = DIALECTS[engine.dialect.name]()
+        preparer = engine.dialect.identifier_preparer
+        super().__init__(
+            SQLAlchemyDriver(engine, read_only=getattr(dialect, "sqlalchemy_read_only", None)),
+            dialect,
+            table,
+            id,
+            score,
+            namespace=schema,
+            frozen=frozen,
+            sensitivity=sensitivity,
+            max_items_per_client=max_items_per_client,
+            where=where,
+            layout=lambda t: RecordedCopy(t, recorded_names(t, rank_table)),
+            proof=lambda t: WriteLog(
+                t,
+                preparer.format_table(sa.table(t.copies.names.ranks, schema=t.namespace)),
+                "topk_" + hashlib.sha1(t.copies.names.ranks.encode()).hexdigest()[:12] + "_w",
+                shared=(t.dialect.stamps_table_sql(t.copies.stamps),),
+            ),
+        )
+
+    @property
+    def table_name(self) -> str:
+        return self.table
+
+    @property
+    def rank_table_name(self) -> str:
+        return self.copies.names.ranks
+
+    @property
+    def runs_table_name(self) -> str:
+        return self.copies.names.runs
+
+    def prepare(
+        self,
+        refresh: bool = False,
+        *,
+        index_source: bool = True,
+        statement_timeout: float | None = PostgresDialect.prepare_statement_timeout,
+        swap_timeout: float = PostgresDialect.swap_timeout,
+    ) -> None:
+        """Validate the counts and build the copy (adapters/sql/recorded.py); idempotent. With
+        `index_source`, indexes on (score DESC, id) and (id) of the table of counts. A rank
+        table that prepare() did not build is refused; one built from an earlier table of its
+        name, or with `refresh=True`, is rebuilt beside the old one and swapped in, waiting at
+        most `swap_timeout` seconds for runs still reading it. Each statement has
+        `statement_timeout` seconds (None: the server's setting)."""
+        super().prepare(
+            refresh,
+            index_source=index_source,
+            statement_timeout=statement_timeout,
+            swap_timeout=swap_timeout,
+        )
+
+
+SQLAlchemyTable.copy_classes.update(dict.fromkeys(DIALECTS, SQLAlchemyCopyTable))
+
+__all__ = ["DIALECTS", "SQLAlchemyCopyTable", "recorded_names"]
