@@ -7,7 +7,8 @@ are those of the exact histogram (ArraySource's runs) to the last digit, with th
 the rows read are the head plus one per distinct count at or below the head's last (exact
 access counts). On fractional scores every item is read at most max(bin width, d / 512) above
 its score (d: its distance below the head's last), checked depth by depth. Without the aggregate
-these stores were read in full (m rows). Cost: a few seconds (PostgreSQL and MariaDB tables).
+these stores were read in full (m rows; Spark refreshed its copy for it). Cost: a few seconds
+(PostgreSQL and MariaDB tables), and a Spark session (2-3 minutes on a loaded machine).
 """
 
 from __future__ import annotations
@@ -81,6 +82,31 @@ def test_preview_on_a_live_table_reads_the_head_and_one_aggregate(store, request
     assert found.accesses.round_trips == 3  # m, the head, the aggregate
     assert found.accesses.sorted == 0 and found.accesses.random == 0
     assert found.m == len(scores) and found.histogram_runs == exact.histogram_runs
+
+
+@pytest.mark.xdist_group("spark")
+def test_preview_on_a_spark_table_read_as_it_is(spark, spark_dir) -> None:
+    """A Parquet table written after its copy: a run reads the table itself (no runs there),
+    so the preview takes its top rows and one binned aggregate, with the exact histogram's
+    figures, and refreshes no copy."""
+    from adapters.spark import SparkTable
+    from tests.stores_spark import ID_COLUMN, SCORE_COLUMN, write_parquet
+
+    scores = counts()
+    path = str(spark_dir / "preview stale copy")
+    write_parquet(spark, path, np.ones(len(scores)), np.arange(len(scores)))
+    SparkTable(spark, path, id=ID_COLUMN, score=SCORE_COLUMN).prepare()
+    write_parquet(spark, path, scores, np.arange(len(scores)))
+    source = SparkTable(spark, path, id=ID_COLUMN, score=SCORE_COLUMN)
+    found = preview(source, K, epsilons=EPSILONS, methods=METHODS, trials=100)
+    assert source.last_freshness is not None and source.last_freshness["path"] == "table"
+    exact = preview(
+        ArraySource(np.sort(scores)[::-1]), K, epsilons=EPSILONS, methods=METHODS, trials=100
+    )
+    assert [o.as_dict() for o in found.outcomes] == [o.as_dict() for o in exact.outcomes]
+    head = HEAD_ROWS_PER_K * K + 1
+    top = np.sort(scores)[::-1][head - 1]
+    assert found.accesses.rows_fetched == head + len(np.unique(scores[scores <= top]))
 
 
 def test_binned_scores_are_read_at_most_a_bin_above(make_duckdb_live_source) -> None:

@@ -59,7 +59,14 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
+from topk_middleware.access import (
+    AccessError,
+    Rows,
+    RunTraits,
+    ScoreBins,
+    StoreCosts,
+    StoreTraits,
+)
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import check_sensitivity
 
@@ -67,6 +74,7 @@ from .._sql import rank_table_name, scores_in_order
 from .direct import (
     Direct,
     direct_costs,
+    direct_histogram,
     direct_oneshot,
     prepare_seconds,
     price,
@@ -769,6 +777,12 @@ class SparkTable:
         """ScoreRuns: how many runs of tied scores the version holds (None on the table)."""
         run = self._state()
         return None if run.direct is not None else run.version.runs  # type: ignore[union-attr]
+
+    def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
+        """access.ScoreHistogramRead, on the table itself (direct.direct_histogram); None on
+        the copy, whose runs serve the histogram."""
+        run = self._state()
+        return None if run.direct is None else direct_histogram(self, run.direct, bins)
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """ScoreRuns: (first rank, score) of every run, in rank order: from the manifest's row,

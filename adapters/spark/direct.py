@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from topk_middleware.access import AccessError, CopyRefresh, Rows, StoreCosts
+from topk_middleware.access import AccessError, CopyRefresh, Rows, ScoreBins, StoreCosts
 from topk_middleware.keyed_noise import (
     UNIFORM_BITS,
     UNIFORM_HEX,
@@ -209,6 +209,24 @@ def read_top(table: Any, direct: Direct, count: int) -> None:
     if len(set(ids.tolist())) != len(ids):
         raise AccessError(f"{table.where} has duplicate ids among its top rows")
     direct.facts.ids, direct.facts.scores, direct.facts.canonical = ids, scores, len(ids)
+
+
+def direct_histogram(table: Any, direct: Direct, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray]:
+    """access.ScoreHistogramRead on the table itself: the scores at or below `bins.top`, binned
+    by one aggregate query over the source (each bin's largest score and size)."""
+    F = functions_for(table.spark)
+    rows = table._columns(direct.frame)
+    got = table._query(
+        lambda: (
+            rows.where(F.col("score") <= F.lit(float(bins.top)))
+            .groupBy(F.expr(bins.sql("score")).alias("bin"))
+            .agg(F.max("score").alias("top"), F.count(F.lit(1)).alias("n"))
+            .toArrow()
+        ),
+        direct=True,
+    )
+    tops = np.asarray(got.column("top").to_pylist(), dtype=np.float64)
+    return tops, np.asarray(got.column("n").to_pylist(), dtype=np.int64)
 
 
 def id_noises(noise: KeyedNoise, ids: np.ndarray) -> np.ndarray:
