@@ -1,6 +1,6 @@
 """preview() on tables read as they are now, which keep no runs of tied scores: it reads the top
 16k + 1 rows by one sorted read and the rest by one binned aggregate (access.ScoreHistogramRead,
-topk_middleware/preview.py read_histogram), never all m rows.
+topk_middleware/score_histogram.py read_histogram), never all m rows.
 
 On integer counts the bins are one count wide, so the histogram is exact: the preview's figures
 are those of the exact histogram (ArraySource's runs) to the last digit, with the same seed, and
