@@ -50,6 +50,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from adapters._sql import rows_from_records
 from topk_middleware.access import Rows, StoreCosts
 
@@ -82,6 +84,7 @@ class Dialect:
     reads_tables = False
     snapshot_isolation: str | None = None
     max_id_bytes: int | None = None
+    whole_read_rows = 0  # a table read as it is now is read whole up to this many rows (whole.py)
     prepare_statement_timeout: float | None = None
     swap_timeout = 2.0
     score_types = "integers or floating point numbers"
@@ -311,6 +314,17 @@ class Dialect:
         return False
 
     # ----- reads ------------------------------------------------------------------------------
+    def read_arrays(self, driver: Driver, sql: str, names: tuple[str, ...]) -> dict[str, Any]:
+        """The result of `sql` (columns `names`) as numpy arrays by name: from its rows here; a
+        dialect whose driver reads numpy columns itself says so."""
+        rows = driver.execute(sql)
+        out = {}
+        for i, name in enumerate(names):
+            column = np.empty(len(rows), dtype=object)
+            column[:] = [row[i] for row in rows]
+            out[name] = column
+        return out
+
     def read_ranks(self, driver: Driver, ranks: str, start: int, stop: int, packed: bool) -> Rows:
         """Ranks [start, stop) of the copy, in rank order."""
         return rows_from_records(

@@ -144,6 +144,7 @@ class SQLTable:
         self.proof = (proof or dialect.proof)(self)
         self._run: Run | None = None
         self._oblivious = False  # inside oblivious_reads()
+        self.last_m: int | None = None  # the size a run last saw (whole.py)
         self.last_freshness: dict[str, Any] | None = None
 
     # ----- what the store declares (access.StoreTraits, RunTraits) ---------------------------
@@ -256,6 +257,7 @@ class SQLTable:
             try:
                 with self.dialect.run_transaction(self.driver, self._oblivious):
                     self._run = self._open_run(refreshes)
+                    self.last_m = self._run.m
                     opened = True
                     try:
                         yield
@@ -341,10 +343,13 @@ class SQLTable:
     def _table_run(self, report: dict[str, Any]) -> Run:
         """A run that reads the table itself: the dialect's own reads of it where it has them
         (`table_reads`); else the in-store one-shot on its slots (table_read.py), or, where the
-        relation has none (a view), by rank."""
-        reads = self.dialect.table_reads(self)
+        relation has none (a view), by rank. A small table is read whole (whole.py)."""
+        from .whole import WholeReads
+
+        whole = WholeReads.open(self)
+        reads = whole or self.dialect.table_reads(self)
         if reads is not None:
-            report["read"] = "table"
+            report["read"] = "table" if whole is None else "table whole"
             return Run("table", reads.m, freshness=report, reads=reads)
         from .table_read import open_table
 

@@ -70,6 +70,11 @@ STORE_COSTS = StoreCosts(
 OBLIVIOUS_COSTS_COPY = ObliviousCosts(fixed=3e-3, sorted_row=1e-6, random_row=3e-6)
 OBLIVIOUS_COSTS_LIVE = ObliviousCosts(fixed=6e-3, sorted_row=1e-6, random_row=3.3e-6)
 
+# A table read as it is now is read whole (adapters/sql/whole.py) up to this many rows: below it
+# one read and a release in memory cost less than the table's run (its first statements and the
+# in-store one-shot's three), measured by benchmarks/sizes.py.
+WHOLE_READ_ROWS = 20_000
+
 # Where a run's catalog lookups find tables: the current database, the schema without case.
 WHERE_SCHEMA = (
     "database_name = current_database() "
@@ -133,6 +138,7 @@ class DuckDBDialect(Dialect):
     score_types = "an integer, floating point or decimal type"
     id_types = "any type with an equality"
     costs = STORE_COSTS
+    whole_read_rows = WHOLE_READ_ROWS
 
     def layout(self, t: Any) -> Any:
         from .copy import DuckDBCopy
@@ -207,6 +213,10 @@ class DuckDBDialect(Dialect):
             "AND lower(table_name) = lower(:name)",
             {"schema": namespace, "name": table},
         )
+
+    def read_arrays(self, driver: Any, sql: str, names: tuple[str, ...]) -> dict[str, Any]:
+        """DuckDB reads numpy columns itself (fetchnumpy)."""
+        return dict(driver.arrays(sql))
 
     # ----- fragments -------------------------------------------------------------------------
     def double(self, expr: str) -> str:
