@@ -292,7 +292,7 @@ class DuckDBTable(SQLTable):
         )
         into = into or f"{votes}_counts"
         try:
-            driver = DuckDBDriver(con)
+            driver = DuckDBDriver(con, cursors=False)  # sees the caller's registered frames
             counts = count_votes(
                 dialect,
                 driver,

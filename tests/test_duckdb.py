@@ -192,6 +192,20 @@ def test_from_votes_counts_distinct_clients_over_all_items() -> None:
         DuckDBTable.from_votes(con, "Raw Votes", "items", client="Client", item="what", into="x")
 
 
+def test_from_votes_reads_a_frame_registered_on_the_connection() -> None:
+    """Votes in an Arrow table registered on the caller's connection (a view only that
+    connection sees) are counted: from_votes runs on the connection, not a cursor of its own."""
+    import pyarrow as pa
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE items AS SELECT range AS id FROM range(4)")
+    con.register("votes", pa.table({"client": [1, 2, 3, 1], "item": [1, 1, 2, 3]}))
+    source = DuckDBTable.from_votes(con, "votes", "items")
+    with source.snapshot():
+        rows = source.read_sorted(0, 4)
+    assert rows.ids.tolist() == [1, 2, 3, 0] and rows.scores.tolist() == [2.0, 1.0, 1.0, 0.0]
+
+
 def test_a_database_file_path(tmp_path: Path) -> None:
     path = tmp_path / "counts.duckdb"
     with duckdb.connect(str(path)) as con:

@@ -401,18 +401,21 @@ class SQLAlchemyDriver(Driver):
 
 
 class DuckDBDriver(Driver):
-    """A DuckDB connection (`$name`). Each outermost transaction runs on a cursor of its own,
-    never in one the caller holds open, begins in its first statement, and (read-only) ends by
-    closing its cursor; one inside another joins it (no savepoints). `arrays()`: fetchnumpy."""
+    """A DuckDB connection (`$name`). With `cursors` (a source's runs and prepare()), each
+    outermost transaction runs on a cursor of its own, never in one the caller holds open,
+    begins in its first statement and, read-only, ends by closing its cursor (two statements
+    fewer a run). Without (from_votes, which reads the caller's registered frames), it runs on
+    the connection itself. One inside another joins it (DuckDB has no savepoints). `arrays()`:
+    the result's numpy columns (fetchnumpy)."""
 
     style = "dollar"
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, *, cursors: bool = True) -> None:
         import duckdb
 
-        self.conn = connection
+        self.conn, self.cursors = connection, cursors
         self.errors = (duckdb.Error,)
-        self._cursor: Any = None  # the open transaction's cursor
+        self._cursor: Any = None  # the open transaction's connection
         self._begin: str | None = None  # the BEGIN its first statement still has to send
 
     def _run(self, sql: str, params: Mapping[str, Any] | None) -> Any:
@@ -436,6 +439,9 @@ class DuckDBDriver(Driver):
         if self._cursor is not None:  # no savepoints: joins the transaction in progress
             yield
             return
+        if not self.cursors:
+            yield from self._on_connection()
+            return
         self._cursor = cursor = self.conn.cursor()
         self._begin = "BEGIN TRANSACTION" + (" READ ONLY" if read_only else "")
         try:
@@ -445,6 +451,19 @@ class DuckDBDriver(Driver):
         finally:  # closing the cursor rolls back what it did not commit
             self._cursor, self._begin = None, None
             cursor.close()
+
+    def _on_connection(self) -> Iterator[None]:
+        """A transaction on the connection itself."""
+        self.conn.execute("BEGIN TRANSACTION")
+        self._cursor = self.conn
+        try:
+            yield
+        except BaseException:
+            self._cursor = None
+            self.conn.execute("ROLLBACK")
+            raise
+        self._cursor = None
+        self.conn.execute("COMMIT")
 
     @property
     def in_transaction(self) -> bool:
