@@ -4,7 +4,7 @@
 
 It loads a table (id BIGINT, score BIGINT; ids a seeded permutation, counts of
 benchmarks/common.py) into the server of TOPK_PG_DSN, installs the schema topk
-(frontends/sql_function.py; from this checkout and virtual environment) and registers the
+(frontends/sql/install.py; from this checkout and virtual environment) and registers the
 table (live-mode preparation, timed; --keep, then --reuse, skip loading it again). Then,
 interleaved rep by rep (the order turning each rep, so that each method follows the 3-second
 one-shot query as often) after one untimed warm-up of each, all with k, epsilon, no seed (the

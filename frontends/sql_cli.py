@@ -1,4 +1,4 @@
-"""The command line's `install-sql` and `uninstall-sql` (frontends/sql_function.py does the
+"""The command line's `install-sql` and `uninstall-sql` (frontends/sql/install.py does the
 work): their parsers, and the handlers that print what was done. Kept apart so that every other
 command's parser is built without loading the installer (about 7 ms of imports a run)."""
 
@@ -71,7 +71,8 @@ def add_uninstall_sql_parser(sub: Any) -> None:
 
 def run_uninstall_sql(args: Any) -> int:
     """uninstall-sql: `uninstall`, then what was removed and what stays."""
-    from frontends.sql_function import SCHEMA, uninstall
+    from frontends.sql.functions import SCHEMA
+    from frontends.sql.install import uninstall
 
     done = uninstall(args.dsn, drop_ledger=args.drop_ledger)
     if not done.schema_dropped:
@@ -91,7 +92,8 @@ def run_uninstall_sql(args: Any) -> int:
 def run_install_sql(args: Any) -> int:
     """install-sql: install, then register --source if given (the CLI reports errors in one
     line, without a traceback: cli.run_reporting_errors)."""
-    from frontends.sql_function import install, register_source, registered_sensitivity
+    from frontends.sql.install import install
+    from frontends.sql.sources import register_source, registered_sensitivity
 
     done = install(args.dsn, args.ledger_dsn)
     print(f"installed schema topk: server {done.server}")

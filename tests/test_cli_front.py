@@ -114,6 +114,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 # Modules an oblivious release (the default) does not run: the installer of the SQL functions,
 # and the threshold algorithm's noise lists and cost model (an --adaptive release uses them).
 NOT_IN_AN_OBLIVIOUS_RELEASE = {
+    "frontends.sql",  # the package, imported with any of its modules
     "frontends.sql_function",
     "topk_middleware.lazy_noise",
     "topk_middleware.mechanisms.cost_aware",

@@ -30,6 +30,7 @@ from psycopg import sql
 from scipy import stats
 
 from frontends import cli, sql_function
+from frontends.sql import bodies as bodies_module
 from topk_middleware.accounting import PrivacyCost, compose, oblivious_cost, oneshot_cost
 from topk_middleware.ledger import cost_from_json
 from topk_middleware.mechanisms.joint import joint_cost
@@ -667,8 +668,9 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
     body = (
         "import json\n"
         "from frontends.plpython import SPITable\n"
+        "from frontends.sql.sources import registration\n"
         "from topk_middleware import private_top_k\n"
-        "f = GD['topk']._registration(plpy, GD, source)\n"
+        "f = registration(plpy, GD, source)\n"
         "t = SPITable(plpy, f['relation'], f['id_column'], f['score_column'], f['id_type'], "
         "f['score_type'], f['position_table'], f['trigger_prefix'], bool(f['text_ids']))\n"
         "t.sensitivity = 1.0  # declared by the registration (never assumed)\n"
@@ -711,6 +713,60 @@ def test_spi_reads_serve_the_canonical_order_with_ties_and_text_ids(
             assert [tuple(r) for r in order] == canonical
             assert (method, oracle) == ("threshold", "eager")
             assert threshold == oneshot and len(set(threshold)) == 10
+
+
+# The first lines of the bodies in a database whose functions were installed while BOOT imported
+# the module frontends.sql_function: they stay in the database until install-sql runs again.
+SQL_FUNCTION_BOOT = """if "topk" not in GD:
+    import site, sys
+    _where = plpy.execute("SELECT project_path, site_packages FROM topk.settings")
+    if not len(_where):
+        plpy.error("topk: not installed (no row in topk.settings): run topk-middleware install-sql")
+    sys.path.insert(0, _where[0]["project_path"])
+    site.addsitedir(_where[0]["site_packages"])
+    from frontends import sql_function
+    GD["topk"] = sql_function"""
+
+
+def test_bodies_importing_frontends_sql_function_keep_working(
+    pg_conninfo: str, pg_schema: str, installed: sql_function.Installed
+) -> None:
+    """A body whose BOOT imports frontends.sql_function, in a session where no other body has
+    set GD["topk"], finds there every server_* that an installed function calls, and runs one
+    (server_check, which opens the ledger); the bodies install-sql writes import
+    frontends.sql.bodies, whose server_* are the same functions."""
+    probe = sql.Identifier(pg_schema, "sql_function_boot_probe")
+    servers = sorted({f.server for f in sql_function.SQL_FUNCTIONS} | {"server_check"})
+    body = (
+        "import json\n"
+        f"missing = [n for n in {servers!r} if not callable(getattr(GD['topk'], n, None))]\n"
+        "return json.dumps([GD['topk'].__name__, missing, GD['topk'].server_check(plpy, GD)])\n"
+    )
+    with kept(pg_conninfo) as admin:
+        admin.execute(
+            sql.SQL("CREATE FUNCTION {}() RETURNS text LANGUAGE plpython3u AS {}").format(
+                probe, sql.Literal(SQL_FUNCTION_BOOT + "\n" + body)
+            )
+        )
+        bodies = admin.execute(
+            "SELECT p.proname, p.prosrc FROM pg_proc AS p JOIN pg_language AS l "
+            "ON l.oid = p.prolang WHERE p.pronamespace = 'topk'::regnamespace "
+            "AND l.lanname = 'plpython3u'"
+        ).fetchall()
+    try:
+        with psycopg.connect(pg_conninfo, autocommit=True) as fresh:
+            (text,) = fresh.execute(sql.SQL("SELECT {}()").format(probe)).fetchone()
+        module, missing, server = json.loads(text)
+        assert (module, missing) == ("frontends.sql_function", [])
+        assert server.startswith("Python 3.") and "topk_middleware from" in server
+    finally:
+        with kept(pg_conninfo) as admin:
+            admin.execute(sql.SQL("DROP FUNCTION {}()").format(probe))
+    assert len(bodies) == len(sql_function.SQL_FUNCTIONS) + 1  # and topk._check
+    assert all("from frontends.sql import bodies" in source for _, source in bodies)
+    assert {getattr(sql_function, name) for name in servers} == {
+        getattr(bodies_module, name) for name in servers
+    }
 
 
 # ----- the other mechanisms: topk.exponential_mechanism, peeling_top_k, joint_top_k,

@@ -3,7 +3,7 @@ whoever runs the core may supply what `check()` does (`checking(hook)`).
 
 Inside PostgreSQL, PL/Python runs pure Python and numpy without looking at the server's pending
 interrupts (pg_cancel_backend, statement_timeout, pg_terminate_backend): only a call into the
-server does. The SQL functions (frontends/sql_function.py) therefore supply a hook that makes a
+server does. The SQL functions (frontends/sql/bodies.py) therefore supply a hook that makes a
 cheap server round trip, where the server raises the pending interrupt. `check()` calls the hook
 at most once per INTERVAL seconds (a monotonic clock read otherwise), so a loop may call it
 every iteration. The core defines the hook's place and never imports a front end.

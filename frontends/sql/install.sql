@@ -1,6 +1,6 @@
 -- topk_middleware inside PostgreSQL: the schema `topk` (installed by `topk-middleware install-sql`,
--- frontends/sql_function.py; idempotent).
--- The PL/Python bodies call frontends.sql_function; their first lines (sql_function.BOOT,
+-- frontends/sql/install.py; idempotent).
+-- The PL/Python bodies call frontends.sql.bodies; their first lines (functions.BOOT,
 -- put in by install-sql) make the project importable once per session (topk.settings: the checkout and the virtual environment's site-packages).
 CREATE EXTENSION IF NOT EXISTS plpython3u;
 CREATE SCHEMA IF NOT EXISTS topk;
@@ -70,7 +70,7 @@ DELETE FROM topk.sources AS s  -- registrations of tables dropped before the tri
 WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.source)
    OR NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = s.position_table);
 
--- What analysts and administrators call (sql_function.SQL_FUNCTIONS, appended by install-sql):
+-- What analysts and administrators call (functions.SQL_FUNCTIONS, appended by install-sql):
 -- plpgsql fronts over PL/Python bodies (topk._*). A front hands every error of its body to
 -- topk._refuse, which raises a refusal of the project (plpy.Error "topk: ...") again as a plain
 -- SQL error with its SQLSTATE, message and hint, without PL/Python's exception name and traceback,
