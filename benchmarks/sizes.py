@@ -1,7 +1,7 @@
 """Every table size and state against the store's own one-shot query.
 
     python -m benchmarks sizes [--quick] [--ms 1e3 1e4 1e5 1e6 1e7] [--families zipf ...]
-        [--stores duckdb postgres-copy postgres-live sqlite sqlalchemy-postgresql]
+        [--stores duckdb postgres-copy postgres-live sqlite mariadb sqlalchemy-postgresql]
         [--reps 3] [--rounds 3] [--sqlalchemy-max-m 1e5]
 
 For each store, family and m (k = 10, epsilon = 1, the default method), a table of m rows
@@ -12,19 +12,19 @@ has:
   ``writes`` (not frozen, 1% of the rows moved by +1..+3 before each release);
 - PostgreSQL copy mode (`PostgresTable`): ``current`` (the copy proven current), ``writes``;
 - PostgreSQL live mode: ``live``, ``writes``;
-- SQLAlchemy copy mode on SQLite and PostgreSQL: ``current``, ``writes`` (up to
-  --sqlalchemy-max-m rows: loading goes through the driver).
+- SQLAlchemy copy mode on SQLite, MariaDB (PyMySQL) and PostgreSQL: ``current``, ``writes``
+  (up to --sqlalchemy-max-m rows: loading goes through the driver).
 
 ``writes`` runs --rounds rounds, each one write batch then one release, the copy never
 refreshed in between (1%, 2%, 3% of m changed since the copy). Each release is timed
-interleaved with the store's own one-shot query, `ORDER BY score - b ln(-ln random()) LIMIT
-k` (b the release's Gumbel scale; SQLite: a registered Gumbel function), on the same table in
-the same state. Each point reports the release's median seconds, the query's, their ratio
-(`vs_query`, above 1 the release is faster), and the ratio against the floor (`vs_floor`, the
-floor's seconds over the release's): for m <= 10^5 a full read of (id, score) into numpy plus
-an in-memory release (ArraySource, the one-shot); above, one query reading the release's own
-rows (`rows_fetched`) by rank range from the store's copy (DuckDB, PostgreSQL copy mode; none
-elsewhere).
+interleaved with the store's own one-shot query, `ORDER BY score - b ln(-ln random()) LIMIT k`
+(b the release's Gumbel scale; SQLite: a registered Gumbel function; MariaDB: rand()), on the
+same table in the same state. Each point reports the release's median seconds, the query's,
+their ratio (`vs_query`, above 1 the release is faster), and the ratio against the floor
+(`vs_floor`, the floor's seconds over the release's): for m <= 10^5 a full read of (id, score)
+into numpy plus an in-memory release (ArraySource, the one-shot); above, one query reading the
+release's own rows (`rows_fetched`) by rank range from the store's copy (DuckDB, PostgreSQL
+copy mode; none elsewhere).
 
 `--quick`: m in {10^3, 10^4}, zipf and tied plateau, one rep, two rounds: a smoke run of every
 store (results in benchmarks/scratch/). The JSON goes to benchmarks/results/sizes.json, the
@@ -52,12 +52,14 @@ from .freshness import round_scores
 from .wallclock import gumbel_scale
 
 FAMILIES = ("zipf", "plateau", "distinct", "uniform", "sparse")  # plateau tied, distinct untied
-STORES = ("duckdb", "postgres-copy", "postgres-live", "sqlite", "sqlalchemy-postgresql")
+STORES = ("duckdb", "postgres-copy", "postgres-live", "sqlite", "mariadb", "sqlalchemy-postgresql")
+SQLALCHEMY_STORES = ("sqlite", "mariadb", "sqlalchemy-postgresql")
 STATES = {
     "duckdb": ("frozen", "default", "writes"),
     "postgres-copy": ("current", "writes"),
     "postgres-live": ("live", "writes"),
     "sqlite": ("current", "writes"),
+    "mariadb": ("current", "writes"),
     "sqlalchemy-postgresql": ("current", "writes"),
 }
 WRITE_FRACTION = 0.01
@@ -183,11 +185,11 @@ def _sqlalchemy(
 
     from .freshness_copy import _engine
 
-    engine = _engine("postgresql" if dialect != "sqlite" else "sqlite", dsn, workdir)
+    engine = _engine(dialect if dialect in ("sqlite", "mariadb") else "postgresql", dsn, workdir)
     name = f"topk_sizes_{uuid.uuid4().hex[:8]}"
     with engine.begin() as conn:
         conn.exec_driver_sql(f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, score BIGINT NOT NULL)")
-        if dialect == "sqlite":
+        if dialect in ("sqlite", "mariadb"):
             t = sa.table(name, sa.column("id"), sa.column("score"))
             rows = [{"id": int(i), "score": int(s)} for i, s in zip(ids, scores, strict=True)]
             for at in range(0, len(rows), 50_000):
@@ -200,7 +202,7 @@ def _sqlalchemy(
     source = SQLAlchemyTable(engine, name)
     source.prepare()
     sqlrng = np.random.default_rng(0)
-    gumbel = "+ topk_gumbel()" if dialect == "sqlite" else None
+    gumbel = {"sqlite": "+ topk_gumbel()", "mariadb": f"- {scale!r} * ln(-ln(rand()))"}.get(dialect)
     text = _query_text(name, scale, k, gumbel)
 
     def query() -> Any:
@@ -404,7 +406,7 @@ def main(args: argparse.Namespace) -> Path:
     with tempfile.TemporaryDirectory() as workdir:
         for m in sorted(int(x) for x in args.ms):
             for store in args.stores:
-                if store in ("sqlite", "sqlalchemy-postgresql") and m > args.sqlalchemy_max_m:
+                if store in SQLALCHEMY_STORES and m > args.sqlalchemy_max_m:
                     continue
                 for state in STATES[store]:
                     if args.states and state not in args.states:
