@@ -4,8 +4,9 @@ is read, released or charged (DESIGN invariant 6), in the project's words.
 * `refuse_columns`: the table exists and has the id and score columns, the score of a numeric
   type, the id of a type with an equality and an order (the dialect's `Column`);
 * `validate`: one pass over the table (no NULL or repeated id, no NULL, NaN, infinite or
-  negative score, not empty), after the scores a double cannot hold and the ids too long for
-  the copy's index are refused (a clear error instead of a cast or index failure);
+  negative score, no score that is not a number where types are hints, not empty), after the
+  scores a double cannot hold and the ids too long for the copy's index are refused (a clear
+  error instead of a cast or index failure);
 * `check_copy`: a copy just built is a valid histogram, where the store has no snapshot
   transaction to make validation and copy read one state.
 """
@@ -27,7 +28,9 @@ def refuse_columns(t: Any) -> tuple[Column, Column]:
     for name in (t.id_column, t.score_column):
         if name not in columns:
             raise ValueError(f"{t.where} has no column {name!r} (columns: {sorted(columns)})")
-    id_info, score_info = columns[t.id_column], columns[t.score_column]
+    d = t.dialect
+    id_info = d.counts_column(t.where, "id", t.id_column, columns[t.id_column])
+    score_info = d.counts_column(t.where, "score", t.score_column, columns[t.score_column])
     if score_info.kind not in (INTEGER, FLOAT):
         raise TypeError(
             f"{t.where} column {t.score_column!r} must be numeric, it is {score_info.type} "
@@ -57,16 +60,18 @@ def validate(t: Any) -> int:
         longest = driver.scalar(f"SELECT max({d.id_length(i)}) FROM {t.source}")
         if longest and longest > d.max_id_bytes:
             raise ValueError(
-                f"{t.where} column {t.id_column!r} has an id of {longest} bytes: ids of at most "
-                f"{d.max_id_bytes} bytes can be indexed"
+                f"{t.where} column {t.id_column!r} has an id of {longest} {d.id_length_unit}: "
+                f"ids of at most {d.max_id_bytes} {d.id_length_unit} can be indexed"
             )
     bad = d.non_finite(s, t.score_info) or "1 = 0"
+    odd = d.non_numbers(s) or "1 = 0"
     key = d.byte_order(i) if t.text_ids else i  # ids equal only byte for byte
     row = driver.one(
         f"SELECT count(*), count(*) - count({i}), count(DISTINCT {key}), count(*) - count({s}), "
-        f"{d.count_if(bad)}, {d.count_if(f'{s} < 0')} FROM {t.source}"
+        f"{d.count_if(bad)}, {d.count_if(f'{s} < 0')}, {d.count_if(odd)} FROM {t.source}"
     )
-    facts = TableFacts(*(int(x or 0) for x in row))
+    refuse_non_numbers(t, int(row[0] or 0), int(row[6] or 0))
+    facts = TableFacts(*(int(x or 0) for x in row[:6]))
     duplicate = None
     if facts.null_ids == 0 and facts.distinct_ids != facts.rows:
         duplicate = driver.scalar(
@@ -74,6 +79,12 @@ def validate(t: Any) -> int:
         )
     raise_if_invalid(facts, t.where, t.id_column, t.score_column, duplicate)
     return facts.rows
+
+
+def refuse_non_numbers(t: Any, rows: int, count: int) -> None:
+    """Values of the score column that are not numbers (a store whose types are hints)."""
+    if rows and count:
+        raise TypeError(f"{t.where} column {t.score_column!r} has {count} non-numeric value(s)")
 
 
 def check_copy(t: Any, ranks: str) -> None:
@@ -92,4 +103,4 @@ def check_copy(t: Any, ranks: str) -> None:
         )
 
 
-__all__ = ["check_copy", "refuse_columns", "validate"]
+__all__ = ["check_copy", "refuse_columns", "refuse_non_numbers", "validate"]

@@ -302,7 +302,7 @@ class NamedCopy:
                 "random by rank",
                 f"SELECT r.rank, r.id, r.score FROM {source} AS r "
                 f"WHERE {d.member('r.rank', 'ranks', 'integer')} ORDER BY r.rank",
-                {"ranks": [1, 2, 3]},
+                {"ranks": d.array_value([1, 2, 3], "integer", t.driver)},
             ),
             (
                 "random by id",

@@ -12,13 +12,19 @@ The surface, by group (the base gives a portable default where one exists):
 
 * flags: `supports_in_store_oneshot` (keyed noise in SQL), `reads_tables` (a run may read the
   table itself where the copy is stale: table_read.py), `snapshot_isolation` (the isolation
-  of a run's and a build's transaction; None: the store has none), `max_id_bytes`;
-* the copy's layout and proof for a table (`layout`, `proof`: copies.py, freshness.py);
-* names: `quote`, `qualified`, `resolve` (the catalog's spelling of a table, so that every
-  spelling derives the same copy names);
-* catalog: `columns` (each column's `Column`), `comment` (the text that may hold from_votes'
-  record), `tables_like`, `exists_sql`, `comment_sql` / `comment_statement` (a table's
-  comment, where the layout keeps its record), `fingerprint_sql` / `fingerprint`;
+  of a run's and a build's transaction; None: the store has none), `max_id_bytes` (and
+  `id_length_unit`), `catalog_version_sql` (a value any change to the catalog moves, where a
+  table's identity in the catalog is not lasting);
+* the copy's layout and proof for a table (`layout`, `proof`: copies.py, freshness.py; a
+  declared copy's trigger proof: `trigger_proof`, with the SQL modules `writes` or
+  `row_stamps`);
+* names: `quote`, `qualified`, `split`, `literal`, `resolve` (the catalog's spelling of a table,
+  so that every spelling derives the same copy names);
+* catalog: `columns` (each column's `Column`; `counts_column`: the id and score as the engine
+  treats them, or the store's own refusal), `comment` (the text that may hold from_votes'
+  record), `identity_fact_sql` (a table's lasting identity), `tables_like`, `exists_sql`,
+  `comment_sql` / `comment_statement` (a table's comment, where the layout keeps its record),
+  `fingerprint_sql` / `fingerprint`;
 * fragments: `double`, `byte_order` (text compared in byte order), `count_if`, `non_finite`,
   `beyond_double`, `id_length`, `member` and `array_value` (an array bound as one parameter),
   `keyed_uniform` (U_p of keyed_noise.py: SHA-256 of "key:position"), `oneshot_sql`;
@@ -26,8 +32,11 @@ The surface, by group (the base gives a portable default where one exists):
   key and a message; None: the store has none), `integer`, `floor_units`, `non_numbers` (values
   of a numeric column that are not numbers, where types are hints), `is_table`;
 * DDL: `create_rank_table`, `create_runs_table`, `create_index_sql`, `rename_table_sql`,
-  `rename_index_sql`, `drop_table`, `analyze_sql`, and versioned copies' manifest
-  (`create_manifest`, `record_version_sql`, `forget_version_sql`);
+  `rename_index_sql`, `drop_table`, `analyze`, versioned copies' manifest
+  (`create_manifest`, `record_version_sql`, `forget_version_sql`), and declared copies'
+  tables (recorded.py: `declared_table_sql`, `id_copy_type`, `plain_index_sql`,
+  `id_index_key`, `indexes_ids`, `drop_index_sql`, `fingerprints_table_sql`,
+  `stamps_table_sql`, `upsert_sql`, `refresh_beside`);
 * sessions and errors: `prepare_lock`, `limit_statements`, `lock_timeout`, `run_transaction`,
   `hides_statistics`, and what an error was (`lock_not_available`, `canceled`,
   `insufficient_privilege`);
@@ -85,12 +94,17 @@ class Dialect:
     snapshot_isolation: str | None = None
     max_id_bytes: int | None = None
     whole_read_rows = 0  # a table read as it is now is read whole up to this many rows (whole.py)
+    id_length_unit = "bytes"  # what `id_length` counts
+    refresh_beside = False  # a declared copy's refresh builds beside it and swaps (recorded.py)
+    catalog_version_sql: str | None = None
     prepare_statement_timeout: float | None = None
     swap_timeout = 2.0
     score_types = "integers or floating point numbers"
     id_types = "integers or text"
     costs = StoreCosts()
     writes: Any = None
+    row_stamps: Any = None
+    trigger_proof: Any = None  # the proof class of a copy declared by SQLAlchemyTable
     changes: Any = None
     oblivious_sql: Any = None
 
@@ -114,6 +128,29 @@ class Dialect:
             return self.quote(name)
         return f"{self.quote(namespace)}.{self.quote(name)}"
 
+    def split(self, qualified: str) -> tuple[str | None, str]:
+        """(namespace, name) of a name `qualified` wrote."""
+        q = self.quote("")[0]
+        parts, i = [], 0
+        while i < len(qualified):
+            if qualified[i] != q:
+                raise ValueError(f"not a name this dialect quoted: {qualified!r}")
+            part, j = [], i + 1
+            while True:
+                end = qualified.index(q, j)
+                part.append(qualified[j:end])
+                if qualified[end + 1 : end + 2] != q:
+                    break
+                part.append(q)
+                j = end + 2
+            parts.append("".join(part))
+            i = end + 2  # past the closing quote and the dot
+        return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+    def literal(self, text: str) -> str:
+        """A string literal holding `text`."""
+        return "'" + text.replace("'", "''") + "'"
+
     def resolve(self, driver: Driver, table: str, namespace: str | None) -> tuple[Any, str]:
         """The (namespace, table) a name means in the store, however it was spelt: the copy's
         names derive from it, so that cleanup finds them from any spelling."""
@@ -122,6 +159,24 @@ class Dialect:
     # ----- catalog ----------------------------------------------------------------------------
     def columns(self, driver: Driver, namespace: Any, table: str) -> dict[str, Column] | None:
         """The table's columns (Column), in order; None where there is no such table."""
+        raise NotImplementedError
+
+    def counts_column(self, where: str, role: str, name: str, column: Column) -> Column:
+        """The id (`role` "id") or score column as the engine should treat it, or a refusal in
+        the store's own words (a TypeError naming `where` and `name`)."""
+        return column
+
+    def id_index_key(self, expr: str) -> str:
+        """The id as a B-tree on the table of counts orders it (where an index can say so, in
+        byte order)."""
+        return self.byte_order(expr)
+
+    def indexes_ids(self, column: Column) -> bool:
+        """Whether an index on the table's id column can hold every id whole."""
+        return True
+
+    def identity_fact_sql(self, qualified: str) -> str:
+        """SQL of a table's lasting identity in the catalog, as text (recorded.py's mark)."""
         raise NotImplementedError
 
     def comment(self, driver: Driver, namespace: Any, table: str) -> str | None:
@@ -252,6 +307,51 @@ class Dialect:
     ) -> str:
         raise NotImplementedError
 
+    # the layout of declared tables (recorded.py)
+    def declared_table_sql(
+        self, target: str, columns: list[tuple[str, str]], key: str, key_name: str | None
+    ) -> str:
+        """CREATE TABLE of NOT NULL columns with a primary key (named where `key_name`)."""
+        body = ", ".join(f"{self.quote(c)} {kind} NOT NULL" for c, kind in columns)
+        name = "" if not key_name else f"CONSTRAINT {self.quote(key_name)} "
+        return f"CREATE TABLE {target} ({body}, {name}PRIMARY KEY ({self.quote(key)}))"
+
+    def id_copy_type(self, column: Column) -> str:
+        """The copy's id column type: the table's (text in byte order where that differs)."""
+        return column.type
+
+    def score_copy_type(self, column: Column) -> str:
+        return column.type
+
+    def plain_index_sql(self, index: str, table: str, columns: str) -> str:
+        return f"CREATE INDEX IF NOT EXISTS {self.quote(index)} ON {table} ({columns})"
+
+    def drop_index_sql(self, qualified: str, table: str) -> str:
+        """Drop the index `qualified` of `table`, if it exists."""
+        return f"DROP INDEX IF EXISTS {qualified}"
+
+    def fingerprints_table_sql(self, qualified: str) -> str:
+        return (
+            f"CREATE TABLE IF NOT EXISTS {qualified} (rank_table VARCHAR(255) NOT NULL, "
+            "mark BIGINT NOT NULL, PRIMARY KEY (rank_table))"
+        )
+
+    def stamps_table_sql(self, qualified: str) -> str:
+        return (
+            f"CREATE TABLE IF NOT EXISTS {qualified} (rank_table VARCHAR(255) NOT NULL "
+            "PRIMARY KEY, stamp TEXT)"
+        )
+
+    def upsert_sql(self, table: str, columns: list[str]) -> str:
+        """Insert a row (:column each), replacing the row of the same first column (its
+        primary key), in one statement."""
+        key, rest = columns[0], columns[1:]
+        update = ", ".join(f"{c} = excluded.{c}" for c in rest)
+        return (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+            f"({', '.join(':' + c for c in columns)}) ON CONFLICT ({key}) DO UPDATE SET {update}"
+        )
+
     def rename_table_sql(self, qualified: str, name: str) -> str:
         raise NotImplementedError
 
@@ -260,6 +360,10 @@ class Dialect:
 
     def drop_table(self, qualified: str) -> str:
         return f"DROP TABLE IF EXISTS {qualified}"
+
+    def analyze(self, driver: Driver, qualified: str) -> None:
+        """Fresh planner statistics for a table prepare() built."""
+        driver.execute(self.analyze_sql(qualified))
 
     def analyze_sql(self, qualified: str) -> str:
         return f"ANALYZE {qualified}"
@@ -334,6 +438,13 @@ class Dialect:
                 {"start": int(start), "stop": int(stop)},
             )
         )
+
+    def read_runs(self, driver: Driver, runs: str | None, count: int | None) -> Any:
+        """(first rank, score) of every run of tied scores, in rank order, in one query."""
+        rows = driver.execute(f"SELECT first_rank, score FROM {runs} ORDER BY first_rank")
+        first = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        scores = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
+        return first, scores
 
     def open_table(self, t: Any) -> Any:
         """The first query of a run that reads the table (table_read.py), or None where the

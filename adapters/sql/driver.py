@@ -134,6 +134,11 @@ class Driver:
             f"{where}: the connection was lost during the run ({first_line(error)})"
         )
 
+    def dbapi_connection(self) -> Any:
+        """The DBAPI connection statements run on now (a dialect registers a function on it),
+        None where there is none or no session is open."""
+        return None
+
     def close(self) -> None:
         """Release what this driver opened (never a connection the caller passed in)."""
 
@@ -392,6 +397,9 @@ class SQLAlchemyDriver(Driver):
 
     def sqlstate(self, error: BaseException) -> str | None:
         return getattr(getattr(error, "orig", None), "sqlstate", None)
+
+    def dbapi_connection(self) -> Any:
+        return None if self._conn is None else self._conn.connection.driver_connection
 
     def lost(self, error: BaseException | None = None) -> bool:
         return bool(getattr(error, "connection_invalidated", False))

@@ -140,6 +140,8 @@ class SQLTable:
         self.sensitivity, self.max_items_per_client = resolve_declared(
             sensitivity, max_items_per_client, record, self.where
         )
+        if not dialect.supports_in_store_oneshot or not driver.binds_on_server:
+            self.read_oneshot = None  # type: ignore[assignment,method-assign]  # not offered
         self.copies = (layout or dialect.layout)(self)
         self.proof = (proof or dialect.proof)(self)
         self._run: Run | None = None
@@ -518,10 +520,9 @@ class SQLTable:
         """The k rows of largest min(score, cap) + keyed noise, best first, ties by smaller
         position, in one statement (keyed_noise.py) over the copy, the table's slots
         (table_read.py) or the copy around the changes (around.py). The key and the
-        exceedances are parameters, never statement text; None where the driver would write
-        them into it or the dialect has no keyed hash."""
-        if not self.dialect.supports_in_store_oneshot or not self.driver.binds_on_server:
-            return None
+        exceedances are parameters, never statement text: where the driver would write them
+        into it, or the dialect has no keyed hash, the table offers no in-store one-shot (the
+        constructor sets read_oneshot to None)."""
         with self._in_run():
             run = self._state()
             if run.reads is not None:

@@ -15,6 +15,13 @@ this table current). Each proof also says how it knew (`said`, in run_freshness(
   warning: runs then read the table itself. A copy of a frozen table is proven by the
   caller's promise. Beside the log, the layout may keep a change log to read a stale copy
   around (around.py): installed, stamped and dropped with it.
+* `RowStamps`: row triggers count each written row (the dialect's `row_stamps` SQL), where a
+  store has no statement triggers over transition tables. prepare() makes them, where
+  missing, before the copy's transaction (under the store's write lock where it has one); in
+  that transaction the copy is stamped with what its snapshot saw (a counter's value, or the
+  triggers' names and creation times after deleting the log rows the snapshot saw and no
+  writer changed since); the run's first query proves the copy current where the stamp still
+  holds (the counter unchanged, or no log row left; the triggers there).
 * `Unprovable`: nothing can prove a copy current (no trigger, and no catalog value an UPDATE
   in place changes): a run that is not frozen reads the table as it is now.
 * `Fingerprint`: a catalog value that changes with every write (the dialect's `fingerprint`:
@@ -199,10 +206,91 @@ class WriteLog:
         return "written"
 
 
+class RowStamps:
+    """The row triggers and stamp of one copy (module docstring). `key_name` is the text its
+    key is hashed from (the copy's qualified name), `trigger` its triggers' name (one per
+    event: `<trigger>_ins`, `_upd`, `_del`), `shared` statements making tables the layout's
+    copies share."""
+
+    proves = True
+    said = {"proof": "triggers"}  # noqa: RUF012
+
+    def __init__(self, t: Any, key_name: str, trigger: str, *, shared: tuple[str, ...] = ()):
+        self.t, self.sql, self.shared = t, t.dialect.row_stamps, shared
+        self.key_name, self.key = key_name, copy_key(key_name)
+        self.triggers = [f"{trigger}_{event.lower()[:3]}" for event in self.sql.EVENTS]
+        self.log = t.dialect.qualified(t.namespace, self.sql.LOG_TABLE)
+
+    def exists_sql(self) -> str:
+        return self.t.dialect.exists_sql(self.log)
+
+    def install(self, copies: Any) -> None:
+        """The shared tables, the log (or counter) and the copy's triggers where missing.
+        Without the right to create a trigger, a warning (runs read the table)."""
+        t, w, driver = self.t, self.sql, self.t.driver
+        for statement in (*self.shared, *w.setup_statements(self.log, self.key)):
+            driver.execute(statement)
+        have = w.trigger_names(driver, t)
+        made = False
+        for name, event in zip(self.triggers, w.EVENTS, strict=True):
+            if name in have:
+                continue
+            try:
+                driver.execute(w.trigger_sql(name, event, t, self.log, self.key))
+            except driver.errors as error:
+                if not t.dialect.insufficient_privilege(driver, error):
+                    raise
+                warnings.warn(
+                    f"{t.where}: no trigger to record writes ({first_line(error)}): runs "
+                    "cannot prove the copy current and read the table itself; its owner can "
+                    "run prepare()",
+                    stacklevel=6,
+                )
+                return
+            made = True
+        if made:
+            for statement in w.after_new_triggers(self.log, self.key):
+                driver.execute(statement)
+
+    def stamp(self, copies: Any) -> list[str]:
+        """In the copy's transaction: the stamp of what its snapshot saw ([] without one)."""
+        t, w = self.t, self.sql
+        w.cleanup(t.driver, self.log, self.key)
+        stamp = t.driver.scalar("SELECT " + w.stamp_sql(t, self.log, self.key, self.triggers))
+        return [] if stamp is None else [str(stamp)]
+
+    def users(self) -> int:
+        """How many triggers write to the log (any copy's)."""
+        return int(self.t.driver.scalar(self.sql.users_sql(self.t)) or 0)
+
+    def uninstall(self, copies: Any, keep_shared: bool = False) -> None:
+        """The copy's triggers and log rows; the log too once no trigger writes to it (unless
+        `keep_shared`)."""
+        t, d, driver = self.t, self.t.dialect, self.t.driver
+        for name in self.triggers:
+            driver.execute(f"DROP TRIGGER IF EXISTS {d.qualified(t.namespace, name)}")
+        if driver.scalar(f"SELECT {self.exists_sql()}"):
+            driver.execute(self.sql.delete_key_sql(self.log, self.key))
+            if not keep_shared and not self.users():
+                driver.execute(d.drop_table(self.log))
+
+    def proof_sql(self, copies: Any, logged: bool) -> str:
+        """SQL that is the copy's stamp where the run's snapshot proves the copy current, else
+        NULL (frozen: a constant)."""
+        if self.t.frozen:
+            return "'frozen'"
+        if not logged:
+            return "NULL"
+        return self.sql.proof_sql(copies.stamp_sql(), self.t, self.log, self.key, self.triggers)
+
+    def why(self, record: str | None, proven: Any) -> str | None:
+        return None if proven is not None else "written"
+
+
 def copies_stamp(record: str | None) -> str:
     """The stamp line of a copy's record (its second line), '' where none."""
     lines = (record or "").split("\n")
     return lines[1] if len(lines) > 1 else ""
 
 
-__all__ = ["Fingerprint", "Unprovable", "WriteLog", "copies_stamp", "copy_key"]
+__all__ = ["Fingerprint", "RowStamps", "Unprovable", "WriteLog", "copies_stamp", "copy_key"]

@@ -9,14 +9,18 @@ types, the copy's record kept in tables the copies of a schema share (docs/fresh
   catalog identity of the table and of the copy (the dialect's `identity_fact_sql`), written in
   the transaction that fills the copy; a copy without one was not built by prepare() and is
   refused, one whose mark differs was built from an earlier table of that name;
-* freshness stamp is a row of topk_write_stamps (freshness.WriteLog's stamp);
+* freshness stamp is a row of topk_write_stamps (the stamp of freshness.WriteLog or RowStamps);
 * indexes on the table of counts itself, (score DESC, id) and (id), are made by prepare() where
   asked (`index_source`) and dropped by uninstall().
 
-A run without a copy is refused (RuntimeError: call prepare() first); a refresh of a filled
-copy builds new tables beside it and swaps them in (NamedCopy), their primary keys and indexes
-renamed to the old ones' names. A prepare() that fails undoes what it made where no copy
-existed before it.
+A run without a copy is refused (RuntimeError: call prepare() first). A refresh of a filled
+copy fills it again in one transaction, or, where the dialect says so (`refresh_beside`:
+a store whose deleted rows stay behind as dead rows), builds new tables beside it and swaps
+them in (NamedCopy), their primary keys and indexes renamed to the old ones' names. Where a
+table's catalog facts are no lasting identity (a table made again the same way may keep
+them), prepare() keeps a copy whose mark matches only if the catalog did not change since this
+object last looked (`catalog_version_sql`) or the copy holds the table's rows. A prepare() that
+fails undoes what it made where no copy existed before it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class RecordedCopy(NamedCopy):
         self.prints = q(names.namespace, FINGERPRINTS_TABLE)
         self.stamps = q(names.namespace, STAMPS_TABLE)
         self.index_source = index_source
+        self._version: Any = None  # the catalog version this object last saw the copy at
 
     # ----- the record ---------------------------------------------------------------------------
     def _facts_sql(self) -> list[str]:
@@ -114,11 +119,11 @@ class RecordedCopy(NamedCopy):
         columns = [
             f"(SELECT rank FROM {self.ranks} ORDER BY rank LIMIT 1)",
             f"(SELECT rank FROM {self.ranks} ORDER BY rank DESC LIMIT 1)",
-            self._stored_sql() if printed else "CAST(NULL AS BIGINT)",
+            self._stored_sql() if printed else "NULL",
             *facts,
             f"(SELECT run + 1 FROM {self.runs} ORDER BY first_rank DESC LIMIT 1)"
             if with_runs and runs
-            else "CAST(NULL AS BIGINT)",
+            else "NULL",
             t.proof.proof_sql(self, logged and stamped),
         ]
         row = t.driver.one(f"SELECT {', '.join(columns)}")
@@ -189,7 +194,7 @@ class RecordedCopy(NamedCopy):
             try:
                 with t.driver.transaction(isolation=d.snapshot_isolation):
                     d.limit_statements(t.driver, statement_timeout)
-                    if filled:
+                    if filled and d.refresh_beside:
                         self._fill_beside(float(swap_timeout))
                     else:
                         self._fill(self.ranks, self.runs)
@@ -202,7 +207,8 @@ class RecordedCopy(NamedCopy):
                     f"{statement_timeout} s; nothing was changed"
                 ) from None
         for table in (self.ranks, self.runs):
-            t.driver.execute(d.analyze_sql(table))
+            d.analyze(t.driver, table)
+        self._version = self._catalog_version()
 
     def names_key(self) -> str:
         """The text the copy's session lock is keyed by (its qualified name as the constructor
@@ -274,7 +280,7 @@ class RecordedCopy(NamedCopy):
         t = self.t
         facts = self._facts_sql()
         printed = t.driver.scalar(f"SELECT {self.d.exists_sql(self.prints)}")
-        stored_sql = self._stored_sql() if printed else "CAST(NULL AS BIGINT)"
+        stored_sql = self._stored_sql() if printed else "NULL"
         stored, *current = t.driver.one(f"SELECT {stored_sql}, {', '.join(facts)}")
         if stored is None:
             raise RankTableMismatchError(
@@ -282,7 +288,33 @@ class RecordedCopy(NamedCopy):
                 "build it (no fingerprint): drop it, pass another rank_table name, or call "
                 "prepare(refresh=True) to replace it"
             )
-        return int(stored) == mark_of(current)
+        if int(stored) != mark_of(current):
+            return False
+        if self.d.catalog_version_sql is None:  # the facts are a lasting identity
+            return True
+        version = self._catalog_version()
+        if version == self._version:  # no table made again since this object looked
+            return True
+        if self._differs():
+            return False
+        self._version = version
+        return True
+
+    def _catalog_version(self) -> Any:
+        sql = self.d.catalog_version_sql
+        return None if sql is None else self.t.driver.scalar(sql)
+
+    def _differs(self) -> bool:
+        """Whether the table's rows and the copy's differ (one scan of each, joined on id)."""
+        t = self.t
+        key = t.dialect.byte_order("b.id") if t.text_ids else "b.id"
+        live = f"(SELECT {t.id_sql} AS id, {t.score_sql} AS score FROM {t.source})"
+        unmatched, rows, ranked = t.driver.one(
+            f"SELECT (SELECT count(*) FROM {live} AS b LEFT JOIN {self.ranks} AS r "
+            f"ON r.id = {key} AND r.score = b.score WHERE r.rank IS NULL), "
+            f"(SELECT count(*) FROM {t.source}), (SELECT count(*) FROM {self.ranks})"
+        )
+        return bool(unmatched or rows != ranked)
 
     def _fill(self, ranks: str, runs: str) -> None:
         """Validate, copy, check the copy, inside the caller's transaction."""
@@ -374,8 +406,9 @@ class RecordedCopy(NamedCopy):
                 t.driver.execute(f"DELETE FROM {self.prints} WHERE rank_table = :name", name)
                 if t.driver.one(f"SELECT rank_table FROM {self.prints} LIMIT 1") is None:
                     t.driver.execute(d.drop_table(self.prints))
-            for index, _ in n.source_indexes:
-                t.driver.execute(d.drop_index_sql(d.qualified(n.namespace, index)))
+            if n.source_indexes and t.driver.scalar(f"SELECT {d.exists_sql(t.source)}"):
+                for index, _ in n.source_indexes:
+                    t.driver.execute(d.drop_index_sql(d.qualified(n.namespace, index), t.source))
 
 
 __all__ = ["FINGERPRINTS_TABLE", "STAMPS_TABLE", "RecordedCopy", "RecordedNames", "mark_of"]

@@ -12,7 +12,10 @@ release has the one-shot law.
 
 The run's first query (the dialect's `open_table`) is one aggregate pass: m, the largest score,
 the checks of validate() that the catalog does not guarantee (a unique key vouches for the ids,
-NOT NULL and CHECK constraints for the scores), and the slots. Then `table_oneshot`:
+NOT NULL and CHECK constraints for the scores), and the slots; `scan_table` is that pass for a
+dialect whose catalog vouches for nothing but a unique key (a table without slots is read in
+full in canonical order where the one-shot runs in the client). Then
+`table_oneshot`:
 
 1. the exceedances (about 1,024 positions drawn by the client) are read by slot, with, where a
    B-tree leads with the score or the store keeps no statistics of it, the k rows of the top
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +51,12 @@ from adapters._sql import TableFacts, id_array, raise_if_invalid, rows_from_reco
 from topk_middleware.access import AccessError, Rows
 from topk_middleware.keyed_noise import KeyedNoise
 
+from .checks import refuse_non_numbers
+
 # The cut guessed from the statistics keeps about this many times k rows above it.
 GUESS_ROWS_PER_K = 4
+# Ids are counted distinct on tables of at most this many rows without a unique key.
+DISTINCT_CHECK_MAX = 100_000
 
 
 @dataclass
@@ -70,6 +78,52 @@ class TableState:
     @property
     def partitioned(self) -> bool:
         return len(self.leaves) != 1
+
+
+def scan_table(
+    t: Any, unique: bool, estimate: int, extra: Sequence[str] = ()
+) -> tuple[TableState, list[Any]]:
+    """A run's first query over the table where the dialect has nothing better: one aggregate
+    pass with m, the largest score and validate()'s checks (NULL ids and scores, scores that are
+    not numbers, NaN, infinite or negative), and the values of `extra`. Ids are counted distinct
+    in byte order unless a unique key vouches for them (`unique`) or the table has more than
+    DISTINCT_CHECK_MAX rows by `estimate` (then the rows a release reads are checked: the
+    merge in `table_oneshot`). A state with one relation and no positions, which the dialect
+    completes."""
+    d, s, i, driver = t.dialect, t.score_sql, t.id_sql, t.driver
+    distinct = not unique and estimate <= DISTINCT_CHECK_MAX
+    key = d.byte_order(i) if t.text_ids else i
+    bad, odd = d.non_finite(s, t.score_info), d.non_numbers(s)
+    columns = [
+        "count(*)",
+        f"count({i})",
+        f"count({s})",
+        f"min({s})",
+        f"max({s})",
+        d.count_if(bad) if bad else "0",
+        d.count_if(odd) if odd else "0",
+        f"count(DISTINCT {key})" if distinct else "NULL",
+        *extra,
+    ]
+    row = driver.one(f"SELECT {', '.join(columns)} FROM {t.source}")
+    m, ids, scores, low, high, non_finite, non_numbers, distinct_ids = row[:8]
+    m = int(m)
+    refuse_non_numbers(t, m, int(non_numbers or 0))
+    negative = 0
+    if low is not None and float(low) < 0:
+        negative = int(driver.scalar(f"SELECT count(*) FROM {t.source} WHERE {s} < 0"))
+    facts = TableFacts(m, m - int(ids), m, m - int(scores), int(non_finite or 0), negative)
+    raise_if_invalid(facts, t.where, t.id_column, t.score_column)
+    if distinct and int(distinct_ids) != m:
+        duplicate = driver.scalar(
+            f"SELECT {key} FROM {t.source} GROUP BY {key} HAVING count(*) > 1 LIMIT 1"
+        )
+        facts = TableFacts(m, 0, int(distinct_ids), 0, 0, 0)
+        raise_if_invalid(facts, t.where, t.id_column, t.score_column, duplicate)
+    state = TableState(
+        [(0, t.source, 0)], 0, 0, float(high), t.score_info.type, unique or distinct, False, m
+    )
+    return state, list(row[8:])
 
 
 def open_table(t: Any) -> TableState | None:
@@ -168,9 +222,11 @@ def _range_read(t: Any, state: TableState, noise: KeyedNoise, k: int, cut: float
 
 # ----- reads by rank (an explicit threshold run on the table) ---------------------------------
 def sorted_by_rank(t: Any, start: int, stop: int) -> Rows:
-    """Depths [start, stop) of the canonical order of the table: ORDER BY .. LIMIT OFFSET."""
+    """Depths [start, stop) of the canonical order of the table: ORDER BY .. LIMIT OFFSET (no
+    output column named like a table column: ORDER BY would take the alias, a cast score, and
+    sort instead of walking an index on the score)."""
     records = t.driver.execute(
-        f"SELECT 0 AS rank, {t.id_sql} AS id, {t.dialect.double(t.score_sql)} AS score "
+        f"SELECT 0, {t.id_sql}, {t.dialect.double(t.score_sql)} "
         f"FROM {t.source} ORDER BY {t.order_sql()} LIMIT :count OFFSET :start",
         {"count": int(stop - start), "start": int(start)},
     )
@@ -184,12 +240,14 @@ def positions_by_rank(t: Any, ranks: np.ndarray) -> Rows:
 
 
 __all__ = [
+    "DISTINCT_CHECK_MAX",
     "GUESS_ROWS_PER_K",
     "TableState",
     "below",
     "guess_cut",
     "open_table",
     "positions_by_rank",
+    "scan_table",
     "sorted_by_rank",
     "table_oneshot",
 ]

@@ -50,6 +50,7 @@ from adapters._sql import (
 )
 from adapters.sql.dialect import FLOAT, INTEGER, TEXT, Column, Dialect
 from adapters.sql.driver import Driver
+from adapters.sql.freshness import WriteLog
 from topk_middleware.access import Rows, StoreCosts
 from topk_middleware.keyed_noise import oneshot_query, uniform_from_hex_sql
 from topk_middleware.mechanisms.oblivious import ObliviousCosts
@@ -96,11 +97,13 @@ class PostgresDialect(Dialect):
     max_id_bytes = MAX_ID_BYTES
     prepare_statement_timeout = 3600.0
     swap_timeout = 2.0  # short: new runs queue behind a waiting swap
+    refresh_beside = True  # no dead rows left in the copy (recorded.py)
     client_check_ms = 1000
     score_types = ", ".join(SCORE_TYPES)
     id_types = "text, integers, uuid, ..."
     costs = STORE_COSTS
     writes = writes  # the write log's SQL (freshness.WriteLog)
+    trigger_proof = WriteLog
     changes = changes  # the change log's (around.py)
     oblivious_sql = oblivious  # oblivious reads' (adapters/sql/oblivious.py)
 
@@ -278,48 +281,9 @@ class PostgresDialect(Dialect):
             f"FROM {ranks} GROUP BY score ORDER BY 2",
         ]
 
-    def declared_table_sql(
-        self, target: str, columns: list[tuple[str, str]], key: str, key_name: str | None
-    ) -> str:
-        """CREATE TABLE of NOT NULL columns with a primary key (named where `key_name`)."""
-        body = ", ".join(f"{self.quote(c)} {kind} NOT NULL" for c, kind in columns)
-        name = "" if not key_name else f"CONSTRAINT {self.quote(key_name)} "
-        return f"CREATE TABLE {target} ({body}, {name}PRIMARY KEY ({self.quote(key)}))"
-
-    def plain_index_sql(self, index: str, table: str, columns: str) -> str:
-        return f"CREATE INDEX IF NOT EXISTS {self.quote(index)} ON {table} ({columns})"
-
-    def drop_index_sql(self, qualified: str) -> str:
-        return f"DROP INDEX IF EXISTS {qualified}"
-
     def id_copy_type(self, column: Column) -> str:
         """The copy's id column type: text in byte order, any other type as the table's."""
         return 'TEXT COLLATE "C"' if column.kind == TEXT else column.type
-
-    def score_copy_type(self, column: Column) -> str:
-        return column.type
-
-    def fingerprints_table_sql(self, qualified: str) -> str:
-        return (
-            f"CREATE TABLE IF NOT EXISTS {qualified} (rank_table VARCHAR(255) NOT NULL, "
-            "mark BIGINT NOT NULL, PRIMARY KEY (rank_table))"
-        )
-
-    def stamps_table_sql(self, qualified: str) -> str:
-        return (
-            f"CREATE TABLE IF NOT EXISTS {qualified} (rank_table VARCHAR(255) NOT NULL "
-            "PRIMARY KEY, stamp text)"
-        )
-
-    def upsert_sql(self, table: str, columns: list[str]) -> str:
-        """Insert a row (:column each), replacing the row of the same first column (its
-        primary key), in one statement."""
-        key, rest = columns[0], columns[1:]
-        update = ", ".join(f"{c} = excluded.{c}" for c in rest)
-        return (
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-            f"({', '.join(':' + c for c in columns)}) ON CONFLICT ({key}) DO UPDATE SET {update}"
-        )
 
     def rename_table_sql(self, qualified: str, name: str) -> str:
         return f"ALTER TABLE {qualified} RENAME TO {self.quote(name)}"
