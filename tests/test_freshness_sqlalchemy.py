@@ -1,4 +1,4 @@
-"""SQLAlchemy copy mode reading the table itself (adapters/sqlalchemy/table_read.py): the
+"""SQLAlchemy copy mode reading the table itself (adapters/sql/table_read.py): the
 in-store one-shot on the counts table has the one-shot law.
 
 The copy is prepared, then made stale by one write, so every release reads the table. Five

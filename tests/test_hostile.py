@@ -439,8 +439,11 @@ def test_sqlalchemy_prepare_has_refresh(sqlalchemy_sqlite_engine) -> None:
     with sqlalchemy_sqlite_engine.begin() as conn:
         conn.exec_driver_sql(f"UPDATE {name} SET score = 9 WHERE id = 2")
     source.prepare()  # kept: a filled rank table is the snapshot of the last build
-    assert source.read_sorted(0, 1).ids.tolist() == [1]
+    copy = SQLAlchemyTable(sqlalchemy_sqlite_engine, name, frozen=True)  # reads the copy as built
+    assert copy.read_sorted(0, 1).ids.tolist() == [1]
+    assert source.read_sorted(0, 1).ids.tolist() == [2]  # a run proves it stale: the table
     source.prepare(refresh=True)
+    assert copy.read_sorted(0, 1).ids.tolist() == [2]
     assert source.read_sorted(0, 1).ids.tolist() == [2]
     assert sa is not None
 

@@ -212,7 +212,7 @@ def test_mariadb_oblivious_release_sends_no_drawn_position(
     scores = np.floor(1e4 / np.arange(1, m + 1))
     make = make_sqlalchemy_mariadb_source if mode == "copy" else make_sqlalchemy_live_mariadb_source
     source = make(scores, None)
-    names = [source._source.name]
+    names = [source.table_name]
     names += [n for n in (getattr(source, "rank_table_name", None),) if n and mode == "copy"]
     got: list[Any] = []
     texts = statements_mariadb_saw(

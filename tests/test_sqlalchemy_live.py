@@ -352,7 +352,7 @@ def test_bad_mode_and_dialects_without_ordered_indexes_are_refused(
         with pytest.raises(ValueError, match="mode must be 'copy' or 'live'"):
             SQLAlchemyTable(sqlalchemy_sqlite_engine, name, mode="fresh")
         copy = SQLAlchemyTable(sqlalchemy_sqlite_engine, name)  # the default: a rank table
-        assert type(copy) is SQLAlchemyTable and positions_are_ranks(copy)
+        assert not isinstance(copy, SQLAlchemyLiveTable) and positions_are_ranks(copy)
     finally:
         drop_tables(sqlalchemy_duckdb_engine, [name])
         drop_tables(sqlalchemy_sqlite_engine, [name])

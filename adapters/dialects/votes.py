@@ -1,22 +1,24 @@
-"""What each SQL store says for from_votes (adapters/sql/votes.py), until its own dialect
-module holds it: PostgreSQL, DuckDB, SQLite and MariaDB / MySQL as dialects (sql/dialect.py)
-that fill the catalog lookup of a table's columns and the fragments from_votes' counts are
-written in. Statements run through the engine's drivers (sql/driver.py), so PostgreSQL through
-psycopg and through SQLAlchemy share `PostgresVotes`, and DuckDB natively and through
-duckdb_engine share `DuckDBVotes`: one store speaks the same words whatever the driver.
+"""What each SQL store says for from_votes (adapters/sql/votes.py), until its own dialect module
+holds it (SQLite's and MariaDB / MySQL's do: dialects/sqlite.py, dialects/mysql.py): PostgreSQL
+and DuckDB as dialects (sql/dialect.py) that fill the catalog lookup of a table's columns and
+the fragments from_votes' counts are written in. Statements run through the engine's drivers
+(sql/driver.py), so PostgreSQL through psycopg and through SQLAlchemy share `PostgresVotes`,
+and DuckDB natively and through duckdb_engine share `DuckDBVotes`: one store speaks the same
+words whatever the driver.
 
-Only what differs is here: quoting, the casts, SHA-256 (SQLite has none), text compared byte for
-byte, and the catalog: its column types read as kinds (INTEGER, FLOAT, TEXT, UNTYPED or the
-type's own name) and whether a relation is a table.
+Only what differs is here: quoting, the casts, SHA-256, text compared byte for byte, and the
+catalog: its column types read as kinds (INTEGER, FLOAT, TEXT or the type's own name) and
+whether a relation is a table.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..contributions import UNTYPED
 from ..sql.dialect import FLOAT, INTEGER, TEXT, Column, Dialect
 from ..sql.driver import Driver
+from .mysql import MySQLDialect
+from .sqlite import SQLiteDialect
 
 
 def _double_quoted(name: str) -> str:
@@ -148,158 +150,15 @@ class DuckDBVotes(Dialect):
         return found is not None and not found[3]
 
 
-class SQLiteVotes(Dialect):
-    """SQLite: a declared type is a hint (a weight's values are checked one by one); no
-    SHA-256, so no item limit; names match without regard to case."""
-
-    name = "SQLite"
-
-    def quote(self, name: str) -> str:
-        return _double_quoted(name)
-
-    def text(self, expr: str) -> str:
-        return f"CAST({expr} AS TEXT)"
-
-    def double(self, expr: str) -> str:
-        return f"CAST({expr} AS REAL)"
-
-    def floor_units(self, expr: str) -> str:
-        return self.integer(expr)  # CAST truncates: the floor of a number >= 0
-
-    def byte_order(self, expr: str) -> str:
-        return f"{expr} COLLATE BINARY"
-
-    def non_numbers(self, expr: str) -> str | None:
-        return f"typeof({expr}) NOT IN ('integer', 'real', 'null')"
-
-    def _kind(self, driver: Driver, namespace: Any, table: str) -> str | None:
-        masters = ["sqlite_temp_master", "main.sqlite_master"]
-        if namespace is not None:
-            masters = [f"{self.quote(namespace)}.sqlite_master"]
-        return driver.scalar(
-            " UNION ALL ".join(
-                f"SELECT type FROM {m} WHERE type IN ('table', 'view') "
-                "AND name = :name COLLATE NOCASE"
-                for m in masters
-            ),
-            {"name": table},
-        )
-
-    def columns(self, driver: Driver, namespace: Any, table: str) -> dict[str, Column] | None:
-        if self._kind(driver, namespace, table) is None:
-            return None
-        args = {"name": table} if namespace is None else {"name": table, "schema": namespace}
-        rows = driver.execute(
-            f"SELECT name, type FROM pragma_table_info({', '.join(':' + a for a in args)}) "
-            "ORDER BY cid",
-            args,
-        )
-        columns = {}
-        for column, declared in rows:
-            upper = str(declared or "").upper()
-            if not upper:
-                kind = UNTYPED
-            elif "INT" in upper:
-                kind = INTEGER
-            elif any(t in upper for t in ("CHAR", "CLOB", "TEXT")):
-                kind = TEXT
-            elif any(t in upper for t in ("REAL", "FLOA", "DOUB", "NUMERIC", "DECIMAL")):
-                kind = FLOAT
-            else:
-                kind = upper
-            columns[column] = Column(kind, str(declared) or "untyped")
-        return columns
-
-    def is_table(self, driver: Driver, namespace: Any, table: str) -> bool:
-        return self._kind(driver, namespace, table) == "table"
-
-
-class MySQLVotes(Dialect):
-    """MariaDB / MySQL: backquoted names, CONCAT, SHA2; text compares byte for byte under a
-    binary NO PAD utf8mb4 collation (a case-insensitive default would make 'a' and 'A' one
-    item); the catalog is information_schema."""
-
-    INTEGERS = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
-    FLOATS = ("float", "double", "decimal", "numeric", "real")
-    TEXTS = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set")
-
-    def __init__(self, mariadb: bool) -> None:
-        self.name = "MariaDB" if mariadb else "MySQL"
-        self.binary = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
-
-    def quote(self, name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
-    def text(self, expr: str) -> str:
-        return f"CAST({expr} AS CHAR)"
-
-    def text_length(self, expr: str) -> str:
-        return f"CHAR_LENGTH({expr})"
-
-    def concat(self, *parts: str) -> str:
-        return f"CONCAT({', '.join(parts)})"
-
-    def keyed_hash(self, key: str, message: str) -> str | None:
-        return f"SHA2(CONCAT({key}, {message}), 256)"
-
-    def integer(self, expr: str) -> str:
-        return f"CAST({expr} AS SIGNED)"
-
-    def double(self, expr: str) -> str:
-        return f"CAST({expr} AS DOUBLE)"
-
-    def byte_order(self, expr: str) -> str:
-        return f"CAST({expr} AS CHAR CHARACTER SET utf8mb4) COLLATE {self.binary}"
-
-    def comment_statement(self, qualified: str, text: str) -> str:
-        return f"ALTER TABLE {qualified} COMMENT = {_literal(text)}"
-
-    def _catalog(self, driver: Driver, namespace: Any, table: str) -> list[tuple[Any, ...]]:
-        """The rows of the table the name means (information_schema may ignore case)."""
-        found = driver.execute(
-            "SELECT t.TABLE_NAME, t.TABLE_TYPE, c.COLUMN_NAME, c.DATA_TYPE, c.COLUMN_TYPE "
-            "FROM information_schema.TABLES t LEFT JOIN information_schema.COLUMNS c "
-            "ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME "
-            "WHERE t.TABLE_SCHEMA = coalesce(:schema, DATABASE()) AND t.TABLE_NAME = :name "
-            "ORDER BY c.ORDINAL_POSITION",
-            {"schema": namespace, "name": table},
-        )
-        names = {row[0] for row in found}
-        exact = table if table in names else min(names, default=None)
-        return [row for row in found if row[0] == exact]
-
-    def columns(self, driver: Driver, namespace: Any, table: str) -> dict[str, Column] | None:
-        rows = self._catalog(driver, namespace, table)
-        if not rows:
-            return None
-        columns = {}
-        for _, _, column, data_type, column_type in rows:
-            if column is None:
-                continue
-            base = str(data_type).lower()
-            if base in self.INTEGERS:
-                kind = INTEGER
-            elif base in self.FLOATS:
-                kind = FLOAT
-            else:
-                kind = TEXT if base in self.TEXTS else base
-            columns[column] = Column(kind, str(column_type))
-        return columns
-
-    def is_table(self, driver: Driver, namespace: Any, table: str) -> bool:
-        rows = self._catalog(driver, namespace, table)
-        return bool(rows) and rows[0][1] == "BASE TABLE"
-
-
 def sqlalchemy_dialect(engine: Any) -> Dialect:
     """The from_votes dialect of an SQLAlchemy engine's store (a clear error for another)."""
     name = engine.dialect.name
     if name == "postgresql":
         return PostgresVotes()
     if name == "sqlite":
-        return SQLiteVotes()
+        return SQLiteDialect()
     if name in ("mysql", "mariadb"):
-        return MySQLVotes(bool(getattr(engine.dialect, "is_mariadb", False)))
+        return MySQLDialect(bool(getattr(engine.dialect, "is_mariadb", False)))
     if name == "duckdb":
         return DuckDBVotes()
     raise ValueError(

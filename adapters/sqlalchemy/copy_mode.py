@@ -10,13 +10,13 @@ ICML 2023, samples a uniformly random unseen item) is `rank IN (...)`, and rando
 `id IN (...)`; all three are index reads, so a run reads O(rows it needs), not the table.
 
 Consistency. The rank table is a snapshot of the counts taken by `prepare()`. Unless the source
-is frozen, a run serves it only where its first query proves it current (triggers record the
-writes since: freshness.py; DuckDB compares the copy with the table); otherwise the run reads
-the counts table itself (table_read.py) or has the copy rebuilt first (`_current_copy`), so a
-release reflects the table as of its start. `is_stale()` says, at the price of one full scan,
-whether the counts table differs from the copy. Every read of one run happens inside
-`snapshot()`, one read-only transaction with the strongest read-consistent isolation of the
-dialect, so a concurrent `prepare()` cannot mix two versions into one answer.
+is frozen, a run serves it only where its first query proves it current (the copy compared with
+the table: one join); otherwise the run reads the counts table itself (table_read.py) or has
+the copy rebuilt first (`_current_copy`), so a release reflects the table as of its start.
+`is_stale()` says, at the price of one full scan, whether the counts table differs from the
+copy. Every read of one run happens inside `snapshot()`, one read-only transaction with the
+strongest read-consistent isolation of the dialect, so a concurrent `prepare()` cannot mix two
+versions into one answer.
 
 Runs of tied scores (`ScoreRuns`). Beside the rank table, `prepare()` keeps the runs table
 `<rank table>_runs`: one row (run, first_rank, score) per distinct score, run its 0-based
@@ -69,7 +69,6 @@ from ..contributions import parse_record
 from ..dialects.votes import sqlalchemy_dialect
 from ..sql.driver import SQLAlchemyDriver, convert
 from ..sql.votes import Counts, check_votes, count_votes
-from .freshness import WriteProof, replace_row
 from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
 from .table_read import TableRun
 
@@ -141,7 +140,7 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     )
 
 
-class SQLAlchemyTable(WriteProof, TableRun):
+class SQLAlchemyTable(TableRun):
     """A histogram in a database table, read through an SQLAlchemy engine (any dialect).
 
     `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
@@ -654,8 +653,6 @@ class SQLAlchemyTable(WriteProof, TableRun):
                 runs_filled = conn.execute(sa.select(self._runs.c.run).limit(1)).first() is not None
                 if filled and runs_filled and not refresh:
                     refresh = not self._trusted(conn)
-            if self._source is not None:
-                self._install_proof()  # committed before the copy's transaction (freshness.py)
             if filled and runs_filled and not refresh:
                 self._with_runs = True
                 return
@@ -669,12 +666,10 @@ class SQLAlchemyTable(WriteProof, TableRun):
                         else:
                             self._fill(conn)
                         self._stamp(conn)
-                        self._stamp_proof(conn)
                 else:
                     with self.engine.connect() as conn, conn.begin():
                         self._fill(conn)
                         self._stamp(conn)
-                        self._stamp_proof(conn)
             except sa.exc.OperationalError as error:
                 if getattr(error.orig, "sqlstate", None) != "57014":  # query_canceled
                     raise
@@ -683,7 +678,6 @@ class SQLAlchemyTable(WriteProof, TableRun):
                     f"{statement_timeout} s; nothing was changed"
                 ) from None
         self._analyze()
-        self._proof_seen = False  # look for the proof's tables again at the next run
         with self.engine.connect() as conn:
             self._proof = self._proof_now(conn)
 
@@ -716,8 +710,6 @@ class SQLAlchemyTable(WriteProof, TableRun):
                     )
             for table in (self._runs, self._ranks):
                 table.drop(conn, checkfirst=True)
-            self._uninstall_proof(conn)
-            self._proof_seen = False
             if with_marks:
                 conn.execute(sa.delete(f).where(f.c.rank_table == self._ranks.name))
                 if conn.execute(sa.select(f.c.rank_table).limit(1)).first() is None:
@@ -1166,14 +1158,6 @@ class SQLAlchemyTable(WriteProof, TableRun):
         self._m = self._run_count = None
         self._table = None
 
-    def _proof_ready(self, conn: Connection) -> bool:
-        """Whether the run's first query can name the proof's tables (looked up until seen)."""
-        if getattr(self, "frozen", False):
-            return True
-        if not getattr(self, "_proof_seen", False):
-            self._proof_seen = self._proof_tables_exist(conn)
-        return self._proof_seen
-
     def hides_statistics(self) -> bool:
         """Whether oblivious runs keep their reads out of the statistics views: on PostgreSQL,
         where the engine's role may set track_counts (a superuser, or a role granted `SET ON
@@ -1247,7 +1231,7 @@ class SQLAlchemyTable(WriteProof, TableRun):
         if with_runs:
             last = sa.select(u.run + 1).order_by(u.first_rank.desc()).limit(1)
             columns.append(last.scalar_subquery())
-        proof = self._proof_column() if self._proof_ready(conn) else None
+        proof = sa.literal_column("'frozen'") if getattr(self, "frozen", False) else None
         if proof is not None:
             columns.append(proof)
         try:
@@ -1742,6 +1726,37 @@ def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None
     with engine.connect() as conn:
         found = conn.execute(query).first()
     return None if found is None or found[0] is None else str(found[0])
+
+
+def replace_row(conn: Connection, table: str, row: dict[str, Any]) -> None:
+    """Insert `row` into `table` (SQL text, quoted), replacing the row with the same first
+    column (its primary key). One upsert statement on PostgreSQL, SQLite and MariaDB / MySQL:
+    a DELETE then INSERT of a key that is not there takes InnoDB gap locks, on which two
+    prepares at once deadlock. Elsewhere a DELETE then an INSERT."""
+    key, *rest = row
+    names = ", ".join(row)
+    values = ", ".join(f":{c}" for c in row)
+    dialect = conn.dialect.name
+    if dialect in ("mysql", "mariadb"):
+        update = ", ".join(f"{c} = VALUES({c})" for c in rest)
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} ({names}) VALUES ({values}) ON DUPLICATE KEY UPDATE {update}"
+            ),
+            row,
+        )
+    elif dialect in ("postgresql", "sqlite"):
+        update = ", ".join(f"{c} = excluded.{c}" for c in rest)
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} ({names}) VALUES ({values}) ON CONFLICT ({key}) DO "
+                f"UPDATE SET {update}"
+            ),
+            row,
+        )
+    else:
+        conn.execute(sa.text(f"DELETE FROM {table} WHERE {key} = :{key}"), row)
+        conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES ({values})"), row)
 
 
 def _create_shared(engine: Engine, table: sa.Table) -> None:

@@ -1,9 +1,10 @@
-"""SQLAlchemyTable in copy mode on the SQL store engine (adapters/sql/): the dialects that have
-moved onto it (PostgreSQL) read through an SQLAlchemy Engine with the same dialect, SQL and
-reads as their own store (PostgresTable), in SQLAlchemyTable's catalog layout
-(adapters/sql/recorded.py RecordedCopy: its rank table names, the shared tables
-topk_rank_fingerprints and topk_write_stamps, the indexes on the table of counts): one catalog
-layout, whichever code prepared the table (tests/test_catalog_layout.py pins it).
+"""SQLAlchemyTable in copy mode on the SQL store engine (adapters/sql/): PostgreSQL, SQLite and
+MariaDB / MySQL read through an SQLAlchemy Engine with their own dialect (adapters/dialects/),
+in SQLAlchemyTable's catalog layout (adapters/sql/recorded.py RecordedCopy: its rank table
+names, the shared tables topk_rank_fingerprints and topk_write_stamps, the indexes on the table
+of counts), proven current by the dialect's triggers (PostgreSQL's write log, shared with
+PostgresTable; SQLite's and MariaDB's row stamps): one catalog layout, whichever code prepared
+the table (tests/test_catalog_layout.py, tests/test_catalog_layout_sqlalchemy.py pin it).
 
 SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
 the mode is "copy"; every other dialect keeps copy_mode.py until it moves onto the engine.
@@ -13,21 +14,28 @@ from_votes() still builds copy_mode.py's class on every dialect.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from adapters.dialects.mysql import MySQLDialect
 from adapters.dialects.postgres import PostgresDialect
+from adapters.dialects.sqlite import SQLiteDialect
 from adapters.sql.dialect import Dialect
 from adapters.sql.driver import SQLAlchemyDriver
 from adapters.sql.engine import SQLTable
-from adapters.sql.freshness import WriteLog
 from adapters.sql.recorded import RecordedCopy, RecordedNames
 
 from .copy_mode import DEFAULT_MAX_PARAMS, SQLAlchemyTable, _digest, _fit, _runs_name, engine_of
 
-# The SQLAlchemy dialects on the engine, and the engine's dialect for each.
-DIALECTS: dict[str, type[Dialect]] = {"postgresql": PostgresDialect}
+# The SQLAlchemy dialects on the engine, and the engine's dialect for each engine.
+DIALECTS: dict[str, Callable[[Engine], Dialect]] = {
+    "postgresql": lambda engine: PostgresDialect(),
+    "sqlite": lambda engine: SQLiteDialect(),
+    "mysql": lambda engine: MySQLDialect(bool(getattr(engine.dialect, "is_mariadb", False))),
+    "mariadb": lambda engine: MySQLDialect(True),
+}
 
 
 def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = None) -> RecordedNames:
@@ -37,7 +45,11 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
     digest = _digest(schema, table, t.id_column, t.score_column)
     ranks = rank_table or _fit(table, f"__topk_rank_{digest}")
     beside = _digest(schema, ranks)
-    key = t.dialect.byte_order(t.id_sql) if t.text_ids else t.id_sql
+    key = t.dialect.id_index_key(t.id_sql) if t.text_ids else t.id_sql
+    indexes = (
+        (_fit("ix", f"_topk_{digest}_score_id"), f"{t.score_sql} DESC, {key}"),
+        (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
+    )
     return RecordedNames(
         schema,
         ranks,
@@ -48,10 +60,7 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
         rank_key="",
         runs_key="",
         beside_keys=(f"topk_{beside}_new_pk", f"topk_{beside}_new_runs_pk"),
-        source_indexes=(
-            (_fit("ix", f"_topk_{digest}_score_id"), f"{t.score_sql} DESC, {key}"),
-            (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
-        ),
+        source_indexes=indexes if t.dialect.indexes_ids(t.id_info) else (),
         record=record,
     )
 
@@ -84,7 +93,7 @@ class SQLAlchemyCopyTable(SQLTable):
             raise ValueError(f"max_params must be >= 1, got {max_params}")
         self.engine, self.mode = engine, mode
         self.max_params = int(max_params or DEFAULT_MAX_PARAMS)
-        dialect = DIALECTS[engine.dialect.name]()
+        dialect = DIALECTS[engine.dialect.name](engine)
         preparer = engine.dialect.identifier_preparer
         super().__init__(
             SQLAlchemyDriver(engine, read_only=getattr(dialect, "sqlalchemy_read_only", None)),
@@ -98,7 +107,7 @@ class SQLAlchemyCopyTable(SQLTable):
             max_items_per_client=max_items_per_client,
             where=where,
             layout=lambda t: RecordedCopy(t, recorded_names(t, rank_table)),
-            proof=lambda t: WriteLog(
+            proof=lambda t: t.dialect.trigger_proof(
                 t,
                 preparer.format_table(sa.table(t.copies.names.ranks, schema=t.namespace)),
                 "topk_" + hashlib.sha1(t.copies.names.ranks.encode()).hexdigest()[:12] + "_w",

@@ -4,7 +4,7 @@ current and that is cheaper than a refresh of the copy (docs/freshness.md).
 As on the SQL store engine (adapters/sql/table_read.py, where PostgreSQL's copies are), the
 release is the one-shot mechanism (Wu, Ohrimenko, Wirth 2023, Algorithm 2) run in the database
 on the table with keyed noise (topk_middleware/keyed_noise.py), each row's position a slot that
-is fixed within the run's snapshot: SQLite the rowid less the smallest one, DuckDB the rowid.
+is fixed within the run's snapshot: DuckDB's rowid.
 Slots without a row are positions without an item, which never win; the law is the one-shot's.
 Steps:
 
@@ -18,11 +18,9 @@ Steps:
 3. one range read of the rows with score >= T - bound computing the keyed noise in the
    database, best k of both.
 
-MariaDB / MySQL run no in-store one-shot (the driver would put the key in the statement text):
-there the table is read in full in canonical order (the one-shot over a full read). A table
-without positions (a view, a WITHOUT ROWID table) is read the
-same way. Sorted and random reads by rank on the table (an explicit threshold run) are ORDER
-BY .. LIMIT OFFSET and a row_number() window.
+A table without positions (a view; any other dialect) is read in full in canonical order (the
+one-shot over a full read). Sorted and random reads by rank on the table (an explicit threshold
+run) are ORDER BY .. LIMIT OFFSET and a row_number() window.
 
 `TableRun` is a mixin of SQLAlchemyTable: it uses `engine`, `dialect`, `_source`, `_from`, `_id`,
 `_score`, `_id_key`, `where`, `id_column`, `score_column`, `_not_finite`, `_chunks`, `_rows`.
@@ -31,7 +29,6 @@ BY .. LIMIT OFFSET and a row_number() window.
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +45,7 @@ from adapters._sql import (
 from topk_middleware.access import AccessError, Rows, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql, uniform_from_hex_sql
 
-from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
+from .keyed import _EXCEEDANCES, _KEYED_DIGITS
 
 REFRESH_TRIES = 3  # copy mode, not frozen: refreshes of a changing copy before a run gives up
 # Ids are counted distinct on tables of at most this many rows without a unique key.
@@ -88,7 +85,6 @@ class TableState:
     m: int
     max_score: float
     slots: int = 0  # 0: no positions (no in-store one-shot)
-    offset: int = 0  # SQLite: the smallest rowid
     unique_ids: bool = True
     whole_scores: bool = False
     report: dict[str, Any] = field(default_factory=dict)
@@ -130,16 +126,6 @@ class TableRun:
                 {"s": schema, "n": name},
             ).scalars()
             return any(list(names) == wanted for names in found)
-        if self.dialect in ("mysql", "mariadb"):
-            found = conn.execute(
-                sa.text(
-                    "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = "
-                    "coalesce(:s, database()) AND TABLE_NAME = :n AND NON_UNIQUE = 0 "
-                    "GROUP BY INDEX_NAME HAVING count(*) = 1 AND max(COLUMN_NAME) = :id"
-                ),
-                {"s": schema, "n": name, "id": self.id_column},
-            ).first()
-            return found is not None
         inspector = sa.inspect(conn)
         if inspector.get_pk_constraint(name, schema=schema).get("constrained_columns") == wanted:
             return True
@@ -156,30 +142,17 @@ class TableRun:
         """Columns of the first query that give the slots, per dialect; [] without positions."""
         assert self._source is not None
         preparer = self.engine.dialect.identifier_preparer
-        if self.dialect in ("sqlite", "duckdb"):
-            if self.dialect == "sqlite":
-                master = (
-                    "sqlite_master"
-                    if self._source.schema is None
-                    else (preparer.quote_schema(self._source.schema) + ".sqlite_master")
-                )
-                sql_text = conn.execute(
-                    sa.text(f"SELECT sql FROM {master} WHERE type = 'table' AND name = :n"),
-                    {"n": self._source.name},
-                ).scalar()
-                if sql_text is None or "WITHOUT ROWID" in sql_text.upper():
-                    return []
-            else:
-                kind = conn.execute(
-                    sa.text(
-                        "SELECT count(*) FROM duckdb_tables() WHERE database_name = "
-                        "current_database() AND schema_name = coalesce(:s, current_schema()) "
-                        "AND table_name = :n"
-                    ),
-                    {"s": self._source.schema, "n": self._source.name},
-                ).scalar()
-                if not kind:
-                    return []
+        if self.dialect == "duckdb":
+            kind = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM duckdb_tables() WHERE database_name = "
+                    "current_database() AND schema_name = coalesce(:s, current_schema()) "
+                    "AND table_name = :n"
+                ),
+                {"s": self._source.schema, "n": self._source.name},
+            ).scalar()
+            if not kind:
+                return []
             rowid = sa.literal_column(f"{preparer.format_table(self._source)}.rowid")
             return [sa.func.min(rowid), sa.func.max(rowid)]
         return []
@@ -197,14 +170,6 @@ class TableRun:
         ]
         not_finite = self._not_finite()  # type: ignore[attr-defined]
         columns.append(zero_one(not_finite) if not_finite is not None else sa.null())
-        if self.dialect == "sqlite":
-            columns.append(
-                zero_one(
-                    sa.and_(score.is_not(None), sa.func.typeof(score).not_in(["integer", "real"]))
-                )
-            )
-        else:
-            columns.append(sa.null())
         unique = self._unique_ids(conn)
         estimate = getattr(self, "_m", None) or 0
         distinct = not unique and estimate <= DISTINCT_CHECK_MAX
@@ -213,14 +178,10 @@ class TableRun:
         slots = self._slots_sql(conn)
         columns.extend(slots)
         row = conn.execute(sa.select(*columns).select_from(self._from)).one()
-        m, ids, scores, low, high, bad, not_numeric, distinct_ids = row[:8]
+        m, ids, scores, low, high, bad, distinct_ids = row[:7]
         m = int(m)
         if m == 0:
             raise ValueError(f"{self.where} is empty: there is no item to select")
-        if not_numeric:
-            raise TypeError(
-                f"{self.where} column {self.score_column!r} has {not_numeric} non-numeric value(s)"
-            )
         negative = 0
         if low is not None and float(low) < 0:
             negative = conn.execute(
@@ -233,9 +194,7 @@ class TableRun:
         state = TableState(m, float(high), unique_ids=unique or distinct, report=report)
         state.whole_scores = isinstance(score.type, sa.Integer)
         if slots:
-            first, last = int(row[8]), int(row[9])
-            state.offset = first if self.dialect == "sqlite" else 0
-            state.slots = last - state.offset + 1
+            state.slots = int(row[8]) + 1  # row ids from 0
         self._table = state
         return m
 
@@ -269,14 +228,11 @@ class TableRun:
             return transaction
         for attempt in range(REFRESH_TRIES + 1):
             why = getattr(self, "_why", "unproven")
-            if why == "unproven" and not self.proves_by_triggers():
+            if why == "unproven":
                 why = "written" if self._copy_differs(conn) else None
-                how = "compared"
-            else:
-                how = "triggers"
             report: dict[str, Any] = {"refreshes": attempt}
             if why is None:
-                self.last_freshness = report | {"copy": "current", "proof": how}
+                self.last_freshness = report | {"copy": "current", "proof": "compared"}
                 return transaction
             report |= {"copy": "stale", "why": why}
             m = self._m or 0
@@ -384,21 +340,6 @@ class TableRun:
         return found
 
     # ----- the one-shot on the table ----------------------------------------------------------
-    def _position_sql(self, state: TableState, alias: str) -> str:
-        return f"({alias}.rowid - {state.offset})"
-
-    def _exceed_sql(self, state: TableState, alias: str) -> tuple[str, dict[str, Any], Any]:
-        """The condition naming the exceedances' rows, its parameters, and a function giving the
-        parameter of a list of positions (for NOT IN)."""
-        if self.dialect == "sqlite":
-            return f"{alias}.rowid IN (SELECT value FROM json_each(:rowids))", {}, None
-        return f"{alias}.rowid IN (SELECT unnest(CAST(:rowids AS BIGINT[])))", {}, None
-
-    def _positions_list_sql(self) -> str:
-        if self.dialect == "sqlite":
-            return "SELECT value FROM json_each(:positions)"
-        return "SELECT unnest(CAST(:positions AS BIGINT[]))"
-
     def _table_oneshot(self, conn: Connection, noise: KeyedNoise, k: int) -> Rows:
         """Algorithm 2 with keyed noise on the table (module docstring, steps 2-3)."""
         state = self._table
@@ -408,11 +349,9 @@ class TableRun:
         table = preparer.format_table(self._source)
         q = preparer.quote
         ident, score = q(self.id_column), q(self.score_column)
-        pos = self._position_sql(state, "t")
-        exceed = noise.exceed_positions.tolist()
-        params: dict[str, Any] = {"k": int(k)}
-        params["rowids"] = array_param(self.dialect, [int(p) + state.offset for p in exceed])
-        condition, _, _ = self._exceed_sql(state, "t")
+        pos = "t.rowid"
+        params: dict[str, Any] = {"k": int(k), "rowids": noise.exceed_positions.tolist()}
+        condition = "t.rowid IN (SELECT unnest(CAST(:rowids AS BIGINT[])))"
         known_sql = (
             f"SELECT {pos} AS pos, t.{ident} AS id, t.{score} AS score FROM {table} t "
             f"WHERE {condition} UNION ALL SELECT * FROM (SELECT {pos} AS pos, t.{ident} AS id, "
@@ -463,20 +402,10 @@ class TableRun:
         exceedances, computed in the database: (position, id, score, noisy score)."""
         params: dict[str, Any] = {
             "k": int(k),
-            "positions": array_param(self.dialect, noise.exceed_positions.tolist()),
+            "positions": noise.exceed_positions.tolist(),
+            "key": noise.key,
         }
-        name = None
-        if self.dialect == "sqlite":
-            name = "topk_keyed_noise_" + uuid.uuid4().hex[:12]
-            driver = conn.connection.driver_connection
-            driver.create_function(  # type: ignore[union-attr]
-                name, 1, noise.sqlite_function, deterministic=True
-            )
-            keyed = f"{name}(r.pos)"
-        else:
-            digits = _KEYED_DIGITS[self.dialect].format(rank="r.pos")
-            keyed = noise.sql(uniform_from_hex_sql(digits))
-            params["key"] = noise.key
+        keyed = noise.sql(uniform_from_hex_sql(_KEYED_DIGITS["duckdb"].format(rank="r.pos")))
         where = ""
         if math.isfinite(cut):
             params["cut"] = math.ceil(cut) if state.whole_scores else float(cut)
@@ -485,10 +414,7 @@ class TableRun:
             f"SELECT r.pos, r.id, r.score, {capped_sql('r.score', noise.score_cap)} + {keyed} "
             f"AS v FROM (SELECT {pos} AS pos, "
             f"t.{ident} AS id, t.{score} AS score FROM {table} t{where}) AS r "
-            f"WHERE r.pos NOT IN ({self._positions_list_sql()}) ORDER BY v DESC, r.pos LIMIT :k"
+            "WHERE r.pos NOT IN (SELECT unnest(CAST(:positions AS BIGINT[]))) "
+            "ORDER BY v DESC, r.pos LIMIT :k"
         )
-        try:
-            return list(conn.execute(sa.text(query), params).all())
-        finally:
-            if name is not None:
-                driver.create_function(name, 1, None)  # type: ignore[union-attr]
+        return list(conn.execute(sa.text(query), params).all())
