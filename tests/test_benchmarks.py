@@ -229,7 +229,10 @@ def test_freshness_rounds_harness(tmp_path: Path) -> None:
             assert r["sql_vs_refresh_and_release"] == pytest.approx(
                 r["oneshot_sql"]["median"] / whole
             )
-            assert all("oneshot_in_store (the table)" == p for p in r["plans"]["release"])
+            # 3,000 rows are under DuckDB's crossover for reading a table whole: the release
+            # reads every row in one statement and the planner picks among runs in memory (no
+            # in-store one-shot on the table).
+            assert r["plans"]["release"] == ["threshold"]
     assert {t["what"].split(",")[0] for t in payload["targets"]} >= {
         "duckdb zipf m=3e+03",
         "postgres-live zipf m=3e+03",

@@ -176,14 +176,22 @@ def test_a_postgres_release_imports_neither_sqlalchemy_nor_duckdb(
     from frontends.cli import main
 
     uri = postgres_uri(pg_conninfo)
+    # A name of this test's own: the session's schema is shared by the modules a worker runs.
+    table = f"{pg_schema}.cli_import_votes"
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         conn.execute(
-            f"CREATE TABLE {pg_schema}.votes AS SELECT g AS id, (g * 7) % 101 AS score "
+            f"CREATE TABLE {table} AS SELECT g AS id, (g * 7) % 101 AS score "
             "FROM generate_series(0, 499) g"
         )
-    table = f"{pg_schema}.votes"
-    assert main(["prepare", uri, "--table", table, "--no-progress", "--json"]) == 0
-    done, modules = _imported(["release", uri, "--table", table, "--k", "3", "--epsilon", "0.5"])
+    try:
+        assert main(["prepare", uri, "--table", table, "--no-progress", "--json"]) == 0
+        done, modules = _imported(
+            ["release", uri, "--table", table, "--k", "3", "--epsilon", "0.5"]
+        )
+    finally:
+        assert main(["unprepare", uri, "--table", table, "--json"]) == 0
+        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}")
     assert done.returncode == 0, done.stderr
     assert "Private top-3" in done.stdout
     assert {"numpy", "psycopg", "adapters.postgres"} <= modules
