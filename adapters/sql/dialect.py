@@ -31,12 +31,12 @@ The surface, by group (the base gives a portable default where one exists):
 * from_votes' counts (votes.py): `text`, `text_length`, `concat`, `keyed_hash` (SHA-256 of the
   key and a message; None: the store has none), `integer`, `floor_units`, `non_numbers` (values
   of a numeric column that are not numbers, where types are hints), `is_table`;
-* DDL: `create_rank_table`, `create_runs_table`, `create_index_sql`, `rename_table_sql`,
-  `rename_index_sql`, `drop_table`, `analyze`, versioned copies' manifest
+* DDL: `create_rank_table`, `create_runs_table` (`fill_runs_sql`), `create_index_sql`,
+  `rename_table_sql`, `rename_index_sql`, `drop_table`, `analyze`, versioned copies' manifest
   (`create_manifest`, `record_version_sql`, `forget_version_sql`), and declared copies'
   tables (recorded.py: `declared_table_sql`, `id_copy_type`, `plain_index_sql`,
   `id_index_key`, `indexes_ids`, `drop_index_sql`, `fingerprints_table_sql`,
-  `stamps_table_sql`, `upsert_sql`, `refresh_beside`);
+  `stamps_table_sql`, `upsert_sql`, `refresh_beside`, `indexes_tables`);
 * sessions and errors: `prepare_lock`, `limit_statements`, `lock_timeout`, `run_transaction`,
   `hides_statistics`, and what an error was (`lock_not_available`, `canceled`,
   `insufficient_privilege`);
@@ -96,6 +96,7 @@ class Dialect:
     whole_read_rows = 0  # a table read as it is now is read whole up to this many rows (whole.py)
     id_length_unit = "bytes"  # what `id_length` counts
     refresh_beside = False  # a declared copy's refresh builds beside it and swaps (recorded.py)
+    indexes_tables = True  # prepare() indexes the table of counts (score, id) where asked
     catalog_version_sql: str | None = None
     prepare_statement_timeout: float | None = None
     swap_timeout = 2.0
@@ -130,7 +131,7 @@ class Dialect:
 
     def split(self, qualified: str) -> tuple[str | None, str]:
         """(namespace, name) of a name `qualified` wrote."""
-        q = self.quote("")[0]
+        q = self.quote("x")[0]
         parts, i = [], 0
         while i < len(qualified):
             if qualified[i] != q:
@@ -306,6 +307,11 @@ class Dialect:
         self, index: str, table: str, column: str, *, if_missing: bool = False
     ) -> str:
         raise NotImplementedError
+
+    def fill_runs_sql(self, target: str, ranks: str) -> str:
+        """INSERT of the runs of tied scores of `ranks` into the declared runs table `target`
+        (run, first_rank, score): the last of `create_runs_table`'s statements here."""
+        return self.create_runs_table(target, ranks)[-1]
 
     # the layout of declared tables (recorded.py)
     def declared_table_sql(

@@ -139,6 +139,15 @@ class Driver:
         None where there is none or no session is open."""
         return None
 
+    def arrays(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The result's columns as numpy arrays, by column name."""
+        raise NotImplementedError
+
+    def apart(self) -> Any:
+        """A context: a driver on a connection of its own, outside the transaction in progress
+        (which a failed statement may have ended)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release what this driver opened (never a connection the caller passed in)."""
 
@@ -369,22 +378,37 @@ class SQLAlchemyDriver(Driver):
                         reset["isolation_level"] = conn.default_isolation_level
                     conn.execution_options(**reset)
 
-    def execute(
-        self,
-        sql: str,
-        params: Mapping[str, Any] | None = None,
-        *,
-        prepare: bool | None = None,
-        binary: bool = False,
-    ) -> list[tuple[Any, ...]]:
-        text, _ = convert(sql, self.style)
-        statement = self._sa.text(text)
-        if self._conn is not None and self._depth:
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None, **_: Any) -> Any:
+        return self._result(sql, params)[1]
+
+    def _result(self, sql: str, params: Mapping[str, Any] | None) -> tuple[list[str], list[Any]]:
+        """(column names, rows) of one statement."""
+        statement = self._sa.text(convert(sql, self.style)[0])
+        with nullcontext() if self._conn is not None and self._depth else self._alone():
             result = self._conn.execute(statement, dict(params or {}))
-            return list(result.all()) if result.returns_rows else []
-        with self.session(), self._conn.begin():  # a statement of its own, committed
-            result = self._conn.execute(statement, dict(params or {}))
-            return list(result.all()) if result.returns_rows else []
+            return (list(result.keys()), list(result.all())) if result.returns_rows else ([], [])
+
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        """A statement of its own, committed."""
+        with self.session(), self._conn.begin():
+            yield
+
+    def arrays(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The result's columns as numpy arrays (text, bytes, decimals, NULLs as objects)."""
+        names, rows = self._result(sql, params)
+        out: dict[str, Any] = {}
+        for i, name in enumerate(names):
+            column = np.asarray([row[i] for row in rows]) if rows else np.empty(0)
+            if column.dtype.kind not in "iufb":
+                column = np.empty(len(rows), dtype=object)
+                column[:] = [row[i] for row in rows]
+            out[name] = column
+        return out
+
+    @contextmanager
+    def apart(self) -> Iterator[SQLAlchemyDriver]:
+        yield SQLAlchemyDriver(self.engine, self._read_only)
 
     @property
     def in_transaction(self) -> bool:
@@ -439,6 +463,14 @@ class DuckDBDriver(Driver):
 
     def arrays(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return dict(self._run(sql, params).fetchnumpy())
+
+    @contextmanager
+    def apart(self) -> Iterator[DuckDBDriver]:
+        cursor = self.conn.cursor()
+        try:
+            yield DuckDBDriver(cursor, cursors=False)
+        finally:
+            cursor.close()
 
     @contextmanager
     def transaction(

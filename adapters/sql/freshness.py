@@ -24,6 +24,10 @@ this table current). Each proof also says how it knew (`said`, in run_freshness(
   holds (the counter unchanged, or no log row left; the triggers there).
 * `Unprovable`: nothing can prove a copy current (no trigger, and no catalog value an UPDATE
   in place changes): a run that is not frozen reads the table as it is now.
+* `Compared`: the copy compared with the table in the run's first query (one join of the
+  table and the copy on id and score, and both counts: a scan of each), where a store has no
+  trigger and no catalog value that every write changes but its runs are to read a copy
+  (SQLAlchemyTable's declared copy there). Nothing is installed or stamped.
 * `Fingerprint`: a catalog value that changes with every write (the dialect's `fingerprint`:
   the names of a table's immutable parts, say), recorded when the copy's build starts and
   compared when a run opens: one small query, whatever the table's size. It may change
@@ -56,6 +60,50 @@ class Unprovable:
 
     def why(self, stored: str | None, proven: Any) -> str | None:
         return None if self.t.frozen else "unprovable"
+
+
+class Compared:
+    """The copy is current when it holds the table's rows (module docstring). The arguments
+    after `t` are those of a trigger proof (SQLAlchemyTable's copy names one): nothing here
+    uses them."""
+
+    proves = True
+    said = {"proof": "compared"}  # noqa: RUF012
+
+    def __init__(self, t: Any, key_name: str = "", trigger: str = "", **_: Any) -> None:
+        self.t, self.key_name = t, key_name
+
+    def exists_sql(self) -> str:
+        return "TRUE"  # nothing to look for
+
+    def install(self, copies: Any) -> None:
+        """Nothing to install."""
+
+    def stamp(self, copies: Any) -> list[str]:
+        return []
+
+    def users(self) -> int:
+        return 0
+
+    def uninstall(self, copies: Any, keep_shared: bool = False) -> None:
+        """Nothing to drop."""
+
+    def proof_sql(self, copies: Any, logged: bool) -> str:
+        """SQL that is 'compared' where the copy holds exactly the table's (id, score) rows
+        (ids matched in byte order, scores in their own type), else NULL; frozen: a constant."""
+        t = self.t
+        if t.frozen:
+            return "'frozen'"
+        key = t.dialect.byte_order(f"b.{t.id_sql}") if t.text_ids else f"b.{t.id_sql}"
+        ranks = copies.ranks
+        return (
+            f"(SELECT 'compared' WHERE NOT EXISTS (SELECT 1 FROM {t.source} AS b LEFT JOIN "
+            f"{ranks} AS r ON r.id = {key} AND r.score = b.{t.score_sql} WHERE r.rank IS NULL) "
+            f"AND (SELECT count(*) FROM {t.source}) = (SELECT count(*) FROM {ranks}))"
+        )
+
+    def why(self, record: str | None, proven: Any) -> str | None:
+        return None if proven is not None else "written"
 
 
 class Fingerprint:
@@ -293,4 +341,12 @@ def copies_stamp(record: str | None) -> str:
     return lines[1] if len(lines) > 1 else ""
 
 
-__all__ = ["Fingerprint", "RowStamps", "Unprovable", "WriteLog", "copies_stamp", "copy_key"]
+__all__ = [
+    "Compared",
+    "Fingerprint",
+    "RowStamps",
+    "Unprovable",
+    "WriteLog",
+    "copies_stamp",
+    "copy_key",
+]

@@ -2,9 +2,9 @@
 
 Placeholders are found outside quoted text ('...', E'...', "...", `...`) and comments, so a
 colon inside a literal or a quoted name is never taken for one, and `::` is a cast. Styles:
-"pyformat" (`%(name)s`, every `%` doubled), "text" (sqlalchemy.text(): `:name` kept, the colons
-of quoted pieces escaped), "dollar" (`$name`), "brace" (`{name}`, which the driver types). What a
-statement becomes is cached.
+"pyformat" (`%(name)s`, every `%` doubled), "text" (sqlalchemy.text(): `:name` kept, in
+parentheses before a `::` cast, the colons of quoted pieces escaped), "dollar" (`$name`), "brace"
+(`{name}`, which the driver types). What a statement becomes is cached.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def convert(sql: str, style: str) -> tuple[str, tuple[str, ...]]:
             return f"${name}"
         if style == "brace":
             return "{" + name + "}"
+        if match.string.startswith("::", match.end()):  # sqlalchemy.text() binds no `:name::`
+            return f"(:{name})"
         return match.group(0)
 
     for text, quoted in _segments(sql):

@@ -325,7 +325,7 @@ class RecordedCopy(NamedCopy):
             f"INSERT INTO {ranks} (rank, id, score) {t.canonical_rows(raw_scores=True)}"
         )
         t.driver.execute(f"DELETE FROM {runs}")
-        t.driver.execute(self.d.create_runs_table(runs, ranks)[-1])
+        t.driver.execute(self.d.fill_runs_sql(runs, ranks))
         t.check_copy(ranks)
 
     def _fill_beside(self, swap_timeout: float) -> None:
@@ -368,8 +368,8 @@ class RecordedCopy(NamedCopy):
                 d.upsert_sql(self.stamps, ["rank_table", "stamp"]),
                 {"rank_table": self.names.ranks, "stamp": lines[0]},
             )
-        else:
-            t.driver.execute(
+        elif t.driver.scalar(f"SELECT {self.d.exists_sql(self.stamps)}"):  # a proof stamps
+            t.driver.execute(  # nothing, where no proof of the schema ever made the table
                 f"DELETE FROM {self.stamps} WHERE rank_table = :name", {"name": self.names.ranks}
             )
 

@@ -1,7 +1,8 @@
 """SQLAlchemyTable: wrap an existing table of per-item counts in any SQLAlchemy engine.
 
 copy_table.py SQLAlchemyTable(mode="copy") on the dialects moved onto the SQL store engine
-              (PostgreSQL, SQLite, MariaDB / MySQL): the engine and the store's own dialect
+              (PostgreSQL, SQLite, MariaDB / MySQL, DuckDB): the engine and the store's own
+              dialect
 copy_mode.py  SQLAlchemyTable(mode="copy") elsewhere, and from_votes(): runs read a rank-ordered
               copy prepare() writes
 live_mode.py  SQLAlchemyTable(mode="live"): runs read the table itself through an index, item

@@ -1,10 +1,12 @@
-"""SQLAlchemyTable in copy mode on the SQL store engine (adapters/sql/): PostgreSQL, SQLite and
-MariaDB / MySQL read through an SQLAlchemy Engine with their own dialect (adapters/dialects/),
-in SQLAlchemyTable's catalog layout (adapters/sql/recorded.py RecordedCopy: its rank table
-names, the shared tables topk_rank_fingerprints and topk_write_stamps, the indexes on the table
-of counts), proven current by the dialect's triggers (PostgreSQL's write log, shared with
-PostgresTable; SQLite's and MariaDB's row stamps): one catalog layout, whichever code prepared
-the table (tests/test_catalog_layout.py, tests/test_catalog_layout_sqlalchemy.py pin it).
+"""SQLAlchemyTable in copy mode on the SQL store engine (adapters/sql/): PostgreSQL, SQLite,
+MariaDB / MySQL and DuckDB (duckdb-engine) read through an SQLAlchemy Engine with their own
+dialect (adapters/dialects/), in SQLAlchemyTable's catalog layout (adapters/sql/recorded.py
+RecordedCopy: its rank table names, the shared tables topk_rank_fingerprints and
+topk_write_stamps, the indexes on the table of counts), proven current by the dialect's
+triggers (PostgreSQL's write log, shared with PostgresTable; SQLite's and MariaDB's row stamps;
+DuckDB has none: the copy compared with the table, freshness.Compared): one catalog layout,
+whichever code prepared the table (tests/test_catalog_layout.py,
+tests/test_catalog_layout_sqlalchemy.py, tests/test_catalog_layout_sqlalchemy_duckdb.py pin it).
 
 SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
 the mode is "copy"; every other dialect keeps copy_mode.py until it moves onto the engine.
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from adapters.dialects.duckdb import DuckDBDialect
 from adapters.dialects.mysql import MySQLDialect
 from adapters.dialects.postgres import PostgresDialect
 from adapters.dialects.sqlite import SQLiteDialect
@@ -35,6 +38,7 @@ DIALECTS: dict[str, Callable[[Engine], Dialect]] = {
     "sqlite": lambda engine: SQLiteDialect(),
     "mysql": lambda engine: MySQLDialect(bool(getattr(engine.dialect, "is_mariadb", False))),
     "mariadb": lambda engine: MySQLDialect(True),
+    "duckdb": lambda engine: DuckDBDialect(named_schema=True),
 }
 
 
@@ -46,9 +50,13 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
     ranks = rank_table or _fit(table, f"__topk_rank_{digest}")
     beside = _digest(schema, ranks)
     key = t.dialect.id_index_key(t.id_sql) if t.text_ids else t.id_sql
-    indexes = (
-        (_fit("ix", f"_topk_{digest}_score_id"), f"{t.score_sql} DESC, {key}"),
-        (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
+    indexed = (
+        ()
+        if not t.dialect.indexes_tables
+        else (
+            (_fit("ix", f"_topk_{digest}_score_id"), f"{t.score_sql} DESC, {key}"),
+            (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
+        )
     )
     return RecordedNames(
         schema,
@@ -60,7 +68,7 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
         rank_key="",
         runs_key="",
         beside_keys=(f"topk_{beside}_new_pk", f"topk_{beside}_new_runs_pk"),
-        source_indexes=indexes if t.dialect.indexes_ids(t.id_info) else (),
+        source_indexes=indexed if t.dialect.indexes_ids(t.id_info) else (),
         record=record,
     )
 

@@ -77,12 +77,9 @@ class DuckDBCopy:
         self._stamped_oid: int | None = None
         self.fingerprints = Fingerprints(t)
         self.head: Any = None  # the base's first rows, from the fingerprint the last run read
-        self.catalog_rows = 0  # tables in the last unfiltered scan of the catalog
-        self.slots_hint: int | None = None  # the row slots the last run of the table proved
         self._delta_tables_seen = False  # the delta and skip tables were found (never dropped)
         self._delta_sizes: tuple[Any, ...] | None = None  # (delta, skip, gen), from _counts()
         self._delta_cache: Any = None  # the last delta generation read (delta.DeltaCache)
-        self._home: tuple[str, str] | None = None
         self._view: bool | None = None
         self.home()  # here, not in the first run: every run makes the same statements
 
@@ -123,14 +120,8 @@ class DuckDBCopy:
         return int(found) == len(names)
 
     def home(self) -> tuple[str, str]:
-        """(database, lower-case schema) of the table, looked up once."""
-        if self._home is None:
-            database, schema = self.driver.one(
-                "SELECT current_database(), lower(coalesce(:schema, current_schema()))",
-                {"schema": self.t.namespace},
-            )
-            self._home = (database, schema)
-        return self._home
+        """(database, lower-case schema) of the table, looked up once (table.CatalogHints)."""
+        return self.d.hints.home(self.t)
 
     def is_view(self) -> bool:
         """Whether the table is a view (its row count is a query, not kept in the fingerprint)."""
@@ -157,7 +148,7 @@ class DuckDBCopy:
         names = (t.rank_table.lower(), t.table.lower(), *(n.lower() for n in also))
         wanted = set(names)
         where = ""
-        if self.catalog_rows > CATALOG_SCAN_MAX:
+        if self.d.hints.catalog_rows > CATALOG_SCAN_MAX:
             where = f" WHERE lower(table_name) IN ({', '.join(literal(n) for n in names)})"
         listed = self.driver.execute(
             "SELECT database_name, schema_name, table_name, table_oid, comment, "
@@ -166,7 +157,7 @@ class DuckDBCopy:
             + f" FROM duckdb_tables(){where}"
         )
         if not where:
-            self.catalog_rows = len(listed)
+            self.d.hints.catalog_rows = len(listed)
         found = {
             name.lower(): (oid, comment, sql_text)
             for database, schema, name, oid, comment, sql_text in listed

@@ -93,6 +93,28 @@ def _score_kind(value: Any) -> str | None:
     return None
 
 
+class CatalogHints:
+    """What the runs of one table keep of DuckDB's catalog between them (the dialect's, one
+    per table): the table's home, looked up once; how many tables the last unfiltered scan of
+    the catalog listed (past CATALOG_SCAN_MAX a scan is filtered); the row slots the last run
+    of the table proved (`TableReads.open`)."""
+
+    def __init__(self) -> None:
+        self.catalog_rows = 0
+        self.slots_hint: int | None = None
+        self._home: tuple[str, str] | None = None
+
+    def home(self, t: Any) -> tuple[str, str]:
+        """(database, lower-case schema) of table `t`, looked up once."""
+        if self._home is None:
+            database, schema = t.driver.one(
+                "SELECT current_database(), lower(coalesce(:schema, current_schema()))",
+                {"schema": t.namespace},
+            )
+            self._home = (str(database), str(schema))
+        return self._home
+
+
 class Unreadable(ValueError):
     """The table's first query failed (a column or the table is gone): the transaction is over."""
 
@@ -115,8 +137,8 @@ class TableReads:
         row id probe where the row slots moved since the last run (an append), and on tables of
         up to DISTINCT_CHECK_MAX rows the key lookup (and, without a key, the count of distinct
         ids). `slots`: name items by row id slot (default: inside t's oblivious_reads())."""
-        copy, driver, s = t.copies, t.driver, t.score_sql
-        database, schema = copy.home()
+        hints, driver, s = t.dialect.hints, t.driver, t.score_sql
+        database, schema = hints.home(t)
         try:
             row = driver.one(
                 f"SELECT count(*), count({t.id_sql}), count({s}), min({s}), max({s}) "
@@ -127,7 +149,7 @@ class TableReads:
         # the catalog's figure (None: not a table, a view); a filter in that query costs more
         # than the scan of a small catalog, so it is filtered here while the catalog is small
         where = ""
-        if copy.catalog_rows > CATALOG_SCAN_MAX:
+        if hints.catalog_rows > CATALOG_SCAN_MAX:
             where = " WHERE lower(table_name) = :table"
         listed = driver.execute(
             f"SELECT database_name, schema_name, table_name, estimated_size FROM duckdb_tables()"
@@ -135,7 +157,7 @@ class TableReads:
             {"table": t.table.lower()} if where else None,
         )
         if not where:
-            copy.catalog_rows = len(listed)
+            hints.catalog_rows = len(listed)
         wanted = (database, schema, t.table.lower())
         sizes = [n for d, sc, name, n in listed if (d, sc.lower(), name.lower()) == wanted]
         rows, ids, scores, low, high = row
@@ -163,21 +185,21 @@ class TableReads:
             _refuse_duplicates(t, rows)
         run = cls(t, rows, high_f, float(low) if low is not None else 0.0, kind == "whole")
         if view:
-            copy.slots_hint = None
+            hints.slots_hint = None
             return run
         slots_read = int(estimated or 0)
         oblivious = t._oblivious if slots is None else slots
         # The catalog's figure is the rows ever appended (row ids are below it); it is checked
         # by a row id range probe when it differs from the figure a run last proved (appends
         # only raise it; oblivious reads probe every time: the same statements in every run).
-        if oblivious or slots_read != copy.slots_hint:
+        if oblivious or slots_read != hints.slots_hint:
             beyond = driver.scalar(
                 f"SELECT count(*) FROM {t.source} WHERE rowid >= :slots", {"slots": slots_read}
             )
             if beyond or slots_read < rows:  # not the catalog's figure: count the row ids
                 slots_read = int(driver.scalar(f"SELECT max(rowid) + 1 FROM {t.source}"))
             else:
-                copy.slots_hint = slots_read
+                hints.slots_hint = slots_read
         run.rowids = max(slots_read, 1)
         run.slots = bool(oblivious)
         return run
@@ -465,13 +487,11 @@ class TableReads:
 def _unreadable(t: Any, error: BaseException) -> str:
     """Why the table cannot be read, in the project's words where the catalog tells (on a
     cursor of its own: the failed query ended the run's transaction)."""
-    cursor = t.driver.conn.cursor()
     try:
-        described = cursor.execute(f"DESCRIBE SELECT * FROM {t.source}").fetchall()
+        with t.driver.apart() as driver:
+            described = driver.execute(f"DESCRIBE SELECT * FROM {t.source}")
     except t.driver.errors:
         return f"{t.where} does not exist (any more): nothing to read"
-    finally:
-        cursor.close()
     columns = sorted(name for name, *_ in described)
     for column in (t.id_column, t.score_column):
         if column not in columns:
@@ -483,7 +503,7 @@ def _unique_ids(t: Any) -> bool:
     """Whether the table's id column alone carries a PRIMARY KEY or UNIQUE constraint: a
     catalog lookup, made by each run that needs it (a table dropped and made again without
     its key is seen)."""
-    database, schema = t.copies.home()
+    database, schema = t.dialect.hints.home(t)
     found = t.driver.execute(
         "SELECT constraint_column_names FROM duckdb_constraints() "
         "WHERE database_name = :db AND lower(schema_name) = :schema "
@@ -508,4 +528,4 @@ def _refuse_duplicates(t: Any, rows: int) -> None:
     raise_if_invalid(facts, t.where, t.id_column, t.score_column, duplicate)
 
 
-__all__ = ["DISTINCT_CHECK_MAX", "TableReads", "Unreadable", "table_costs"]
+__all__ = ["DISTINCT_CHECK_MAX", "CatalogHints", "TableReads", "Unreadable", "table_costs"]
