@@ -5,8 +5,10 @@ A write log proves a copy current or not; it names transactions, not rows. Besid
 dialect may keep a change log of the copy (its `changes` SQL, beside its write log):
 every row a writing statement removed or added, in an order in which the last entry of an id
 is its current row. A run whose copy is stale then reads the copy with the changed rows beside
-it, no row of the table read: the run's first queries group the entries since the copy by id
-once (m and the counts), and the one-shot reads the rows and entries it needs by index.
+it, no row of the table read: the run's first query counts the entries since the copy in one
+pass, without grouping them by id (m is m_copy plus the new rows minus the old rows logged:
+an id's entries alternate old, new), and the one-shot reads the rows and entries it needs by
+index, scanning the entries only where the largest new score logged reaches its cut.
 
 Positions (the one-shot's, keyed_noise.py): an unchanged item keeps its copy rank; the copy
 ranks of changed items are holes; an item present among the changed ids takes m_copy + n -
@@ -37,16 +39,16 @@ class AroundState:
 
     snapshot: Any  # the copy's snapshot, as the change log's SQL reads it
     m_copy: int
-    changed: int  # distinct ids written since the copy
-    in_copy: int  # of them, held by the copy
-    present: int  # of them, present now
-    max_score: float
+    logged: int  # entries logged since the copy (old rows and new rows)
+    removed: int  # of them, old rows
+    added: int  # of them, new rows
+    max_score: float | None  # the largest score of a new row logged (None: none)
     first_entry: int = 0  # the smallest entry number n among the changes
     entries: int = 0  # the span of entry numbers: largest - smallest + 1
 
     @property
     def m(self) -> int:
-        return self.m_copy - self.in_copy + self.present
+        return self.m_copy - self.removed + self.added
 
     @property
     def positions(self) -> int:
@@ -72,8 +74,9 @@ class ChangeLog:
 
 def around_state(t: Any, copies: Any, run: Any) -> AroundState | None:
     """The facts of reading around (one query), or None where the copy cannot be read around:
-    no change log stamped with it, the catalog facts changed since, a NULL id or a score that
-    is not a finite count >= 0 among the changes."""
+    no change log stamped with it, the catalog facts changed since, a NULL id or a new row
+    whose score is not a finite count >= 0 among the changes (the table read then refuses
+    the current rows or reads them)."""
     log = t.proof.changes
     if log is None:
         return None
@@ -86,15 +89,15 @@ def around_state(t: Any, copies: Any, run: Any) -> AroundState | None:
         return None
     t.driver.execute(sql.settings_sql())
     row = t.driver.one(sql.facts_sql(log.names, t.proof.state_sql()), sql.snapshot_params(snapshot))
-    digest, state, changed, null_ids, in_copy, present, bad, top, low, high, unnumbered = row
+    digest, state, logged, null_ids, removed, added, bad, top, low, high, unnumbered = row
     if digest is None or lines[2] != f"{sql.CHANGES_TAG} {digest}":
         return None
     if state is None or lines[1].split(" ")[2] != state or null_ids or bad or unnumbered:
         return None
     span = 0 if low is None else int(high) - int(low) + 1
     return AroundState(
-        snapshot, run.m, int(changed), int(in_copy), int(present), float(top or 0.0),
-        int(low or 0), span,
+        snapshot, run.m, int(logged), int(removed), int(added),
+        None if top is None else float(top), int(low or 0), span,
     )  # fmt: skip
 
 
@@ -118,6 +121,7 @@ def around_oneshot(t: Any, copies: Any, run: Any, noise: KeyedNoise, k: int) -> 
         "k": int(k),
         "m": int(state.m_copy),
         "first": int(state.first_entry),
+        "top": state.max_score,
         "positions": d.array_value(noise.exceed_positions, "integer", t.driver),
         "noises": d.array_value(noise.exceed_noises, "float", t.driver),
     }

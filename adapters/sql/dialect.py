@@ -493,7 +493,7 @@ class Dialect:
         return 0.0
 
     def around_seconds(self, changed: int) -> float:
-        """A release read around `changed` changed ids."""
+        """A release read around `changed` entries logged since the copy."""
         return float("inf")
 
 

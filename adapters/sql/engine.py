@@ -332,8 +332,8 @@ class SQLTable:
         if why == "written" and self.copies.reads_around:
             around = self.copies.around_state(copy)
             if around is not None:
-                seconds = self.dialect.around_seconds(around.changed)
-                report |= {"around_seconds": seconds, "changed": around.changed}
+                seconds = self.dialect.around_seconds(around.logged)
+                report |= {"around_seconds": seconds, "logged": around.logged}
                 if seconds <= min(table, rebuild):
                     copy.read, copy.m, copy.around = "around", around.m, around
                     copy.freshness = report | {"read": "around"}

@@ -421,7 +421,7 @@ class PostgresDialect(Dialect):
         one-shot read around the changes priced by them."""
         if run.around is not None:
             return dataclasses.replace(
-                table_costs(run.m), oneshot_fixed=around_seconds(run.around.changed)
+                table_costs(run.m), oneshot_fixed=around_seconds(run.around.logged)
             )
         return table_costs(run.m) if run.table is not None else STORE_COSTS
 

@@ -172,38 +172,33 @@ def unseen_sql(alias: str) -> str:
 
 
 def facts_sql(n: ChangeNames, proof_state: str) -> str:
-    """The facts of reading around, one query: the change log's digest, the write log's
-    state, the changed ids, NULL ids, ids the copy held, ids present now, bad scores among
-    them, their largest score, the span of entry numbers and unnumbered entries."""
-    unseen = unseen_sql("c")
-    grouped = (
-        "SELECT g.id, g.last AS ord, c.score, g.first FROM (SELECT c.id, max(c.ord) AS last, "
-        f"min(c.ord) AS first FROM {n.changes} c WHERE {unseen} "
-        f"GROUP BY c.id) g JOIN {n.changes} c ON c.id = g.id AND c.ord = g.last"
-    )
-    score = "g.score::float8"
+    """The facts of reading around, one pass over the entries since the copy (no grouping):
+    the change log's digest, the write log's state, the entries, those with a NULL id, the
+    old rows and the new rows among them, new rows with a bad score, the largest new score,
+    the span of entry numbers and unnumbered entries. An id's entries alternate old, new (an
+    old row leaves the table, a new one enters it; module docstring), so new rows minus old
+    rows is the change in m: present now minus held by the copy, summed over the ids."""
+    new = "mod(c.ord, 2) = 1"
+    score = "c.score::float8"
     good = f"coalesce({score} >= 0 AND {score} < 'Infinity'::float8, false)"
     return (
-        f"WITH g AS MATERIALIZED ({grouped}) "
-        f"SELECT {state_sql(n)}, {proof_state}, "
-        f"(SELECT count(*) FROM g), (SELECT count(*) FROM {n.changes} c "
-        f"WHERE c.id IS NULL AND {unseen}), "
-        "(SELECT count(*) FROM g WHERE mod(g.first, 2) = 0), "
-        "(SELECT count(*) FROM g WHERE mod(g.ord, 2) = 1), "
-        f"(SELECT count(*) FROM g WHERE mod(g.ord, 2) = 1 AND NOT {good}), "
-        f"(SELECT max({score}) FROM g WHERE mod(g.ord, 2) = 1), "
-        f"(SELECT min(c.n) FROM {n.changes} c WHERE {unseen}), "
-        f"(SELECT max(c.n) FROM {n.changes} c WHERE {unseen}), "
-        f"(SELECT count(*) FROM {n.changes} c WHERE c.n IS NULL AND {unseen})"
+        f"SELECT {state_sql(n)}, {proof_state}, count(*), count(*) FILTER (WHERE c.id IS NULL), "
+        f"count(*) FILTER (WHERE NOT {new}), count(*) FILTER (WHERE {new}), "
+        f"count(*) FILTER (WHERE {new} AND NOT {good}), max({score}) FILTER (WHERE {new}), "
+        "min(c.n), max(c.n), count(*) FILTER (WHERE c.n IS NULL) "
+        f"FROM {n.changes} c WHERE {unseen_sql('c')}"
     )
 
 
 def settings_sql() -> str:
-    """For the run's transaction: the grouping in memory (4 MB spills 10^5 ids to disk), and no
-    parallel workers (on a small machine they cost more than they share)."""
+    """For the run's transaction: sorts in memory, no parallel workers (on a small machine
+    they cost more than they share), and no JIT: the change table's row estimates are far off
+    (it fills between ANALYZEs), and a plan priced above jit_above_cost spent 1.9 s of a 4.2 s
+    one-shot compiling at m = 10^7 (benchmarks/sizes.py)."""
     return (
         f"SELECT pg_catalog.set_config('work_mem', {literal(WORK_MEM)}, true), "
-        "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true)"
+        "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true), "
+        "pg_catalog.set_config('jit', 'off', true)"
     )
 
 
@@ -211,15 +206,25 @@ def oneshot_sql(n: ChangeNames, ranks: str, noise_sql: str, bound: float, cap_sq
     """The in-store one-shot over the copy with the changed rows beside it, best first, ties by
     smaller position, in one query. `noise_sql` is a format string of the keyed noise over
     `{p}.position`; `cap_sql(expr)` the capped score. A changed item's row is the last entry
-    of its id, a new row (`current`); its position m_copy + n - n_min."""
+    of its id, a new row (`current`); its position m_copy + n - n_min.
+
+    Every lookup of the change table is a scalar subquery or a LATERAL one with LIMIT 1, which
+    the planner keeps as a probe of the id (or n) B-tree per outer row: its estimates of the
+    change table are far off (it fills between ANALYZEs), and as anti joins it hashed or sorted
+    every entry (10^6 at m = 10^7) to test the few rows a run looks at. The change table is
+    scanned only where the cut is at most :top, the largest new score logged (else no changed
+    row can be a candidate). Cost: O(k + exceedances + rows above the cut) probes, plus one
+    pass over the entries where the cut is at most :top."""
 
     def value(alias: str) -> str:
         return f"{cap_sql(alias + '.score')} + coalesce(e.z, {noise_sql.format(p=alias)})"  # type: ignore[operator]
 
-    unchanged = f"NOT EXISTS (SELECT 1 FROM {n.changes} c WHERE c.id = r.id AND {unseen_sql('c')})"
-    current = (
-        f"mod(c.ord, 2) = 1 AND {unseen_sql('c')} AND NOT EXISTS (SELECT 1 FROM "
-        f"{n.changes} d WHERE d.id = c.id AND d.ord > c.ord AND {unseen_sql('d')})"
+    def probe(alias: str, where: str) -> str:
+        return f"(SELECT 1 FROM {n.changes} {alias} WHERE {where} LIMIT 1) IS NULL"
+
+    unchanged = probe("c", f"c.id = r.id AND {unseen_sql('c')}")
+    current = f"mod(c.ord, 2) = 1 AND {unseen_sql('c')} AND " + probe(
+        "d", f"d.id = c.id AND d.ord > c.ord AND {unseen_sql('d')}"
     )
     entry = ":m + c.n - :first"
     mid = "(b.lo + b.hi) / 2"
@@ -232,8 +237,10 @@ def oneshot_sql(n: ChangeNames, ranks: str, noise_sql: str, bound: float, cap_sq
         f"JOIN e ON r.rank = e.position WHERE {unchanged} "
         f"UNION (SELECT r.rank, r.id, r.score FROM {ranks} r WHERE {unchanged} "
         "ORDER BY r.rank LIMIT :k) "
-        f"UNION SELECT {entry}, c.id, c.score::float8 FROM e JOIN {n.changes} c "
-        f"ON c.n = e.position - :m + :first WHERE e.position >= :m AND {current}), "
+        "UNION SELECT x.position, x.id, x.score FROM e CROSS JOIN LATERAL "
+        f"(SELECT {entry} AS position, c.id, c.score::float8 AS score FROM {n.changes} c "
+        f"WHERE c.n = e.position - :m + :first AND {current} LIMIT 1) x "
+        "WHERE e.position >= :m), "
         "cut AS (SELECT CASE WHEN count(*) < :k THEN '-Infinity'::float8 ELSE "
         f"min(b.v) - {float(bound)!r} - 1e-12 * abs(min(b.v)) END AS low FROM "
         f"(SELECT {value('n')} AS v FROM known n LEFT JOIN e ON e.position = n.position "
@@ -246,7 +253,8 @@ def oneshot_sql(n: ChangeNames, ranks: str, noise_sql: str, bound: float, cap_sq
         "(SELECT min(hi) FROM prefix) AND r.score >= (SELECT low FROM cut) "
         f"AND {unchanged} "
         f"UNION SELECT {entry}, c.id, c.score::float8 FROM {n.changes} c "
-        f"WHERE c.score::float8 >= (SELECT low FROM cut) AND {current}) "
+        "WHERE (SELECT low FROM cut) <= CAST(:top AS float8) "
+        f"AND c.score::float8 >= (SELECT low FROM cut) AND {current}) "
         f"SELECT c.position, c.id, c.score FROM cand c LEFT JOIN e ON e.position = "
         f"c.position ORDER BY {value('c')} DESC, c.position ASC LIMIT :k"
     )
