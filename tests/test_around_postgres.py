@@ -250,3 +250,40 @@ def test_read_around_has_the_law_of_the_current_table(
         source.close()
         conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(t))
         conn.close()
+
+
+def test_the_one_shot_read_around_probes_the_change_table_by_its_b_trees(
+    table: tuple[PostgresTable, Any], around: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-shot read around the writes reads the change table and the tally only through
+    B-trees: EXPLAIN of the statement the run sent, in the run's settings, has no sequential
+    scan and no whole-index walk of either (each copy row it looks at is one probe of the id
+    B-tree, the changed rows above its cut one range of the score B-tree). Fails where the
+    plan may hash or sort every entry (anti joins: at m = 10^7, 10^6 entries hashed to test a
+    few rows), or where the changed rows are found by scanning every entry."""
+    from adapters.dialects.postgres import changes, seq_scans
+
+    source, run = table
+    run("UPDATE {t} SET score = score + 1 WHERE id < 250")  # 500 entries
+    run("UPDATE {t} SET score = 10000 WHERE id = 5")  # above the cut: read by the score B-tree
+    sent: list[tuple[str, Any]] = []
+    execute = source.driver.execute
+
+    def spy(statement: str, params: Any = None, **options: Any) -> Any:
+        sent.append((statement, params))
+        return execute(statement, params, **options)
+
+    monkeypatch.setattr(source.driver, "execute", spy)
+    top, freshness = _top(source, "oneshot")
+    assert top == [5, 299, 298] and freshness["read"] == "around"
+    assert freshness["logged"] == 502
+    oneshot = [(s, p) for s, p in sent if s.startswith("WITH RECURSIVE e(position, z)")]
+    assert len(oneshot) == 1
+    statement, params = oneshot[0]
+    names = source.proof.changes.names
+    with source.driver.transaction():
+        execute(changes.settings_sql())
+        execute(changes.oneshot_settings_sql())
+        plan = source.driver.scalar("EXPLAIN (FORMAT JSON) " + statement, params)
+    read_whole = " ".join(seq_scans(plan))
+    assert names.index_prefix not in read_whole, read_whole

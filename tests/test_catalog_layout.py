@@ -151,6 +151,8 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
         ("relation", changes + "_seq", "S"),
         ("relation", changes + "_id", "i"),
         ("relation", changes + "_n", "i"),
+        ("relation", changes + "_score", "i"),
+        ("relation", changes + "_tally", "r"),
         ("comment", ranks, record),
         ("column", ranks, "rank", "bigint", True, None),
         ("column", ranks, "id", "bigint", True, None),
@@ -165,6 +167,11 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
         ("column", changes, "id", "bigint", False, None),
         ("column", changes, "score", "bigint", False, None),
         ("column", changes, "n", "bigint", False, None),
+        ("column", changes + "_tally", "xid", "xid8", False, None),
+        ("column", changes + "_tally", "added", "bigint", False, None),
+        ("column", changes + "_tally", "removed", "bigint", False, None),
+        ("column", changes + "_tally", "bad", "bigint", False, None),
+        ("column", changes + "_tally", "top", "double precision", False, None),
         (
             "index",
             f"topk_{d}_rank",
@@ -200,6 +207,12 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
             changes + "_n",
             changes,
             f"CREATE INDEX {changes}_n ON {changes} USING btree (n)",
+        ),
+        (
+            "index",
+            changes + "_score",
+            changes,
+            f"CREATE INDEX {changes}_score ON {changes} USING btree (((score)::double precision))",
         ),
         (
             "constraint",

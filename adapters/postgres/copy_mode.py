@@ -158,6 +158,7 @@ class PostgresTable(SQLTable):
             q(f"topk_{digest}_changes"),
             f"topk_{digest}_changes",
             tuple(f"topk_{digest}_{op}" for op in ("ins", "upd", "del")),  # type: ignore[arg-type]
+            tally=q(f"topk_{digest}_changes_tally"),
         )
         return WriteLog(t, t.copies.ranks, f"topk_{digest}_writes", changes=ChangeLog(t, changes))
 

@@ -125,7 +125,9 @@ def around_oneshot(t: Any, copies: Any, run: Any, noise: KeyedNoise, k: int) -> 
         "positions": d.array_value(noise.exceed_positions, "integer", t.driver),
         "noises": d.array_value(noise.exceed_noises, "float", t.driver),
     }
+    previous = t.driver.one(sql.oneshot_settings_sql())[0]
     records = t.driver.execute(query, params)
+    t.driver.execute(sql.restore_sql(), {"value": previous})
     return Rows(
         np.arange(len(records), dtype=np.int64),
         id_array([r[1] for r in records]),

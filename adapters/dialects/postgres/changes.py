@@ -4,9 +4,11 @@ On a plain table (no partitions, no inheritance children) with an immediate uniq
 exactly the id column, three statement-level triggers with transition tables (INSERT, UPDATE,
 DELETE) append, per statement, every old row as (xid, 2 s, id, NULL) and every new row as
 (xid, 2 s + 1, id, score), s one value of a sequence drawn by the statement's trigger, each
-entry numbered n from the same sequence. The table `topk_<digest>_changes` holds them, with
-B-trees on id and on n; writers need no right on it (the function is SECURITY DEFINER,
-search_path pg_catalog).
+entry numbered n from the same sequence, and one row per statement to its tally (old rows, new
+rows, new rows with a bad score, the largest new score). The table `topk_<digest>_changes`
+holds the entries, with B-trees on id, on n and on the new rows' scores; the tally is
+`topk_<digest>_changes_tally`. Writers need no right on them (the function is SECURITY
+DEFINER, search_path pg_catalog).
 
 Why the last entry of an id is its current row. Two writes to one id in different
 transactions are ordered by the row lock or by the unique index (an insert waits for the
@@ -15,9 +17,11 @@ the statement, not at commit), so the later writer's trigger draws its sequence 
 the earlier writer committed. Within a statement, new rows come after old ones. So among the
 entries of transactions the copy's snapshot does not see and the run's snapshot sees, the
 entry of largest order is each changed id's current row (a new row: present, with that score;
-an old one: deleted), and the entry of smallest order tells whether the copy held the id. The
-copy stamp's third line holds a digest of what this rests on (the triggers' rows and their
-function, the change table, its sequence, the unique index), checked by the run.
+an old one: deleted), and the entry of smallest order tells whether the copy held the id. An
+id's entries alternate old, new (a row leaves the table, a row enters it), so new rows minus
+old rows, summed over the tally, is the change in m. The copy stamp's third line holds a
+digest of what this rests on (the triggers' rows and their function, the change table, its
+sequence, the tally, the unique index), checked by the run.
 
 Everything here is SQL text, names and literals quoted by the dialect; the copy's snapshot's
 fields (xmin, xmax, xip) are parameters.
@@ -45,8 +49,9 @@ class ChangeNames:
     changes: str
     seq: str
     function: str
-    index_prefix: str  # unqualified: the change table's indexes are <prefix>_id, <prefix>_n
+    index_prefix: str  # unqualified: the change table's indexes are <prefix>_id, _n, _score
     triggers: tuple[str, str, str]  # INSERT, UPDATE, DELETE (unquoted)
+    tally: str = ""  # the statements' tally (one row per statement), qualified
 
 
 def parse_snapshot(stamp: str) -> tuple[int, int, list[int]] | None:
@@ -98,25 +103,39 @@ def state_sql(n: ChangeNames) -> str:
     return (
         f"(SELECT CASE WHEN (SELECT count(*) {ours} = 3 AND {index} IS NOT NULL THEN "
         "pg_catalog.md5(pg_catalog.concat_ws(':', c.oid, c.relfilenode, q.oid, p.oid, "
-        f"p.xmin, {triggers}, {index})) END "
-        "FROM pg_catalog.pg_class c, pg_catalog.pg_class q, pg_catalog.pg_proc p "
+        f"p.xmin, {triggers}, {index}, y.oid, y.relfilenode)) END "
+        "FROM pg_catalog.pg_class c, pg_catalog.pg_class q, pg_catalog.pg_proc p, "
+        "pg_catalog.pg_class y "
         f"WHERE c.oid = pg_catalog.to_regclass({literal(n.changes)}) "
+        f"AND y.oid = pg_catalog.to_regclass({literal(n.tally)}) "
         f"AND q.oid = pg_catalog.to_regclass({literal(n.seq)}) "
         f"AND p.oid = pg_catalog.to_regprocedure({literal(n.function + '()')}))"
     )
 
 
-def function_body(n: ChangeNames, changes: str, seq: str) -> str:
-    """The triggers' function: old rows then new rows of the statement, one sequence value."""
+def good_sql(score: str) -> str:
+    """Whether `score` is a finite count >= 0 (false for NULL and NaN)."""
+    value = f"{score}::float8"
+    return f"coalesce({value} >= 0 AND {value} < 'Infinity'::float8, false)"
+
+
+def function_body(n: ChangeNames, changes: str, seq: str, tally: str) -> str:
+    """The triggers' function: old rows then new rows of the statement, one sequence value,
+    and the statement's tally: old rows, new rows, new rows with a bad score, the largest new
+    score."""
     entry = "pg_catalog.pg_current_xact_id()"
     return (
         f"DECLARE s bigint := pg_catalog.nextval({literal(seq)}::pg_catalog.regclass); "
+        "a bigint := 0; r bigint := 0; b bigint := 0; t float8; "
         "BEGIN IF TG_OP <> 'INSERT' THEN "
         f"INSERT INTO {changes} (xid, ord, id, score) SELECT {entry}, 2 * s, "
-        f"o.{n.id}, NULL FROM topk_old o; END IF; "
+        f"o.{n.id}, NULL FROM topk_old o; GET DIAGNOSTICS r = ROW_COUNT; END IF; "
         "IF TG_OP <> 'DELETE' THEN "
         f"INSERT INTO {changes} (xid, ord, id, score) SELECT {entry}, 2 * s + 1, "
-        f"n.{n.id}, n.{n.score} FROM topk_new n; END IF; "
+        f"n.{n.id}, n.{n.score} FROM topk_new n; GET DIAGNOSTICS a = ROW_COUNT; "
+        f"SELECT count(*) FILTER (WHERE NOT {good_sql('n.' + n.score)}), "
+        f"max(n.{n.score}::float8) INTO b, t FROM topk_new n; END IF; "
+        f"INSERT INTO {tally} (xid, added, removed, bad, top) VALUES ({entry}, a, r, b, t); "
         "RETURN NULL; END"
     )
 
@@ -143,6 +162,18 @@ def create_statements(n: ChangeNames, quote: object, drop: bool) -> list[str]:
             f"CREATE INDEX {q(f'{n.index_prefix}_{suffix}')} ON {n.changes} ({q(suffix)})"  # type: ignore[operator]
         )
     return out
+
+
+def tally_statements(n: ChangeNames, quote: object) -> list[str]:
+    """The tally (one row per statement) and the change table's index on the scores (the old
+    rows' are NULL), where missing. Not a partial index on the new rows: the planner would
+    read all of it to test the new-row condition of a probe by n."""
+    name = quote(f"{n.index_prefix}_score")  # type: ignore[operator]
+    return [
+        f"CREATE TABLE IF NOT EXISTS {n.tally} (xid xid8, added bigint, removed bigint, "
+        "bad bigint, top float8)",
+        f"CREATE INDEX IF NOT EXISTS {name} ON {n.changes} ((score::float8))",
+    ]
 
 
 EVENTS = (
@@ -172,21 +203,24 @@ def unseen_sql(alias: str) -> str:
 
 
 def facts_sql(n: ChangeNames, proof_state: str) -> str:
-    """The facts of reading around, one pass over the entries since the copy (no grouping):
-    the change log's digest, the write log's state, the entries, those with a NULL id, the
-    old rows and the new rows among them, new rows with a bad score, the largest new score,
-    the span of entry numbers and unnumbered entries. An id's entries alternate old, new (an
-    old row leaves the table, a new one enters it; module docstring), so new rows minus old
-    rows is the change in m: present now minus held by the copy, summed over the ids."""
-    new = "mod(c.ord, 2) = 1"
-    score = "c.score::float8"
-    good = f"coalesce({score} >= 0 AND {score} < 'Infinity'::float8, false)"
+    """The facts of reading around, one query: the change log's digest, the write log's
+    state, the entries logged, those with a NULL id, the old rows and the new rows among them,
+    new rows with a bad score, the largest new score, the span of entry numbers and unnumbered
+    entries. The counts are sums over the statements' tally (one row per statement), the rest
+    probes of the change table's B-trees: no entry is read. An id's entries alternate old, new
+    (an old row leaves the table, a new one enters it; module docstring), so new rows minus
+    old rows is the change in m: present now minus held by the copy, summed over the ids."""
+    unseen = unseen_sql("c")
     return (
-        f"SELECT {state_sql(n)}, {proof_state}, count(*), count(*) FILTER (WHERE c.id IS NULL), "
-        f"count(*) FILTER (WHERE NOT {new}), count(*) FILTER (WHERE {new}), "
-        f"count(*) FILTER (WHERE {new} AND NOT {good}), max({score}) FILTER (WHERE {new}), "
-        "min(c.n), max(c.n), count(*) FILTER (WHERE c.n IS NULL) "
-        f"FROM {n.changes} c WHERE {unseen_sql('c')}"
+        f"SELECT {state_sql(n)}, {proof_state}, s.removed + s.added, "
+        f"(SELECT count(*) FROM {n.changes} c WHERE c.id IS NULL AND {unseen}), "
+        "s.removed, s.added, s.bad, s.top, "
+        f"(SELECT min(c.n) FROM {n.changes} c WHERE {unseen}), "
+        f"(SELECT max(c.n) FROM {n.changes} c WHERE {unseen}), "
+        f"(SELECT count(*) FROM {n.changes} c WHERE c.n IS NULL AND {unseen}) "
+        "FROM (SELECT coalesce(sum(c.removed), 0) AS removed, coalesce(sum(c.added), 0) AS "
+        "added, coalesce(sum(c.bad), 0) AS bad, max(c.top) AS top "
+        f"FROM {n.tally} c WHERE {unseen}) s"
     )
 
 
@@ -200,6 +234,20 @@ def settings_sql() -> str:
         "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true), "
         "pg_catalog.set_config('jit', 'off', true)"
     )
+
+
+def oneshot_settings_sql() -> str:
+    """Before the one-shot: no sequential scan where an index serves (the change table's
+    score B-tree for the changed rows above the cut; its row estimates are far off), returning
+    the setting it replaces (`restore_sql`)."""
+    return (
+        "SELECT pg_catalog.current_setting('enable_seqscan'), "
+        "pg_catalog.set_config('enable_seqscan', 'off', true)"
+    )
+
+
+def restore_sql() -> str:
+    return "SELECT pg_catalog.set_config('enable_seqscan', :value, true)"
 
 
 def oneshot_sql(n: ChangeNames, ranks: str, noise_sql: str, bound: float, cap_sql: object) -> str:
@@ -295,13 +343,22 @@ def install(driver: Any, n: ChangeNames, relations: list[Any], quote: Any) -> No
             if not (exists and numbered):
                 for statement in create_statements(n, quote, drop=exists):
                     driver.execute(statement)
-            changes = driver.scalar(qualified_sql(n.changes))
-            body = function_body(n, changes, driver.scalar(qualified_sql(n.seq)))
+            tally, index = tally_statements(n, quote)
+            driver.execute(tally)
+            changes, seq, tally_name = (
+                driver.scalar(qualified_sql(x)) for x in (n.changes, n.seq, n.tally)
+            )
+            body = function_body(n, changes, seq, tally_name)
             current = driver.one(
                 "SELECT prosrc FROM pg_catalog.pg_proc WHERE oid = pg_catalog.to_regprocedure(:f)",
                 {"f": n.function + "()"},
             )
             if current is None or current[0] != body:
+                # Writers in progress may have fired the function being replaced (entries
+                # without a tally row): wait for them, so that every statement a later
+                # snapshot does not see fires this body. No writer then holds the change table.
+                driver.execute(f"LOCK TABLE {relation} IN SHARE ROW EXCLUSIVE MODE")
+                driver.execute(index)
                 driver.execute(function_statement(n, body))
             present = {
                 name
@@ -323,22 +380,24 @@ def install(driver: Any, n: ChangeNames, relations: list[Any], quote: Any) -> No
 
 def stamp(driver: Any, n: ChangeNames) -> str:
     """In the copy's transaction: the stamp's third line (the change log's digest, empty where
-    there is no change log), after deleting the entries this snapshot sees."""
+    there is no change log), after deleting the entries and tally rows this snapshot sees."""
     digest = driver.scalar("SELECT " + state_sql(n))
     if digest is None:
         return ""
-    driver.execute(
-        f"DELETE FROM {n.changes} WHERE pg_catalog.pg_visible_in_snapshot(xid, "
-        "pg_catalog.pg_current_snapshot())"
-    )
+    for table in (n.changes, n.tally):
+        driver.execute(
+            f"DELETE FROM {table} WHERE pg_catalog.pg_visible_in_snapshot(xid, "
+            "pg_catalog.pg_current_snapshot())"
+        )
     return f"{CHANGES_TAG} {digest}"
 
 
 def uninstall(driver: Any, n: ChangeNames, quote: Any) -> None:
-    """The change log's triggers, function, table and sequence."""
+    """The change log's triggers, function, tables and sequence."""
     if driver.scalar(f"SELECT pg_catalog.to_regclass({literal(n.base)}) IS NOT NULL"):
         for name in n.triggers:
             driver.execute(f"DROP TRIGGER IF EXISTS {quote(name)} ON {n.base}")
     driver.execute(f"DROP FUNCTION IF EXISTS {n.function}()")
     driver.execute(f"DROP TABLE IF EXISTS {n.changes}")
+    driver.execute(f"DROP TABLE IF EXISTS {n.tally}")
     driver.execute(f"DROP SEQUENCE IF EXISTS {n.seq}")
