@@ -1,7 +1,7 @@
 """SPITable: a live PostgreSQL table read from inside the server, through PL/Python's SPI.
 
 What `topk.private_top_k(...)` (frontends/sql_function.py) reads. The table was prepared in
-live mode (adapters/postgres/live_mode.py: a B-tree on (score DESC, id), the position table
+live mode (adapters/postgres/live/: a B-tree on (score DESC, id), the position table
 `<table>_topk_pos` kept dense by triggers) and registered; this adapter reads those same
 structures with SQL run by the server process itself (`plpy.execute`, no network round trip).
 Every read is counted by CountedAccess like any store's (`round_trips` counts SPI queries).
@@ -19,7 +19,7 @@ table's primary key, by id through the id B-tree (`= ANY($1)`), one query per ba
 are not ranks (a live table), so nothing is inferred from tied neighbours.
 
 Oblivious releases (inside `oblivious_reads()`, mechanisms/oblivious.py) read as the live mode of
-adapters/postgres/live_mode.py does: the top rows from the (score DESC, id) B-tree alone, without
+adapters/postgres/live/ does: the top rows from the (score DESC, id) B-tree alone, without
 positions (access.SortedIds), and the rows at the drawn positions one lookup each, in a nested
 loop over the sorted positions (where the ids are exactly 0..m-1, checked with m by two probes
 of the id B-tree, an item's position is its id and the position table is not read); integer ids

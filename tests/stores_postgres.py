@@ -26,8 +26,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.postgres import PostgresTable
-from adapters.postgres.live_mode import MAX_SCORE_RUNS
+from adapters.postgres import MAX_SCORE_RUNS, PostgresTable
 from tests.helpers import RefreshAfterTheRun, shared_sources
 
 DEFAULT_PG_DSN = "host=127.0.0.1 port=5432 dbname=test"

@@ -460,7 +460,7 @@ def test_each_store_and_mode_has_its_own_deadline_model() -> None:
 
     from adapters.dialects.postgres.costs import OBLIVIOUS_COSTS, STALE_OBLIVIOUS_COSTS
     from adapters.duckdb import OBLIVIOUS_COSTS_COPY, OBLIVIOUS_COSTS_LIVE, DuckDBTable
-    from adapters.postgres.live_mode import LIVE_OBLIVIOUS_COSTS, LivePostgresTable
+    from adapters.postgres.live import LIVE_OBLIVIOUS_COSTS, LivePostgresTable
     from frontends.plpython import SPI_OBLIVIOUS_COSTS, SPITable
     from topk_middleware.mechanisms.oblivious import (
         costs_from_store,

@@ -20,7 +20,7 @@ from scipy import stats
 
 from adapters.memory import ArraySource
 from adapters.postgres import PostgresTable
-from adapters.postgres import live_mode as postgres_live
+from adapters.postgres.live import draws as postgres_live
 from tests.helpers import CountingSource, plateau_histogram
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, TABLE, _connect, create_table
 from topk_middleware import private_top_k

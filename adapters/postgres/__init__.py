@@ -2,12 +2,12 @@
 
 copy_mode.py  PostgresTable(mode="copy"): runs read a rank-ordered copy that prepare() writes
               (the SQL store engine over psycopg and the PostgreSQL dialect)
-live_mode.py  PostgresTable(mode="live"): runs read the table itself through its B-trees and
-              a position table kept current by triggers (LivePostgresTable, over base.py)
+live/         PostgresTable(mode="live"): runs read the table itself through its B-trees and
+              a position table kept current by triggers (LivePostgresTable)
 """
 
 from .copy_mode import MODES, STORE_COSTS, PostgresTable, RankTableMismatchError
-from .live_mode import MAX_SCORE_RUNS, LivePostgresTable
+from .live import MAX_SCORE_RUNS, LivePostgresTable
 
 __all__ = [
     "MAX_SCORE_RUNS",

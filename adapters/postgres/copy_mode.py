@@ -23,7 +23,7 @@ Copy mode (the default) is the SQL store engine (adapters/sql/) over the psycopg
 
 Every read of a run happens in one REPEATABLE READ READ ONLY transaction opened by snapshot().
 Live mode (`mode="live"`) reads the table itself through its B-trees and a position table kept
-current by triggers, with no rebuild after writes (live_mode.py).
+current by triggers, with no rebuild after writes (adapters/postgres/live/).
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ class PostgresTable(SQLTable):
     autocommit connection, and reconnects it when lost) or a psycopg Connection that is not
     inside a transaction. `rank_table` names the copy (default: from the table's and columns'
     names). `mode="copy"` (the default) serves runs from the rank table prepare() writes
-    (module docstring); `mode="live"` reads the table itself (live_mode.py). `sensitivity` and
+    (module docstring); `mode="live"` reads the table itself (live/). `sensitivity` and
     `max_items_per_client` are declared by whoever built the table (else what from_votes
     recorded with it, else (1, None)); `frozen=True` promises that it does not change after
     prepare()."""
 
-    # The class serving each mode other than "copy" (live_mode.py registers itself).
+    # The class serving each mode other than "copy" (live/ registers itself).
     mode_classes: dict[str, type] = {}  # noqa: RUF012
 
     def __new__(cls, *args: Any, mode: str = "copy", **kwargs: Any) -> Any:

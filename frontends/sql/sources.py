@@ -1,7 +1,7 @@
 """Registered tables: what a release function may read, and the SPI source it reads through.
 
 `register_source` (the client side of install-sql --source) prepares a table in live mode
-(adapters/postgres/live_mode.py) and records it in topk.sources with its id and score columns,
+(adapters/postgres/live/) and records it in topk.sources with its id and score columns,
 its sensitivity and an oblivious deadline; topk.grant_source names the roles that may release
 from it. Inside the server, `registration` reads that row for the caller (one refusal for every
 reason the caller may not name or read the table) and `spi_table` makes its SPI source
@@ -28,7 +28,7 @@ def register_source(
     deadline: float | None = None,
     grant: Collection[str] = (),
 ) -> str:
-    """Prepare `table` in live mode (adapters/postgres/live_mode.py: its B-trees, position table and
+    """Prepare `table` in live mode (adapters/postgres/live/: its B-trees, position table and
     triggers; idempotent) and register it for topk.private_top_k with its id and score columns
     and its sensitivity (the most one client changes one count; scales the noise): the one
     declared, else what from_votes recorded with the table, else 1; a declaration below the
