@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
 from adapters.memory import ArraySource
 from adapters.sqlalchemy import SQLAlchemyTable
@@ -689,3 +691,35 @@ def test_prepares_of_new_tables_at_once_never_deadlock(engine: sa.Engine, tables
     finally:
         for source in sources:
             source.uninstall()
+
+
+class UnknownDialect(SQLiteDialect_pysqlite):
+    """SQLite's own dialect under a name no adapter knows: a real database whose SQLAlchemy
+    dialect the adapters do not speak."""
+
+    name = "topk_unknown"
+    supports_statement_cache = True
+
+
+def test_an_engine_of_an_unknown_dialect_is_refused_before_anything_is_read(
+    tmp_path: Any,
+) -> None:
+    """Copy mode, live mode and from_votes on an engine whose dialect has no adapter dialect:
+    each refuses in one line, naming the dialect, and sends the database no statement."""
+    registry.register("topk_unknown", __name__, "UnknownDialect")
+    engine = sa.create_engine(f"topk_unknown:///{tmp_path / 'unknown.sqlite'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, score INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1, 5), (2, 3)")
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda c, cur, sql, *a: statements.append(sql))
+    with pytest.raises(ValueError, match="this engine's dialect is 'topk_unknown'"):
+        SQLAlchemyTable(engine, "t")
+    with pytest.raises(ValueError, match="this engine's dialect is 'topk_unknown'"):
+        SQLAlchemyTable(engine=engine, table="t", frozen=True)
+    with pytest.raises(ValueError, match="dialect 'topk_unknown' cannot serve in order"):
+        SQLAlchemyTable(engine, "t", mode="live")
+    with pytest.raises(ValueError, match="this engine's dialect is 'topk_unknown'"):
+        SQLAlchemyTable.from_votes(engine, "votes", "t")
+    assert statements == []
+    engine.dispose()

@@ -3,8 +3,9 @@
 copy_table.py SQLAlchemyTable(mode="copy") on the dialects moved onto the SQL store engine
               (PostgreSQL, SQLite, MariaDB / MySQL, DuckDB): the engine and the store's own
               dialect
-copy_mode.py  SQLAlchemyTable(mode="copy") elsewhere, and from_votes(): runs read a rank-ordered
-              copy prepare() writes
+copy_mode.py  SQLAlchemyTable itself: from_votes() (runs read a rank-ordered copy of the counted
+              votes that prepare() writes) and live mode's base; an engine of another dialect
+              is refused
 live_mode.py  SQLAlchemyTable(mode="live"): runs read the table itself through an index, item
               positions kept by triggers (PostgreSQL, MariaDB / MySQL, SQLite)
 """

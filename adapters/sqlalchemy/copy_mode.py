@@ -1,6 +1,10 @@
-"""SQLAlchemyTable: a table of per-item counts in any SQLAlchemy database, served as a Source.
+"""SQLAlchemyTable: a table of per-item counts in an SQLAlchemy database, served as a Source.
 
-Tested on SQLite, PostgreSQL (psycopg 3), MariaDB (PyMySQL) and DuckDB (duckdb-engine).
+This class is what from_votes() builds on PostgreSQL (psycopg 3), SQLite, MariaDB (PyMySQL) and
+DuckDB (duckdb-engine), and live mode's base (live_mode.py: PostgreSQL, SQLite, MariaDB /
+MySQL). SQLAlchemyTable(engine, table) in copy mode is the SQL store engine with the store's
+dialect (copy_table.py); an engine of another dialect is refused, in one line, before anything
+is read (no dialect of the engine's speaks its SQL).
 
 The canonical order of topk_middleware/access.py (score descending, ties by id ascending, text
 ids in byte order) is computed once, by `prepare()`, into a *rank table* (rank, id, score) with
@@ -9,10 +13,10 @@ sorted access at depth t is a range of ranks, item sampling (Algorithm 3 of Wu, 
 ICML 2023, samples a uniformly random unseen item) is `rank IN (...)`, and random access by id is
 `id IN (...)`; all three are index reads, so a run reads O(rows it needs), not the table.
 
-Consistency. The rank table is a snapshot of the counts taken by `prepare()`. Unless the source
-is frozen, a run serves it only where its first query proves it current (the copy compared with
-the table: one join); otherwise the run reads the counts table itself (table_read.py) or has
-the copy rebuilt first (`_current_copy`), so a release reflects the table as of its start.
+Consistency. The rank table is a snapshot of the counts taken by `prepare()`. A run serves it
+only where its first query proves it current (the copy compared with the counts: one join);
+otherwise the copy is rebuilt first (`_current_copy`), so a release reflects the votes as of its
+start.
 `is_stale()` says, at the price of one full scan, whether the counts table differs from the
 copy. Every read of one run happens inside `snapshot()`, one read-only transaction with the
 strongest read-consistent isolation of the dialect, so a concurrent `prepare()` cannot mix two
@@ -30,7 +34,8 @@ runs table existed gets one from the next `prepare()`; until then `score_run_cou
 All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, never pasted.
 
 Size: one class, SQLAlchemyTable, with the dialect differences (PostgreSQL, MariaDB /
-MySQL, SQLite, DuckDB) next to the statement each one changes; live mode is live_mode.py.
+MySQL, SQLite, DuckDB) next to the statement each one changes, until from_votes() and live mode
+move onto the engine; live mode is live_mode.py.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from adapters._sql import (
     plain_values,
     sql_name_spellings,
 )
-from topk_middleware.access import AccessError, Rows, RunTraits, StoreTraits
+from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
 from topk_middleware.privacy import resolve_declared
 from topk_middleware.validation import first_line, mask_secrets
@@ -70,7 +75,6 @@ from ..dialects.votes import sqlalchemy_dialect
 from ..sql.driver import SQLAlchemyDriver, convert
 from ..sql.votes import Counts, check_votes, count_votes
 from .keyed import _EXCEEDANCES, _KEYED_DIGITS, array_param
-from .table_read import TableRun
 
 __all__ = ["RankTableMismatchError", "SQLAlchemyTable", "StaleRankTableError"]
 
@@ -103,6 +107,8 @@ FINGERPRINTS_TABLE = "topk_rank_fingerprints"
 # Dialects whose catalog gives a table a lasting identity (PostgreSQL oid; MariaDB / MySQL
 # InnoDB table id and creation time): elsewhere prepare() compares the copy with the table.
 LASTING_IDENTITY = ("postgresql", "mysql", "mariadb")
+# from_votes: refreshes of a changing copy before a run gives up.
+REFRESH_TRIES = 3
 
 
 class StaleRankTableError(RuntimeError):
@@ -140,8 +146,8 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     )
 
 
-class SQLAlchemyTable(TableRun):
-    """A histogram in a database table, read through an SQLAlchemy engine (any dialect).
+class SQLAlchemyTable:
+    """A histogram in a database table, read through an SQLAlchemy engine.
 
     `SQLAlchemyTable(engine, "votes_per_item", id="item", score="votes")` wraps an existing table
     with one row per item of the public domain (zero counts included). Call `prepare()` once (and
@@ -164,8 +170,14 @@ class SQLAlchemyTable(TableRun):
         if cls is SQLAlchemyTable and mode == "copy" and (args or "engine" in kwargs):
             engine = engine_of(args[0] if args else kwargs.pop("engine"))
             moved = cls.copy_classes.get(engine.dialect.name)
-            if moved is not None:
-                return moved(engine, *args[1:], mode=mode, **kwargs)
+            if moved is None:
+                raise ValueError(
+                    f"SQLAlchemyTable reads PostgreSQL, SQLite, MariaDB / MySQL and DuckDB "
+                    f"(duckdb-engine) engines; this engine's dialect is {engine.dialect.name!r}, "
+                    "whose SQL it does not speak: read the counts into an ArraySource, or copy "
+                    "them into one of those stores"
+                )
+            return moved(engine, *args[1:], mode=mode, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -397,10 +409,8 @@ class SQLAlchemyTable(TableRun):
             return column.collate("BINARY")
         if self.dialect == "duckdb":
             return column.collate("binary")
-        if self.dialect in ("mysql", "mariadb"):
-            as_utf8 = sa.cast(column, mysql.CHAR(charset="utf8mb4"))
-            return as_utf8.collate(self._mysql_bin_collation())
-        return column  # other dialects: their default collation must be a binary one
+        as_utf8 = sa.cast(column, mysql.CHAR(charset="utf8mb4"))  # MariaDB / MySQL
+        return as_utf8.collate(self._mysql_bin_collation())
 
     def _rank_id_type(self, source_type: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
         """The id column of the rank table; text ids get a byte-order collation so that
@@ -434,8 +444,8 @@ class SQLAlchemyTable(TableRun):
     def _index_specs(self, digest: str) -> list[sa.Index]:
         """Indexes on the counts table itself, where the dialect uses them: (score DESC, id) lets
         the window function of prepare() read in order, (id) serves is_stale()."""
-        if self.dialect == "duckdb" or self._source is None:
-            return []  # DuckDB does not use indexes for ORDER BY; no index on a query
+        if self._source is None:
+            return []  # no index on a query
         id_type = self._source.c[self.id_column].type
         if self.dialect in ("mysql", "mariadb") and isinstance(id_type, sa.String):
             if not id_type.length or id_type.length > MYSQL_TEXT_ID_LENGTH:
@@ -497,13 +507,11 @@ class SQLAlchemyTable(TableRun):
                     f"SELECT rootpage || ' ' || sql FROM {master} "
                     f"WHERE type = 'table' AND name = :{t_}"
                 ).bindparams(**{t_: name})
-            elif self.dialect == "duckdb":
+            else:  # DuckDB
                 query = sa.text(
                     "SELECT sql FROM duckdb_tables() WHERE database_name = current_database() "
                     f"AND schema_name = coalesce(:{s_}, current_schema()) AND table_name = :{t_}"
                 ).bindparams(**{s_: schema, t_: name})
-            else:
-                continue  # other dialects: the mark of prepare() only
             facts.append(query.columns(sa.column("fact", sa.String)).scalar_subquery())
         return facts
 
@@ -1074,12 +1082,10 @@ class SQLAlchemyTable(TableRun):
             details = [row[-1] for row in plan]
             full = any(d.startswith("SCAN") for d in details)
             return full, "; ".join(details)
-        if self.dialect in ("mysql", "mariadb"):
-            rows = conn.exec_driver_sql("EXPLAIN " + statement).mappings().all()
-            full = any(row["type"] == "ALL" for row in rows)
-            kinds = ", ".join(f"{row['type']} via {row['key']}" for row in rows)
-            return full, f"access type {kinds}"
-        return False, f"not checked on dialect {self.dialect!r}"
+        rows = conn.exec_driver_sql("EXPLAIN " + statement).mappings().all()  # MariaDB / MySQL
+        full = any(row["type"] == "ALL" for row in rows)
+        kinds = ", ".join(f"{row['type']} via {row['key']}" for row in rows)
+        return full, f"access type {kinds}"
 
     def is_stale(self) -> bool:
         """Whether the counts differ from the rank table built by the last `prepare()`.
@@ -1156,7 +1162,6 @@ class SQLAlchemyTable(TableRun):
 
     def _close_run(self) -> None:
         self._m = self._run_count = None
-        self._table = None
 
     def hides_statistics(self) -> bool:
         """Whether oblivious runs keep their reads out of the statistics views: on PostgreSQL,
@@ -1312,11 +1317,7 @@ class SQLAlchemyTable(TableRun):
         return first, self._checked(scores)
 
     def read_sorted(self, start: int, count: int) -> Rows:
-        """Ranks start .. start+count-1: one range read of the rank primary key (in a table
-        run, ORDER BY .. LIMIT OFFSET on the table)."""
-        if self._table is not None:
-            with self._connection() as conn:
-                return self._table_sorted(conn, start, count)
+        """Ranks start .. start+count-1: one range read of the rank primary key."""
         r = self._ranks.c
         query = (
             sa.select(r.rank, r.id, r.score)
@@ -1329,9 +1330,6 @@ class SQLAlchemyTable(TableRun):
     def read_positions(self, ranks: np.ndarray) -> Rows:
         """Rows at the given ranks (uniform item sampling): `rank IN (...)`, in chunks."""
         wanted = plain_values(np.asarray(ranks, dtype=np.int64))
-        if self._table is not None:
-            with self._connection() as conn:
-                return self._table_positions(conn, wanted)
         r = self._ranks.c
         query = sa.select(r.rank, r.id, r.score).where(
             r.rank.in_(sa.bindparam("ranks", expanding=True))
@@ -1358,12 +1356,9 @@ class SQLAlchemyTable(TableRun):
         query = sa.select(r.id, r.score).where(r.id.in_(sa.bindparam("ids", expanding=True)))
         found: dict[Any, float] = {}
         with self._connection() as conn:
-            if self._table is not None:
-                found = self._table_ids(conn, wanted)
-            else:
-                for chunk in self._chunks(list(dict.fromkeys(wanted))):
-                    for item, score in conn.execute(query, {"ids": chunk}):
-                        found[item] = float(score)
+            for chunk in self._chunks(list(dict.fromkeys(wanted))):
+                for item, score in conn.execute(query, {"ids": chunk}):
+                    found[item] = float(score)
         try:
             scores = np.asarray([found[item] for item in wanted], dtype=np.float64)
         except KeyError as missing:
@@ -1396,9 +1391,50 @@ class SQLAlchemyTable(TableRun):
         )
 
     def run_traits(self) -> RunTraits:
-        """access.RunTraits: positions are ranks (the copy's, or the table's read in order),
-        the table's costs in a run that reads it (else None: the generic guess)."""
+        """access.RunTraits: positions are ranks (the copy's), the generic costs."""
         return RunTraits(costs=self.store_costs)
+
+    store_costs: StoreCosts | None = None  # None: the planner's generic guess
+
+    def oneshot_positions(self) -> int:
+        """Positions of the in-store one-shot: the copy's ranks."""
+        return self.domain_size()
+
+    def run_freshness(self) -> dict[str, Any] | None:
+        """How the run in progress knew its data current (access.run_freshness): operator
+        diagnostics, result.diagnostics.plan["freshness"]."""
+        return None if self._conn is None else dict(self.last_freshness or {})
+
+    def _current_copy(
+        self, conn: Connection, transaction: sa.RootTransaction
+    ) -> sa.RootTransaction:
+        """Use the copy only where the run's first query proved it current (the copy compared
+        with the counts, one join); otherwise (counts from votes have no table of their own to
+        read) the copy is refreshed (prepare(refresh=True), outside the snapshot) and the run
+        opens again, at most REFRESH_TRIES times. Live mode and frozen sources skip this."""
+        frozen = getattr(self, "frozen", False)  # from_votes() builds without __init__
+        if frozen or isinstance(self, tuple(self.mode_classes.values())):
+            self.last_freshness = {"copy": "frozen"} if frozen else None
+            return transaction
+        for attempt in range(REFRESH_TRIES + 1):
+            why = getattr(self, "_why", "unproven")
+            if why == "unproven":
+                why = "written" if self._copy_differs(conn) else None
+            if why is None:
+                self.last_freshness = {"refreshes": attempt, "copy": "current", "proof": "compared"}
+                return transaction
+            if attempt == REFRESH_TRIES:
+                break
+            self._end(conn, transaction)
+            self._close_run()
+            self.prepare(refresh=True)
+            transaction = self._begin(conn)
+            transaction = self._open_run(conn, transaction)
+        self._end(conn, transaction)
+        raise RuntimeError(
+            f"{self.where} kept changing while its copy was refreshed ({REFRESH_TRIES} times): "
+            "try again"
+        )
 
     reads_copy = True  # runs read the rank-ordered copy where it is current (freshness)
 
@@ -1424,11 +1460,6 @@ class SQLAlchemyTable(TableRun):
         exceedances = _EXCEEDANCES.get(self.dialect)
         if exceedances is None:
             return None
-        if self._table is not None:
-            if not self._table.slots:
-                return None  # a table without positions: the one-shot over a full read
-            with self._connection() as conn:
-                return self._table_oneshot(conn, noise, k)
         positions = noise.exceed_positions.tolist() or [-1]  # -1: a position no item has
         noises = noise.exceed_noises.tolist() or [0.0]
         with self._connection() as conn:
@@ -1567,13 +1598,13 @@ def _match(name: str, names: Sequence[str], nocase: bool) -> str | None:
 def catalog_name(engine: Engine, table: str, schema: str | None) -> tuple[str, str | None]:
     """(table, schema) as the database's catalog spells the table the name finds, the schema
     made explicit (the connection's default where none is given): the name as given, else read
-    as SQL reads it (_sql.sql_name_spellings; SQLite and DuckDB compare names without case,
+    as SQL reads it (_sql.sql_name_spellings; SQLite compares names without case,
     PostgreSQL folds unquoted names to lower case, MariaDB keeps them). So `t`, `T`, `main.t`
     name one table and derive one rank table, position table and set of triggers. A name that
     finds nothing is kept as given (reflection says it does not exist). Cost: the catalog's
     table and view lists of one or two schemas."""
     dialect = engine.dialect.name
-    nocase = dialect in ("sqlite", "duckdb")
+    nocase = dialect == "sqlite"
     fold = (lambda word: word) if dialect in ("mysql", "mariadb") else str.lower
     try:
         inspector = sa.inspect(engine)
@@ -1696,8 +1727,8 @@ def _sqlite_version(engine: Engine) -> tuple[int, ...]:
 
 def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None:
     """The text that may hold a from_votes record for `table` (contributions.py): its comment
-    (PostgreSQL, MariaDB / MySQL, DuckDB), its CREATE TABLE statement on SQLite (which keeps no
-    comments but keeps that text, comments inside it included); None elsewhere."""
+    (PostgreSQL, MariaDB / MySQL), its CREATE TABLE statement on SQLite (which keeps no comments
+    but keeps that text, comments inside it included)."""
     dialect = engine.dialect.name
     preparer = engine.dialect.identifier_preparer
     if dialect == "postgresql":
@@ -1711,18 +1742,11 @@ def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None
             "SELECT TABLE_COMMENT FROM information_schema.TABLES "
             "WHERE TABLE_SCHEMA = coalesce(:s, database()) AND TABLE_NAME = :t"
         ).bindparams(s=schema, t=table)
-    elif dialect == "sqlite":
+    else:  # SQLite
         master = ("" if schema is None else preparer.quote_schema(schema) + ".") + "sqlite_master"
         query = sa.text(f"SELECT sql FROM {master} WHERE type = 'table' AND name = :t").bindparams(
             t=table
         )
-    elif dialect == "duckdb":
-        query = sa.text(
-            "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
-            "AND schema_name = coalesce(:s, current_schema()) AND table_name = :t"
-        ).bindparams(s=schema, t=table)
-    else:
-        return None
     with engine.connect() as conn:
         found = conn.execute(query).first()
     return None if found is None or found[0] is None else str(found[0])

@@ -9,8 +9,8 @@ whichever code prepared the table (tests/test_catalog_layout.py,
 tests/test_catalog_layout_sqlalchemy.py, tests/test_catalog_layout_sqlalchemy_duckdb.py pin it).
 
 SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
-the mode is "copy"; every other dialect keeps copy_mode.py until it moves onto the engine.
-from_votes() still builds copy_mode.py's class on every dialect.
+the mode is "copy"; an engine of any other dialect is refused (copy_mode.SQLAlchemyTable.__new__).
+from_votes() still builds copy_mode.py's class on every dialect here.
 """
 
 from __future__ import annotations

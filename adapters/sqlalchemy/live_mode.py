@@ -75,7 +75,7 @@ from sqlalchemy.engine import Connection, Engine
 from adapters._sql import AccessCheck, AccessPath, plain_values
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 
-from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1
+from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1, engine_of
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
@@ -121,13 +121,14 @@ class SQLAlchemyLiveTable(SQLAlchemyTable):
     ) -> None:
         if mode != "live":
             raise ValueError(f"SQLAlchemyLiveTable serves mode='live' only, got mode={mode!r}")
-        super().__init__(engine, table, id, score, **options)
-        if self.dialect not in LIVE_DIALECTS:
+        engine = engine_of(engine)
+        if engine.dialect.name not in LIVE_DIALECTS:  # before anything is read
             raise ValueError(
                 f"mode='live' reads sorted access through a B-tree index on the table, which "
-                f"dialect {self.dialect!r} cannot serve in order (PostgreSQL, MariaDB / MySQL and "
-                "SQLite can): use mode='copy'"
+                f"dialect {engine.dialect.name!r} cannot serve in order (PostgreSQL, MariaDB / "
+                "MySQL and SQLite can): use mode='copy' (DuckDB)"
             )
+        super().__init__(engine, table, id, score, **options)
         if self.dialect in ("mysql", "mariadb"):
             self._require_descending_indexes()
         assert self._source is not None and self.table_name is not None
