@@ -129,39 +129,17 @@ def schema() -> Iterator[tuple[psycopg.Connection[Any], str]]:
     conn.close()
 
 
-def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
-    """PostgresTable's copy of votes(id, score), spelled out."""
-    ranks = "votes__topk_rank_" + sha1("votes\0id\0score")[:10]
-    runs, d = ranks + "_runs", sha1(ranks)[:12]
-    changes = f"topk_{d}_changes"
-    key = copy_key(f'"{schema}"."{ranks}"')
-    record = (
-        "topk-rank-v1 <n> <n> <n>:<n>:-<n>,<n>:<n>:-<n>\n"
-        "topk-writes-v2 <snapshot> <md5>\ntopk-changes-v1 <md5>"
-    )
+def _change_log(prefix: str) -> set[tuple[Any, ...]]:
+    """The PostgreSQL change log of a copy of votes(id bigint, score bigint), its objects
+    named `prefix`_... (adapters/dialects/postgres/changes.py), spelled out."""
+    changes = f"{prefix}_changes"
     return {
-        ("relation", ranks, "r"),
-        ("relation", runs, "r"),
-        ("relation", f"topk_{d}_rank", "i"),
-        ("relation", f"topk_{d}_id", "i"),
-        ("relation", runs + "_pkey", "i"),
-        ("relation", "topk_write_log", "r"),
-        ("relation", "topk_write_log_copy_xid", "i"),
         ("relation", changes, "r"),
         ("relation", changes + "_seq", "S"),
         ("relation", changes + "_id", "i"),
         ("relation", changes + "_n", "i"),
         ("relation", changes + "_score", "i"),
         ("relation", changes + "_tally", "r"),
-        ("comment", ranks, record),
-        ("column", ranks, "rank", "bigint", True, None),
-        ("column", ranks, "id", "bigint", True, None),
-        ("column", ranks, "score", "double precision", True, None),
-        ("column", runs, "run", "bigint", True, None),
-        ("column", runs, "first_rank", "bigint", True, None),
-        ("column", runs, "score", "double precision", True, None),
-        ("column", "topk_write_log", "copy", "bigint", True, None),
-        ("column", "topk_write_log", "xid", "xid8", True, None),
         ("column", changes, "xid", "xid8", False, None),
         ("column", changes, "ord", "bigint", False, None),
         ("column", changes, "id", "bigint", False, None),
@@ -172,6 +150,57 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
         ("column", changes + "_tally", "removed", "bigint", False, None),
         ("column", changes + "_tally", "bad", "bigint", False, None),
         ("column", changes + "_tally", "top", "double precision", False, None),
+        (
+            "index",
+            changes + "_id",
+            changes,
+            f"CREATE INDEX {changes}_id ON {changes} USING btree (id)",
+        ),
+        (
+            "index",
+            changes + "_n",
+            changes,
+            f"CREATE INDEX {changes}_n ON {changes} USING btree (n)",
+        ),
+        (
+            "index",
+            changes + "_score",
+            changes,
+            f"CREATE INDEX {changes}_score ON {changes} USING btree (((score)::double precision))",
+        ),
+        ("trigger", f"{prefix}_ins", "votes", "A", changes, ""),
+        ("trigger", f"{prefix}_upd", "votes", "A", changes, ""),
+        ("trigger", f"{prefix}_del", "votes", "A", changes, ""),
+        ("function", changes, True),
+    }
+
+
+def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
+    """PostgresTable's copy of votes(id, score), spelled out."""
+    ranks = "votes__topk_rank_" + sha1("votes\0id\0score")[:10]
+    runs, d = ranks + "_runs", sha1(ranks)[:12]
+    key = copy_key(f'"{schema}"."{ranks}"')
+    record = (
+        "topk-rank-v1 <n> <n> <n>:<n>:-<n>,<n>:<n>:-<n>\n"
+        "topk-writes-v2 <snapshot> <md5>\ntopk-changes-v1 <md5>"
+    )
+    return _change_log(f"topk_{d}") | {
+        ("relation", ranks, "r"),
+        ("relation", runs, "r"),
+        ("relation", f"topk_{d}_rank", "i"),
+        ("relation", f"topk_{d}_id", "i"),
+        ("relation", runs + "_pkey", "i"),
+        ("relation", "topk_write_log", "r"),
+        ("relation", "topk_write_log_copy_xid", "i"),
+        ("comment", ranks, record),
+        ("column", ranks, "rank", "bigint", True, None),
+        ("column", ranks, "id", "bigint", True, None),
+        ("column", ranks, "score", "double precision", True, None),
+        ("column", runs, "run", "bigint", True, None),
+        ("column", runs, "first_rank", "bigint", True, None),
+        ("column", runs, "score", "double precision", True, None),
+        ("column", "topk_write_log", "copy", "bigint", True, None),
+        ("column", "topk_write_log", "xid", "xid8", True, None),
         (
             "index",
             f"topk_{d}_rank",
@@ -197,24 +226,6 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
             "CREATE INDEX topk_write_log_copy_xid ON topk_write_log USING btree (copy, xid)",
         ),
         (
-            "index",
-            changes + "_id",
-            changes,
-            f"CREATE INDEX {changes}_id ON {changes} USING btree (id)",
-        ),
-        (
-            "index",
-            changes + "_n",
-            changes,
-            f"CREATE INDEX {changes}_n ON {changes} USING btree (n)",
-        ),
-        (
-            "index",
-            changes + "_score",
-            changes,
-            f"CREATE INDEX {changes}_score ON {changes} USING btree (((score)::double precision))",
-        ),
-        (
             "constraint",
             ranks + "_score_check",
             ranks,
@@ -223,11 +234,7 @@ def _postgres_layout(schema: str) -> set[tuple[Any, ...]]:
         ),
         ("constraint", runs + "_pkey", runs, "p", "PRIMARY KEY (first_rank)"),
         ("trigger", f"topk_{d}_writes", "votes", "A", "topk_log_write", key + "\\000"),
-        ("trigger", f"topk_{d}_ins", "votes", "A", changes, ""),
-        ("trigger", f"topk_{d}_upd", "votes", "A", changes, ""),
-        ("trigger", f"topk_{d}_del", "votes", "A", changes, ""),
         ("function", "topk_log_write", True),
-        ("function", changes, True),
     }
 
 
@@ -259,7 +266,7 @@ def _sqlalchemy_layout(schema: str, engine: Any) -> set[tuple[Any, ...]]:
     key = copy_key(engine.dialect.identifier_preparer.format_table(sa.table(ranks, schema=schema)))
     score_id, by_id = f"ix_topk_{digest}_score_id", f"ix_topk_{digest}_id"
     prints, stamps = "topk_rank_fingerprints", "topk_write_stamps"
-    return {
+    return _change_log(f"topk_{sha1(ranks)[:12]}_c") | {
         ("relation", ranks, "r"),
         ("relation", runs, "r"),
         ("relation", ranks + "_pkey", "i"),
@@ -330,7 +337,7 @@ def _sqlalchemy_layout(schema: str, engine: Any) -> set[tuple[Any, ...]]:
         ("trigger", trigger, "votes", "A", "topk_log_write", key + "\\000"),
         ("function", "topk_log_write", True),
         ("row", prints, ranks, "<mark>"),
-        ("row", stamps, ranks, "topk-writes-v2 <snapshot> <md5>"),
+        ("row", stamps, ranks, "topk-writes-v2 <snapshot> <md5>\ntopk-changes-v1 <md5>"),
     }
 
 

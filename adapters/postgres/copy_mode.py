@@ -35,7 +35,6 @@ import psycopg
 
 from adapters._sql import MAX_IDENTIFIER_BYTES, RankTableMismatchError, rank_table_name
 from adapters.dialects.postgres import PostgresDialect
-from adapters.dialects.postgres.changes import ChangeNames
 from adapters.dialects.postgres.costs import STORE_COSTS
 from adapters.sql.around import ChangeLog
 from adapters.sql.copies import CopyNames, NamedCopy
@@ -145,21 +144,8 @@ class PostgresTable(SQLTable):
     def _write_log(t: SQLTable) -> WriteLog:
         """The write log of the copy, its trigger topk_<digest>_writes, and its change log (the
         change table, sequence, function and triggers topk_<digest>_...)."""
-        names, d = t.copies.names, t.dialect
-        digest = hashlib.sha1(names.ranks.encode("utf-8")).hexdigest()[:12]
-        q = lambda n: d.qualified(t.namespace, n)  # noqa: E731
-        changes = ChangeNames(
-            t.source,
-            t.id_sql,
-            t.score_sql,
-            t.id_column,
-            q(f"topk_{digest}_changes"),
-            q(f"topk_{digest}_changes_seq"),
-            q(f"topk_{digest}_changes"),
-            f"topk_{digest}_changes",
-            tuple(f"topk_{digest}_{op}" for op in ("ins", "upd", "del")),  # type: ignore[arg-type]
-            tally=q(f"topk_{digest}_changes_tally"),
-        )
+        digest = hashlib.sha1(t.copies.names.ranks.encode("utf-8")).hexdigest()[:12]
+        changes = t.dialect.change_names(t, f"topk_{digest}")
         return WriteLog(t, t.copies.ranks, f"topk_{digest}_writes", changes=ChangeLog(t, changes))
 
     # ----- the catalog names (public: tests, the CLI and operators read them) -------------------

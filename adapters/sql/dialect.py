@@ -43,7 +43,8 @@ The surface, by group (the base gives a portable default where one exists):
 * reads the dialect does better than the engine's plain SELECT: `read_ranks` (a range of the
   copy), `read_runs`; the table's own (`open_table`, `known_rows_sql`, `range_read_sql`, or
   a whole strategy: `table_reads`);
-  the SQL modules `writes` (a write log), `changes` (a change log), `oblivious_sql`;
+  the SQL modules `writes` (a write log), `changes` (a change log, named by `change_names`),
+  `oblivious_sql`;
 * EXPLAIN: `no_sequential_scans`, `full_scans`;
 * costs: `costs`, `costs_for(m)`, `stale_costs(run)`, `oblivious_costs(stale)`, and the prices
   of the ways a stale run can go (`table_seconds`, `refresh_seconds`, `around_seconds`).
@@ -110,6 +111,15 @@ class Dialect:
     oblivious_sql: Any = None
 
     # ----- the copy's layout and its proof ---------------------------------------------------
+    def change_names(self, t: Any, prefix: str) -> Any:
+        """The names of the change log of `t`'s copy (the `changes` module's), its objects
+        named `prefix`_...; None where the dialect keeps no change log (around.py)."""
+        return None
+
+    def text_line_sql(self, expr: str, line: int) -> str:
+        """SQL of one line (from 1) of the text `expr` (a dialect with a change log)."""
+        raise NotImplementedError
+
     def layout(self, t: Any) -> Any:
         """The copy's layout for table `t` (copies.py), where its constructor names none."""
         raise NotImplementedError

@@ -58,8 +58,13 @@ def mark_of(facts: list[Any]) -> int:
 class RecordedCopy(NamedCopy):
     """The layout of module docstring; `names` RecordedNames."""
 
-    reads_around = False
     names: RecordedNames
+
+    @property
+    def reads_around(self) -> bool:
+        """Whether the proof keeps a change log (around.py): its stamp line then follows the
+        write log's in the copy's row of topk_write_stamps."""
+        return getattr(self.t.proof, "changes", None) is not None
 
     def __init__(self, t: Any, names: RecordedNames, *, index_source: bool = True) -> None:
         super().__init__(t, names)
@@ -77,9 +82,15 @@ class RecordedCopy(NamedCopy):
         name = self.d.literal(self.names.ranks)
         return f"(SELECT mark FROM {self.prints} WHERE rank_table = {name})"
 
-    def stamp_sql(self) -> str:
+    def _stored_stamp_sql(self) -> str:
         name = self.d.literal(self.names.ranks)
         return f"(SELECT stamp FROM {self.stamps} WHERE rank_table = {name})"
+
+    def stamp_sql(self) -> str:
+        """SQL of the proof's stamp (the first line of the stored one, which holds the change
+        log's line after it where the proof keeps one)."""
+        stored = self._stored_stamp_sql()
+        return self.d.text_line_sql(stored, 1) if self.reads_around else stored
 
     def _tables(self) -> tuple[bool, bool, bool, bool, bool]:
         """Whether the rank table, the runs table, the proof's log, the fingerprints table and
@@ -126,6 +137,8 @@ class RecordedCopy(NamedCopy):
             else "NULL",
             t.proof.proof_sql(self, logged and stamped),
         ]
+        if self.reads_around:
+            columns.append(self._stored_stamp_sql() if stamped else "NULL")
         row = t.driver.one(f"SELECT {', '.join(columns)}")
         low, high, stored = row[:3]
         count, proven = row[3 + len(facts)], row[4 + len(facts)]
@@ -140,7 +153,8 @@ class RecordedCopy(NamedCopy):
             if self._belongs(stored, list(row[3 : 3 + len(facts)]), strict)
             else ("another table")
         )
-        stamp = None
+        # the record as a comment would hold it: the fingerprint line (unused), the stamps
+        stamp = None if not self.reads_around or row[-1] is None else "\n" + str(row[-1])
         if why is None and proven is None:
             why = "written" if logged and stamped else "unproven"
         return Run(
@@ -366,7 +380,7 @@ class RecordedCopy(NamedCopy):
         if lines:
             t.driver.execute(
                 d.upsert_sql(self.stamps, ["rank_table", "stamp"]),
-                {"rank_table": self.names.ranks, "stamp": lines[0]},
+                {"rank_table": self.names.ranks, "stamp": "\n".join(lines)},
             )
         elif t.driver.scalar(f"SELECT {self.d.exists_sql(self.stamps)}"):  # a proof stamps
             t.driver.execute(  # nothing, where no proof of the schema ever made the table

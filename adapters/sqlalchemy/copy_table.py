@@ -25,6 +25,7 @@ from adapters.dialects.duckdb import DuckDBDialect
 from adapters.dialects.mysql import MySQLDialect
 from adapters.dialects.postgres import PostgresDialect
 from adapters.dialects.sqlite import SQLiteDialect
+from adapters.sql.around import ChangeLog
 from adapters.sql.dialect import Dialect
 from adapters.sql.driver import SQLAlchemyDriver
 from adapters.sql.engine import SQLTable
@@ -73,6 +74,17 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
     )
 
 
+def _prefix(t: SQLTable) -> str:
+    return "topk_" + hashlib.sha1(t.copies.names.ranks.encode()).hexdigest()[:12]
+
+
+def _change_log(t: SQLTable) -> dict[str, ChangeLog]:
+    """The proof's change log where the dialect keeps one (PostgreSQL: a stale copy is read
+    around the rows written since it, adapters/sql/around.py), its objects `<prefix>_c_...`."""
+    names = t.dialect.change_names(t, _prefix(t) + "_c")
+    return {} if names is None else {"changes": ChangeLog(t, names)}
+
+
 class SQLAlchemyCopyTable(SQLTable):
     """A histogram in a table of an SQLAlchemy database whose dialect is on the engine (module
     docstring); the arguments are SQLAlchemyTable's. `max_params` is accepted and checked: the
@@ -118,8 +130,9 @@ class SQLAlchemyCopyTable(SQLTable):
             proof=lambda t: t.dialect.trigger_proof(
                 t,
                 preparer.format_table(sa.table(t.copies.names.ranks, schema=t.namespace)),
-                "topk_" + hashlib.sha1(t.copies.names.ranks.encode()).hexdigest()[:12] + "_w",
+                _prefix(t) + "_w",
                 shared=(t.dialect.stamps_table_sql(t.copies.stamps),),
+                **_change_log(t),
             ),
         )
 

@@ -186,6 +186,26 @@ class PostgresDialect(Dialect):
     def comment_sql(self, qualified: str) -> str:
         return f"obj_description(to_regclass({literal(qualified)}), 'pg_class')"
 
+    def change_names(self, t: Any, prefix: str) -> changes.ChangeNames:
+        """The change table `prefix`_changes (with its sequence, tally and function) and the
+        triggers `prefix`_ins, _upd, _del."""
+        q = lambda name: self.qualified(t.namespace, name)  # noqa: E731
+        return changes.ChangeNames(
+            t.source,
+            t.id_sql,
+            t.score_sql,
+            t.id_column,
+            q(f"{prefix}_changes"),
+            q(f"{prefix}_changes_seq"),
+            q(f"{prefix}_changes"),
+            f"{prefix}_changes",
+            tuple(f"{prefix}_{op}" for op in ("ins", "upd", "del")),  # type: ignore[arg-type]
+            tally=q(f"{prefix}_changes_tally"),
+        )
+
+    def text_line_sql(self, expr: str, line: int) -> str:
+        return f"pg_catalog.split_part({expr}, E'\\n', {int(line)})"
+
     def comment_line_sql(self, qualified: str, line: int) -> str:
         return (
             "pg_catalog.split_part(pg_catalog.obj_description(pg_catalog.to_regclass("
