@@ -361,3 +361,41 @@ def test_a_long_module_says_why(module: str) -> None:
         f"{path.relative_to(ROOT)} has {lines} lines (> {MAX_LINES}) and its docstring has no "
         "'Size:' paragraph saying why it is one module"
     )
+
+
+# PostgresTable's package (adapters/postgres/: copy mode, and live mode in live/) stands on the
+# engine: its modules import the engine, the PostgreSQL dialect, the shared helpers and each
+# other, never another store's package; none is over MAX_LINES (no "Size:" waiver); no module
+# opens a connection of its own (the engine's PsycopgDriver opens, reconnects and closes it).
+POSTGRES_PACKAGE = "adapters.postgres"
+POSTGRES_MAY_IMPORT = (
+    ENGINE_PACKAGE,
+    "adapters.dialects.postgres",
+    "adapters.dialects.votes",
+    POSTGRES_PACKAGE,
+    *SHARED_HELPERS,
+)
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in project_modules() if _within(m, (POSTGRES_PACKAGE,)))
+)
+def test_the_postgres_store_stands_on_the_engine(module: str) -> None:
+    path = project_modules()[module]
+    imported = imported_names(path, module)
+    other = sorted(
+        n for n in imported if n.startswith("adapters.") and not _within(n, POSTGRES_MAY_IMPORT)
+    )
+    assert other == [], f"{module} imports {other}"
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (> {MAX_LINES})"
+    connects = [
+        ast.unparse(n)
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Call) and re.search(r"\bconnect$", ast.unparse(n.func))
+    ]
+    assert connects == [], f"{module} opens a connection itself: {connects}"

@@ -33,8 +33,8 @@ from typing import Any
 
 import psycopg
 
-from adapters._sql import MAX_IDENTIFIER_BYTES, RankTableMismatchError, rank_table_name
-from adapters.dialects.postgres import PostgresDialect
+from adapters._sql import RankTableMismatchError, rank_table_name
+from adapters.dialects.postgres import PostgresDialect, short_name
 from adapters.dialects.postgres.costs import STORE_COSTS
 from adapters.sql.around import ChangeLog
 from adapters.sql.copies import CopyNames, NamedCopy
@@ -51,14 +51,9 @@ __all__ = ["MODES", "STORE_COSTS", "PostgresTable", "RankTableMismatchError", "r
 
 def runs_table_name(rank_table: str) -> str:
     """The runs table of `rank_table`: `<rank_table>_runs`, or, when that passes PostgreSQL's
-    63-byte limit (which would truncate it, possibly to the rank table's own name), the rank
-    table's name cut short, a hash of the whole of it and `_runs`."""
-    name = rank_table + "_runs"
-    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
-        return name
-    suffix = "_" + hashlib.sha1(rank_table.encode("utf-8")).hexdigest()[:8] + "_runs"
-    head = rank_table.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(suffix)]
-    return head.decode("utf-8", "ignore") + suffix
+    63-byte limit, the rank table's name cut short, a hash of the whole of it and `_runs`
+    (short_name)."""
+    return short_name(rank_table, "_runs")
 
 
 def copy_names(schema: str | None, rank_table: str) -> CopyNames:

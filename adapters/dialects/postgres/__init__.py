@@ -42,6 +42,7 @@ import numpy as np
 from adapters._sql import (
     FINGERPRINT_TAG,
     HIDE_STATISTICS,
+    MAX_IDENTIFIER_BYTES,
     float_array_literal,
     int_array_literal,
     may_hide_statistics_sql,
@@ -83,6 +84,18 @@ KEYED_DIGITS = (
     "'hex'))::bit(56)::bigint >> 4)::float8"
 )
 literal = writes.literal
+
+
+def short_name(base: str, suffix: str) -> str:
+    """`base + suffix`, or, where that passes PostgreSQL's 63-byte limit on identifiers (which
+    would truncate it, possibly to `base` itself), `base` cut short, the first 8 hex digits of
+    SHA-1 of the whole of it, and `suffix`."""
+    name = base + suffix
+    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return name
+    tag = "_" + hashlib.sha1(base.encode("utf-8")).hexdigest()[:8] + suffix
+    head = base.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(tag)]
+    return head.decode("utf-8", "ignore") + tag
 
 
 class PostgresDialect(Dialect):
@@ -495,4 +508,11 @@ def seq_scans(plan: Any, limited: bool = False) -> Iterator[str]:
                 yield from seq_scans(value, limited)
 
 
-__all__ = ["MAX_ID_BYTES", "PACKED_MIN_ROWS", "SCORE_TYPES", "PostgresDialect", "seq_scans"]
+__all__ = [
+    "MAX_ID_BYTES",
+    "PACKED_MIN_ROWS",
+    "SCORE_TYPES",
+    "PostgresDialect",
+    "seq_scans",
+    "short_name",
+]

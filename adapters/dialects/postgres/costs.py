@@ -38,6 +38,20 @@ OBLIVIOUS_COSTS = ObliviousCosts(
 )
 STALE_OBLIVIOUS_COSTS = dataclasses.replace(OBLIVIOUS_COSTS, scan_row=8e-7)
 
+# Oblivious releases of a live table (adapters/postgres/live/), measured at m = 10^5 to
+# 10^6 on the test server (2 cores shared by several loads: the median work at 10^6 is 30 ms at
+# a load average of 5, 61 ms at 8): a drawn position costs an id lookup (and a position-table
+# lookup where the ids are not 0..m-1), which miss the buffer cache once the table and its
+# B-trees outgrow it.
+LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=4e-3,
+    sorted_row=5e-7,
+    random_row=5e-6,
+    random_miss=1e-5,
+    cached_rows=8e5,
+    full_row=3e-6,
+)
+
 # The table itself, at m = 10^6 (benchmarks/freshness_copy.py): an aggregate pass or a filtered
 # scan about 25-40 ms (3e-8 s a row), a rebuild of the copy 2.3-6 s (prepare(refresh=True):
 # 2.5e-6 s a row), a keyed hash about 0.6 us a row.

@@ -32,8 +32,9 @@ come last in sorted access.
 
 from __future__ import annotations
 
+from adapters.dialects.postgres.costs import LIVE_OBLIVIOUS_COSTS
+
 from ..copy_mode import PostgresTable
-from .oblivious import LIVE_OBLIVIOUS_COSTS
 from .table import LivePostgresTable
 from .ties import MAX_SCORE_RUNS, RUN_COUNT_ROWS
 

@@ -8,7 +8,8 @@ reads each drawn position on its own, one lookup of the position table and one o
 in a nested loop. Where the first statement finds the integer ids to be exactly 0..m-1 (the least
 and the largest id, two probes of the id B-tree, and m), an item's position is its id: the
 position table is not read at all (one lookup per drawn position). Integer ids come back packed
-(one bytea a column); each read is one query, sent unprepared.
+(one bytea a column); each read is one query, sent unprepared. What they cost is the measured
+model LIVE_OBLIVIOUS_COSTS (adapters/dialects/postgres/costs.py).
 """
 
 from __future__ import annotations
@@ -22,23 +23,8 @@ from adapters._sql import rows_from_records
 from adapters.dialects.postgres import oblivious as oblivious_sql
 from adapters.sql.driver import Int8Array, register_int8_arrays
 from topk_middleware.access import AccessError, Rows
-from topk_middleware.mechanisms.oblivious import ObliviousCosts
 
 from .statements import order_parts
-
-# Oblivious releases (mechanisms/oblivious.py: the deadline's model), measured at m = 10^5 to
-# 10^6 on the test server (2 cores shared by several loads: the median work at 10^6 is 30 ms at
-# a load average of 5, 61 ms at 8): a drawn position costs an id lookup (and a position-table
-# lookup where the ids are not 0..m-1), which miss the buffer cache once the table and its
-# B-trees outgrow it.
-LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
-    fixed=4e-3,
-    sorted_row=5e-7,
-    random_row=5e-6,
-    random_miss=1e-5,
-    cached_rows=8e5,
-    full_row=3e-6,
-)
 
 
 def _columns(t: Any) -> sql.Composable:

@@ -37,19 +37,9 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from adapters._sql import MAX_IDENTIFIER_BYTES
+from adapters.dialects.postgres import short_name
 
 TRIGGER_SUFFIXES = ("_items", "_ids", "_truncate")
-
-
-def short_name(base: str, suffix: str) -> str:
-    """`base + suffix`, or, past PostgreSQL's 63-byte limit, `base` cut short with a hash."""
-    name = base + suffix
-    if len(name.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
-        return name
-    tag = "_" + hashlib.sha1(base.encode("utf-8")).hexdigest()[:8] + suffix
-    head = base.encode("utf-8")[: MAX_IDENTIFIER_BYTES - len(tag)]
-    return head.decode("utf-8", "ignore") + tag
 
 
 def name_objects(t: Any) -> None:

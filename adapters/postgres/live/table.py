@@ -35,7 +35,7 @@ from psycopg import sql
 from adapters._sql import AccessCheck, AccessPath, plain_values, rows_from_records, scores_in_order
 from adapters.contributions import parse_record
 from adapters.dialects.postgres import PostgresDialect, seq_scans
-from adapters.dialects.postgres.costs import STORE_COSTS
+from adapters.dialects.postgres.costs import LIVE_OBLIVIOUS_COSTS, STORE_COSTS
 from adapters.sql.checks import refuse_columns, validate
 from adapters.sql.dialect import INTEGER, TEXT
 from adapters.sql.driver import PsycopgDriver
@@ -54,7 +54,7 @@ class LivePostgresTable:
     the runs of tied scores a run learns (ties.py; 0 runs: never)."""
 
     reads_copy = True  # the CLI prepares before a run (live mode: the positions)
-    oblivious_costs = oblivious.LIVE_OBLIVIOUS_COSTS  # one model: no copy
+    oblivious_costs = LIVE_OBLIVIOUS_COSTS  # one model: no copy
     # No in-store one-shot: its keyed noise names items by rank, which a live table does not
     # keep (None takes the method away, so it is not an InStoreOneShot and the planner knows).
     read_oneshot = None
