@@ -446,7 +446,7 @@ def test_deep_tied_ranks_are_named_by_uniform_draws(
     pg_conninfo: str, make_live: Made, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rank deep in a long run of tied scores is named by a uniformly random unread item of
-    the run's middle (postgres_live: "Deep in a long run"). In one snapshot the named rows have
+    the run's middle (adapters/postgres/live/draws.py). In one snapshot the named rows have
     the run's score and distinct ids of the middle; ranks near either end keep their canonical
     rows; asking again gives the same rows; sorted access into the middle is then refused.
     Across snapshots the canonical rank of the item named for one deep rank is uniform over the

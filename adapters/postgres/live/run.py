@@ -207,7 +207,7 @@ def hide_statistics(t: Any, conn: psycopg.Connection[Any]) -> None:
             "not undo, text ids, writes), so another role can tell neighbouring tables "
             "apart by them; grant this role SET ON PARAMETER track_counts, or release "
             "through the SQL functions (docs/promise.md)",
-            stacklevel=5,
+            stacklevel=4,
         )
 
 
