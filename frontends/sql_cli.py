@@ -23,6 +23,14 @@ def add_install_sql_parser(sub: Any) -> None:
         help="DSN the server uses to reach itself for the budget ledger (default: the local "
         "socket, this database, this user)",
     )
+    p.add_argument(
+        "--ledger-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most connections the ledger's own role holds at once, one per session that "
+        "calls a function (default: half the slots open to roles other than superusers)",
+    )
     p.add_argument("--source", help="a table to prepare (live mode) and register, [schema.]table")
     p.add_argument("--id", default="id", help="the source's id column (default id)")
     p.add_argument("--score", default="score", help="the source's score column (default score)")
@@ -95,9 +103,11 @@ def run_install_sql(args: Any) -> int:
     from frontends.sql.install import install
     from frontends.sql.sources import register_source, registered_sensitivity
 
-    done = install(args.dsn, args.ledger_dsn)
+    done = install(args.dsn, args.ledger_dsn, ledger_connections=args.ledger_connections)
     print(f"installed schema topk: server {done.server}")
     print(f"  ledger connection: {mask_secrets(done.ledger_dsn)}")
+    if done.ledger_connections is not None:
+        print(f"  ledger connection limit: {done.ledger_connections} at once")
     if done.ledger_why:
         print(
             "  the ledger's own role could not log in, so its connections log in as the "

@@ -15,6 +15,11 @@ max_connections 3 and superuser_reserved_connections 1; the SQL functions instal
 `topk-middleware install-sql`; stopped and removed at the end of the module. Cost: 15-20 s at
 a load average of 12-13 (initdb 1.2-4 s, two installs of 3 s, four analyst sessions that load
 the project into the server, 1-2 s each at that load).
+
+The ledger's role also has a CONNECTION LIMIT (half the slots open to non-superusers, or
+install-sql --ledger-connections N): on a second cluster of max_connections 8, two analyst
+sessions with the limit 1: the second session's call is refused in the project's words until
+the first ends. Cost: about 15 s more (initdb, three installs, a release).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import pytest
 from frontends import cli, sql_function
 
 MAX_CONNECTIONS, RESERVED = 3, 1
+ROOMY = 8  # the second cluster's max_connections: the ledger role's limit, not the server's
 ANALYST = "topk_mallory"
 
 
@@ -55,6 +61,16 @@ def _as_server_user(command: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """The superuser's DSN of a new cluster on a socket in a temporary directory."""
+    yield from _cluster(MAX_CONNECTIONS, RESERVED)
+
+
+@pytest.fixture(scope="module")
+def roomy_cluster() -> Iterator[str]:
+    """The same with ROOMY slots, RESERVED of them kept for superusers."""
+    yield from _cluster(ROOMY, RESERVED)
+
+
+def _cluster(max_connections: int, reserved: int) -> Iterator[str]:
     home = Path(tempfile.mkdtemp(prefix="topk_cluster_"))
     if os.geteuid() == 0:
         owner = pwd.getpwnam("postgres")
@@ -66,7 +82,7 @@ def cluster() -> Iterator[str]:
     run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
     settings = (
         f"-c listen_addresses='' -c unix_socket_directories={home} -p 5432 "
-        f"-c max_connections={MAX_CONNECTIONS} -c superuser_reserved_connections={RESERVED} "
+        f"-c max_connections={max_connections} -c superuser_reserved_connections={reserved} "
         "-c fsync=off -c shared_buffers=16MB"
     )
     run(bindir / "pg_ctl", "-D", data, "-l", home / "log", "-w", "-o", settings, "start")
@@ -175,3 +191,69 @@ def test_an_analyst_holding_every_slot_cannot_lock_the_superuser_out(
         assert "too many clients already" in _superuser_connects(cluster)
     finally:
         _quiet(cluster, sessions)
+
+
+def _ledger_limit(cluster: str) -> int:
+    with psycopg.connect(cluster) as conn:
+        return int(
+            conn.execute(
+                "SELECT rolconnlimit FROM pg_roles WHERE rolname LIKE 'topk\\_ledger\\_%'"
+            ).fetchone()[0]
+        )
+
+
+def test_the_ledger_role_holds_at_most_its_connection_limit(
+    roomy_cluster: str, capsys: Any
+) -> None:
+    """install-sql gives the ledger's role a CONNECTION LIMIT (pg_roles.rolconnlimit): by
+    default half the slots open to non-superusers ((8 - 1) // 2 = 3 here), or
+    --ledger-connections N. With the limit 1, a release from the first analyst session opens
+    the ledger's one connection and runs; the second session's call is refused in the
+    project's words (SQLSTATE 53300, the server's reason, the hint naming
+    --ledger-connections), charging nothing; once the first session has ended, it runs."""
+    cluster = roomy_cluster
+    with psycopg.connect(cluster, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {ANALYST} LOGIN")
+        admin.execute("CREATE TABLE votes (id bigint, score bigint)")
+        admin.execute("INSERT INTO votes SELECT i, 1000 / (i + 1) FROM generate_series(0, 99) i")
+    assert cli.main(["install-sql", "--dsn", cluster]) == 0
+    assert "ledger connection limit: 3 at once" in capsys.readouterr().out
+    assert _ledger_limit(cluster) == (ROOMY - RESERVED) // 2
+    command = ["install-sql", "--dsn", cluster, "--ledger-connections", "1"]
+    assert cli.main([*command, "--source", "votes", "--grant", ANALYST]) == 0
+    assert "ledger connection limit: 1 at once" in capsys.readouterr().out
+    assert _ledger_limit(cluster) == 1
+    _quiet(cluster)
+    with psycopg.connect(cluster, autocommit=True) as admin:
+        admin.execute("SELECT topk.grant_budget(%s, 10.0, 1e-6)", [ANALYST])
+        admin.execute(f"GRANT EXECUTE ON FUNCTION topk.private_top_k TO {ANALYST}")
+    dsn = psycopg.conninfo.make_conninfo(cluster, user=ANALYST)
+    release = "SELECT * FROM topk.private_top_k('votes'::regclass, 3, 1.0)"
+    first = psycopg.connect(dsn, autocommit=True)
+    second = psycopg.connect(dsn, autocommit=True)
+    try:
+        assert len(first.execute(release).fetchall()) == 3
+        with pytest.raises(psycopg.Error) as refused:
+            second.execute(release)
+        error = refused.value
+        assert error.sqlstate == sql_function.NO_SLOT, error
+        primary = error.diag.message_primary or ""
+        assert primary.startswith("topk: the budget ledger could not open its connection")
+        assert "too many connections for role" in primary
+        assert "nothing was read, released or charged" in primary
+        assert "--ledger-connections" in (error.diag.message_hint or "")
+        assert "Traceback" not in str(error) and "sqlalchemy" not in str(error)
+        charges = first.execute("SELECT releases FROM topk.my_budget()").fetchone()[0]
+        assert charges == 1  # the first session's release only
+        first.close()
+        deadline = time.monotonic() + 30
+        while True:  # the first session's ledger connection ends a moment after it
+            try:
+                assert len(second.execute(release).fetchall()) == 3
+                break
+            except psycopg.Error as again:
+                assert again.sqlstate == sql_function.NO_SLOT, again
+                assert time.monotonic() < deadline, "the ledger's connection was not freed"
+                time.sleep(0.2)
+    finally:
+        _quiet(cluster, [first, second])

@@ -25,6 +25,7 @@ from frontends.sql.hiding import HELD_SETTINGS_QUERY, install_native
 from frontends.sql.ledger import (
     KEY_BY_OID,
     LEDGER_ROLE_PREFIX,
+    check_connection_limit,
     drop_ledger_role,
     ledger_role_name,
     make_ledger_role,
@@ -60,6 +61,8 @@ class Installed:
     # the ledger's connections log in as a superuser (the fallback above, or a --ledger-dsn
     # naming one): they may take the slots PostgreSQL reserves for superusers
     ledger_superuser: bool = False
+    # the ledger's own role's CONNECTION LIMIT (None: --ledger-dsn named another role)
+    ledger_connections: int | None = None
 
 
 def default_paths() -> tuple[str, str]:
@@ -169,15 +172,25 @@ def install(
     ledger_dsn: str | None = None,
     project_path: str | None = None,
     site_packages: str | None = None,
+    ledger_connections: int | None = None,
 ) -> Installed:
     """Install the schema `topk` into the database of `dsn` (a superuser), idempotently. Run it
     on the database server's machine: the paths it records are read by the server's Python.
     A checkout or virtual environment that other users cannot read (a private home directory)
     is staged first: a readable copy under SERVER_DIR is recorded instead (`stage`). The
     ledger's connection logs in as a role of its own (`make_ledger_role`) unless `ledger_dsn`
-    names one, or the server refuses that role a login (then as the installing role)."""
+    names one, or the server refuses that role a login (then as the installing role). That
+    role may hold `ledger_connections` connections at once (default: half the slots open to
+    roles other than superusers; ledger.make_ledger_role)."""
     import psycopg
     from psycopg import sql
+
+    ledger_connections = check_connection_limit(ledger_connections)
+    if ledger_connections is not None and ledger_dsn is not None:
+        raise InstallError(
+            "--ledger-connections limits the ledger's own role, which --ledger-dsn replaces: "
+            "set that role's CONNECTION LIMIT with ALTER ROLE instead"
+        )
 
     default_project, default_site = default_paths()
     project_path = project_path or default_project
@@ -215,7 +228,7 @@ def install(
                 conn.execute(install_sql_text(settings, held))
                 native, native_why = install_native(conn)
                 if ledger_role is not None:
-                    make_ledger_role(conn, ledger_role)
+                    ledger_connections = make_ledger_role(conn, ledger_role, ledger_connections)
                 conn.execute(
                     "INSERT INTO topk.settings (project_path, site_packages, ledger_dsn) "
                     "VALUES (%s, %s, %s) ON CONFLICT (singleton) DO UPDATE SET "
@@ -266,8 +279,18 @@ def install(
             ) from None
     if earlier is not None and earlier != project_path:
         _remove_staged(earlier)  # the staged copy the settings named before this install
+    if ledger_why:  # the ledger logs in as the installing role: its own role is unused
+        ledger_connections = None
     return Installed(
-        project_path, site_packages, ledger_dsn, server, native, native_why, ledger_why, superuser
+        project_path,
+        site_packages,
+        ledger_dsn,
+        server,
+        native,
+        native_why,
+        ledger_why,
+        superuser,
+        ledger_connections,
     )
 
 

@@ -29,6 +29,28 @@ from frontends.sql.refusals import INVALID, LEDGER_REFUSED, NO_SLOT, REFUSED, no
 LOCK_TIMEOUT = "10s"  # the ledger connection's wait for a principal's row (an open grant_budget)
 APPLICATION_NAME = "topk_middleware ledger"
 LEDGER_ROLE_PREFIX = "topk_ledger_"
+# The ledger role's default CONNECTION LIMIT: half the slots the server opens to roles other
+# than superusers (max_connections less superuser_reserved_connections, and less
+# reserved_connections on PostgreSQL 16 and later), at least 1. The ledger holds one connection
+# per session that calls a function, so an analyst's sessions take at most this many slots
+# more than the sessions themselves.
+DEFAULT_CONNECTION_LIMIT_SQL = (
+    "SELECT greatest(1, (current_setting('max_connections')::int "
+    "- current_setting('superuser_reserved_connections')::int "
+    "- coalesce(current_setting('reserved_connections', true)::int, 0)) / 2)"
+)
+
+
+def check_connection_limit(limit: Any) -> int | None:
+    """install-sql's --ledger-connections: None (the default, DEFAULT_CONNECTION_LIMIT_SQL) or
+    a whole number of connections >= 1; a clear error otherwise."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(
+            f"the ledger's connection limit must be a whole number >= 1, got {limit!r}"
+        )
+    return int(limit)
 
 
 def ledger_role_name(database_key: str) -> str:
@@ -36,10 +58,13 @@ def ledger_role_name(database_key: str) -> str:
     return LEDGER_ROLE_PREFIX + hashlib.sha256(database_key.encode()).hexdigest()[:12]
 
 
-def make_ledger_role(conn: Any, role: str) -> None:
+def make_ledger_role(conn: Any, role: str, connection_limit: int | None = None) -> int:
     """The ledger's own role: LOGIN, no superuser, so that its connections (one per session
     that calls a function) never take the slots PostgreSQL reserves for superusers
-    (superuser_reserved_connections) and a role that can connect cannot lock the superuser out.
+    (superuser_reserved_connections) and a role that can connect cannot lock the superuser out;
+    and a CONNECTION LIMIT (`connection_limit`, else DEFAULT_CONNECTION_LIMIT_SQL's), so that an
+    analyst's sessions, each holding a ledger connection, cannot take every other slot through
+    it: a session past the limit gets a refusal (ledger_reachable). Returns the limit.
     It owns the ledger's tables (created by its first connection: CREATE on schema topk until
     install-sql has checked it, then revoked) and may write topk.refusals; nothing else."""
     from psycopg import sql
@@ -48,6 +73,10 @@ def make_ledger_role(conn: Any, role: str) -> None:
     exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
     if not exists:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOINHERIT").format(name))
+    limit = check_connection_limit(connection_limit)
+    if limit is None:
+        limit = int(conn.execute(DEFAULT_CONNECTION_LIMIT_SQL).fetchone()[0])
+    conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(name, sql.Literal(limit)))
     database = conn.execute("SELECT current_database()").fetchone()[0]
     conn.execute(
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), name)
@@ -63,6 +92,7 @@ def make_ledger_role(conn: Any, role: str) -> None:
                 sql.Identifier("topk", table), name
             )
         )
+    return limit
 
 
 def drop_ledger_role(conn: Any, role: str) -> None:
@@ -132,8 +162,9 @@ def session_ledger(plpy: Any, GD: dict[str, Any]) -> Any:
 @contextmanager
 def ledger_reachable(plpy: Any) -> Iterator[None]:
     """A ledger connection the server refuses (no free slot: an analyst holding every slot open
-    to non-superusers; or authentication) becomes a refusal in the project's words with the
-    server's reason, never the driver's message, the DSN or a traceback; nothing was charged."""
+    to non-superusers, or every connection the ledger's role may hold; or authentication)
+    becomes a refusal in the project's words with the server's reason, never the driver's
+    message, the DSN or a traceback; nothing was charged."""
     import sqlalchemy as sa
 
     try:
@@ -144,16 +175,26 @@ def ledger_reachable(plpy: Any) -> Iterator[None]:
             raise
         reason = text.rsplit("FATAL:", 1)[-1].strip().splitlines()[0] if "FATAL:" in text else ""
         full = "too many clients" in reason or "slots are reserved" in reason
+        limited = "too many connections for role" in reason
+        hint = "an administrator reads the server's log"
+        if full:
+            hint = (
+                "every connection slot open to roles other than superusers is taken: try "
+                "again later (an administrator may raise max_connections)"
+            )
+        elif limited:
+            hint = (
+                "other sessions hold every connection the ledger's role may open (its "
+                "CONNECTION LIMIT): try again later (an administrator may raise it: "
+                "topk-middleware install-sql --ledger-connections N)"
+            )
         refuse(
             plpy,
             "the budget ledger could not open its connection to this server"
             + (f" ({reason})" if reason else "")
             + "; nothing was read, released or charged",
-            NO_SLOT if full else LEDGER_REFUSED,
-            hint="every connection slot open to roles other than superusers is taken: try "
-            "again later (an administrator may raise max_connections)"
-            if full
-            else "an administrator reads the server's log",
+            NO_SLOT if full or limited else LEDGER_REFUSED,
+            hint=hint,
         )
 
 
