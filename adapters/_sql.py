@@ -79,11 +79,40 @@ HIDE_STATISTICS = "SET LOCAL track_counts = off"
 
 def may_hide_statistics_sql(server_version: int) -> str:
     """The query of whether a PostgreSQL connection's role may set track_counts: a superuser, or
-    (PostgreSQL 15 and later, server_version as PG_VERSION_NUM) a role granted SET on it."""
+    (PostgreSQL 15 and later, server_version as PG_VERSION_NUM) a role granted SET on it; its
+    second column is the role's name as an identifier (quote_ident: what a GRANT names)."""
     query = "SELECT current_setting('is_superuser') = 'on'"
     if server_version >= 150000:
         query += " OR has_parameter_privilege('track_counts', 'SET')"
-    return query
+    return query + ", quote_ident(current_user)"
+
+
+def statistics_seen(where: str, role: str) -> str:
+    """StoreTraits.oblivious_reads_seen of a PostgreSQL table read by `role`, which may not set
+    track_counts: what another role would learn, and what closes the channel (one line)."""
+    return (
+        f"{where}: this connection's role {role} may not set track_counts, so the blocks an "
+        "oblivious run reads would show in pg_statio_user_tables, which every role of the server "
+        "reads; they follow the table's layout (a write not yet vacuumed, an index page split, "
+        "which VACUUM does not undo, long text ids), so another role could tell neighbouring "
+        f"tables apart by them. Close the channel with GRANT SET ON PARAMETER track_counts TO "
+        f"{role} (run by a superuser; PostgreSQL 15 and later), or release through the SQL "
+        "functions (install-sql); an operator who accepts the channel sets "
+        "accept_statistics_channel = True on the table, and each such run then warns "
+        "(docs/promise.md)"
+    )
+
+
+def statistics_accepted(where: str, role: str) -> str:
+    """The warning of an oblivious run whose store accepts the statistics channel
+    (accept_statistics_channel) for a role that may not set track_counts."""
+    return (
+        f"{where}: accept_statistics_channel is set and this connection's role {role} may not "
+        "set track_counts, so pg_statio_user_tables, which every role reads, shows the blocks "
+        "oblivious runs read; they follow the table's layout, so another role can tell "
+        f"neighbouring tables apart by them; GRANT SET ON PARAMETER track_counts TO {role} "
+        "closes the channel (docs/promise.md)"
+    )
 
 
 def rank_table_name(table: str, id_column: str, score_column: str) -> str:

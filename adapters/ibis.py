@@ -38,18 +38,29 @@ every sorted or random read sorts the expression anyway.
 
 Ibis writes every value a read asks for (ranks, ids) into the statement text: on a backend
 outside this process (PostgreSQL) an oblivious release reads the whole expression and sends no
-drawn rank (traits: parameters_in_text).
+drawn rank (traits: parameters_in_text). On PostgreSQL an oblivious run sets track_counts off
+for its transaction where the connection's role may (a superuser, or a role granted SET on it);
+where it may not, the blocks it reads would show in pg_statio_user_tables, and the store says
+so (traits: oblivious_reads_seen), so the release is refused unless the operator set
+`accept_statistics_channel` (docs/promise.md).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from adapters._sql import (
+    HIDE_STATISTICS,
+    may_hide_statistics_sql,
+    statistics_accepted,
+    statistics_seen,
+)
 from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import (
     KeyedNoise,
@@ -145,6 +156,9 @@ class IbisTable:
     """
 
     positions_are_ranks = True
+    # The operator accepts that another role sees the blocks oblivious runs read on PostgreSQL
+    # where the role may not set track_counts: they run and warn instead of being refused.
+    accept_statistics_channel: bool = False
 
     def __init__(
         self,
@@ -190,6 +204,18 @@ class IbisTable:
         self.sensitivity, self.max_items_per_client = resolve_declared(
             sensitivity, max_items_per_client, None, self.where
         )
+        self._oblivious = False  # inside oblivious_reads()
+        self._warned_statistics = False
+        # PostgreSQL: (whether the role may set track_counts, its name), asked once here
+        self._statistics: tuple[bool, str] | None = None
+        if self.backend_name == "postgres":
+            version = int(self.backend.con.info.server_version)
+            cursor = self.backend.raw_sql(may_hide_statistics_sql(version))
+            try:
+                allowed, role = cursor.fetchone()
+            finally:
+                cursor.close()
+            self._statistics = (bool(allowed), str(role))
         self.id_column, self.score_column = id, score
         self._table = table.select(id=table[id], score=table[score])
         self._key: Callable[[Any], Any] = (
@@ -269,6 +295,8 @@ class IbisTable:
             return
         begin, end = statements
         self._raw(begin)
+        if self._oblivious and self._statistics is not None and self._statistics[0]:
+            self._raw(HIDE_STATISTICS)  # the run's reads stay out of the statistics views
         self._depth += 1
         try:
             yield
@@ -303,7 +331,39 @@ class IbisTable:
             self.sensitivity,
             self.max_items_per_client,
             parameters_in_text=self.backend_name not in IN_PROCESS,
+            oblivious_reads_seen=None
+            if self.accept_statistics_channel
+            else self._oblivious_reads_seen(),
         )
+
+    def _oblivious_reads_seen(self, accepted: bool = False) -> str | None:
+        """StoreTraits.oblivious_reads_seen on PostgreSQL where the role may not set
+        track_counts (the warning's words where the operator `accepted` the channel)."""
+        if self._statistics is None or self._statistics[0]:
+            return None
+        role = self._statistics[1]
+        said = statistics_accepted if accepted else statistics_seen
+        return said(self.where, role)
+
+    def hides_statistics(self) -> bool:
+        """Whether oblivious runs keep their reads out of the statistics views (PostgreSQL,
+        a role that may set track_counts); False on the other backends."""
+        return self._statistics is not None and self._statistics[0]
+
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        """access.ObliviousReads: runs opened inside set track_counts off where they may (on
+        PostgreSQL); where the operator accepted the open channel, said once per source."""
+        if self.accept_statistics_channel and not self._warned_statistics:
+            seen = self._oblivious_reads_seen(accepted=True)
+            if seen is not None:
+                self._warned_statistics = True
+                warnings.warn(seen, stacklevel=3)
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
 
     def run_traits(self) -> RunTraits:
         """access.RunTraits: positions are ranks; where the one-shot runs in the backend, every

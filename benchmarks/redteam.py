@@ -21,8 +21,11 @@ operator sees, in a database of its own on the server of TOPK_PG_DSN (dropped at
   pg_statio_user_tables). Neighbours (redteam_lab.STATIO_PAIRS): made by an UPDATE (not
   vacuumed; vacuumed with FREEZE and INDEX_CLEANUP ON; written so that the last vote split a
   page of the score index, then vacuumed), and built afresh one client apart at the head or at
-  the oblivious depth's boundary, with integer and with text ids. Roles: one without SET on
-  track_counts (the channel open) and one granted `SET ON PARAMETER track_counts`.
+  the oblivious depth's boundary, with integer and with text ids. Roles (`--statio-roles`):
+  ``reader``, without SET on track_counts, whose oblivious release is refused before anything
+  is read (the observer sees what an attempt leaves: nothing); ``accepted``, the same role on a
+  table that accepts the channel (accept_statistics_channel: the release runs and its blocks
+  show); ``setter``, granted `SET ON PARAMETER track_counts`.
 * ``planner``: the analyst sets the red team's planner settings (random_page_cost and
   cpu_index_tuple_cost 1e9, index scans and nested loops off, small work_mem, DISCARD PLANS),
   or keeps the server's, and calls the oblivious release: the call's statistics, EXPLAIN
@@ -56,12 +59,14 @@ from scipy import stats
 from adapters.postgres import PostgresTable
 from frontends import sql_function
 from topk_middleware import private_top_k
+from topk_middleware.access import ObliviousReadsSeen
 from topk_middleware.mechanisms.oblivious import oblivious_depth
 
 from . import common
 from .redteam_lab import EPSILON, STATIO_PAIRS, K, Lab, M, statio_pair, updated_pair
 
 ATTACKS = ("cancel", "serializable", "statio", "planner")
+STATIO_ROLES = ("reader", "accepted", "setter")  # the statio attack's releasing roles
 HOSTILE = (  # the red team's planner settings
     *("random_page_cost = 1e9", "cpu_index_tuple_cost = 1e9", "enable_indexscan = off"),
     *("enable_indexonlyscan = off", "enable_nestloop = off", "work_mem = '64kB'"),
@@ -296,17 +301,35 @@ def settled(watcher: psycopg.Connection[Any], schema: str, before: np.ndarray) -
 def statio_attack(
     lab: Lab, schemas: tuple[str, str], role: str, mode: str
 ) -> Callable[[int], np.ndarray]:
-    """An oblivious Python-API release of schemas[side].votes (`mode`) by `role`; the change of
-    the schema's statistics (statistics_of) the observer reads once they are flushed."""
+    """An oblivious Python-API release of schemas[side].votes (`mode`) by `role` (STATIO_ROLES:
+    "accepted" is the reader on a table that accepts the statistics channel); the change of the
+    schema's statistics (statistics_of) the observer reads once they are flushed. The reader's
+    releases are refused before anything is read: each attempt is checked to be refused, and
+    what the observer reads is what it left. `observe.refused` counts the refusals;
+    `observe.close()` ends the attack's sessions."""
     watcher = lab.connect("observer")
     watcher.execute("SET stats_fetch_consistency = none")
     sources = []
+    refused = [0]
+
+    def release(source: PostgresTable, seed: int) -> None:
+        try:
+            private_top_k(source, K, EPSILON, oblivious=True, seed=seed, deadline=0)
+        except ObliviousReadsSeen:
+            assert role == "reader"
+            refused[0] += 1
+        else:
+            assert role != "reader", "a reader's oblivious release ran"
+
+    sessions = [watcher]
     for schema in schemas:
-        conn = lab.connect(role)
+        conn = lab.connect("setter" if role == "setter" else "reader")
+        sessions.append(conn)
         source = PostgresTable(conn, "votes", "id", "score", schema=schema, mode=mode)
         assert source.hides_statistics() == (role == "setter")
+        source.accept_statistics_channel = role == "accepted"
         before = statistics_of(watcher, schema)
-        private_top_k(source, K, EPSILON, oblivious=True, seed=0, deadline=0)  # the metapages
+        release(source, 0)  # the metapages
         conn.execute("SELECT pg_stat_force_next_flush()")
         settled(watcher, schema, before)
         sources.append((conn, source))
@@ -315,10 +338,12 @@ def statio_attack(
     def observe(side: int) -> np.ndarray:
         conn, source = sources[side]
         before = statistics_of(watcher, schemas[side])
-        private_top_k(source, K, EPSILON, oblivious=True, seed=next(seeds), deadline=0)
+        release(source, next(seeds))
         conn.execute("SELECT pg_stat_force_next_flush()")
         return settled(watcher, schemas[side], before) - before
 
+    observe.refused = refused  # type: ignore[attr-defined]
+    observe.close = lambda: [s.close() for s in sessions]  # type: ignore[attr-defined]
     return observe
 
 
@@ -372,6 +397,9 @@ def measure(
     caught = getattr(observe, "caught", None)
     if caught:  # the cancel attack: how many cancels each statement caught
         facts["cancels_caught"] = {"min": min(caught), "median": float(np.median(caught))}
+    refused = getattr(observe, "refused", None)
+    if refused is not None:  # the statio attack: releases refused, of all attempted
+        facts["refused"] = refused[0]
     got.update(
         facts,
         attack=name,
@@ -413,11 +441,13 @@ def cases(lab: Lab, args: argparse.Namespace) -> Iterator[tuple[str, Any, dict[s
             copy = state in ("vacuumed", "split") or "long" in ids
             for mode in ("live", "copy") if copy else ("live",):
                 schemas = statio_pair(lab, where, ids, state, mode)
-                for role in ("reader", "setter"):
+                for role in args.statio_roles:
                     observe = statio_attack(lab, schemas, role, mode)
                     facts = {"pair": kind, "mode": mode, "settable": role == "setter"}
+                    facts["role"] = role
                     facts["features"] = statistics_names(lab.admin, schemas[0])
                     yield "statio", observe, facts
+                    observe.close()  # type: ignore[attr-defined]
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -452,6 +482,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cancel-seconds", type=float, default=0.5, help="each cancel attack's loop"
     )
+    parser.add_argument(
+        "--statio-roles",
+        nargs="+",
+        choices=STATIO_ROLES,
+        default=list(STATIO_ROLES),
+        help="the statio attack's releasing roles: a reader (refused), the reader on a table "
+        "that accepts the channel, a role granted SET on track_counts",
+    )
 
 
 def configure(args: argparse.Namespace) -> argparse.Namespace:
@@ -460,4 +498,12 @@ def configure(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-__all__ = ["ATTACKS", "STATIO_PAIRS", "add_arguments", "configure", "paired_accuracy", "run"]
+__all__ = [
+    "ATTACKS",
+    "STATIO_PAIRS",
+    "STATIO_ROLES",
+    "add_arguments",
+    "configure",
+    "paired_accuracy",
+    "run",
+]

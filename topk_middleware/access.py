@@ -1207,13 +1207,20 @@ class StoreTraits:
     the counts are of an integer type (the noisy counts' interval, noisy_counts.py).
     `parameters_in_text`: the driver writes query parameters into the statement text a server
     observer reads (pymysql, psycopg2), so no secret is ever sent as one.
-    `max_oblivious_rows`: the most rows one oblivious release may read (None: no bound)."""
+    `max_oblivious_rows`: the most rows one oblivious release may read (None: no bound).
+    `oblivious_reads_seen`: where another user of the store would see which blocks an
+    oblivious run reads (PostgreSQL's statistics views, pg_statio_user_tables, for a role that
+    may not set track_counts), what it would learn and what closes the channel, in one line of
+    the store's words; an oblivious release is then refused before anything is read, released
+    or charged (ObliviousReadsSeen). None: no user of the store the store knows of sees them,
+    or its operator accepted the channel (the store then warns at each such run)."""
 
     sensitivity: float
     max_items_per_client: int | None = None
     integer_scores: bool = False
     parameters_in_text: bool = False
     max_oblivious_rows: int | None = None
+    oblivious_reads_seen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1258,6 +1265,12 @@ class DeclaresRunTraits(Protocol):
 
 class TraitsError(TypeError):
     """A source that declares no traits, or declares them in another form than the records."""
+
+
+class ObliviousReadsSeen(PermissionError):
+    """An oblivious release refused before anything is read, released or charged: the store
+    declares that another user of it would see which blocks the run reads
+    (StoreTraits.oblivious_reads_seen, whose words the message carries)."""
 
 
 def store_traits(source: Any) -> StoreTraits:

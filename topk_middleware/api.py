@@ -10,6 +10,7 @@ import numpy as np
 
 from .access import (
     CountedAccess,
+    ObliviousReadsSeen,
     OneShotPositions,
     OneShotReads,
     Source,
@@ -128,7 +129,10 @@ def private_top_k(
     has the one-shot law; `method` may be "auto", "threshold" or "oneshot_full_read" (a full
     read); the in-store one-shot and `costs` (cost-aware reads) are refused. `deadline`: the
     seconds an oblivious release is padded to (None: from the store's cost model; 0: no padding,
-    for statistical tests only: the wall time then tells the data).
+    for statistical tests only: the wall time then tells the data). A store that declares that
+    another user of it would see which blocks the run reads (StoreTraits.oblivious_reads_seen:
+    PostgreSQL, a role that may not set track_counts) refuses an oblivious release before
+    anything is read or charged (ObliviousReadsSeen, saying what closes the channel).
     `release_key` (with `budget=` a PrivacyLedger's budget) makes the release idempotent
     (release_keys.py): a second call with the same key and parameters returns the stored
     release and charges nothing; the same key with other parameters is refused
@@ -169,6 +173,11 @@ def private_top_k(
         check_counts_k(int(k))
     traits = store_traits(source)  # what the store declares: before anything is read
     sensitivity = check_sensitivity(traits.sensitivity, "the source's sensitivity")
+    if oblivious and traits.oblivious_reads_seen is not None:
+        raise ObliviousReadsSeen(
+            "oblivious release refused (nothing read, released or charged): "
+            + traits.oblivious_reads_seen
+        )
     k = int(k)
     select_epsilon, counts_epsilon = split_epsilon(float(epsilon), share)
     if with_counts and select_epsilon / k < MIN_ITEM_EPSILON:

@@ -131,6 +131,7 @@ class PostgresTable(SQLTable):
                 ),
                 proof=self._write_log,
             )
+            self.dialect.hides_statistics(driver)  # asked once per connection: traits() reads it
         except BaseException:  # refused: a connection opened here is closed, not left open
             driver.close()
             raise

@@ -38,8 +38,8 @@ The surface, by group (the base gives a portable default where one exists):
   `id_index_key`, `indexes_ids`, `drop_index_sql`, `fingerprints_table_sql`,
   `stamps_table_sql`, `upsert_sql`, `refresh_beside`, `indexes_tables`);
 * sessions and errors: `prepare_lock`, `limit_statements`, `lock_timeout`, `run_transaction`,
-  `hides_statistics`, and what an error was (`lock_not_available`, `canceled`,
-  `insufficient_privilege`);
+  `hides_statistics`, `oblivious_reads_seen`, `warn_statistics`, and what an error was
+  (`lock_not_available`, `canceled`, `insufficient_privilege`);
 * reads the dialect does better than the engine's plain SELECT: `read_ranks` (a range of the
   copy), `read_runs`; the table's own (`open_table`, `known_rows_sql`, `range_read_sql`, or
   a whole strategy: `table_reads`);
@@ -423,6 +423,18 @@ class Dialect:
     def hides_statistics(self, driver: Driver) -> bool:
         """Whether oblivious runs keep their reads out of statistics every role reads."""
         return False
+
+    def oblivious_reads_seen(
+        self, driver: Driver, where: str, accepted: bool = False
+    ) -> str | None:
+        """StoreTraits.oblivious_reads_seen: where another user of the store would see which
+        blocks an oblivious run reads, what it would learn and what closes the channel; None
+        where no such user is known, or where the operator `accepted` the channel."""
+        return None
+
+    def warn_statistics(self, driver: Driver, where: str) -> None:
+        """An oblivious run where the operator accepted the channel of oblivious_reads_seen: a
+        warning where it is open, once per table (a dialect object serves one table)."""
 
     def lock_not_available(self, driver: Driver, error: BaseException) -> bool:
         return False

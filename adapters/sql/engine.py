@@ -103,6 +103,7 @@ class SQLTable:
     `frozen=True` promises that the table does not change after prepare()."""
 
     reads_copy = True  # runs read the rank-ordered copy where it is current
+    accept_statistics_channel = False  # oblivious reads another role sees: run, warn (promise.md)
 
     def __init__(
         self,
@@ -158,6 +159,9 @@ class SQLTable:
             self.max_items_per_client,
             self.integer_scores,
             parameters_in_text=not self.driver.binds_on_server,
+            oblivious_reads_seen=self.dialect.oblivious_reads_seen(
+                self.driver, self.where, self.accept_statistics_channel
+            ),
         )
 
     def run_traits(self) -> RunTraits:
@@ -390,6 +394,8 @@ class SQLTable:
     def oblivious_reads(self) -> Iterator[None]:
         """access.ObliviousReads: runs opened inside take no data-dependent shortcut (no probe
         of the runs of tied scores) and read with oblivious.py's fixed-size reads."""
+        if self.accept_statistics_channel:
+            self.dialect.warn_statistics(self.driver, self.where)  # once per table
         saved, self._oblivious = self._oblivious, True
         try:
             yield

@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -64,6 +65,8 @@ from adapters._sql import (
     may_hide_statistics_sql,
     plain_values,
     sql_name_spellings,
+    statistics_accepted,
+    statistics_seen,
 )
 from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query, uniform_from_hex_sql
@@ -244,6 +247,7 @@ class SQLAlchemyTable:
         digest = _digest(schema, table, id, score)
         self._init_ranks(rank_table or _fit(table, f"__topk_rank_{digest}"), schema, max_params)
         self._source_indexes = self._index_specs(digest)
+        self._statistics_role()  # asked once, here: traits() reads it (PostgreSQL only)
 
     def _refuse_untyped_id(self) -> None:
         """An id column without a declared type (SQLite allows one) gives the rank table no
@@ -1168,17 +1172,39 @@ class SQLAlchemyTable:
         where the engine's role may set track_counts (a superuser, or a role granted `SET ON
         PARAMETER track_counts`), they set it off for their transaction. Asked once per source;
         False on the other dialects (docs/oblivious.md)."""
+        return self._statistics_role()[0]
+
+    def _statistics_role(self) -> tuple[bool, str]:
+        """(whether the engine's role may set track_counts, its name; "" off PostgreSQL): one
+        catalog query per source."""
         if self._hides_statistics is None:
-            allowed = False
+            known = (False, "")
             if self.dialect == "postgresql":
                 with self.engine.connect() as conn:
                     major, minor = (conn.dialect.server_version_info or (0, 0))[:2]
                     query = may_hide_statistics_sql(major * 10000 + minor)
-                    allowed = bool(conn.exec_driver_sql(query).scalar())
-            self._hides_statistics = allowed
+                    allowed, role = conn.exec_driver_sql(query).one()
+                    known = (bool(allowed), str(role))
+            self._hides_statistics = known
         return self._hides_statistics
 
-    _hides_statistics: bool | None = None  # hides_statistics(), once asked
+    _hides_statistics: tuple[bool, str] | None = None  # _statistics_role(), once asked
+    # The operator accepts that another role sees the blocks oblivious runs read where the
+    # engine's role may not set track_counts: they run and warn instead of being refused
+    # (StoreTraits.oblivious_reads_seen; docs/promise.md).
+    accept_statistics_channel: bool = False
+    _warned_statistics = False  # oblivious_reads() said the channel is open
+
+    def _oblivious_reads_seen(self, accepted: bool = False) -> str | None:
+        """StoreTraits.oblivious_reads_seen on PostgreSQL where the role may not set
+        track_counts (the warning's words where the operator `accepted` the channel)."""
+        if self.dialect != "postgresql":
+            return None
+        allowed, role = self._statistics_role()
+        if allowed:
+            return None
+        said = statistics_accepted if accepted else statistics_seen
+        return said(self.where, role)
 
     def _begin(self, conn: Connection) -> sa.RootTransaction:
         """Open the snapshot's read-only transaction on `conn` (an oblivious run's keeps its
@@ -1285,7 +1311,13 @@ class SQLAlchemyTable:
     @contextmanager
     def oblivious_reads(self) -> Iterator[None]:
         """access.ObliviousReads: runs opened inside do not read the runs of tied scores (their
-        number is the number of distinct scores)."""
+        number is the number of distinct scores). Where the operator accepted the statistics
+        channel and it is open, it says so once per source."""
+        if self.accept_statistics_channel and not self._warned_statistics:
+            seen = self._oblivious_reads_seen(accepted=True)
+            if seen is not None:
+                self._warned_statistics = True
+                warnings.warn(seen, stacklevel=3)
         saved, self._oblivious = self._oblivious, True
         try:
             yield
@@ -1388,6 +1420,9 @@ class SQLAlchemyTable:
             self.max_items_per_client,
             self.integer_scores,
             parameters_in_text=self.parameters_in_text,
+            oblivious_reads_seen=None
+            if self.accept_statistics_channel
+            else self._oblivious_reads_seen(),
         )
 
     def run_traits(self) -> RunTraits:

@@ -135,6 +135,7 @@ class SQLAlchemyCopyTable(SQLTable):
                 **_change_log(t),
             ),
         )
+        dialect.hides_statistics(self.driver)  # asked once, here: traits() reads it
 
     @property
     def table_name(self) -> str:

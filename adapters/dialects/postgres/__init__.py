@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,6 +49,8 @@ from adapters._sql import (
     may_hide_statistics_sql,
     rows_from_records,
     sql_name_spellings,
+    statistics_accepted,
+    statistics_seen,
 )
 from adapters.sql.dialect import FLOAT, INTEGER, TEXT, Column, Dialect
 from adapters.sql.driver import Driver
@@ -100,7 +103,8 @@ def short_name(base: str, suffix: str) -> str:
 
 class PostgresDialect(Dialect):
     """PostgreSQL's SQL (module docstring). Stateless but for what it learns of the server once
-    per connection (whether its role may hide statistics)."""
+    per connection (whether its role may hide statistics, and its name) and whether it warned
+    that the statistics channel is open (one dialect object serves one table)."""
 
     name = "PostgreSQL"
     sqlalchemy_read_only = {"postgresql_readonly": True}  # noqa: RUF012
@@ -121,7 +125,8 @@ class PostgresDialect(Dialect):
     oblivious_sql = oblivious  # oblivious reads' (adapters/sql/oblivious.py)
 
     def __init__(self) -> None:
-        self._hides: tuple[Any, bool] | None = None
+        self._hides: tuple[Any, bool, str] | None = None
+        self._warned = False  # warn_statistics() said so
 
     # ----- names and catalog --------------------------------------------------------------------
     def quote(self, name: str) -> str:
@@ -380,12 +385,32 @@ class PostgresDialect(Dialect):
     def hides_statistics(self, driver: Driver) -> bool:
         """Whether the connection's role may set track_counts (a superuser, or a role granted
         SET ON PARAMETER track_counts, PostgreSQL 15 and later): asked once per connection."""
+        return self._statistics_role(driver)[0]
+
+    def _statistics_role(self, driver: Driver) -> tuple[bool, str]:
+        """(whether the connection's role may set track_counts, its name): one catalog query
+        per connection (a fact of the role, not of the data)."""
         connection = getattr(driver, "conn", driver)
         if self._hides is not None and self._hides[0] is connection:
-            return self._hides[1]
-        allowed = bool(driver.scalar(may_hide_statistics_sql(driver.server_version)))
-        self._hides = (connection, allowed)
-        return allowed
+            return self._hides[1], self._hides[2]
+        allowed, role = driver.one(may_hide_statistics_sql(driver.server_version))
+        self._hides = (connection, bool(allowed), str(role))
+        return bool(allowed), str(role)
+
+    def oblivious_reads_seen(
+        self, driver: Driver, where: str, accepted: bool = False
+    ) -> str | None:
+        """Where the role may not set track_counts, pg_statio_user_tables shows every role the
+        blocks an oblivious run reads: the refusal's words (None where `accepted`)."""
+        allowed, role = self._statistics_role(driver)
+        return None if allowed or accepted else statistics_seen(where, role)
+
+    def warn_statistics(self, driver: Driver, where: str) -> None:
+        """The channel accepted and open (the role may not set track_counts): a warning, once."""
+        allowed, role = self._statistics_role(driver)
+        if not allowed and not self._warned:
+            self._warned = True
+            warnings.warn(statistics_accepted(where, role), stacklevel=4)
 
     # ----- reads --------------------------------------------------------------------------------
     def read_ranks(self, driver: Driver, ranks: str, start: int, stop: int, packed: bool) -> Rows:

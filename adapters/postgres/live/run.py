@@ -24,7 +24,6 @@ lost during the run gives a ConnectionError, and the next run reconnects.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -193,22 +192,14 @@ def snapshot(t: Any) -> Iterator[None]:
 
 def hide_statistics(t: Any, conn: psycopg.Connection[Any]) -> None:
     """An oblivious run's first statement: track_counts off for its transaction where the role
-    may set it (the dialect's hides_statistics). Where it may not, the statistics views show the
-    pages a run on a live table read, which depend on its layout (docs/promise.md): said once
-    per source."""
+    may set it (the dialect's hides_statistics). Where it may not, the core refused the release
+    (StoreTraits.oblivious_reads_seen) unless the table accepts the channel
+    (accept_statistics_channel): the statistics views then show the blocks the run reads,
+    which depend on the table's layout (docs/promise.md), said once per source."""
     if t.dialect.hides_statistics(t.driver):
         conn.execute(HIDE_STATISTICS)
-    elif not t._warned_statistics:
-        t._warned_statistics = True
-        warnings.warn(
-            f"{t.where}: this role may not set track_counts, so pg_statio_user_tables, "
-            "which every role reads, shows the pages oblivious runs on this live table "
-            "read; they depend on the table's layout (index page splits, which VACUUM does "
-            "not undo, text ids, writes), so another role can tell neighbouring tables "
-            "apart by them; grant this role SET ON PARAMETER track_counts, or release "
-            "through the SQL functions (docs/promise.md)",
-            stacklevel=4,
-        )
+    else:
+        t.dialect.warn_statistics(t.driver, t.where)
 
 
 @contextmanager

@@ -61,6 +61,10 @@ class LivePostgresTable:
     # A run serving ranks read its runs with m: the core takes them before any row by rank
     # (a row by rank walks its run: far dearer than the runs).
     score_runs_in_hand = True
+    # The operator accepts that another role sees the blocks oblivious runs read where the
+    # connection's role may not set track_counts: they run and warn instead of being refused
+    # (StoreTraits.oblivious_reads_seen; docs/promise.md).
+    accept_statistics_channel: bool = False
 
     def __init__(
         self,
@@ -92,7 +96,6 @@ class LivePostgresTable:
         self.driver = PsycopgDriver(conninfo_or_connection, self.where)
         self._run: run.LiveRun | None = None  # the run in progress, inside snapshot()
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
-        self._warned_statistics = False  # run.hide_statistics() said so once
         self._estimate: float | None = None  # pg_stats' distinct scores, read at ...
         self._estimate_read_at: float | None = None  # ... this time.monotonic(), if read
         self._begin_pending = False  # the run's first statement begins its transaction
@@ -112,6 +115,7 @@ class LivePostgresTable:
             self.sensitivity, self.max_items_per_client = resolve_declared(
                 sensitivity, max_items_per_client, record, self.where
             )
+            self.dialect.hides_statistics(self.driver)  # asked once per connection: traits()
         except BaseException:  # refused: a connection opened here is closed, not left open
             self.driver.close()
             raise
@@ -157,8 +161,16 @@ class LivePostgresTable:
 
     # ----- what the store declares (access.StoreTraits, RunTraits) ----------------------------
     def traits(self) -> StoreTraits:
-        """access.StoreTraits: the declared sensitivity and bound, the score column's type."""
-        return StoreTraits(self.sensitivity, self.max_items_per_client, self.integer_scores)
+        """access.StoreTraits: the declared sensitivity and bound, the score column's type,
+        what another role would see of an oblivious run (the dialect's oblivious_reads_seen)."""
+        return StoreTraits(
+            self.sensitivity,
+            self.max_items_per_client,
+            self.integer_scores,
+            oblivious_reads_seen=self.dialect.oblivious_reads_seen(
+                self.driver, self.where, self.accept_statistics_channel
+            ),
+        )
 
     @property
     def store_costs(self) -> StoreCosts:
