@@ -282,8 +282,35 @@ def test_the_one_shot_read_around_probes_the_change_table_by_its_b_trees(
     statement, params = oneshot[0]
     names = source.proof.changes.names
     with source.driver.transaction():
-        execute(changes.settings_sql())
+        execute(changes.settings_sql(names))
         execute(changes.oneshot_settings_sql())
         plan = source.driver.scalar("EXPLAIN (FORMAT JSON) " + statement, params)
     read_whole = " ".join(seq_scans(plan))
     assert names.index_prefix not in read_whole, read_whole
+
+
+def test_a_change_log_without_its_tally_is_completed_by_prepare(
+    table: tuple[PostgresTable, Any], around: None
+) -> None:
+    """A change log whose function writes no tally (and whose change table has no score
+    B-tree): the run reads the table (the digest names the tally), and prepare(refresh=True)
+    makes the tally and the index and replaces the function, after which the writes are read
+    around again. Fails if the digest missed the tally (m counted from no tally rows)."""
+    source, run = table
+    names = source.proof.changes.names
+    with source.driver.transaction():
+        source.driver.execute(f"DROP TABLE {names.tally}")
+        source.driver.execute(f'DROP INDEX "{source.schema}"."{names.index_prefix}_score"')
+        source.driver.execute(
+            f"CREATE OR REPLACE FUNCTION {names.function}() RETURNS trigger LANGUAGE plpgsql "
+            "AS 'BEGIN RETURN NULL; END'"
+        )
+    run("UPDATE {t} SET score = 10000 WHERE id = 5")
+    top, freshness = _top(source)
+    assert top == [5, 299, 298] and freshness["read"] == "table"
+    source.prepare(refresh=True)
+    run("INSERT INTO {t} VALUES (1000, 20000)")
+    top, freshness = _top(source)
+    assert top == [1000, 5, 299] and freshness["read"] == "around"
+    with source.snapshot():
+        assert source.domain_size() == 301

@@ -74,9 +74,9 @@ class ChangeLog:
 
 def around_state(t: Any, copies: Any, run: Any) -> AroundState | None:
     """The facts of reading around (one query), or None where the copy cannot be read around:
-    no change log stamped with it, the catalog facts changed since, a NULL id or a new row
-    whose score is not a finite count >= 0 among the changes (the table read then refuses
-    the current rows or reads them)."""
+    no change log stamped with it, its tables missing, the catalog facts changed since, a NULL
+    id or a new row whose score is not a finite count >= 0 among the changes (the table read
+    then refuses the current rows or reads them)."""
     log = t.proof.changes
     if log is None:
         return None
@@ -87,7 +87,8 @@ def around_state(t: Any, copies: Any, run: Any) -> AroundState | None:
     snapshot = sql.parse_snapshot(lines[1])
     if snapshot is None:
         return None
-    t.driver.execute(sql.settings_sql())
+    if not t.driver.one(sql.settings_sql(log.names))[-1]:
+        return None
     row = t.driver.one(sql.facts_sql(log.names, t.proof.state_sql()), sql.snapshot_params(snapshot))
     digest, state, logged, null_ids, removed, added, bad, top, low, high, unnumbered = row
     if digest is None or lines[2] != f"{sql.CHANGES_TAG} {digest}":

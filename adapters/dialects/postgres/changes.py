@@ -224,15 +224,18 @@ def facts_sql(n: ChangeNames, proof_state: str) -> str:
     )
 
 
-def settings_sql() -> str:
+def settings_sql(n: ChangeNames) -> str:
     """For the run's transaction: sorts in memory, no parallel workers (on a small machine
     they cost more than they share), and no JIT: the change table's row estimates are far off
     (it fills between ANALYZEs), and a plan priced above jit_above_cost spent 1.9 s of a 4.2 s
-    one-shot compiling at m = 10^7 (benchmarks/sizes.py)."""
+    one-shot compiling at m = 10^7 (benchmarks/sizes.py). Its last column: whether the change
+    table and the tally exist (the facts' query names them; without them it would fail)."""
     return (
         f"SELECT pg_catalog.set_config('work_mem', {literal(WORK_MEM)}, true), "
         "pg_catalog.set_config('max_parallel_workers_per_gather', '0', true), "
-        "pg_catalog.set_config('jit', 'off', true)"
+        "pg_catalog.set_config('jit', 'off', true), "
+        f"pg_catalog.to_regclass({literal(n.changes)}) IS NOT NULL "
+        f"AND pg_catalog.to_regclass({literal(n.tally)}) IS NOT NULL"
     )
 
 
