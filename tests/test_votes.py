@@ -28,6 +28,7 @@ from psycopg import sql
 import adapters.contributions as contributions
 from adapters.duckdb import DuckDBTable
 from adapters.postgres import PostgresTable
+from adapters.sql.engine import SQLTable
 from adapters.sqlalchemy import SQLAlchemyTable
 
 # Column types by role, in each store's words.
@@ -537,6 +538,32 @@ def test_sqlalchemy_checks_the_votes_in_every_build_of_its_copy(
         store.sql(f"DELETE FROM {store.quote(votes)} WHERE item = 7")
         source.prepare(refresh=True)
         assert store.counts(source) == {1: 3.0, 2: 0.0}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres", "mariadb", "duckdb"])
+def test_sqlalchemy_counts_votes_on_the_sql_store_engine(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """SQLAlchemyTable.from_votes is the SQL store engine's table (adapters/sql/engine.py) with
+    the counting statement as its source: a run proves the copy current by comparing it with
+    the counts, and after a vote has it rebuilt first (never reading the votes in its stead);
+    the exact counts come from the copy, in its integer type."""
+    store = SQLAlchemyStore(request.getfixturevalue(f"sqlalchemy_{dialect}_engine"), dialect)
+    try:
+        votes, items = names()
+        store.create(items, {"id": "int"}, [(1,), (2,)])
+        store.create(votes, {"client": "int", "item": "int"}, [(1, 1), (2, 1)])
+        source = store.from_votes(votes, items)
+        assert isinstance(source, SQLTable) and source.counts_query
+        assert store.counts(source) == {1: 2.0, 2: 0.0}
+        store.sql(f"INSERT INTO {store.quote(votes)} VALUES (3, 2), (4, 2), (5, 2)")
+        with source.snapshot():
+            assert source.run_freshness() == {
+                "copy": "current", "proof": "compared", "refreshes": 1
+            }  # fmt: skip
+            assert source.read_exact_scores([2, 1]) == [3, 2]
     finally:
         store.close()
 

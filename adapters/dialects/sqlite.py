@@ -337,6 +337,14 @@ class SQLiteDialect(Dialect):
     def id_copy_type(self, column: Column) -> str:
         return 'TEXT COLLATE "BINARY"' if column.kind == TEXT else column.type
 
+    def commented_table_sql(self, create: str, qualified: str, text: str) -> list[str]:
+        """SQLite keeps no table comments but keeps the CREATE statement, comments inside it
+        included: `text` (numbers and words, no "*/") goes right after its opening parenthesis."""
+        head = f"CREATE TABLE {qualified} ("
+        if not create.startswith(head) or "*/" in text:
+            raise ValueError(f"no comment can hold {text!r} in {create[:60]!r}")
+        return [f"{head} /* {text} */ {create[len(head) :]}"]
+
     def create_runs_table(self, target: str, ranks: str) -> list[str]:
         return [
             f"CREATE TABLE {target} (run BIGINT NOT NULL, first_rank BIGINT NOT NULL, "

@@ -107,6 +107,7 @@ class Dialect:
     writes: Any = None
     row_stamps: Any = None
     trigger_proof: Any = None  # the proof class of a copy declared by SQLAlchemyTable
+    sqlalchemy_read_only: Any = None  # SQLAlchemy's options of a read-only transaction, if any
     changes: Any = None
     oblivious_sql: Any = None
 
@@ -212,7 +213,12 @@ class Dialect:
         raise NotImplementedError
 
     def comment_statement(self, qualified: str, text: str) -> str:
-        raise NotImplementedError
+        return f"COMMENT ON TABLE {qualified} IS {self.literal(text)}"
+
+    def commented_table_sql(self, create: str, qualified: str, text: str) -> list[str]:
+        """The statements that create a table (`create`) and keep `text` with it: its comment
+        (a store that keeps none may keep a comment inside the CREATE statement)."""
+        return [create, self.comment_statement(qualified, text)]
 
     def fingerprint_sql(self, t: Any, ranks: str) -> str:
         """SQL of the copy's fingerprint: a value that names the table and the copy as they are

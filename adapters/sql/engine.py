@@ -52,8 +52,7 @@ REFRESH_TRIES = 3  # a run that has its copy rebuilt first tries this often
 
 
 class Reads(Protocol):
-    """A run's reads served the store's own way (module docstring). `m` is the run's domain
-    size; positions are those the strategy names (ranks where its traits say so)."""
+    """A run's reads served the store's own way (module docstring); `m`, its domain size."""
 
     m: int
 
@@ -71,8 +70,7 @@ class Reads(Protocol):
 
 
 class Refresh(Exception):
-    """Raised while a run opens: rebuild the copy (outside the run's transaction), then open the
-    run again."""
+    """Raised while a run opens: rebuild the copy outside its transaction, then open it again."""
 
 
 @dataclass
@@ -104,6 +102,7 @@ class SQLTable:
 
     reads_copy = True  # runs read the rank-ordered copy where it is current
     accept_statistics_channel = False  # oblivious reads another role sees: run, warn (promise.md)
+    counts_query = False  # counts of a query: never read by a run (a stale copy is rebuilt)
 
     def __init__(
         self,
@@ -128,19 +127,12 @@ class SQLTable:
             raise TypeError(f"frozen must be True or False, got {frozen!r}")
         resolve_declared(sensitivity, max_items_per_client, None, f"{dialect.name} table")
         self.driver, self.dialect, self.frozen = driver, dialect, frozen
-        self.namespace, self.table = dialect.resolve(driver, table, namespace)
-        self.where = where or f"{dialect.name} table {self.namespace!r}.{self.table!r}"
         self.id_column, self.score_column = id, score
-        self.source = dialect.qualified(self.namespace, self.table)
         self.id_sql, self.score_sql = dialect.quote(id), dialect.quote(score)
-        self.id_info, self.score_info = refuse_columns(self)
+        self.describe(table, namespace, where, sensitivity, max_items_per_client)
         self.text_ids = self.id_info.kind == TEXT
         self.integer_ids = self.id_info.kind == INTEGER
         self.integer_scores = self.score_info.integer
-        record = parse_record(dialect.comment(driver, self.namespace, self.table))
-        self.sensitivity, self.max_items_per_client = resolve_declared(
-            sensitivity, max_items_per_client, record, self.where
-        )
         if not dialect.supports_in_store_oneshot or not driver.binds_on_server:
             self.read_oneshot = None  # type: ignore[assignment,method-assign]  # not offered
         self.copies = (layout or dialect.layout)(self)
@@ -150,10 +142,24 @@ class SQLTable:
         self.last_m: int | None = None  # the size a run last saw (whole.py)
         self.last_freshness: dict[str, Any] | None = None
 
+    def describe(self, table: str, namespace: Any, where: Any, *declared: Any) -> None:
+        """The counts: where (namespace, table; `source`: a FROM item), their columns (refused
+        where wrong), their bounds: declared, else from_votes' record there, else (1, None)."""
+        d = self.dialect
+        self.namespace, self.table = d.resolve(self.driver, table, namespace)
+        self.where = w = where or f"{d.name} table {self.namespace!r}.{self.table!r}"
+        self.source = d.qualified(self.namespace, self.table)
+        self.id_info, self.score_info = refuse_columns(self)
+        record = parse_record(d.comment(self.driver, self.namespace, self.table))
+        self.sensitivity, self.max_items_per_client = resolve_declared(*declared, record, w)
+
+    def source_as(self, alias: str) -> str:
+        """The counts as a FROM item named `alias`."""
+        return f"{self.source} AS {alias}"
+
     # ----- what the store declares (access.StoreTraits, RunTraits) ---------------------------
     def traits(self) -> StoreTraits:
-        """access.StoreTraits: the declared sensitivity and bound, the score column's kind,
-        the driver's handling of parameters."""
+        """access.StoreTraits: the declared bounds, the score's kind, how parameters travel."""
         return StoreTraits(
             self.sensitivity,
             self.max_items_per_client,
@@ -165,8 +171,7 @@ class SQLTable:
         )
 
     def run_traits(self) -> RunTraits:
-        """access.RunTraits: positions are ranks; the costs of what the run reads (the run's
-        own reads say theirs)."""
+        """access.RunTraits: positions are ranks; the costs of what the run reads (its own)."""
         run = self._run
         if run is not None and run.reads is not None:
             return run.reads.traits()
@@ -203,8 +208,7 @@ class SQLTable:
         return f"{self.score_sql} DESC, {key} ASC"
 
     def canonical_rows(self, raw_scores: bool = False) -> str:
-        """SELECT of (rank, id, score) of the table in canonical order, scores as doubles (or
-        in the table's own type)."""
+        """SELECT (rank, id, score) of the table in canonical order, scores as doubles (or raw)."""
         score = self.score_sql if raw_scores else self.dialect.double(self.score_sql)
         return (
             f"SELECT row_number() OVER (ORDER BY {self.order_sql()}) - 1 AS rank, "
@@ -297,7 +301,7 @@ class SQLTable:
             return self._table_run(report | {"copy": "unprovable"})
         opened = self.copies.open(strict=self.frozen, runs=not self._oblivious)
         if opened is None:
-            if not self.dialect.reads_tables:
+            if self.counts_query or not self.dialect.reads_tables:
                 raise AccessError(
                     f"{self.where} has no rank-ordered copy: call prepare() once (it builds the "
                     "copy in the store)"
@@ -322,7 +326,7 @@ class SQLTable:
         current (`why` "unprovable")."""
         why, refreshes = report["why"], report["refreshes"]
         unprovable = why == "unprovable"
-        if self._oblivious or not self.dialect.reads_tables:
+        if self._oblivious or self.counts_query or not self.dialect.reads_tables:
             if not unprovable:
                 if refreshes >= REFRESH_TRIES:
                     raise RuntimeError(
@@ -377,8 +381,7 @@ class SQLTable:
         raise AccessError(f"{self.where}: a read outside snapshot()")
 
     def run_freshness(self) -> dict[str, Any] | None:
-        """access.RunFreshness: how the run in progress knew its data current: the copy proven
-        current (by what), or why not, what the run read and each way's price."""
+        """access.RunFreshness: how the run knew its data current, or why not; what it read."""
         return None if self._run is None else dict(self._run.freshness)
 
     def serves_copy(self) -> bool:
@@ -403,8 +406,7 @@ class SQLTable:
             self._oblivious = saved
 
     def hides_statistics(self) -> bool:
-        """Whether oblivious runs keep their reads out of the statistics views any role reads
-        (the dialect asks the store once per connection: docs/oblivious.md)."""
+        """Whether oblivious runs keep their reads out of statistics views (docs/oblivious.md)."""
         return self.dialect.hides_statistics(self.driver)
 
     # ----- the Source protocol -----------------------------------------------------------------
@@ -479,7 +481,7 @@ class SQLTable:
         if not asked:
             return []
         d = self.dialect
-        if exact or run.read != "copy":  # the table's own type, in the run's snapshot
+        if (exact and not self.counts_query) or run.read != "copy":  # the table's own type
             relation, id_sql, score = self.source, self.id_sql, self.score_sql
             score = score if exact else d.double(score)
         else:
@@ -505,14 +507,13 @@ class SQLTable:
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """access.ExactScores: the counts as the table holds them (integers as Python ints,
-        numerics as Decimals), from the table in the run's snapshot."""
+        numerics as Decimals), from the table in the run's snapshot (query counts: the copy)."""
         with self._in_run():
             return self._by_id(ids, exact=True)
 
     # ----- runs of tied scores (access.ScoreRuns) --------------------------------------------
     def score_run_count(self) -> int | None:
-        """How many runs of tied scores the copy's runs table holds (None without one, or in a
-        run that reads the table)."""
+        """Runs of tied scores in the copy's runs table (None without one, or reading the table)."""
         with self._in_run():
             return self._state().run_count
 
@@ -577,15 +578,14 @@ class SQLTable:
         return self.copies.check()
 
     def is_stale(self) -> bool:
-        """Whether the table's counts differ from the copy (True without one): one full scan
-        of the table, joined on (id, score)."""
+        """Whether the counts differ from the copy (True without one): a scan, joined on both."""
         with self.dialect.run_transaction(self.driver, False):
             opened = self.copies.open(strict=False, runs=False)
             if opened is None:
                 return True
             row = self.driver.one(
                 f"SELECT count(*) - count(r.id), (SELECT count(*) FROM {self.source}), "
-                f"(SELECT count(*) FROM {opened.ranks}) FROM {self.source} AS b LEFT JOIN "
+                f"(SELECT count(*) FROM {opened.ranks}) FROM {self.source_as('b')} LEFT JOIN "
                 f"{opened.ranks} AS r ON r.id = b.{self.id_sql} AND r.score = "
                 f"{self.dialect.double('b.' + self.score_sql)}"
             )

@@ -97,7 +97,7 @@ class Compared:
         key = t.dialect.byte_order(f"b.{t.id_sql}") if t.text_ids else f"b.{t.id_sql}"
         ranks = copies.ranks
         return (
-            f"(SELECT 'compared' WHERE NOT EXISTS (SELECT 1 FROM {t.source} AS b LEFT JOIN "
+            f"(SELECT 'compared' WHERE NOT EXISTS (SELECT 1 FROM {t.source_as('b')} LEFT JOIN "
             f"{ranks} AS r ON r.id = {key} AND r.score = b.{t.score_sql} WHERE r.rank IS NULL) "
             f"AND (SELECT count(*) FROM {t.source}) = (SELECT count(*) FROM {ranks}))"
         )

@@ -6,7 +6,8 @@ types, the copy's record kept in tables the copies of a schema share (docs/fresh
   declared with the id's and score's own types (text ids in byte order), filled by INSERT ..
   SELECT in the build's transaction and checked again before it commits;
 * fingerprint is a *mark* in the table topk_rank_fingerprints (one row per copy): a hash of the
-  catalog identity of the table and of the copy (the dialect's `identity_fact_sql`), written in
+  catalog identity of the table (of the votes and items tables where the counts are counted
+  from votes) and of the copy (the dialect's `identity_fact_sql`), written in
   the transaction that fills the copy; a copy without one was not built by prepare() and is
   refused, one whose mark differs was built from an earlier table of that name;
 * freshness stamp is a row of topk_write_stamps (the stamp of freshness.WriteLog or RowStamps);
@@ -47,6 +48,7 @@ class RecordedNames(CopyNames):
     beside_keys: tuple[str, str] = ("", "")  # a refresh's primary keys
     source_indexes: tuple[tuple[str, str], ...] = ()  # (name, columns SQL) on the table
     record: str | None = None  # the copy's comment (from_votes' record), if any
+    identity: tuple[str, ...] = ()  # the relations the mark names beside the copy (else the table)
 
 
 def mark_of(facts: list[Any]) -> int:
@@ -76,7 +78,8 @@ class RecordedCopy(NamedCopy):
 
     # ----- the record ---------------------------------------------------------------------------
     def _facts_sql(self) -> list[str]:
-        return [self.d.identity_fact_sql(self.t.source), self.d.identity_fact_sql(self.ranks)]
+        named = self.names.identity or (self.t.source,)
+        return [self.d.identity_fact_sql(r) for r in (*named, self.ranks)]
 
     def _stored_sql(self) -> str:
         name = self.d.literal(self.names.ranks)
@@ -262,22 +265,19 @@ class RecordedCopy(NamedCopy):
 
     def _rank_ddl(self, target: str, key: str, index: str) -> list[str]:
         t, d = self.t, self.d
-        out = [
-            d.declared_table_sql(
-                target,
-                [
-                    ("rank", "BIGINT"),
-                    ("id", d.id_copy_type(t.id_info)),
-                    ("score", d.score_copy_type(t.score_info)),
-                ],
-                "rank",
-                key,
-            ),
-            d.plain_index_sql(index, target, d.quote("id")),
-        ]
-        if self.names.record is not None:
-            out.append(d.comment_statement(target, self.names.record))
-        return out
+        create = d.declared_table_sql(
+            target,
+            [
+                ("rank", "BIGINT"),
+                ("id", d.id_copy_type(t.id_info)),
+                ("score", d.score_copy_type(t.score_info)),
+            ],
+            "rank",
+            key,
+        )
+        record = self.names.record
+        made = [create] if record is None else d.commented_table_sql(create, target, record)
+        return [*made, d.plain_index_sql(index, target, d.quote("id"))]
 
     def _runs_ddl(self, target: str, key: str) -> list[str]:
         d = self.d

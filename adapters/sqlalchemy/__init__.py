@@ -1,18 +1,20 @@
 """SQLAlchemyTable: wrap an existing table of per-item counts in any SQLAlchemy engine.
 
-copy_table.py SQLAlchemyTable(mode="copy") on the dialects moved onto the SQL store engine
-              (PostgreSQL, SQLite, MariaDB / MySQL, DuckDB): the engine and the store's own
-              dialect
-copy_mode.py  SQLAlchemyTable itself: from_votes() (runs read a rank-ordered copy of the counted
-              votes that prepare() writes) and live mode's base; an engine of another dialect
-              is refused
-live_mode.py  SQLAlchemyTable(mode="live"): runs read the table itself through an index, item
-              positions kept by triggers (PostgreSQL, MariaDB / MySQL, SQLite)
+table.py       SQLAlchemyTable itself: builds the class of the engine's dialect and the mode
+               (an engine of another dialect is refused), and from_votes()
+copy_table.py  SQLAlchemyTable(mode="copy") on the SQL store engine (PostgreSQL, SQLite,
+               MariaDB / MySQL, DuckDB): the engine and the store's own dialect
+votes_table.py SQLAlchemyTable.from_votes(): the same, the copy's source the counting statement
+               of the votes (adapters/sql/votes.py)
+live_base.py   the table found, reflected and checked, and a run's transaction, for live mode
+live_mode.py   SQLAlchemyTable(mode="live"): runs read the table itself through an index, item
+               positions kept by triggers (PostgreSQL, MariaDB / MySQL, SQLite)
 """
 
-from .copy_mode import FINGERPRINTS_TABLE, RankTableMismatchError, SQLAlchemyTable
 from .copy_table import SQLAlchemyCopyTable
 from .live_mode import SQLAlchemyLiveTable
+from .table import FINGERPRINTS_TABLE, RankTableMismatchError, SQLAlchemyTable
+from .votes_table import SQLAlchemyVotesTable
 
 __all__ = [
     "FINGERPRINTS_TABLE",
@@ -20,4 +22,5 @@ __all__ = [
     "SQLAlchemyCopyTable",
     "SQLAlchemyLiveTable",
     "SQLAlchemyTable",
+    "SQLAlchemyVotesTable",
 ]

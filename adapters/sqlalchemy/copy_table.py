@@ -9,14 +9,15 @@ whichever code prepared the table (tests/test_catalog_layout.py,
 tests/test_catalog_layout_sqlalchemy.py, tests/test_catalog_layout_sqlalchemy_duckdb.py pin it).
 
 SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
-the mode is "copy"; an engine of any other dialect is refused (copy_mode.SQLAlchemyTable.__new__).
-from_votes() still builds copy_mode.py's class on every dialect here.
+the mode is "copy"; an engine of any other dialect is refused (table.SQLAlchemyTable.__new__).
+from_votes() builds its subclass over a counting statement (votes_table.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -31,7 +32,7 @@ from adapters.sql.driver import SQLAlchemyDriver
 from adapters.sql.engine import SQLTable
 from adapters.sql.recorded import RecordedCopy, RecordedNames
 
-from .copy_mode import DEFAULT_MAX_PARAMS, SQLAlchemyTable, _digest, _fit, _runs_name, engine_of
+from .table import DEFAULT_MAX_PARAMS, SQLAlchemyTable, _digest, _fit, _runs_name, engine_of
 
 # The SQLAlchemy dialects on the engine, and the engine's dialect for each engine.
 DIALECTS: dict[str, Callable[[Engine], Dialect]] = {
@@ -48,8 +49,6 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
     and of (schema, rank table)."""
     schema, table = t.namespace, t.table
     digest = _digest(schema, table, t.id_column, t.score_column)
-    ranks = rank_table or _fit(table, f"__topk_rank_{digest}")
-    beside = _digest(schema, ranks)
     key = t.dialect.id_index_key(t.id_sql) if t.text_ids else t.id_sql
     indexed = (
         ()
@@ -59,6 +58,18 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
             (_fit("ix", f"_topk_{digest}_id"), t.id_sql),
         )
     )
+    return copy_names(
+        schema,
+        rank_table or _fit(table, f"__topk_rank_{digest}"),
+        source_indexes=indexed if t.dialect.indexes_ids(t.id_info) else (),
+        record=record,
+    )
+
+
+def copy_names(schema: str | None, ranks: str, **more: Any) -> RecordedNames:
+    """The names of the copy `ranks` in `schema` (its runs table, its id index, a refresh's
+    tables and keys: digests of (schema, rank table)); `more` the rest of RecordedNames."""
+    beside = _digest(schema, ranks)
     return RecordedNames(
         schema,
         ranks,
@@ -69,8 +80,7 @@ def recorded_names(t: SQLTable, rank_table: str | None, record: str | None = Non
         rank_key="",
         runs_key="",
         beside_keys=(f"topk_{beside}_new_pk", f"topk_{beside}_new_runs_pk"),
-        source_indexes=indexed if t.dialect.indexes_ids(t.id_info) else (),
-        record=record,
+        **more,
     )
 
 
@@ -116,7 +126,7 @@ class SQLAlchemyCopyTable(SQLTable):
         dialect = DIALECTS[engine.dialect.name](engine)
         preparer = engine.dialect.identifier_preparer
         super().__init__(
-            SQLAlchemyDriver(engine, read_only=getattr(dialect, "sqlalchemy_read_only", None)),
+            SQLAlchemyDriver(engine, read_only=dialect.sqlalchemy_read_only),
             dialect,
             table,
             id,

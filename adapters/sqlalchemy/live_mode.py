@@ -75,7 +75,8 @@ from sqlalchemy.engine import Connection, Engine
 from adapters._sql import AccessCheck, AccessPath, plain_values
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 
-from .copy_mode import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, _keeps_stat1, engine_of
+from .live_base import LiveBase, _keeps_stat1
+from .table import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, engine_of
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
@@ -96,7 +97,7 @@ def _named(table: str, suffix: str) -> str:
     return _fit(table, f"_{_digest(table)}{suffix}")
 
 
-class SQLAlchemyLiveTable(SQLAlchemyTable):
+class SQLAlchemyLiveTable(LiveBase):
     """A histogram in a live table: `SQLAlchemyTable(engine, table, id=..., score=...,
     mode="live")` builds one. Call `prepare()` once; runs then see every committed write."""
 
