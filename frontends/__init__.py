@@ -1,6 +1,6 @@
 """The front ends, above the core (topk_middleware) and the adapters: what users call.
 
-cli.py           the `topk-middleware` command (release, prepare, check, budget, demo, ...)
+cli/             the `topk-middleware` command (release, prepare, check, budget, demo, ...)
 sql/             `topk-middleware install-sql`: the SQL functions inside PostgreSQL (PL/Python)
 sql_function.py  the names of sql/ under one module (the import of installed function bodies)
 duckdb_sql.py    private_top_k as a DuckDB table function (register_private_top_k)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,18 @@ def _nodes(tree: ast.AST, module_level: bool) -> list[ast.AST]:
     return out
 
 
-def imported_names(path: Path, module: str, module_level: bool = False) -> set[str]:
+def imported_names(
+    path: Path, module: str, module_level: bool = False, tree: ast.AST | None = None
+) -> set[str]:
     """Every module this file imports, anywhere in it (relative imports resolved), or only
-    those imported when the module is (`module_level`)."""
+    those imported when the module is (`module_level`); `tree`: the file's parsed source,
+    edited by the caller."""
     is_package = path.name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in _nodes(ast.parse(path.read_text(), str(path)), module_level):
+    if tree is None:
+        tree = ast.parse(path.read_text(), str(path))
+    for node in _nodes(tree, module_level):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -399,3 +405,52 @@ def test_the_postgres_store_stands_on_the_engine(module: str) -> None:
         if isinstance(n, ast.Call) and re.search(r"\bconnect$", ast.unparse(n.func))
     ]
     assert connects == [], f"{module} opens a connection itself: {connects}"
+
+
+# The command line (frontends/cli/, one module per command group) loads light: when `topk-middleware
+# --help` runs, its modules import at module level only the standard library, the URL parser and
+# the names of adapters/url.py and topk_middleware/names.py, the SQL functions' commands
+# (frontends/sql_cli.py) and each other; numpy, the stores' drivers, SQLAlchemy, tqdm and the
+# core's mechanisms are imported inside the function that needs them (tests/test_cli_front.py
+# checks the same in a process of its own). None is over MAX_LINES (no "Size:" waiver).
+CLI_PACKAGE = "frontends.cli"
+CLI_LOADS = ("adapters.url", "topk_middleware.names", "frontends.sql_cli", CLI_PACKAGE)
+
+
+def loaded_imports(path: Path, module: str) -> set[str]:
+    """The modules a file imports when it is imported, outside `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return imported_names(path, module, module_level=True, tree=tree)
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in project_modules() if _within(m, (CLI_PACKAGE,)))
+)
+def test_the_cli_loads_light(module: str) -> None:
+    path = project_modules()[module]
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (> {MAX_LINES})"
+    heavy = sorted(
+        name
+        for name in loaded_imports(path, module)
+        if name.split(".")[0] not in sys.stdlib_module_names and not _within(name, CLI_LOADS)
+    )
+    assert heavy == [], f"{module} imports {heavy} when it is imported"
+
+
+def test_the_load_rule_sees_a_module_level_import(tmp_path: Path) -> None:
+    """The checker itself: numpy imported at module level is found; under TYPE_CHECKING or
+    inside a function it is not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\nimport numpy\nif TYPE_CHECKING:\n    import duckdb\n"
+        "def f():\n    import tqdm\n"
+    )
+    assert loaded_imports(probe, "frontends.cli.probe") == {
+        "typing",
+        "typing.TYPE_CHECKING",
+        "numpy",
+    }
