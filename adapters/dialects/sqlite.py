@@ -173,6 +173,12 @@ class SQLiteDialect(Dialect):
     score_types = "a numeric type, or none"
     id_types = "INTEGER or TEXT"
     costs = StoreCosts()  # a copy's reads: the generic record (measured alike)
+    # A table read as it is now is read whole (adapters/sql/whole.py) up to this many rows: one
+    # read and a release in memory against the table's in-store one-shot, measured after 1% of
+    # the rows written (median of 11 releases, load 13): 1,000 rows 8.7 ms whole against 19 ms,
+    # 3,000 10 against 13, 10,000 26 against 22.
+    whole_read_rows = 5_000
+    whole_read_alone = True  # a run after a small one reads it alone (whole.alone_run)
     catalog_version_sql = "SELECT schema_version FROM pragma_schema_version"
 
     def __init__(self) -> None:

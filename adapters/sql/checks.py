@@ -8,7 +8,8 @@ is read, released or charged (DESIGN invariant 6), in the project's words.
   scores a double cannot hold and the ids too long for the copy's index are refused (a clear
   error instead of a cast or index failure);
 * `check_copy`: a copy just built is a valid histogram, where the store has no snapshot
-  transaction to make validation and copy read one state.
+  transaction to make validation and copy read one state;
+* `is_stale`: whether the copy differs from the table (one full scan of both).
 """
 
 from __future__ import annotations
@@ -103,4 +104,20 @@ def check_copy(t: Any, ranks: str) -> None:
         )
 
 
-__all__ = ["check_copy", "refuse_columns", "refuse_non_numbers", "validate"]
+def is_stale(t: Any) -> bool:
+    """Whether the counts differ from the copy (True without one): a scan, joined on both."""
+    with t.dialect.run_transaction(t.driver, False):
+        opened = t.copies.open(strict=False, runs=False)
+        if opened is None:
+            return True
+        row = t.driver.one(
+            f"SELECT count(*) - count(r.id), (SELECT count(*) FROM {t.source}), "
+            f"(SELECT count(*) FROM {opened.ranks}) FROM {t.source_as('b')} LEFT JOIN "
+            f"{opened.ranks} AS r ON r.id = b.{t.id_sql} AND r.score = "
+            f"{t.dialect.double('b.' + t.score_sql)}"
+        )
+    unmatched, live, ranked = (int(x) for x in row)
+    return bool(unmatched or live != ranked)
+
+
+__all__ = ["check_copy", "is_stale", "refuse_columns", "refuse_non_numbers", "validate"]

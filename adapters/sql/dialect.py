@@ -95,6 +95,7 @@ class Dialect:
     snapshot_isolation: str | None = None
     max_id_bytes: int | None = None
     whole_read_rows = 0  # a table read as it is now is read whole up to this many rows (whole.py)
+    whole_read_alone = False  # a run after a small one is that read alone (whole.alone_run)
     id_length_unit = "bytes"  # what `id_length` counts
     refresh_beside = False  # a declared copy's refresh builds beside it and swaps (recorded.py)
     indexes_tables = True  # prepare() indexes the table of counts (score, id) where asked
@@ -453,13 +454,19 @@ class Dialect:
 
     # ----- reads ------------------------------------------------------------------------------
     def read_arrays(self, driver: Driver, sql: str, names: tuple[str, ...]) -> dict[str, Any]:
-        """The result of `sql` (columns `names`) as numpy arrays by name: from its rows here; a
-        dialect whose driver reads numpy columns itself says so."""
+        """The result of `sql` (columns `names`) as numpy arrays by name, from its rows here: a
+        column of Python ints as int64, of Python floats as float64, any other (text, bytes,
+        decimals, NULLs, booleans, ints past int64, ints and floats mixed) as objects. A
+        dialect whose driver reads numpy columns itself says so. Cost: one pass a column."""
         rows = driver.execute(sql)
         out = {}
         for i, name in enumerate(names):
-            column = np.empty(len(rows), dtype=object)
-            column[:] = [row[i] for row in rows]
+            values = [row[i] for row in rows]
+            column = np.asarray(values) if values else np.empty(0)
+            kind = column.dtype.kind
+            if kind not in "iuf" or (kind == "f" and not all(type(v) is float for v in values)):
+                column = np.empty(len(values), dtype=object)
+                column[:] = values
             out[name] = column
         return out
 

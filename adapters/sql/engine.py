@@ -44,7 +44,7 @@ from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, Sto
 from topk_middleware.keyed_noise import KeyedNoise
 from topk_middleware.privacy import resolve_declared
 
-from .checks import check_copy, refuse_columns, validate
+from .checks import check_copy, is_stale, refuse_columns, validate
 from .dialect import FLOAT, INTEGER, TEXT, Dialect
 from .driver import Driver
 
@@ -262,6 +262,16 @@ class SQLTable:
                 f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
                 "its own read-only transaction"
             )
+        from .whole import alone_run
+
+        alone = alone_run(self)
+        if alone is not None:  # one statement, its own snapshot: no transaction (whole.py)
+            self._run = alone
+            try:
+                yield
+            finally:
+                self.last_freshness, self._run = dict(alone.freshness), None
+            return
         refreshes, attempt, opened = 0, 1, False
         while True:
             try:
@@ -320,7 +330,8 @@ class SQLTable:
     def _stale_run(self, copy: Run, report: dict[str, Any]) -> Run:
         """A run whose copy is not proven current: it reads the table itself, reads the copy
         around the changes, or has the copy rebuilt first (raises Refresh), the cheapest as the
-        dialect prices them from m. An oblivious run, or one on a store that reads no table,
+        dialect prices them from m, or, at most the dialect's whole_read_rows, reads the table
+        whole without pricing (whole.py). An oblivious run, or one on a store that reads no table,
         always rebuilds (what the server observer sees then depends on m and on whether the
         table was written, which its statistics show anyway), unless no copy can be proven
         current (`why` "unprovable")."""
@@ -335,6 +346,9 @@ class SQLTable:
                     )
                 raise Refresh
             return self._by_rank_run(report)
+        if copy.m <= self.dialect.whole_read_rows:  # read whole (whole.py): nothing to price
+            self.last_m = copy.m  # the copy's m: no count(*) first
+            return self._table_run(report)
         table, rebuild = self.dialect.table_seconds(copy.m), self.dialect.refresh_seconds(copy.m)
         report |= {"table_seconds": table, "refresh_seconds": rebuild}
         if why == "written" and self.copies.reads_around:
@@ -509,6 +523,9 @@ class SQLTable:
         """access.ExactScores: the counts as the table holds them (integers as Python ints,
         numerics as Decimals), from the table in the run's snapshot (query counts: the copy)."""
         with self._in_run():
+            reads = self._state().reads
+            if reads is not None and hasattr(reads, "read_exact_scores"):
+                return reads.read_exact_scores(plain_values(ids))
             return self._by_id(ids, exact=True)
 
     # ----- runs of tied scores (access.ScoreRuns) --------------------------------------------
@@ -578,19 +595,8 @@ class SQLTable:
         return self.copies.check()
 
     def is_stale(self) -> bool:
-        """Whether the counts differ from the copy (True without one): a scan, joined on both."""
-        with self.dialect.run_transaction(self.driver, False):
-            opened = self.copies.open(strict=False, runs=False)
-            if opened is None:
-                return True
-            row = self.driver.one(
-                f"SELECT count(*) - count(r.id), (SELECT count(*) FROM {self.source}), "
-                f"(SELECT count(*) FROM {opened.ranks}) FROM {self.source_as('b')} LEFT JOIN "
-                f"{opened.ranks} AS r ON r.id = b.{self.id_sql} AND r.score = "
-                f"{self.dialect.double('b.' + self.score_sql)}"
-            )
-        unmatched, live, ranked = (int(x) for x in row)
-        return bool(unmatched or live != ranked)
+        """Whether the table's counts differ from the copy (checks.is_stale)."""
+        return is_stale(self)
 
     def close(self) -> None:
         """Close the connection if the driver opened it."""

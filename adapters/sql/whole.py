@@ -9,6 +9,10 @@ the last run of this object found at most the dialect's measured crossover of ro
 (`Dialect.whole_read_rows`, 0: never; the first run counts them); a run after a larger table
 reads it the dialect's other way. A table grown past the crossover since the last run is read
 whole once more (no LIMIT in the read: a LIMIT can cost a store more than the read itself).
+Where the last run found the table small and the dialect says so (`whole_read_alone`), the
+run is that one statement and nothing else (`alone_run`): no transaction, no copy, no proof of
+freshness (one statement reads one snapshot; the table as it is now is current by definition),
+whether or not a copy is current; exact scores (access.ExactScores) come from the same rows.
 
 The rows read are checked as validate() checks the table (no NULL or repeated id, no NULL, NaN,
 infinite or negative score, not empty; scores of a numeric type), in the project's words, then
@@ -80,9 +84,11 @@ class WholeReads:
 
     reads: str | None = None  # no in-store one-shot reads anything
 
-    def __init__(self, t: Any, ids: np.ndarray, scores: np.ndarray) -> None:
+    def __init__(self, t: Any, ids: np.ndarray, scores: np.ndarray, raw: np.ndarray) -> None:
         self.t, self.ids, self.scores, self.m = t, ids, scores, len(scores)
+        self.raw = raw  # the scores as the table holds them, in the same order
         self._by_id: dict[Any, float] | None = None
+        self._exact: dict[Any, Any] | None = None
 
     @classmethod
     def open(cls, t: Any) -> WholeReads | None:
@@ -120,7 +126,7 @@ class WholeReads:
         raise_if_invalid(facts, t.where, t.id_column, t.score_column, duplicate)
         order = by_id[np.argsort(-scores[by_id], kind="stable")]
         t.last_m = len(ids)
-        return cls(t, ids[order], scores[order])
+        return cls(t, ids[order], scores[order], values[order])
 
     # ----- engine.Reads -------------------------------------------------------------------------
     def traits(self) -> RunTraits:
@@ -146,6 +152,17 @@ class WholeReads:
             self._by_id = dict(zip(self.ids.tolist(), self.scores.tolist(), strict=True))
         asked = [bytes(i) if isinstance(i, bytearray) else i for i in ids]
         return scores_in_order(self._by_id, asked, self.t.where)
+
+    def read_exact_scores(self, ids: list[Any]) -> list[Any]:
+        """access.ExactScores from the rows read: integers as Python ints, numerics as the
+        driver returns them (Decimals)."""
+        if self._exact is None:
+            self._exact = dict(zip(self.ids.tolist(), self.raw.tolist(), strict=True))
+        asked = [bytes(i) if isinstance(i, bytearray) else i for i in ids]
+        try:
+            return [self._exact[item] for item in asked]
+        except KeyError as missing:
+            raise AccessError(f"{self.t.where} has no item with id {missing.args[0]!r}") from None
 
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows | None:
         return None  # the full read is in hand: the one-shot over it
@@ -173,4 +190,24 @@ class WholeReads:
         return self.m
 
 
-__all__ = ["MEMORY_COSTS", "WholeReads"]
+def alone_run(t: Any) -> Any:
+    """A run of a table the last run found small (at most the dialect's whole_read_rows rows)
+    that reads it whole in one statement outside any transaction: one statement reads one
+    snapshot in every SQL store, and a table read as it is now needs no copy, no proof of
+    freshness and no count, so the run is one round trip. None where the run is oblivious,
+    the dialect reads no table whole or not alone (`Dialect.whole_read_alone`), no run has
+    counted the table yet or found it larger, or the read failed (the run then opens as any
+    other)."""
+    from .engine import Run
+
+    cap, last = int(t.dialect.whole_read_rows), t.last_m
+    if t._oblivious or not t.dialect.whole_read_alone or cap <= 0 or last is None or last > cap:
+        return None
+    whole = WholeReads.open(t)
+    if whole is None:
+        return None
+    report = {"copy": "not read", "read": "table whole", "whole_read_rows": cap}
+    return Run("table", whole.m, freshness=report, reads=whole)
+
+
+__all__ = ["MEMORY_COSTS", "WholeReads", "alone_run"]

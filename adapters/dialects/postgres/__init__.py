@@ -64,6 +64,7 @@ from .costs import (
     OBLIVIOUS_COSTS,
     STALE_OBLIVIOUS_COSTS,
     STORE_COSTS,
+    WHOLE_READ_ROWS,
     around_seconds,
     refresh_seconds,
     table_costs,
@@ -119,6 +120,8 @@ class PostgresDialect(Dialect):
     score_types = ", ".join(SCORE_TYPES)
     id_types = "text, integers, uuid, ..."
     costs = STORE_COSTS
+    whole_read_rows = WHOLE_READ_ROWS  # a table read as it is now, up to this many rows
+    whole_read_alone = True  # and a run after a small one reads it alone (~1 round trip, not 5)
     writes = writes  # the write log's SQL (freshness.WriteLog)
     trigger_proof = WriteLog
     changes = changes  # the change log's (around.py)

@@ -1,0 +1,188 @@
+"""Small tables read whole on PostgreSQL (PostgresTable, psycopg) and SQLite (SQLAlchemyTable):
+after a first run has counted the table, each run is one statement and no transaction
+(adapters/sql/whole.py alone_run), whether the copy is current or written since; its release
+and access counts are ArraySource's; exact scores come from the rows read; a copy found stale
+at most whole_read_rows rows is read whole without pricing the other ways (no change-log
+facts); a table past the crossover is read the other way."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+
+from adapters.dialects.postgres import PostgresDialect
+from adapters.postgres import PostgresTable
+from adapters.sqlalchemy import SQLAlchemyTable
+from tests.helpers import reference_like
+from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_table
+from topk_middleware import private_top_k
+
+pytestmark = pytest.mark.whole_reads
+
+M = 1000
+SCORES = np.floor(np.random.default_rng(5).pareto(1.3, M) * 8) / 2  # halves: float8, ties
+
+
+def count_calls(source: Any) -> dict[str, int]:
+    """Statements and transactions the source's driver sends from here on."""
+    counts = {"statements": 0, "transactions": 0}
+    driver = source.driver
+    execute, transaction = driver.execute, driver.transaction
+
+    def counted_execute(*args: Any, **kwargs: Any) -> Any:
+        counts["statements"] += 1
+        return execute(*args, **kwargs)
+
+    def counted_transaction(*args: Any, **kwargs: Any) -> Any:
+        counts["transactions"] += 1
+        return transaction(*args, **kwargs)
+
+    driver.execute, driver.transaction = counted_execute, counted_transaction
+    return counts
+
+
+@pytest.fixture
+def pg(pg_conninfo: str, pg_schema: str) -> Iterator[Any]:
+    """make(ids) -> (PostgresTable not frozen over SCORES and ids, prepared; run(statement))."""
+    conn = _connect(pg_conninfo)
+    made: list[tuple[PostgresTable, str]] = []
+
+    def make(ids: Any) -> tuple[PostgresTable, Any]:
+        name = f"whole_{uuid.uuid4().hex[:8]}"
+        create_table(conn, pg_schema, name, SCORES, ids)
+        source = PostgresTable(
+            pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema
+        )
+        source.prepare()
+        made.append((source, name))
+        names = {
+            "{t}": sql.Identifier(pg_schema, name).as_string(conn),
+            "{id}": sql.Identifier(ID_COLUMN).as_string(conn),
+            "{score}": sql.Identifier(SCORE_COLUMN).as_string(conn),
+        }
+
+        def run(statement: str) -> None:
+            for key, value in names.items():
+                statement = statement.replace(key, value)
+            conn.execute(statement)
+
+        return source, run
+
+    yield make
+    for source, name in made:
+        source.uninstall()
+        source.close()
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, name)))
+    conn.close()
+
+
+def _released_as_array_source(source: Any, ids: Any, sent: Any) -> None:
+    reference = reference_like(source, SCORES, np.asarray(ids, dtype=object))
+    for seed in range(3):
+        for method in ("threshold", "oneshot", "auto"):
+            before = dict(sent())
+            got = private_top_k(source, k=5, epsilon=0.5, method=method, seed=seed)
+            assert {key: sent()[key] - before[key] for key in before} == {
+                "statements": 1,
+                "transactions": 0,
+            }, (seed, method)
+            want = private_top_k(reference, k=5, epsilon=0.5, method=method, seed=seed)
+            assert got.accesses == want.accesses, (seed, method)
+            # the one-shot's order differs from ArraySource's on the engine's every read (the
+            # copy's too, and DuckDB's); its set does not
+            same = set if method == "oneshot" else list
+            assert same(got.items) == same(want.items), (seed, method)
+            assert got.plan["freshness"]["read"] == "table whole"
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_postgres_small_table_runs_are_one_statement_and_no_transaction(
+    pg: Any, text: bool
+) -> None:
+    """A current copy, then 1% of the rows written: every run after the first is the one
+    read of the table (fails with whole_read_alone off: five round trips, BEGIN, the catalog,
+    the proof, the read, COMMIT)."""
+    ids = [f"{'aAbB'[i % 4]}{i:05d}" for i in range(M)] if text else list(range(M))
+    source, run = pg(ids)
+    private_top_k(source, k=5, epsilon=0.5, seed=0)  # the first run counts the table
+    counts = count_calls(source)
+    _released_as_array_source(source, ids, lambda: counts)
+    run("UPDATE {t} SET {score} = {score} + 1000 WHERE {id} = " + ("'a00000'" if text else "0"))
+    before = dict(counts)
+    got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+    assert got.items == [ids[0]]  # the table as it is now
+    assert counts["statements"] - before["statements"] == 1
+    assert counts["transactions"] == before["transactions"] == 0
+    with source.snapshot():
+        assert source.read_exact_scores([ids[0], ids[1]]) == [
+            int(SCORES[0]) + 1000,
+            int(SCORES[1]),
+        ]
+    assert counts["statements"] - before["statements"] == 2
+
+
+def test_postgres_stale_small_copy_is_read_whole_without_pricing(pg: Any) -> None:
+    """The first run of an object over a written copy: the catalog, the copy's first query and
+    the read, in one transaction; no change-log facts (fails without: five statements)."""
+    source, run = pg(list(range(M)))
+    run("UPDATE {t} SET {score} = {score} + 1000 WHERE {id} = 7")
+    counts = count_calls(source)
+    got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+    assert got.items == [7]
+    assert got.plan["freshness"]["copy"] == "stale"
+    assert got.plan["freshness"]["read"] == "table whole"
+    assert counts == {"statements": 3, "transactions": 1}
+
+
+def test_postgres_past_the_crossover_opens_its_transaction(
+    pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row past whole_read_rows: the copy's run, in its transaction, every time."""
+    monkeypatch.setattr(PostgresDialect, "whole_read_rows", M - 1)
+    source, _ = pg(list(range(M)))
+    private_top_k(source, k=5, epsilon=0.5, seed=0)
+    counts = count_calls(source)
+    for seed in range(1, 3):
+        got = private_top_k(source, k=5, epsilon=0.5, seed=seed)
+        assert got.plan["freshness"]["copy"] == "current"
+    assert counts["transactions"] == 2
+
+
+def test_sqlite_small_table_runs_are_one_statement(tmp_path: Any) -> None:
+    """SQLAlchemyTable on SQLite: every run after the first is one statement on the DBAPI
+    cursor (SQLAlchemy's before_cursor_execute), the release ArraySource's; a write is seen by
+    the next run (fails with whole_read_alone off)."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'whole.sqlite'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, score INTEGER NOT NULL)")
+        conn.execute(
+            sa.table("t", sa.column("id"), sa.column("score")).insert(),
+            [{"id": i, "score": int(s)} for i, s in enumerate(SCORES)],
+        )
+    source = SQLAlchemyTable(engine, "t")
+    source.prepare()
+    private_top_k(source, k=5, epsilon=0.5, seed=0)
+    sent = {"statements": 0}
+
+    def cursor_execute(*_: Any) -> None:
+        sent["statements"] += 1
+
+    sa.event.listen(engine, "before_cursor_execute", cursor_execute)
+    counts = count_calls(source)
+    _released_as_array_source(
+        source, list(range(M)), lambda: {**sent, "transactions": counts["transactions"]}
+    )
+    assert counts["statements"] == sent["statements"]
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE t SET score = score + 1000 WHERE id = 3")
+    before = sent["statements"]
+    assert private_top_k(source, k=1, epsilon=1e4, seed=1).items == [3]
+    assert sent["statements"] - before == 1
+    source.uninstall()
+    engine.dispose()
