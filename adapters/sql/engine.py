@@ -266,11 +266,11 @@ class SQLTable:
 
         alone = alone_run(self)
         if alone is not None:  # one statement, its own snapshot: no transaction (whole.py)
-            self._run = alone
+            self._run = Run("table", alone.m, freshness=alone.report, reads=alone)
             try:
                 yield
             finally:
-                self.last_freshness, self._run = dict(alone.freshness), None
+                self.last_freshness, self._run = dict(alone.report), None
             return
         refreshes, attempt, opened = 0, 1, False
         while True:

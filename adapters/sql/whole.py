@@ -84,6 +84,7 @@ class WholeReads:
         self.raw = raw  # the scores as the table holds them, in the same order
         self._by_id: dict[Any, float] | None = None
         self._exact: dict[Any, Any] | None = None
+        self.report: dict[str, Any] = {}  # the run's freshness where it runs alone (alone_run)
 
     @classmethod
     def open(cls, t: Any) -> WholeReads | None:
@@ -185,24 +186,21 @@ class WholeReads:
         return self.m
 
 
-def alone_run(t: Any) -> Any:
-    """A run of a table the last run found small (at most the dialect's whole_read_rows rows)
-    that reads it whole in one statement outside any transaction: one statement reads one
-    snapshot in every SQL store, and a table read as it is now needs no copy, no proof of
-    freshness and no count, so the run is one round trip. None where the run is oblivious,
-    the dialect reads no table whole or not alone (`Dialect.whole_read_alone`), no run has
-    counted the table yet or found it larger, or the read failed (the run then opens as any
-    other)."""
-    from .engine import Run
-
+def alone_run(t: Any) -> WholeReads | None:
+    """The reads of a run of a table the last run found small (at most the dialect's
+    whole_read_rows rows) that reads it whole in one statement outside any transaction: one
+    statement reads one snapshot in every SQL store, and a table read as it is now needs no
+    copy, no proof of freshness and no count, so the run is one round trip; `report` is the
+    run's freshness. None where the run is oblivious, the dialect reads no table whole or not
+    alone (`Dialect.whole_read_alone`), no run has counted the table yet or found it larger,
+    or the read failed (the run then opens as any other)."""
     cap, last = int(t.dialect.whole_read_rows), t.last_m
     if t._oblivious or not t.dialect.whole_read_alone or cap <= 0 or last is None or last > cap:
         return None
     whole = WholeReads.open(t)
-    if whole is None:
-        return None
-    report = {"copy": "not read", "read": "table whole", "whole_read_rows": cap}
-    return Run("table", whole.m, freshness=report, reads=whole)
+    if whole is not None:
+        whole.report = {"copy": "not read", "read": "table whole", "whole_read_rows": cap}
+    return whole
 
 
 __all__ = ["MEMORY_COSTS", "WholeReads", "alone_run"]
