@@ -47,6 +47,7 @@ from topk_middleware.privacy import resolve_declared
 from .checks import check_copy, is_stale, refuse_columns, validate
 from .dialect import FLOAT, INTEGER, TEXT, Dialect
 from .driver import Driver
+from .whole import WholeReads, alone_run
 
 REFRESH_TRIES = 3  # a run that has its copy rebuilt first tries this often
 
@@ -262,8 +263,6 @@ class SQLTable:
                 f"{self.where}: the connection is inside a transaction; snapshot() needs to open "
                 "its own read-only transaction"
             )
-        from .whole import alone_run
-
         alone = alone_run(self)
         if alone is not None:  # one statement, its own snapshot: no transaction (whole.py)
             self._run = Run("table", alone.m, freshness=alone.report, reads=alone)
@@ -330,11 +329,10 @@ class SQLTable:
     def _stale_run(self, copy: Run, report: dict[str, Any]) -> Run:
         """A run whose copy is not proven current: it reads the table itself, reads the copy
         around the changes, or has the copy rebuilt first (raises Refresh), the cheapest as the
-        dialect prices them from m, or, at most the dialect's whole_read_rows, reads the table
-        whole without pricing (whole.py). An oblivious run, or one on a store that reads no table,
-        always rebuilds (what the server observer sees then depends on m and on whether the
-        table was written, which its statistics show anyway), unless no copy can be proven
-        current (`why` "unprovable")."""
+        dialect prices them from m (up to whole_read_rows: read whole, unpriced, whole.py). An
+        oblivious run, or one on a store that reads no table, always rebuilds (what the server
+        observer sees then depends on m and on whether the table was written, which its
+        statistics show anyway), unless no copy can be proven current (`why` "unprovable")."""
         why, refreshes = report["why"], report["refreshes"]
         unprovable = why == "unprovable"
         if self._oblivious or self.counts_query or not self.dialect.reads_tables:
@@ -368,8 +366,6 @@ class SQLTable:
         """A run that reads the table itself: the dialect's own reads of it where it has them
         (`table_reads`); else the in-store one-shot on its slots (table_read.py), or, where the
         relation has none (a view), by rank. A small table is read whole (whole.py)."""
-        from .whole import WholeReads
-
         whole = WholeReads.open(self)
         reads = whole or self.dialect.table_reads(self)
         if reads is not None:
@@ -523,10 +519,8 @@ class SQLTable:
         """access.ExactScores: the counts as the table holds them (integers as Python ints,
         numerics as Decimals), from the table in the run's snapshot (query counts: the copy)."""
         with self._in_run():
-            reads = self._state().reads
-            if reads is not None and hasattr(reads, "read_exact_scores"):
-                return reads.read_exact_scores(plain_values(ids))
-            return self._by_id(ids, exact=True)
+            exact = getattr(self._state().reads, "read_exact_scores", None)  # rows in hand
+            return exact(plain_values(ids)) if exact else self._by_id(ids, exact=True)
 
     # ----- runs of tied scores (access.ScoreRuns) --------------------------------------------
     def score_run_count(self) -> int | None:
