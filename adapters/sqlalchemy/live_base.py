@@ -12,14 +12,13 @@ anything is read. `_validate` checks every row in one aggregate pass and one dup
 read-consistent isolation of the dialect (invariant 4), whose first query the subclass writes
 (`_open_run`); `_explain` reads the dialect's plan of a statement (`check()`).
 
-All SQL is built with SQLAlchemy Core; identifiers are quoted by SQLAlchemy, never pasted.
+What differs between the dialects is the LiveSQL of the engine's dialect
+(adapters/dialects/live.py): this class keeps what they share. All SQL is built with SQLAlchemy
+Core; identifiers are quoted by SQLAlchemy, never pasted.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,18 +26,19 @@ from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from adapters._sql import (
     HIDE_STATISTICS,
     id_array,
-    may_hide_statistics_sql,
     sql_name_spellings,
     statistics_accepted,
     statistics_seen,
 )
+from adapters.dialects.live import live_sql
+from adapters.dialects.live_sql import LiveSQL
+from adapters.sql.driver import CLIENT_SIDE_BINDING
 from topk_middleware.access import Rows, StoreCosts, StoreTraits
 from topk_middleware.privacy import resolve_declared
 
@@ -46,17 +46,6 @@ from ..contributions import parse_record
 from .table import DEFAULT_MAX_PARAMS, OLD_SQLITE_MAX_PARAMS, SQLAlchemyTable, engine_of
 
 __all__ = ["LiveBase", "catalog_name"]
-
-# Drivers that write every parameter into the statement text on the client (which the server's
-# process list, statement history and logs show): pymysql and the other MySQL / MariaDB drivers
-# (every one but a connector known to bind on the server, of which none is tested), and psycopg2.
-TEXT_PARAMETER_DIALECTS = ("mysql", "mariadb")
-TEXT_PARAMETER_DRIVERS = ("psycopg2", "psycopg2cffi")
-# Length of a text id in MariaDB's index when the source column has none (TEXT): the longest
-# utf8mb4 VARCHAR that InnoDB can index (3072 bytes).
-MYSQL_TEXT_ID_LENGTH = 768
-# Longest text id (bytes) a PostgreSQL B-tree entry takes with room to spare (limit ~2,700).
-PG_MAX_ID_BYTES = 2000
 
 
 class LiveBase(SQLAlchemyTable):
@@ -88,17 +77,18 @@ class LiveBase(SQLAlchemyTable):
         resolve_declared(sensitivity, max_items_per_client, None, "table")  # bad: refused
         self.engine = engine = engine_of(engine)
         self.dialect = engine.dialect.name
-        if self.dialect == "sqlite" and _sqlite_version(engine) < (3, 25):
-            raise RuntimeError("SQLite >= 3.25 is needed (window functions for the rank table)")
+        self._live: LiveSQL = live_sql(engine)
+        self._live.check_engine(engine)
         self._no_keyed_sql()
         if isinstance(table, sa.Table):
             schema = table.schema
             table = table.name
         self.where = f"table {table!r}" if schema is None else f"table {schema!r}.{table!r}"
-        table, schema = catalog_name(engine, table, schema)  # every object name derives from it
+        # every object name derives from the name as the catalog spells it
+        table, schema = catalog_name(engine, table, schema, self._live)
         self.table_name: str | None = table
         self.id_column, self.score_column = id, score
-        self._source = _reflect(engine, table, schema, self.where)
+        self._source = self._live.reflected(_reflect(engine, table, schema, self.where))
         for name in (id, score):
             if name not in self._source.c:
                 raise ValueError(
@@ -110,7 +100,7 @@ class LiveBase(SQLAlchemyTable):
         self.sensitivity, self.max_items_per_client = resolve_declared(
             sensitivity,
             max_items_per_client,
-            parse_record(_table_comment(engine, table, schema)),
+            parse_record(self._table_comment(table, schema)),
             self.where,
         )
         self._text_ids = isinstance(self._source.c[id].type, sa.String)
@@ -118,19 +108,26 @@ class LiveBase(SQLAlchemyTable):
         self._id: ColumnElement[Any] = self._source.c[id]
         self._score: ColumnElement[Any] = self._source.c[score]
         score_type = self._source.c[score].type
-        if not (_is_numeric(score_type) or (self.dialect == "sqlite" and _untyped(score_type))):
+        if not (_is_numeric(score_type) or (not self._live.typed_scores and _untyped(score_type))):
             raise TypeError(
                 f"{self.where} column {score!r} must be numeric, its type is {score_type}"
             )
         if max_params is None:
-            old = self.dialect == "sqlite" and _sqlite_version(engine) < (3, 32)
-            max_params = OLD_SQLITE_MAX_PARAMS if old else DEFAULT_MAX_PARAMS
+            few = self._live.few_params(engine)
+            max_params = OLD_SQLITE_MAX_PARAMS if few else DEFAULT_MAX_PARAMS
         if max_params < 1:
             raise ValueError(f"max_params must be >= 1, got {max_params}")
         self.max_params = int(max_params)
         self._conn: Connection | None = None
         self._m: int | None = None
         self._statistics_role()  # asked once, here: traits() reads it (PostgreSQL only)
+
+    def _table_comment(self, table: str, schema: str | None) -> str | None:
+        """The text that may hold a from_votes record for `table` (contributions.py): its
+        comment, on SQLite its CREATE TABLE statement (LiveSQL.comment_query)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(self._live.comment_query(self.engine, table, schema)).first()
+        return None if found is None or found[0] is None else str(found[0])
 
     def _refuse_untyped_id(self) -> None:
         """An id column without a declared type (SQLite allows one) gives the rank table no
@@ -143,40 +140,16 @@ class LiveBase(SQLAlchemyTable):
 
     # ----- dialect specifics ----------------------------------------------------------------
 
-    def _mysql_bin_collation(self) -> str:
-        """A binary, NO PAD utf8mb4 collation: code point order = UTF-8 byte order, and
-        'a' != 'a ' (the PAD SPACE utf8mb4_bin would ignore trailing spaces)."""
-        if getattr(self.engine.dialect, "is_mariadb", False):
-            return "utf8mb4_nopad_bin"  # MariaDB >= 10.2
-        return "utf8mb4_0900_bin"  # MySQL >= 8.0
-
     def _id_key(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         """The id as compared in the canonical order: text in byte order on every dialect."""
-        if not self._text_ids:
-            return column
-        if self.dialect == "postgresql":
-            return column.collate("C")
-        if self.dialect == "sqlite":
-            return column.collate("BINARY")
-        if self.dialect == "duckdb":
-            return column.collate("binary")
-        as_utf8 = sa.cast(column, mysql.CHAR(charset="utf8mb4"))  # MariaDB / MySQL
-        return as_utf8.collate(self._mysql_bin_collation())
+        return self._live.byte_order(self, column) if self._text_ids else column
 
     def _not_finite(self) -> ColumnElement[bool] | None:
         """A condition true for NaN or infinite scores, where the dialect can store them."""
         score = self._score
         if not isinstance(score.type, sa.Float | sa.Numeric) and not _untyped(score.type):
             return None  # integers are finite
-        if self.dialect == "postgresql":
-            # PostgreSQL orders NaN above every number and treats NaN = NaN as true.
-            as_float = sa.cast(score, sa.Double)
-            return as_float.in_([math.nan, math.inf, -math.inf])
-        if self.dialect == "duckdb":
-            return sa.not_(sa.func.isfinite(sa.cast(score, sa.Double)))
-        if self.dialect == "sqlite":
-            return score.in_([math.inf, -math.inf])  # SQLite stores NaN as NULL
-        return None  # MariaDB / MySQL: DOUBLE cannot hold NaN or infinity
+        return self._live.not_finite(score)  # None: MariaDB's DOUBLE holds no NaN or infinity
 
     # ----- checks ---------------------------------------------------------------------------
 
@@ -193,10 +166,9 @@ class LiveBase(SQLAlchemyTable):
         not_finite = self._not_finite()
         if not_finite is not None:
             checks["not_finite"] = zero_one(not_finite)
-        if self.dialect == "sqlite":  # a column type is only a hint in SQLite
-            checks["not_numeric"] = zero_one(
-                sa.and_(score.is_not(None), sa.func.typeof(score).not_in(["integer", "real"]))
-            )
+        not_numeric = self._live.not_numeric(score)  # where a column type is only a hint
+        if not_numeric is not None:
+            checks["not_numeric"] = zero_one(not_numeric)
         query = sa.select(*(expr.label(name) for name, expr in checks.items()))
         facts = {
             k: int(v or 0)
@@ -243,14 +215,10 @@ class LiveBase(SQLAlchemyTable):
     def _refuse_long_ids(self, conn: Connection) -> None:
         """Text ids longer than the rank table's indexed id column takes: a clear error (not
         MariaDB's "Data too long" or PostgreSQL's "index row requires ... bytes")."""
-        if not self._text_ids:
+        bound = self._live.id_length_limit(self._id) if self._text_ids else None
+        if bound is None:
             return
-        if self.dialect in ("mysql", "mariadb"):
-            length, limit, unit = sa.func.char_length(self._id), MYSQL_TEXT_ID_LENGTH, "characters"
-        elif self.dialect == "postgresql":
-            length, limit, unit = sa.func.octet_length(self._id), PG_MAX_ID_BYTES, "bytes"
-        else:
-            return
+        length, limit, unit = bound
         longest = conn.execute(sa.select(sa.func.max(length)).select_from(self._from)).scalar()
         if longest is not None and int(longest) > limit:
             raise ValueError(
@@ -262,24 +230,7 @@ class LiveBase(SQLAlchemyTable):
         """(full scan?, how) for one query. The statement is compiled by SQLAlchemy, values
         rendered as literals, and prefixed with the dialect's EXPLAIN keyword."""
         statement = str(query.compile(conn, compile_kwargs={"literal_binds": True}))
-        if self.dialect == "postgresql":
-            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement).scalar_one()
-            scans = sorted(set(_seq_scans(plan if isinstance(plan, list) else json.loads(plan))))
-            return bool(scans), (
-                f"sequential scan of {', '.join(scans)}" if scans else "index scan"
-            )
-        if self.dialect == "sqlite":
-            # A unique comment defeats the driver's statement cache: a cached EXPLAIN keeps the
-            # plan of the schema it was prepared against (it never checks the schema cookie).
-            nonce = f" -- {uuid.uuid4().hex}"
-            plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement + nonce)
-            details = [row[-1] for row in plan]
-            full = any(d.startswith("SCAN") for d in details)
-            return full, "; ".join(details)
-        rows = conn.exec_driver_sql("EXPLAIN " + statement).mappings().all()  # MariaDB / MySQL
-        full = any(row["type"] == "ALL" for row in rows)
-        kinds = ", ".join(f"{row['type']} via {row['key']}" for row in rows)
-        return full, f"access type {kinds}"
+        return self._live.explain(conn, statement)
 
     # ----- runs -----------------------------------------------------------------------------
 
@@ -297,12 +248,7 @@ class LiveBase(SQLAlchemyTable):
             yield  # nested: the outer snapshot holds
             return
         with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn = conn.execution_options(
-                    isolation_level="REPEATABLE READ", postgresql_readonly=True
-                )
-            elif self.dialect in ("mysql", "mariadb"):
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            conn = self._live.snapshot_connection(conn)
             transaction = self._begin(conn)
             try:
                 transaction = self._open_run(conn, transaction)  # the first read: the snapshot
@@ -325,14 +271,7 @@ class LiveBase(SQLAlchemyTable):
         """(whether the engine's role may set track_counts, its name; "" off PostgreSQL): one
         catalog query per source."""
         if self._hides_statistics is None:
-            known = (False, "")
-            if self.dialect == "postgresql":
-                with self.engine.connect() as conn:
-                    major, minor = (conn.dialect.server_version_info or (0, 0))[:2]
-                    query = may_hide_statistics_sql(major * 10000 + minor)
-                    allowed, role = conn.exec_driver_sql(query).one()
-                    known = (bool(allowed), str(role))
-            self._hides_statistics = known
+            self._hides_statistics = self._live.statistics_role(self.engine)
         return self._hides_statistics
 
     _hides_statistics: tuple[bool, str] | None = None  # _statistics_role(), once asked
@@ -345,7 +284,7 @@ class LiveBase(SQLAlchemyTable):
     def _oblivious_reads_seen(self, accepted: bool = False) -> str | None:
         """StoreTraits.oblivious_reads_seen on PostgreSQL where the role may not set
         track_counts (the warning's words where the operator `accepted` the channel)."""
-        if self.dialect != "postgresql":
+        if not self._live.statistics_views:
             return None
         allowed, role = self._statistics_role()
         if allowed:
@@ -359,22 +298,13 @@ class LiveBase(SQLAlchemyTable):
         transaction = conn.begin()
         if self._oblivious and self.hides_statistics():
             conn.exec_driver_sql(HIDE_STATISTICS)
-        if self.dialect in ("mysql", "mariadb"):
-            conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-        elif self.dialect == "sqlite":
-            # pysqlite opens no transaction before a SELECT (unless the engine was set up to emit
-            # BEGIN itself): open one, so every read shares one snapshot.
-            if not getattr(conn.connection.driver_connection, "in_transaction", False):
-                conn.exec_driver_sql("BEGIN")
-            conn.exec_driver_sql("PRAGMA query_only = ON")
+        self._live.begin_snapshot(conn)
         return transaction
 
     def _end(self, conn: Connection, transaction: sa.RootTransaction) -> None:
         """Close the snapshot's transaction (a rollback: it wrote nothing)."""
         transaction.rollback()
-        if self.dialect == "sqlite":
-            conn.exec_driver_sql("PRAGMA query_only = OFF")
-            conn.rollback()  # the transaction the PRAGMA began
+        self._live.end_snapshot(conn)
 
     @contextmanager
     def _connection(self) -> Iterator[Connection]:
@@ -426,12 +356,12 @@ class LiveBase(SQLAlchemyTable):
     # ----- helpers ----------------------------------------------------------------------------
 
     def _no_keyed_sql(self) -> None:
-        """Whether the driver writes parameters into the statement text (TEXT_PARAMETER_DIALECTS
-        and TEXT_PARAMETER_DRIVERS): then an oblivious release does not send it the drawn
-        positions (access.parameters_in_text)."""
+        """Whether the driver writes parameters into the statement text (every driver of a
+        dialect whose LiveSQL says parameters_in_text, and the engine's CLIENT_SIDE_BINDING):
+        then an oblivious release does not send it the drawn positions
+        (access.parameters_in_text)."""
         self.parameters_in_text = (
-            self.dialect in TEXT_PARAMETER_DIALECTS
-            or self.engine.dialect.driver in TEXT_PARAMETER_DRIVERS
+            self._live.parameters_in_text or self.engine.dialect.driver in CLIENT_SIDE_BINDING
         )
 
     def _chunks(self, values: list[Any]) -> Iterator[list[Any]]:
@@ -458,26 +388,6 @@ def _is_numeric(type_: sa.types.TypeEngine[Any]) -> bool:
     )
 
 
-def _seq_scans(plan: Any) -> Iterator[str]:
-    """Relations read by a sequential scan anywhere in a PostgreSQL EXPLAIN (FORMAT JSON) plan."""
-    if isinstance(plan, list):
-        for entry in plan:
-            yield from _seq_scans(entry)
-    elif isinstance(plan, dict):
-        if plan.get("Node Type") == "Seq Scan":
-            yield str(plan.get("Relation Name"))
-        for value in plan.values():
-            if isinstance(value, list | dict):
-                yield from _seq_scans(value)
-
-
-def _keeps_stat1(engine: Engine) -> bool:
-    """Whether a SQLite database keeps planner statistics (sqlite_stat1, made by its owner's
-    ANALYZE): prepare() then refreshes them for what it built; it never makes the table."""
-    with engine.connect() as conn:
-        return sa.inspect(conn).has_table("sqlite_stat1")
-
-
 def _match(name: str, names: Sequence[str], nocase: bool) -> str | None:
     """`name` as `names` spell it: exactly, else (nocase) the one name equal without case."""
     if name in names:
@@ -489,7 +399,9 @@ def _match(name: str, names: Sequence[str], nocase: bool) -> str | None:
     return None
 
 
-def catalog_name(engine: Engine, table: str, schema: str | None) -> tuple[str, str | None]:
+def catalog_name(
+    engine: Engine, table: str, schema: str | None, live: LiveSQL
+) -> tuple[str, str | None]:
     """(table, schema) as the database's catalog spells the table the name finds, the schema
     made explicit (the connection's default where none is given): the name as given, else read
     as SQL reads it (_sql.sql_name_spellings; SQLite compares names without case,
@@ -497,9 +409,7 @@ def catalog_name(engine: Engine, table: str, schema: str | None) -> tuple[str, s
     name one table and derive one rank table, position table and set of triggers. A name that
     finds nothing is kept as given (reflection says it does not exist). Cost: the catalog's
     table and view lists of one or two schemas."""
-    dialect = engine.dialect.name
-    nocase = dialect == "sqlite"
-    fold = (lambda word: word) if dialect in ("mysql", "mariadb") else str.lower
+    nocase, fold = live.nocase, live.fold
     try:
         inspector = sa.inspect(engine)
         default = inspector.default_schema_name
@@ -531,11 +441,6 @@ def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: s
         raise ValueError(
             f"{where} cannot be read: schema {schema!r} does not exist or is not visible"
         ) from None
-    if bind.dialect.name in ("mysql", "mariadb") and any("``" in c.name for c in reflected.c):
-        # The MySQL dialect reflects a backtick in a column name doubled, as SHOW CREATE TABLE
-        # writes it: undo that, so the name is quoted once, correctly.
-        columns = [sa.Column(c.name.replace("``", "`"), c.type) for c in reflected.c]
-        reflected = sa.Table(table, sa.MetaData(), *columns, schema=schema)
     for column in reflected.c:
         if isinstance(column.type, sa.Float):
             # MySQL / MariaDB DOUBLE reflects as asdecimal=True: values would come back as
@@ -546,36 +451,3 @@ def _reflect(bind: Engine | Connection, table: str, schema: str | None, where: s
 
 def _untyped(type_: sa.types.TypeEngine[Any]) -> bool:
     return isinstance(type_, sa.types.NullType)
-
-
-def _sqlite_version(engine: Engine) -> tuple[int, ...]:
-    module = engine.dialect.dbapi
-    version = getattr(module, "sqlite_version_info", None)
-    return tuple(version) if version else (0,)
-
-
-def _table_comment(engine: Engine, table: str, schema: str | None) -> str | None:
-    """The text that may hold a from_votes record for `table` (contributions.py): its comment
-    (PostgreSQL, MariaDB / MySQL), its CREATE TABLE statement on SQLite (which keeps no comments
-    but keeps that text, comments inside it included)."""
-    dialect = engine.dialect.name
-    preparer = engine.dialect.identifier_preparer
-    if dialect == "postgresql":
-        name = preparer.quote(table)
-        qualified = name if schema is None else f"{preparer.quote_schema(schema)}.{name}"
-        query = sa.text("SELECT obj_description(to_regclass(:t), 'pg_class')").bindparams(
-            t=qualified
-        )
-    elif dialect in ("mysql", "mariadb"):
-        query = sa.text(
-            "SELECT TABLE_COMMENT FROM information_schema.TABLES "
-            "WHERE TABLE_SCHEMA = coalesce(:s, database()) AND TABLE_NAME = :t"
-        ).bindparams(s=schema, t=table)
-    else:  # SQLite
-        master = ("" if schema is None else preparer.quote_schema(schema) + ".") + "sqlite_master"
-        query = sa.text(f"SELECT sql FROM {master} WHERE type = 'table' AND name = :t").bindparams(
-            t=table
-        )
-    with engine.connect() as conn:
-        found = conn.execute(query).first()
-    return None if found is None or found[0] is None else str(found[0])

@@ -17,13 +17,8 @@ Wu, Ohrimenko, Wirth, ICML 2023, samples a uniformly random unseen item) is a de
   positions 0..m-1 in id order, and a one-row count table `<table>_topk_pos_n` (n = m);
 * triggers on the user's table that keep both current: AFTER INSERT the new id takes position n;
   AFTER DELETE the item at the last position n - 1 takes the deleted item's position (swap-remove);
-  an UPDATE that changes the id is a delete and an insert; an UPDATE of the score needs nothing.
-  On PostgreSQL the INSERT and DELETE triggers are statement triggers over the transition tables:
-  a statement's d new items take positions n..n+d-1 in the order it inserted them, and its d
-  deleted items' holes below n - d are filled, in position order, by the items left at or above
-  n - d; the count row is updated once per statement (a row trigger would leave one dead version
-  of it per row, which every later row of the transaction steps over: quadratic). PostgreSQL also
-  empties both tables on TRUNCATE.
+  an UPDATE that changes the id is a delete and an insert; an UPDATE of the score needs nothing
+  (PostgreSQL: statement triggers over the transition tables, and TRUNCATE empties both tables).
 
 Cost of the scheme: O(1) index operations per inserted or deleted item (O(d log d) per statement
 of d items on PostgreSQL), nothing per changed score. Concurrent item inserts and deletes are
@@ -57,33 +52,29 @@ triggers found an id already placed for is seen by the next run, which rebuilds 
 first (under the tables' WRITE locks); elsewhere (SQLite REPLACE without recursive_triggers)
 runs fail with AccessError until `prepare()` runs again.
 
-Size: one class, SQLAlchemyLiveTable, with each dialect's triggers and index reads
-next to the statement they serve.
+Each dialect's part (the position id's type and collation, the triggers, how a list is bound, how
+a plan is read) is adapters/dialects/live.py's LiveSQL of the engine's dialect; this class keeps
+what they share.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from adapters._sql import AccessCheck, AccessPath, plain_values
+from adapters.dialects.live import LIVE_DIALECTS
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins
 
-from .live_base import LiveBase, _keeps_stat1
+from .live_base import LiveBase
 from .table import MAX_NAME_BYTES, SQLAlchemyTable, _digest, _fit, engine_of
 
 __all__ = ["LIVE_DIALECTS", "SQLAlchemyLiveTable"]
 
-# Dialects whose B-tree indexes can be declared (score DESC, id ASC) and read in that order.
-LIVE_DIALECTS = ("postgresql", "sqlite", "mysql", "mariadb")
-# MariaDB / MySQL collations that order (and compare) UTF-8 text by its bytes, without padding.
-MYSQL_BYTE_ORDER_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb3_nopad_bin", "utf8mb4_0900_bin")
 # A batch of up to m / PROBE_FRACTION rows finds positions (sorted access) or scores (random
 # access) by one index probe per row; a larger one (a full read) by a join.
 PROBE_FRACTION = 16
@@ -122,27 +113,13 @@ class SQLAlchemyLiveTable(LiveBase):
     ) -> None:
         if mode != "live":
             raise ValueError(f"SQLAlchemyLiveTable serves mode='live' only, got mode={mode!r}")
-        engine = engine_of(engine)
-        if engine.dialect.name not in LIVE_DIALECTS:  # before anything is read
-            raise ValueError(
-                f"mode='live' reads sorted access through a B-tree index on the table, which "
-                f"dialect {engine.dialect.name!r} cannot serve in order (PostgreSQL, MariaDB / "
-                "MySQL and SQLite can): use mode='copy' (DuckDB)"
-            )
-        super().__init__(engine, table, id, score, **options)
-        if self.dialect in ("mysql", "mariadb"):
-            self._require_descending_indexes()
+        super().__init__(engine_of(engine), table, id, score, **options)  # refuses a dialect
+        self._live.check_server(self)
         assert self._source is not None and self.table_name is not None
         source = self._source
         self._id_column = source.c[id]
         self._score_column = source.c[score]
-        id_type = source.c[id].type
-        if self.dialect in ("mysql", "mariadb"):
-            id_type = self._mysql_id_type(id_type)
-        elif self.dialect == "sqlite" and self._text_ids:
-            id_type = sa.Text(collation="BINARY")
-        else:
-            id_type = id_type.copy()
+        id_type = self._live.position_id_type(self, source.c[id].type)
         digest = _digest(source.schema, self.table_name, id)
         self.position_table_name = _named(self.table_name, "_topk_pos")
         self.count_table_name = _named(self.table_name, "_topk_pos_n")
@@ -168,73 +145,15 @@ class SQLAlchemyLiveTable(LiveBase):
         # Within a snapshot: (next depth, last score, last id) of the previous sorted read.
         self._cursor: tuple[int, Any, Any] | None = None
 
-    def _require_descending_indexes(self) -> None:
-        """MariaDB < 10.8 and MySQL < 8 parse DESC in an index and ignore it: ORDER BY score
-        DESC, id would then sort the table on every read."""
-        with self.engine.connect():
-            version = tuple(self.engine.dialect.server_version_info or ())
-        mariadb = getattr(self.engine.dialect, "is_mariadb", False)
-        needed = (10, 8) if mariadb else (8, 0)
-        if version < needed:
-            server = "MariaDB" if mariadb else "MySQL"
-            raise ValueError(
-                f"mode='live' needs descending indexes ({server} >= "
-                f"{'.'.join(map(str, needed))}); this server is "
-                f"{'.'.join(map(str, version))}: use mode='copy'"
-            )
-
-    def _mysql_id_type(self, id_type: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
-        """The id column of the position table on MariaDB / MySQL: the user's type, and for text
-        its exact collation, which must order by bytes (checked here, before anything is read)."""
-        if not self._text_ids:
-            return id_type.copy()
-        length = getattr(id_type, "length", None)
-        columns = sa.table(
-            "columns",
-            sa.column("table_schema"),
-            sa.column("table_name"),
-            sa.column("column_name"),
-            sa.column("character_set_name"),
-            sa.column("collation_name"),
-            schema="information_schema",
-        )
-        c = columns.c
-        schema = self._source.schema if self._source is not None else None
-        with self.engine.connect() as conn:
-            found = conn.execute(
-                sa.select(c.character_set_name, c.collation_name).where(
-                    c.table_schema == (schema if schema is not None else sa.func.database()),
-                    c.table_name == self.table_name,
-                    c.column_name == self.id_column,
-                )
-            ).first()
-        charset, collation = found if found is not None else (None, None)
-        if not length or collation not in MYSQL_BYTE_ORDER_COLLATIONS:
-            raise ValueError(
-                f"mode='live' on MariaDB / MySQL reads ids in byte order through an index, so "
-                f"{self.where} column {self.id_column!r} must be a VARCHAR in a binary NO PAD "
-                f"collation ({', '.join(MYSQL_BYTE_ORDER_COLLATIONS)}); it is {id_type} with "
-                f"collation {collation}: change the column (ALTER TABLE ... MODIFY "
-                f"{self.id_column} VARCHAR(n) COLLATE utf8mb4_nopad_bin) or use mode='copy'"
-            )
-        return mysql.VARCHAR(length, charset=charset, collation=collation)
-
     # ----- keys: how ids are compared and ordered ------------------------------------------
     def _index_key(self) -> Any:
         """The id in byte order, as indexed and ordered (a binary collation on MariaDB)."""
-        if self.dialect in ("mysql", "mariadb"):
-            return self._id_column  # its collation was checked to be binary
-        return self._id_key(self._id_column)
-
-    def _order_key(self, column: Any) -> Any:
-        return column if self.dialect in ("mysql", "mariadb") else self._id_key(column)
+        return self._live.order_key(self, self._id_column)
 
     def _match_key(self, column: Any) -> Any:
         """The id as matched for equality, so that the unique index on id serves the lookup:
         PostgreSQL's deterministic collations and MariaDB's binary one compare bytes already."""
-        if self.dialect == "sqlite" and self._text_ids:
-            return column.collate("BINARY")
-        return column
+        return self._live.match_key(self, column)
 
     # ----- prepare --------------------------------------------------------------------------
     def prepare(self, *, index_source: bool = True) -> None:
@@ -251,17 +170,18 @@ class SQLAlchemyLiveTable(LiveBase):
         with self.engine.begin() as conn:
             self._validate(conn)
         self._create_indexes()
-        if self.dialect == "postgresql":
-            self._install_postgresql()
-        elif self.dialect == "sqlite":
-            self._install_sqlite()
-        else:
-            self._install_mysql()
-        if self.dialect == "postgresql" or (self.dialect == "sqlite" and _keeps_stat1(self.engine)):
+        self._live.install(self)
+        if self._live.analyzes(self):
             with self.engine.begin() as conn:
                 for table in (self._source, self._pos):
                     assert table is not None
                     conn.exec_driver_sql(f"ANALYZE {self._quoted(table)}")
+
+    def _schema_prefix(self) -> str:
+        """`<schema>.` (quoted) for the objects prepare() names, "" without a schema."""
+        schema = self._pos.schema
+        preparer = self.engine.dialect.identifier_preparer
+        return "" if schema is None else f"{preparer.quote_schema(schema)}."
 
     def _quoted(self, table: sa.Table, qualified: bool = True) -> str:
         preparer = self.engine.dialect.identifier_preparer
@@ -275,7 +195,7 @@ class SQLAlchemyLiveTable(LiveBase):
         indexes = inspector.get_indexes(name, schema=schema)
         if any(ix["name"] == self._id_index_name for ix in indexes):
             return True
-        if self.dialect == "sqlite" and self._text_ids:
+        if self._live.unique_id_is_ours(self):
             return False
         if inspector.get_pk_constraint(name, schema=schema).get("constrained_columns") == wanted:
             return True
@@ -292,27 +212,13 @@ class SQLAlchemyLiveTable(LiveBase):
         )
         wanted = [order]
         if not self._has_unique_id():
-            key = self._index_key() if self.dialect == "sqlite" else self._id_column
+            key = self._live.id_index_key(self)
             wanted.append(sa.Index(self._id_index_name, key, unique=True, **concurrently))
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             for index in wanted:
-                if self.dialect == "postgresql":
-                    self._drop_if_invalid(conn, index.name)
+                self._live.before_index(conn, self, index.name)
                 index.create(conn, checkfirst=True)
-
-    def _drop_if_invalid(self, conn: Connection, name: Any) -> None:
-        preparer = self.engine.dialect.identifier_preparer
-        schema = self._pos.schema
-        qualified = preparer.quote(str(name))
-        if schema is not None:
-            qualified = f"{preparer.quote_schema(schema)}.{qualified}"
-        valid = conn.execute(
-            sa.text("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
-            {"name": qualified},
-        ).scalar()
-        if valid is False:
-            conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY {qualified}")
 
     def _create_position_tables(self, conn: Connection) -> None:
         """Create the position and count tables where missing (an existing table of the same name
@@ -340,11 +246,7 @@ class SQLAlchemyLiveTable(LiveBase):
                 sa.select(position, self._id_column).select_from(self._source),
             )
         )
-        mark = (
-            sa.literal_column(self._identity_sql())
-            if self.dialect in ("mysql", "mariadb")
-            else sa.null()
-        )
+        mark = self._live.count_mark(self)
         conn.execute(
             sa.insert(self._count).from_select(
                 ["n", "hole"], sa.select(sa.func.count(), mark).select_from(self._pos)
@@ -367,237 +269,14 @@ class SQLAlchemyLiveTable(LiveBase):
         preparer = self.engine.dialect.identifier_preparer
         return preparer.quote(f"{self._trigger_prefix}_{event}")
 
-    def _install_postgresql(self) -> None:
-        n = self._names()
-        preparer = self.engine.dialect.identifier_preparer
-        function = preparer.quote(f"{self._trigger_prefix}_sync")
-        if self._pos.schema is not None:
-            function = f"{preparer.quote_schema(self._pos.schema)}.{function}"
-        pos, count, position, ident = n["pos"], n["count"], n["position"], n["id"]
-        # INSERT and DELETE: statement triggers over the transition tables, so that a statement
-        # touching d items updates the count row once and the position table in O(d log d) (a
-        # row trigger would leave d versions of the count row for each later one to step over).
-        # UPDATE of the id: a row trigger (rare). TRUNCATE: both tables emptied.
-        body = f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $topk$
-DECLARE
-    v_hole bigint;
-    v_last bigint;
-    v_count bigint;
-    v_gone bigint[];
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        UPDATE {count} SET n = 0;
-        DELETE FROM {pos};
-    ELSIF TG_LEVEL = 'STATEMENT' AND TG_OP = 'INSERT' THEN
-        SELECT count(*) INTO v_count FROM new_rows;
-        IF v_count > 0 THEN
-            UPDATE {count} SET n = n + v_count RETURNING n - v_count INTO v_last;
-            INSERT INTO {pos} ({position}, id)
-                SELECT v_last + row_number() OVER () - 1, {ident} FROM new_rows;
-        END IF;
-    ELSIF TG_LEVEL = 'STATEMENT' AND TG_OP = 'DELETE' THEN
-        SELECT n INTO v_last FROM {count} FOR UPDATE;
-        WITH gone AS (
-            DELETE FROM {pos} p USING old_rows o WHERE p.id = o.{ident} RETURNING p.{position}
-        )
-        SELECT array_agg({position}) INTO v_gone FROM gone;
-        IF v_gone IS NOT NULL THEN
-            v_count := v_last - cardinality(v_gone);
-            -- The items left at positions >= the new count fill the holes below it, in order.
-            UPDATE {pos} p SET {position} = moves.hole
-            FROM (
-                SELECT tail.{position} AS old, holes.hole
-                FROM (
-                    SELECT {position}, row_number() OVER (ORDER BY {position}) AS r
-                    FROM {pos} WHERE {position} >= v_count
-                ) tail
-                JOIN (
-                    SELECT hole, row_number() OVER (ORDER BY hole) AS r
-                    FROM unnest(v_gone) AS hole WHERE hole < v_count
-                ) holes USING (r)
-            ) moves
-            WHERE p.{position} = moves.old;
-            UPDATE {count} SET n = v_count;
-        END IF;
-    ELSE  -- a row whose id changed: delete, then insert
-        UPDATE {count} SET n = n - 1 RETURNING n INTO v_last;
-        DELETE FROM {pos} WHERE id = OLD.{ident} RETURNING {position} INTO v_hole;
-        IF v_hole IS NULL THEN
-            UPDATE {count} SET n = n + 1;
-        ELSIF v_hole <> v_last THEN
-            UPDATE {pos} SET {position} = v_hole WHERE {position} = v_last;
-        END IF;
-        UPDATE {count} SET n = n + 1 RETURNING n - 1 INTO v_last;
-        INSERT INTO {pos} ({position}, id) VALUES (v_last, NEW.{ident});
-    END IF;
-    RETURN NULL;
-END
-$topk$"""
-        table = n["table"]
-        triggers = {
-            "ins": f"AFTER INSERT ON {table} REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT",
-            "del": f"AFTER DELETE ON {table} REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT",
-            "upd": f"AFTER UPDATE OF {ident} ON {table} FOR EACH ROW "
-            f"WHEN (OLD.{ident} IS DISTINCT FROM NEW.{ident})",
-            "trunc": f"AFTER TRUNCATE ON {table} FOR EACH STATEMENT",
-        }
-        with self.engine.begin() as conn:
-            # Writers wait until the positions and the triggers are in place; readers go on.
-            conn.exec_driver_sql(f"LOCK TABLE {n['table']} IN SHARE ROW EXCLUSIVE MODE")
-            self._create_position_tables(conn)
-            self._fill_positions(conn)
-            conn.exec_driver_sql(body)
-            for event, when in triggers.items():
-                name = self._trigger(event)
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {n['table']}")
-                conn.exec_driver_sql(f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {function}()")
-                # fired under session_replication_role = replica too (logical replication
-                # subscribers, pg_restore): positions must follow every write
-                conn.exec_driver_sql(f"ALTER TABLE {n['table']} ENABLE ALWAYS TRIGGER {name}")
-
-    def _install_mysql(self) -> None:
-        n = self._names()
-        remove = f"""
-    SELECT n - 1 INTO v_last FROM {n["count"]} FOR UPDATE;
-    SET v_hole = NULL;
-    SELECT {n["position"]} INTO v_hole FROM {n["pos"]} WHERE id = OLD.{n["id"]} FOR UPDATE;
-    IF v_hole IS NOT NULL THEN
-        DELETE FROM {n["pos"]} WHERE id = OLD.{n["id"]};
-        UPDATE {n["pos"]} SET {n["position"]} = v_hole WHERE {n["position"]} = v_last;
-        UPDATE {n["count"]} SET n = v_last;
-    END IF;"""
-        # An id that already has a position was left there by a write that bypassed the
-        # triggers (TRUNCATE): the positions no longer describe the table. The count row says so
-        # (hole = -1) and the writer's own statement goes on; the next run rebuilds them.
-        add = f"""
-    SELECT n INTO v_last FROM {n["count"]} FOR UPDATE;
-    SET v_hole = NULL;
-    SELECT {n["position"]} INTO v_hole FROM {n["pos"]} WHERE id = NEW.{n["id"]};
-    IF v_hole IS NULL THEN
-        UPDATE {n["count"]} SET n = n + 1;
-        INSERT INTO {n["pos"]} ({n["position"]}, id) VALUES (v_last, NEW.{n["id"]});
-    ELSE
-        UPDATE {n["count"]} SET hole = -1;
-    END IF;"""
-        declare = "DECLARE v_last BIGINT; DECLARE v_hole BIGINT DEFAULT NULL;"
-        schema = self._pos.schema
-        preparer = self.engine.dialect.identifier_preparer
-        prefix = "" if schema is None else f"{preparer.quote_schema(schema)}."
-        bodies = {
-            "ins": f"AFTER INSERT ON {n['table']} FOR EACH ROW BEGIN {declare} {add} END",
-            "del": f"AFTER DELETE ON {n['table']} FOR EACH ROW BEGIN {declare} {remove} END",
-            "upd": f"AFTER UPDATE ON {n['table']} FOR EACH ROW BEGIN {declare} "
-            f"IF NOT (OLD.{n['id']} <=> NEW.{n['id']}) THEN {remove} {add} END IF; END",
-        }
-        with self.engine.begin() as conn:
-            self._create_position_tables(conn)
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            # CREATE TRIGGER needs the table's WRITE lock: readers wait too, for one pass over ids.
-            conn.exec_driver_sql(
-                f"LOCK TABLES {n['table']} WRITE, {n['pos']} WRITE, {n['count']} WRITE"
-            )
-            try:
-                for event in bodies:
-                    conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {prefix}{self._trigger(event)}")
-                self._fill_positions(conn)
-                for event, body in bodies.items():
-                    conn.exec_driver_sql(f"CREATE TRIGGER {prefix}{self._trigger(event)} {body}")
-            finally:
-                conn.exec_driver_sql("UNLOCK TABLES")
-
-    def _identity_sql(self) -> str:
-        """MariaDB / MySQL: a number that changes when the table is re-created, as TRUNCATE
-        does (a CRC of its InnoDB table id and creation time), kept in the count row's `hole`
-        (the triggers there need no scratch column); -1 there means the triggers saw a write
-        that bypassed them."""
-        schema = self._pos.schema
-        where = "database()" if schema is None else "'" + schema.replace("'", "''") + "'"
-        name = str(self.table_name).replace("'", "''")
-        table_id = (
-            "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
-            f"WHERE NAME = concat({where}, '/', '{name}'))"
-            if getattr(self.engine.dialect, "is_mariadb", False)
-            else "NULL"
-        )
-        return (
-            f"CAST(CRC32(concat_ws(' ', {table_id}, (SELECT CREATE_TIME FROM "
-            f"information_schema.TABLES WHERE TABLE_SCHEMA = {where} "
-            f"AND TABLE_NAME = '{name}'))) AS SIGNED)"
-        )
-
-    def _refill_positions(self) -> None:
-        """MariaDB / MySQL, after a write that bypassed the triggers (TRUNCATE): positions
-        0..m-1 again, under the tables' WRITE locks (writers and readers wait one pass over
-        the ids), and the table's identity in the count row."""
-        n = self._names()
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql(
-                f"LOCK TABLES {n['table']} WRITE, {n['pos']} WRITE, {n['count']} WRITE"
-            )
-            try:
-                self._fill_positions(conn)
-            finally:
-                conn.exec_driver_sql("UNLOCK TABLES")
-
-    def _install_sqlite(self) -> None:
-        n = self._names(qualified=False)  # trigger bodies name tables of their own schema
-        schema = self._pos.schema
-        preparer = self.engine.dialect.identifier_preparer
-        prefix = "" if schema is None else f"{preparer.quote_schema(schema)}."
-        binary = " COLLATE BINARY" if self._text_ids else ""
-        remove = f"""
-    UPDATE {n["count"]} SET n = n - 1,
-        hole = (SELECT {n["position"]} FROM {n["pos"]} WHERE id = OLD.{n["id"]}{binary});
-    DELETE FROM {n["pos"]} WHERE id = OLD.{n["id"]}{binary};
-    UPDATE {n["pos"]} SET {n["position"]} = (SELECT hole FROM {n["count"]})
-        WHERE {n["position"]} = (SELECT n FROM {n["count"]});"""
-        add = f"""
-    INSERT INTO {n["pos"]} ({n["position"]}, id) SELECT n, NEW.{n["id"]} FROM {n["count"]};
-    UPDATE {n["count"]} SET n = n + 1;"""
-        known = f"EXISTS (SELECT 1 FROM {n['pos']} WHERE id = OLD.{n['id']}{binary})"
-        bodies = {
-            "ins": f"AFTER INSERT ON {n['table']} BEGIN {add} END",
-            "del": f"AFTER DELETE ON {n['table']} WHEN {known} BEGIN {remove} END",
-            "upd": f"AFTER UPDATE OF {n['id']} ON {n['table']} "
-            f"WHEN OLD.{n['id']}{binary} IS NOT NEW.{n['id']} AND {known} "
-            f"BEGIN {remove} {add} END",
-        }
-        with self.engine.begin() as conn:
-            if not conn.connection.driver_connection.in_transaction:  # type: ignore[union-attr]
-                conn.exec_driver_sql("BEGIN IMMEDIATE")  # DDL and fill in one write transaction
-            self._create_position_tables(conn)
-            for event in bodies:
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {prefix}{self._trigger(event)}")
-            self._fill_positions(conn)
-            for event, body in bodies.items():
-                conn.exec_driver_sql(f"CREATE TRIGGER {prefix}{self._trigger(event)} {body}")
-
     def uninstall(self) -> None:
         """Drop everything prepare() installed: the triggers (and PostgreSQL's trigger
         function), the position table and the count table in one transaction, then the index
         on (score DESC, id) and the unique index on id if prepare() made it (PostgreSQL: DROP
         INDEX CONCURRENTLY). The table and its rows are not touched; an index it had before is
         kept. Idempotent; runs fail afterwards until prepare() runs again."""
-        preparer = self.engine.dialect.identifier_preparer
-        schema = self._pos.schema
-        prefix = "" if schema is None else f"{preparer.quote_schema(schema)}."
         with self.engine.begin() as conn:
-            exists = sa.inspect(conn).has_table(self.table_name, schema=schema)
-            for event in ("ins", "del", "upd", "trunc"):
-                if self.dialect == "postgresql":
-                    if exists:
-                        table = self._quoted(self._source)  # type: ignore[arg-type]
-                        conn.exec_driver_sql(
-                            f"DROP TRIGGER IF EXISTS {self._trigger(event)} ON {table}"
-                        )
-                elif event != "trunc":
-                    conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {prefix}{self._trigger(event)}")
-            if self.dialect == "postgresql":
-                function = preparer.quote(f"{self._trigger_prefix}_sync")
-                conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {prefix}{function}()")
+            self._live.drop_triggers(conn, self)
             for table in (self._pos, self._count):
                 table.drop(conn, checkfirst=True)
         self._drop_indexes()
@@ -655,28 +334,14 @@ $topk$"""
         the position table. On MariaDB / MySQL, positions left behind by a write that bypassed
         the triggers (TRUNCATE re-creates the table) are rebuilt first, outside the run's
         transaction, and the run starts again."""
-        if self.dialect in ("mysql", "mariadb") and not self._positions_current(conn):
+        if not self._live.positions_current(self, conn):
             self._end(conn, transaction)
-            self._refill_positions()
+            self._live.refill(self)
             transaction = self._begin(conn)
         self._m = self._live_count(conn)
         self._cursor = None
         self.last_freshness = {"copy": "none", "read": "table"}
         return transaction
-
-    def _positions_current(self, conn: Connection) -> bool:
-        """MariaDB / MySQL: whether the count row names the table as it is (not re-created
-        since, no write that bypassed the triggers)."""
-        try:
-            mark, now = conn.execute(
-                sa.select(
-                    sa.select(sa.func.max(self._count.c.hole)).scalar_subquery(),
-                    sa.literal_column(self._identity_sql()),
-                )
-            ).one()
-        except sa.exc.ProgrammingError:
-            return True  # no count table: _live_count says to call prepare()
-        return mark is not None and now is not None and int(mark) == int(now)
 
     def _close_run(self) -> None:
         self._m = None
@@ -753,14 +418,6 @@ $topk$"""
         table once the batch looks large to them: probes up to 1/PROBE_FRACTION of m."""
         return self._m is None or rows * PROBE_FRACTION < self._m
 
-    def _one_of(self, column: Any, name: str, type_: sa.types.TypeEngine[Any]) -> Any:
-        """`column` is one of the values of parameter `name` (a list): `= ANY(array)` on
-        PostgreSQL (one parameter, about half the time of an IN list of a thousand), else an
-        expanding IN list."""
-        if self.dialect == "postgresql":
-            return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(type_)))
-        return column.in_(sa.bindparam(name, expanding=True))
-
     def _sorted_query(
         self, start: int, count: int, cursor: tuple[int, Any, Any] | None, probes: bool
     ) -> Any:
@@ -774,12 +431,14 @@ $topk$"""
             query = sa.select(p.position, page.c.id, page.c.score).select_from(
                 page.join(self._pos, p.id == page.c.id)
             )
-        return query.order_by(page.c.score.desc(), self._order_key(page.c.id)).limit(count)
+        return query.order_by(page.c.score.desc(), self._live.order_key(self, page.c.id)).limit(
+            count
+        )
 
     def _positions_query(self, probes: bool) -> Any:
         """(position, id, score) at the positions of the expanding parameter `positions`."""
         p = self._pos.c
-        at = self._one_of(p.position, "positions", sa.BigInteger())
+        at = self._live.one_of(p.position, "positions", sa.BigInteger())
         if probes:
             score = (
                 sa.select(self._score_column)
@@ -856,7 +515,7 @@ $topk$"""
         wanted = plain_values(ids)
         key = self._match_key(self._id_column)
         query = sa.select(self._id_column, self._score_column).where(
-            self._one_of(key, "ids", self._id_column.type)
+            self._live.one_of(key, "ids", self._id_column.type)
         )
         found: dict[Any, Any] = {}
         with self._connection() as conn:
@@ -875,7 +534,7 @@ $topk$"""
         wanted = plain_values(ids)
         key = self._match_key(self._id_column)
         query = sa.select(self._id_column, self._score_column).where(
-            self._one_of(key, "ids", self._id_column.type)
+            self._live.one_of(key, "ids", self._id_column.type)
         )
         found: dict[Any, Any] = {}
         with self._connection() as conn:
@@ -889,7 +548,7 @@ $topk$"""
     @property
     def integer_scores(self) -> bool:
         """Whether the counts are of an integer type (never on SQLite: see the copy mode)."""
-        return self.dialect != "sqlite" and isinstance(self._score_column.type, sa.Integer)
+        return self._live.typed_scores and isinstance(self._score_column.type, sa.Integer)
 
     def _checked(self, scores: np.ndarray) -> np.ndarray:
         """Every score a run reads is checked: the table was validated once, then written to."""
@@ -923,37 +582,13 @@ $topk$"""
                     self._match_key(self._id_column).in_([last_id])
                 ),
             ]
-            if self.dialect == "postgresql":  # for this transaction only
-                conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            self._live.before_explain(conn)
             paths = [
-                AccessPath(access, *self._explain_live(conn, query))
+                AccessPath(access, *self._live.explain_live(self, conn, query))
                 for access, query in zip(names, probes, strict=True)
             ]
             conn.rollback()
         return AccessCheck(self.where, paths)
-
-    def _explain_live(self, conn: Connection, query: Any) -> tuple[bool, str]:
-        """(full scan?, how) for one probe. A scan of a LIMITed page (SQLite's materialized
-        subquery, MariaDB's derived table) reads only that page: only a scan of the user's table or
-        of the position table is a full scan."""
-        if self.dialect == "postgresql":
-            return self._explain(conn, query)  # a Seq Scan with enable_seqscan off
-        statement = str(query.compile(conn, compile_kwargs={"literal_binds": True}))
-        tables = {self.table_name, self._pos.name}
-        if self.dialect == "sqlite":
-            nonce = f" -- {uuid.uuid4().hex}"  # a cached EXPLAIN keeps an old schema's plan
-            details = [
-                row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement + nonce)
-            ]
-            full = any(
-                d.split(" ")[0] == "SCAN" and d.split(" ")[1] in tables and "USING" not in d
-                for d in details
-            )
-            return full, "; ".join(details)
-        rows = conn.exec_driver_sql("EXPLAIN " + statement).mappings().all()
-        full = any(row["type"] == "ALL" and row["table"] in tables for row in rows)
-        kinds = ", ".join(f"{row['table']}: {row['type']} via {row['key']}" for row in rows)
-        return full, f"access type {kinds}"
 
 
 SQLAlchemyTable.mode_classes["live"] = SQLAlchemyLiveTable
