@@ -454,3 +454,27 @@ def test_the_load_rule_sees_a_module_level_import(tmp_path: Path) -> None:
         "typing.TYPE_CHECKING",
         "numpy",
     }
+
+
+# SparkTable's package (adapters/spark/: one module per idea, the package's docstring lists
+# them) keeps its own engine (DataFrames, no connection): its modules import each other, the
+# shared helpers and the SQL engine's column types (votes.py: the checks of
+# adapters/contributions.py), never another store's package; none is over MAX_LINES (no
+# "Size:" waiver).
+SPARK_PACKAGE = "adapters.spark"
+SPARK_MAY_IMPORT = (SPARK_PACKAGE, "adapters.sql.dialect", *SHARED_HELPERS)
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in project_modules() if _within(m, (SPARK_PACKAGE,)))
+)
+def test_the_spark_store_keeps_to_its_package(module: str) -> None:
+    path = project_modules()[module]
+    other = sorted(
+        n
+        for n in imported_names(path, module)
+        if n.startswith("adapters.") and not _within(n, SPARK_MAY_IMPORT)
+    )
+    assert other == [], f"{module} imports {other}"
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (> {MAX_LINES})"

@@ -1,5 +1,5 @@
 """The layout of a SparkTable's rank-ordered copy (rank buckets, row groups, the manifest), its
-measured costs, and turning Spark's Arrow results into `Rows` (adapters/spark/__init__.py)."""
+measured costs, and turning Spark's Arrow results into `Rows` (reads.py, oneshot.py, direct.py)."""
 
 from __future__ import annotations
 
