@@ -160,7 +160,8 @@ class SQLTable:
 
     # ----- what the store declares (access.StoreTraits, RunTraits) ---------------------------
     def traits(self) -> StoreTraits:
-        """access.StoreTraits: the declared bounds, the score's kind, how parameters travel."""
+        """access.StoreTraits, asked first by a release (a lost connection reopened here)."""
+        self.driver.ensure()
         return StoreTraits(
             self.sensitivity,
             self.max_items_per_client,
@@ -252,8 +253,7 @@ class SQLTable:
         """One run: one transaction in the dialect's snapshot isolation (read-only), whose first
         query opens the run (`_open_run`). A copy that is to be rebuilt first is rebuilt outside
         it and the run opens again; a copy swapped in while the snapshot was taken is looked
-        for once more; a connection lost before the run read anything is opened again once
-        (where the driver owns it)."""
+        for once more; a connection it owns, lost before the run read anything, reopens once."""
         if self._run is not None:  # nested: the outer run holds
             yield
             return

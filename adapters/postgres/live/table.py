@@ -163,6 +163,7 @@ class LivePostgresTable:
     def traits(self) -> StoreTraits:
         """access.StoreTraits: the declared sensitivity and bound, the score column's type,
         what another role would see of an oblivious run (the dialect's oblivious_reads_seen)."""
+        self.driver.ensure()  # the first step of a release: a lost connection reopened here
         return StoreTraits(
             self.sensitivity,
             self.max_items_per_client,
