@@ -151,7 +151,10 @@ class WholeReads:
 
     def read_exact_scores(self, ids: list[Any]) -> list[Any]:
         """access.ExactScores from the rows read: integers as Python ints, numerics as the
-        driver returns them (Decimals)."""
+        driver returns them (Decimals). An integer column the driver read as doubles (DuckDB's
+        HUGEINT through fetchnumpy: inexact past 2^53) is asked of the table by id instead."""
+        if self.raw.dtype.kind == "f" and self.t.integer_scores:
+            return self.t._by_id(ids, exact=True)
         if self._exact is None:
             self._exact = dict(zip(self.ids.tolist(), self.raw.tolist(), strict=True))
         asked = [bytes(i) if isinstance(i, bytearray) else i for i in ids]
