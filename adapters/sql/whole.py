@@ -151,8 +151,8 @@ class WholeReads:
 
     def read_exact_scores(self, ids: list[Any]) -> list[Any]:
         """access.ExactScores from the rows read: integers as Python ints, numerics as the
-        driver returns them (Decimals). An integer column the driver read as doubles (DuckDB's
-        HUGEINT through fetchnumpy: inexact past 2^53) is asked of the table by id instead."""
+        driver returns them (Decimals). An integer column the driver read as doubles (a 128-bit
+        integer through a numpy fetch: inexact past 2^53) is asked of the table by id instead."""
         if self.raw.dtype.kind == "f" and self.t.integer_scores:
             return self.t._by_id(ids, exact=True)
         if self._exact is None:
