@@ -109,8 +109,9 @@ def rdp_to_dp_epsilon(
         eps = eps(alpha) + ln(alpha - 1) - (alpha ln(alpha) + ln(delta)) / (alpha - 1),
     which is never larger (for alpha > 1) and is what dp-accounting's RDP accountant uses.
     The minimum is taken over `orders` and then (refine, the default with the default orders)
-    refined between the neighbours of the best order by a bounded scalar minimisation; every
-    alpha > 1 gives a valid bound, so the refinement can only lower epsilon.
+    refined between the neighbours of the best order by golden-section search (golden_minimum,
+    in pure Python: no optimiser to import); every alpha > 1 gives a valid bound, so the
+    refinement can only lower epsilon. Cost: one curve evaluation per order, about 50 more.
     """
     _check_delta(delta)
     log_delta = math.log(delta)
@@ -122,7 +123,7 @@ def rdp_to_dp_epsilon(
             return value + math.log(alpha - 1.0) - shift
         return value - log_delta / (alpha - 1.0)
 
-    grid = sorted(a for a in orders if a > 1.0)
+    grid = _DEFAULT_GRID if orders is DEFAULT_ORDERS else sorted(a for a in orders if a > 1.0)
     if not grid:
         raise ValueError("orders must contain some alpha > 1")
     values = [bound(a) for a in grid]
@@ -131,12 +132,47 @@ def rdp_to_dp_epsilon(
     if refine if refine is not None else orders is DEFAULT_ORDERS:
         low = grid[i - 1] if i > 0 else 1.0 + 1e-9
         high = grid[i + 1] if i + 1 < len(grid) else grid[i] * 2.0
-        from scipy.optimize import minimize_scalar  # here: half a second to import
-
-        found = minimize_scalar(bound, bounds=(low, high), method="bounded")
-        if found.success and found.fun < best:
-            best, best_alpha = float(found.fun), float(found.x)
+        found, at = golden_minimum(bound, low, high)
+        if found < best:
+            best, best_alpha = found, at
     return max(0.0, best), best_alpha
+
+
+_DEFAULT_GRID = sorted(a for a in DEFAULT_ORDERS if a > 1.0)
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def golden_minimum(
+    f: Callable[[float], float], low: float, high: float, tolerance: float = 1e-10
+) -> tuple[float, float]:
+    """(smallest value seen, its argument) of f on [low, high] by golden-section search (Kiefer
+    1953): each evaluation shrinks the bracket by 0.618, until it is narrower than tolerance
+    times (1 + |x|): about 50 evaluations for a bracket between two neighbouring orders.
+    Every value seen is an upper bound where f is one (any alpha > 1 is), so the smallest is
+    kept whether or not f is unimodal there; a value that is not finite counts as +inf."""
+
+    def value(x: float) -> float:
+        y = float(f(x))
+        return y if math.isfinite(y) else math.inf
+
+    a, b = low, high
+    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+    fc, fd = value(c), value(d)
+    best = min((fc, c), (fd, d))
+    for _ in range(200):
+        if b - a <= tolerance * (1.0 + abs(c)):
+            break
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - _GOLDEN * (b - a)
+            fc = value(c)
+            best = min(best, (fc, c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + _GOLDEN * (b - a)
+            fd = value(d)
+            best = min(best, (fd, d))
+    return best
 
 
 def range_bounded_zcdp(eta: float) -> float:

@@ -73,7 +73,8 @@ COMPOSITION_SOURCE = "accounting.compose: the best of basic, advanced and zCDP c
 # How a stream keeps its state in the ledger (module docstring), in its fingerprint: a stream
 # begun under another layout (per-tick noise keys) is refused, never continued with other noise.
 STATE_LAYOUT = 2
-_BISECTIONS = 60
+_ROOT_TOLERANCE = 1e-12
+_ROOT_STEPS = 200
 
 
 def gate_cost(epsilon: float) -> PrivacyCost:
@@ -123,19 +124,42 @@ class StreamGuarantee:
 
 def _largest(costs_of: Any, epsilon: float, delta: float) -> tuple[float, str]:
     """The largest unit e in (0, epsilon] whose worst-case costs compose within (epsilon,
-    delta), by bisection on the accountant's composition (monotone in e); (e, its rule)."""
-    low, high = 0.0, epsilon
-    rule = "basic composition"
-    for _ in range(_BISECTIONS):
-        mid = (low + high) / 2.0
-        composed = compose(costs_of(mid), delta)
+    delta), to a relative 1e-12 of the total, and the rule that composes it: the secant method
+    on log(composed epsilon) against log(e) (near power laws: e for basic composition, between
+    e and e^2 under zCDP) aimed just below the total, kept inside the bracket of the largest e
+    known to fit and the smallest known not to (halved in log when a step leaves it). The
+    accountant (accounting.compose) judges every e tried, and only an e it composes within
+    (epsilon, delta) is returned. Cost: typically 3-6 compositions, against 60 for bisection."""
+    aim = epsilon * (1.0 - _ROOT_TOLERANCE)
+    low, low_rule = 0.0, ""  # fits (e = 0 releases nothing)
+    high = epsilon
+    composed = compose(costs_of(high), delta)
+    if composed.epsilon <= epsilon:
+        return high, composed.rule
+    tried = [(high, composed.epsilon)]
+    guess = high * epsilon / composed.epsilon  # the first step: linear from the origin
+    for _ in range(_ROOT_STEPS):
+        if not low < guess < high:
+            guess = math.sqrt(low * high) if low > 0.0 else high / 2.0
+        composed = compose(costs_of(guess), delta)
         if composed.epsilon <= epsilon:
-            low, rule = mid, composed.rule
+            low, low_rule = guess, composed.rule
+            if composed.epsilon >= epsilon * (1.0 - 2.0 * _ROOT_TOLERANCE):
+                break
         else:
-            high = mid
+            high = guess
+        if high - low <= _ROOT_TOLERANCE * high:
+            break
+        tried.append((guess, composed.epsilon))
+        (e0, f0), (e1, f1) = tried[-2], tried[-1]
+        if f0 > 0.0 and f1 > 0.0 and f0 != f1 and e0 != e1:
+            power = math.log(f1 / f0) / math.log(e1 / e0)
+            guess = e1 * math.exp(math.log(aim / f1) / power) if power > 0.0 else -1.0
+        else:
+            guess = -1.0  # outside the bracket: halved
     if low <= 0.0:
         raise ValueError(f"no per-release epsilon fits a total of {epsilon:g} over the horizon")
-    return low, rule
+    return low, low_rule
 
 
 def plan_stream(
