@@ -12,6 +12,7 @@
     python -m benchmarks utility [--quick] [--trials 200] ...   precision and error per epsilon
     python -m benchmarks work-caps [--quick]   the worst calls inside the work caps at m = 10^6
     python -m benchmarks redteam [--quick] [--trials 100] ...   the red team's attacks' accuracy
+    python -m benchmarks engine-ab --before COMMIT [--m 1e7] ...   two commits side by side
 
 Results (JSON, PNG) go to benchmarks/results/, and those of a --quick run to the scratch folder
 benchmarks/scratch/ (not kept by git), unless --out says otherwise.
@@ -109,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     _common_arguments(p_red)
     redteam.add_arguments(p_red)
 
+    from . import engine_ab
+
+    p_ab = sub.add_parser("engine-ab", help="two commits side by side, each against the query")
+    _common_arguments(p_ab)
+    engine_ab.add_arguments(p_ab)
+
     args = parser.parse_args(argv)
     if args.command == "replot":
         files = replot(args.out)
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return utility.main(args)
     elif args.command == "work-caps":
         payload = {"files": [str(work_caps.run(args))]}
+    elif args.command == "engine-ab":
+        payload = {"files": [str(engine_ab.main(args))]}
     elif args.command == "redteam":
         payload = {"files": [str(redteam.run(redteam.configure(args)))]}
     elif args.command == "spark":

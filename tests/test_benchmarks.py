@@ -382,3 +382,40 @@ def test_trending_harness(tmp_path: Path) -> None:
             "(SELECT count(*) FROM pg_database WHERE datname LIKE 'topk_trend_ledger_%')"
         ).fetchone()
     assert left == (0, 0, 0)
+
+
+def test_engine_ab_harness(tmp_path: Path) -> None:
+    """benchmarks/engine_ab.py, tiny: the commit checked out against itself (HEAD on both
+    sides), m = 2,000, zipf, a frozen DuckDB copy and PostgreSQL live mode after writes; each
+    side ran in its own process from its own checkout, each point has both sides' times, their
+    ratios against their own query and after over before; the worktree and the PostgreSQL
+    tables are gone afterwards. About 10 s."""
+    import subprocess
+
+    out = tmp_path / "ab"
+    cases = ["--cases", "duckdb-frozen", "postgres-live-writes"]
+    args = ["--before", "HEAD", "--m", "2000", "--families", "zipf", "--reps", "2", *cases]
+    main(["engine-ab", "--out", str(out), "--quiet", *args])
+    payload = json.loads((out / "engine_ab.json").read_text())
+    assert payload["after"].removesuffix("+dirty") == payload["before"]  # after: the tree itself
+    assert [p["case"] for p in payload["points"]] == ["duckdb-frozen", "postgres-live-writes"]
+    for point in payload["points"]:
+        for side in ("before", "after"):
+            got = point[side]
+            assert len(got["release"]) == 2 and len(got["query"]) == 4
+            assert got["vs_query"] == pytest.approx(
+                statistics.median(got["query"]) / statistics.median(got["release"])
+            )
+            assert all(rows >= 10 for rows in got["rows_fetched"])
+        assert point["after_vs_before"] == pytest.approx(
+            point["after"]["vs_query"] / point["before"]["vs_query"]
+        )
+    live = payload["points"][1]["tables"]["after"]
+    with psycopg.connect(PG_DSN, autocommit=True) as con:
+        prefix = live.rsplit("_", 3)[0] + "_%"  # topk_ab_<run>_: every table of this run
+        left = con.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", [prefix])
+        assert left.fetchall() == []
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert payload["before_checkout"] not in worktrees
