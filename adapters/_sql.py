@@ -10,7 +10,9 @@ sampling (a uniform rank) are both reads by rank.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +115,38 @@ def statistics_accepted(where: str, role: str) -> str:
         f"neighbouring tables apart by them; GRANT SET ON PARAMETER track_counts TO {role} "
         "closes the channel (docs/promise.md)"
     )
+
+
+class StatisticsChannel:
+    """access.ObliviousReads of a source that writes its own statements (IbisTable, the live
+    mode of SQLAlchemyTable): runs opened inside `oblivious_reads()` are oblivious
+    (`_oblivious`, which the source's reads ask); where the operator accepted the statistics
+    channel and it is open (`_oblivious_reads_seen`, the source's), a warning, once per source."""
+
+    # The operator accepts that another role sees the blocks oblivious runs read where the
+    # role may not set track_counts: they run and warn instead of being refused
+    # (StoreTraits.oblivious_reads_seen; docs/promise.md).
+    accept_statistics_channel: bool = False
+    _oblivious = False  # inside oblivious_reads()
+    _warned_statistics = False  # oblivious_reads() said the channel is open
+
+    def _oblivious_reads_seen(self, accepted: bool = False) -> str | None:
+        """StoreTraits.oblivious_reads_seen (the warning's words where the operator `accepted`
+        the channel); None where no other role sees the blocks a run reads."""
+        return None
+
+    @contextmanager
+    def oblivious_reads(self) -> Iterator[None]:
+        if self.accept_statistics_channel and not self._warned_statistics:
+            seen = self._oblivious_reads_seen(accepted=True)
+            if seen is not None:
+                self._warned_statistics = True
+                warnings.warn(seen, stacklevel=3)
+        saved, self._oblivious = self._oblivious, True
+        try:
+            yield
+        finally:
+            self._oblivious = saved
 
 
 def rank_table_name(table: str, id_column: str, score_column: str) -> str:

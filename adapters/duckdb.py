@@ -49,7 +49,6 @@ from .dialects.duckdb import (
     quote_identifier,
 )
 from .dialects.duckdb.delta import FOLD_FRACTION, RefreshReport
-from .dialects.votes import DuckDBVotes
 from .sql.driver import DuckDBDriver
 from .sql.engine import SQLTable
 from .sql.votes import count_votes, write_counts
@@ -283,7 +282,7 @@ class DuckDBTable(SQLTable):
         and complete; so is a negative, NaN or infinite weight.
         """
         dialect, con = (
-            DuckDBVotes(),
+            DuckDBDialect(caller_connection=True),
             (
                 connection_or_path
                 if isinstance(connection_or_path, duckdb.DuckDBPyConnection)

@@ -26,7 +26,8 @@ PostgreSQL: one statement of the backend's own SQL around the expression as Ibis
 its rows numbered in the canonical order (the positions of every other read here), computed
 once (a materialized CTE: one sort of the expression); each row that can win gets the keyed
 uniform of its position, the first 52 bits of SHA-256("key:position") (DuckDB's sha256, and
-PostgreSQL's), the exceedances joined from bound arrays. The key and the exceedances are bound
+PostgreSQL's, in the words of their dialects: adapters/dialects/), the exceedances joined from
+bound arrays. The key and the exceedances are bound
 by the driver (DuckDB's prepared parameters, psycopg 3's server-side binding), never written
 into the statement text, which Ibis cannot promise (it inlines every value as a literal): the
 statement runs on the backend's connection, not through Ibis. Every other backend, and a
@@ -48,7 +49,6 @@ so (traits: oblivious_reads_seen), so the release is refused unless the operator
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -57,20 +57,20 @@ import numpy as np
 
 from adapters._sql import (
     HIDE_STATISTICS,
+    StatisticsChannel,
     may_hide_statistics_sql,
     statistics_accepted,
     statistics_seen,
 )
 from topk_middleware.access import AccessError, Rows, RunTraits, StoreCosts, StoreTraits
-from topk_middleware.keyed_noise import (
-    KeyedNoise,
-    capped_sql,
-    oneshot_query,
-    uniform_from_hex_sql,
-)
+from topk_middleware.keyed_noise import KeyedNoise, capped_sql, oneshot_query
 from topk_middleware.privacy import resolve_declared
 
 from ._sql import AccessCheck, AccessPath, float_array_literal, int_array_literal
+from .dialects.duckdb import DuckDBDialect
+from .dialects.postgres import PostgresDialect
+from .sql.dialect import Dialect
+from .sql.placeholders import convert
 
 try:
     import ibis
@@ -118,23 +118,12 @@ SNAPSHOTS: dict[str, tuple[str, str]] = {
     ),
     "sqlite": ("BEGIN", "COMMIT"),
 }
-# The in-store one-shot's SQL where the backend computes SHA-256 and its driver binds parameters
-# apart from the statement text: the first 52 bits of SHA-256(key ":" position) of the row `r`
-# as a double, the (position, noise) rows of the exceedances, over the placeholders of the key,
-# positions and noises, and the form of a named placeholder (module docstring).
-KEYED_HASHES: dict[str, tuple[str, str, str]] = {
-    "duckdb": (
-        "CAST(CAST('0x' || substr(sha256($key || ':' || CAST(r.position AS VARCHAR)), 1, 13) "
-        "AS UBIGINT) AS DOUBLE)",
-        "SELECT unnest(CAST($positions AS BIGINT[])), unnest(CAST($noises AS DOUBLE[]))",
-        "${}",
-    ),
-    "postgres": (
-        "CAST(CAST(CAST('x' || encode(substring(sha256(CAST(%(key)s || ':' || r.position AS "
-        "bytea)) FROM 1 FOR 7), 'hex') AS bit(56)) AS bigint) >> 4 AS float8)",
-        "SELECT * FROM unnest(CAST(%(positions)s AS bigint[]), CAST(%(noises)s AS float8[]))",
-        "%({})s",
-    ),
+# The backends whose SQL computes SHA-256 and whose driver binds parameters apart from the
+# statement text: the store's dialect, which writes the keyed uniform (SHA-256 of key ":"
+# position) and the exceedances' rows, and the driver's placeholder style (module docstring).
+KEYED_HASHES: dict[str, tuple[type[Dialect], str]] = {
+    "duckdb": (DuckDBDialect, "dollar"),
+    "postgres": (PostgresDialect, "pyformat"),
 }
 NO_KEYED_HASH = {"sqlite": "SQLite has no SHA-256 in SQL"}
 # Backends that run in this process: no server, so no observer of their statement text.
@@ -146,7 +135,7 @@ ONESHOT_STATEMENT_SECONDS = 1e-2
 SCAN_ROW_SECONDS = 5e-9
 
 
-class IbisTable:
+class IbisTable(StatisticsChannel):
     """A histogram behind an Ibis table expression: `id` and `score` columns (module docstring).
 
     `sensitivity` (default 1) is the most one client adds to or removes from one count and
@@ -156,9 +145,6 @@ class IbisTable:
     """
 
     positions_are_ranks = True
-    # The operator accepts that another role sees the blocks oblivious runs read on PostgreSQL
-    # where the role may not set track_counts: they run and warn instead of being refused.
-    accept_statistics_channel: bool = False
 
     def __init__(
         self,
@@ -204,8 +190,6 @@ class IbisTable:
         self.sensitivity, self.max_items_per_client = resolve_declared(
             sensitivity, max_items_per_client, None, self.where
         )
-        self._oblivious = False  # inside oblivious_reads()
-        self._warned_statistics = False
         # PostgreSQL: (whether the role may set track_counts, its name), asked once here
         self._statistics: tuple[bool, str] | None = None
         if self.backend_name == "postgres":
@@ -350,21 +334,6 @@ class IbisTable:
         a role that may set track_counts); False on the other backends."""
         return self._statistics is not None and self._statistics[0]
 
-    @contextmanager
-    def oblivious_reads(self) -> Iterator[None]:
-        """access.ObliviousReads: runs opened inside set track_counts off where they may (on
-        PostgreSQL); where the operator accepted the open channel, said once per source."""
-        if self.accept_statistics_channel and not self._warned_statistics:
-            seen = self._oblivious_reads_seen(accepted=True)
-            if seen is not None:
-                self._warned_statistics = True
-                warnings.warn(seen, stacklevel=3)
-        saved, self._oblivious = self._oblivious, True
-        try:
-            yield
-        finally:
-            self._oblivious = saved
-
     def run_traits(self) -> RunTraits:
         """access.RunTraits: positions are ranks; where the one-shot runs in the backend, every
         sorted read sorts the expression as the one-shot does (`sorted_scans`: `auto` takes the
@@ -483,7 +452,12 @@ class IbisTable:
         where the backend has one), a sort of the prefix (all of it where every score lies
         within the noise of the top), SHA-256 on the rows within the cut."""
         relation, top_k = self._oneshot_relations(int(k))
-        digits, exceedances, double = KEYED_HASHES[self.backend_name]
+        dialect, style = KEYED_HASHES[self.backend_name]
+        words = dialect()
+
+        def native(sql: str) -> str:  # the dialect's `:name` placeholders in the driver's style
+            return convert(sql, style)[0]
+
         largest = float(noise.exceed_noises.max()) if len(noise.exceed_noises) else -math.inf
         params: dict[str, Any] = {
             "key": noise.key,
@@ -498,14 +472,14 @@ class IbisTable:
             params["noises"] = noise.exceed_noises.tolist()
         prelude = (
             f"floor AS (SELECT min({capped_sql('s.score', noise.score_cap)}) + "
-            f"CAST({double.format('slack')} AS DOUBLE PRECISION) AS c FROM ({top_k}) s), "
+            f"CAST({native(':slack')} AS DOUBLE PRECISION) AS c FROM ({top_k}) s), "
             f"ranked AS MATERIALIZED ({relation})"
         )
         statement = oneshot_query(
             "ranked",
             "position",
-            noise.sql(uniform_from_hex_sql(digits)),
-            exceedances,
+            noise.sql(native(words.keyed_uniform("key", "r.position"))),
+            native(words.exceedances_sql()),
             noise.bound,
             str(int(k)),
             materialized="MATERIALIZED ",

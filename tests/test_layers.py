@@ -377,7 +377,6 @@ POSTGRES_PACKAGE = "adapters.postgres"
 POSTGRES_MAY_IMPORT = (
     ENGINE_PACKAGE,
     "adapters.dialects.postgres",
-    "adapters.dialects.votes",
     POSTGRES_PACKAGE,
     *SHARED_HELPERS,
 )

@@ -572,7 +572,7 @@ def test_the_count_keeps_each_contribution_between_0_and_the_bound() -> None:
     """The count itself clips a client's sum into [0, D]: a negative weight a writer adds
     after the checks (PostgreSQL READ COMMITTED, MariaDB) moves no count below the other
     clients' contributions (least(sum, D) alone would count item 1 as -6 here)."""
-    from adapters.dialects.votes import DuckDBVotes
+    from adapters.dialects.duckdb import DuckDBDialect
     from adapters.sql.driver import DuckDBDriver
     from adapters.sql.votes import count_votes
 
@@ -581,7 +581,7 @@ def test_the_count_keeps_each_contribution_between_0_and_the_bound() -> None:
     con.execute("CREATE TABLE votes (client BIGINT, item BIGINT, w DOUBLE)")
     con.execute("INSERT INTO votes VALUES (1, 1, 2.0), (2, 1, 1.0)")
     counts = count_votes(
-        DuckDBVotes(),
+        DuckDBDialect(caller_connection=True),
         DuckDBDriver(con),
         votes="votes",
         items="items",

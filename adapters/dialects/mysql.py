@@ -150,6 +150,18 @@ class RowStampSQL:
         )
 
 
+def is_mariadb(engine: Any) -> bool:
+    """Whether an SQLAlchemy engine of the MariaDB / MySQL dialect reaches MariaDB: that
+    dialect's own `is_mariadb` (a mariadb:// URL says so at once, a mysql:// one once the
+    engine has met the server). TypeError for an engine of another dialect."""
+    from sqlalchemy.dialects.mysql.base import MySQLDialect as SQLAlchemyMySQL
+
+    dialect = engine.dialect
+    if not isinstance(dialect, SQLAlchemyMySQL):
+        raise TypeError(f"not a MariaDB / MySQL engine: its dialect is {dialect.name!r}")
+    return bool(dialect.is_mariadb)
+
+
 class MySQLDialect(Dialect):
     """MariaDB's and MySQL's SQL (module docstring); `mariadb` tells the two apart."""
 
@@ -376,4 +388,4 @@ class MySQLDialect(Dialect):
         return 5e-3 + REBUILD_ROW * m
 
 
-__all__ = ["MAX_ID_LENGTH", "MySQLDialect", "RowStampSQL", "table_costs"]
+__all__ = ["MAX_ID_LENGTH", "MySQLDialect", "RowStampSQL", "is_mariadb", "table_costs"]

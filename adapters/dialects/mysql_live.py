@@ -25,7 +25,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
 from .live_sql import LiveSQL
-from .mysql import MAX_ID_LENGTH
+from .mysql import MAX_ID_LENGTH, is_mariadb
 
 # MariaDB / MySQL collations that order (and compare) UTF-8 text by its bytes, without padding.
 MYSQL_BYTE_ORDER_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb3_nopad_bin", "utf8mb4_0900_bin")
@@ -43,9 +43,9 @@ class MySQLLive(LiveSQL):
     def byte_order(self, t: Any, column: Any) -> Any:
         """The text as utf8mb4 in a binary NO PAD collation: code point order = UTF-8 byte
         order, and 'a' != 'a ' (the PAD SPACE utf8mb4_bin would ignore trailing spaces)."""
-        mariadb = getattr(t.engine.dialect, "is_mariadb", False)
         as_utf8 = sa.cast(column, mysql.CHAR(charset="utf8mb4"))
-        return as_utf8.collate("utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin")
+        binary = "utf8mb4_nopad_bin" if is_mariadb(t.engine) else "utf8mb4_0900_bin"
+        return as_utf8.collate(binary)
 
     def id_length_limit(self, column: Any) -> tuple[Any, int, str] | None:
         """The engine's bound (MAX_ID_LENGTH: InnoDB's longest indexed utf8mb4 VARCHAR)."""
@@ -82,7 +82,7 @@ class MySQLLive(LiveSQL):
         DESC, id would then sort the table on every read."""
         with t.engine.connect():
             version = tuple(t.engine.dialect.server_version_info or ())
-        mariadb = getattr(t.engine.dialect, "is_mariadb", False)
+        mariadb = is_mariadb(t.engine)
         needed = (10, 8) if mariadb else (8, 0)
         if version < needed:
             server = "MariaDB" if mariadb else "MySQL"
@@ -194,7 +194,7 @@ class MySQLLive(LiveSQL):
         table_id = (
             "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
             f"WHERE NAME = concat({where}, '/', '{name}'))"
-            if getattr(t.engine.dialect, "is_mariadb", False)
+            if is_mariadb(t.engine)
             else "NULL"
         )
         return (

@@ -42,7 +42,6 @@ from adapters.sql.driver import PsycopgDriver
 from adapters.sql.engine import SQLTable
 from adapters.sql.freshness import WriteLog
 
-from ..dialects.votes import PostgresVotes
 from ..sql.votes import count_votes, write_counts
 
 MODES = ("copy", "live")
@@ -245,7 +244,7 @@ class PostgresTable(SQLTable):
         `items`. A vote for an item missing from `items` is an error: the domain must be public
         and complete; so is a negative, NaN or infinite weight.
         """
-        dialect, driver = PostgresVotes(), PsycopgDriver(conninfo_or_connection)
+        dialect, driver = PostgresDialect(), PsycopgDriver(conninfo_or_connection)
         conn, owned = driver.conn, driver.owns
         into = into or f"{votes}_counts"
         try:

@@ -27,7 +27,8 @@ The surface, by group (the base gives a portable default where one exists):
   `fingerprint_sql` / `fingerprint`;
 * fragments: `double`, `byte_order` (text compared in byte order), `count_if`, `non_finite`,
   `beyond_double`, `id_length`, `member` and `array_value` (an array bound as one parameter),
-  `keyed_uniform` (U_p of keyed_noise.py: SHA-256 of "key:position"), `oneshot_sql`;
+  `keyed_uniform` (U_p of keyed_noise.py: SHA-256 of "key:position"), `exceedances_sql` (the
+  exceedances' rows from two bound arrays), `oneshot_sql`;
 * from_votes' counts (votes.py): `text`, `text_length`, `concat`, `keyed_hash` (SHA-256 of the
   key and a message; None: the store has none), `integer`, `floor_units`, `non_numbers` (values
   of a numeric column that are not numbers, where types are hints), `is_table`;
@@ -267,6 +268,11 @@ class Dialect:
     def keyed_uniform(self, key_param: str, position: str) -> str:
         """SQL of U_p (keyed_noise.py): the first 52 bits of SHA-256(key ":" position), plus
         1/2, over 2^52."""
+        raise NotImplementedError
+
+    def exceedances_sql(self) -> str:
+        """SELECT of the (position, noise) rows of the exceedances (keyed_noise.py), from the
+        arrays bound as :positions (integers) and :noises (doubles)."""
         raise NotImplementedError
 
     def oneshot_sql(self, ranks: str, noise_sql: str, bound: float, k: int, cap: float) -> str:

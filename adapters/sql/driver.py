@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import Any
 
 import numpy as np
@@ -109,6 +109,11 @@ class Driver:
     @property
     def in_transaction(self) -> bool:
         return False
+
+    @property
+    def session_key(self) -> Any:
+        """What facts learnt of the connection are kept against (a reconnect makes another)."""
+        return self
 
     @property
     def server_version(self) -> int:
@@ -224,6 +229,10 @@ class PsycopgDriver(Driver):
     def server_version(self) -> int:
         return int(self.conn.info.server_version)
 
+    @property
+    def session_key(self) -> Any:
+        return self.conn
+
     def sqlstate(self, error: BaseException) -> str | None:
         return getattr(error, "sqlstate", None)
 
@@ -239,10 +248,8 @@ class PsycopgDriver(Driver):
         if not self.lost():
             return
         if self.owns and self.conninfo is not None:
-            try:
+            with suppress(self._psycopg.Error):
                 self.conn.close()
-            except self._psycopg.Error:
-                pass
             try:
                 self.conn = self._psycopg.connect(self.conninfo, autocommit=True)
             except self._psycopg.OperationalError as error:
@@ -291,16 +298,9 @@ def register_int8_arrays(cursor: Any) -> None:
 
 # DBAPI modules (SQLAlchemy driver names) that write parameters into the statement text on the
 # client, where the server's process list and logs show them.
-CLIENT_SIDE_BINDING = (
-    "psycopg2",
-    "psycopg2cffi",
-    "pymysql",
-    "mysqldb",
-    "mysqlconnector",
-    "mariadbconnector",
-    "asyncmy",
-    "aiomysql",
-    "cymysql",
+CLIENT_SIDE_BINDING = tuple(
+    "psycopg2 psycopg2cffi pymysql mysqldb mysqlconnector mariadbconnector asyncmy aiomysql "
+    "cymysql".split()
 )
 
 

@@ -58,16 +58,12 @@ class Reads(Protocol):
     m: int
 
     def traits(self) -> RunTraits: ...
-
     def read_sorted(self, start: int, stop: int) -> Rows: ...
-
     def read_positions(self, positions: np.ndarray) -> Rows: ...
-
     def read_ids(self, ids: list[Any]) -> np.ndarray: ...
-
     def read_oneshot(self, noise: KeyedNoise, k: int) -> Rows: ...
-
     def oneshot_positions(self) -> int: ...
+    def read_exact_scores(self, ids: list[Any]) -> list[Any] | None: ...  # None: not in hand
 
 
 class Refresh(Exception):
@@ -89,6 +85,8 @@ class Run:
     record: str | None = None  # the copy's stored record, as the run's first query read it
     why: str | None = None  # why the copy is not proven current (None: it is, or is frozen)
     reads: Reads | None = None  # the store's own reads of this run, asked first
+    probed: bool = False  # an oblivious read probed the copy's layout (oblivious.py)
+    rows_per_page: int | None = None  # what it found: rows a heap page, where ranks are fixed
 
 
 class SQLTable:
@@ -485,7 +483,10 @@ class SQLTable:
         at = order[np.searchsorted(got.positions[order], wanted)]
         return Rows(wanted, got.ids[at], got.scores[at])
 
-    def _by_id(self, ids: Sequence[Any], exact: bool) -> list[Any]:
+    def scores_by_id(self, ids: Sequence[Any], exact: bool = True) -> list[Any]:
+        """The scores of `ids` in the run's snapshot, one statement to the store (its own reads
+        bypassed): `exact`, as the table holds them (query counts: the copy's); else doubles,
+        from the copy where the run reads it. AccessError for an id the table lacks."""
         run = self._state()
         asked = plain_values(ids)
         if not asked:
@@ -513,14 +514,15 @@ class SQLTable:
             reads = self._state().reads
             if reads is not None:
                 return reads.read_ids(plain_values(ids))
-            return np.asarray(self._by_id(ids, exact=False), dtype=np.float64)
+            return np.asarray(self.scores_by_id(ids, exact=False), dtype=np.float64)
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """access.ExactScores: the counts as the table holds them (integers as Python ints,
         numerics as Decimals), from the table in the run's snapshot (query counts: the copy)."""
         with self._in_run():
-            exact = getattr(self._state().reads, "read_exact_scores", None)  # rows in hand
-            return exact(plain_values(ids)) if exact else self._by_id(ids, exact=True)
+            reads = self._state().reads  # the rows in hand, where it holds them
+            got = None if reads is None else reads.read_exact_scores(plain_values(ids))
+            return self.scores_by_id(ids) if got is None else got
 
     # ----- runs of tied scores (access.ScoreRuns) --------------------------------------------
     def score_run_count(self) -> int | None:
@@ -554,13 +556,8 @@ class SQLTable:
             if run.read != "copy":
                 return None
             d = self.dialect
-            sql = d.oneshot_sql(
-                run.ranks,
-                noise.sql(d.keyed_uniform("key", "r.rank")),
-                noise.bound,
-                int(k),
-                noise.score_cap,
-            )
+            uniform = noise.sql(d.keyed_uniform("key", "r.rank"))
+            sql = d.oneshot_sql(run.ranks, uniform, noise.bound, int(k), noise.score_cap)
             params = {
                 "key": noise.key,
                 "m": int(run.m),

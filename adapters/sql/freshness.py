@@ -38,9 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from topk_middleware.validation import first_line
+
+if TYPE_CHECKING:
+    from .around import ChangeLog
 
 
 def copy_key(copy_name: str) -> int:
@@ -48,7 +51,17 @@ def copy_key(copy_name: str) -> int:
     return int.from_bytes(hashlib.sha1(copy_name.encode("utf-8")).digest()[:8], "big", signed=True)
 
 
-class Unprovable:
+class Proof:
+    """What every proof declares: whether it can prove a copy current (`proves`), what
+    run_freshness() says of it (`said`), and the change log a stale copy is read around
+    (`changes`: a WriteLog's where the layout keeps one, around.py; None elsewhere)."""
+
+    proves = True
+    said: ClassVar[dict[str, str]] = {}
+    changes: ChangeLog | None = None
+
+
+class Unprovable(Proof):
     """Nothing proves a copy current (a store without triggers or a catalog value that every
     write changes): a run that is not frozen reads the table as it is now."""
 
@@ -62,7 +75,7 @@ class Unprovable:
         return None if self.t.frozen else "unprovable"
 
 
-class Compared:
+class Compared(Proof):
     """The copy is current when it holds the table's rows (module docstring). The arguments
     after `t` are those of a trigger proof (SQLAlchemyTable's copy names one): nothing here
     uses them."""
@@ -106,7 +119,7 @@ class Compared:
         return None if proven is not None else "written"
 
 
-class Fingerprint:
+class Fingerprint(Proof):
     """The copy is current when the table's fingerprint is the one recorded with it."""
 
     proves = True
@@ -123,7 +136,7 @@ class Fingerprint:
         return None if stored == self.fingerprint() else "written"
 
 
-class WriteLog:
+class WriteLog(Proof):
     """The write log of one copy (module docstring). `key_name` is the text its key is hashed
     from (the copy's qualified name as the layout spells it), `trigger` its trigger's name."""
 
@@ -254,7 +267,7 @@ class WriteLog:
         return "written"
 
 
-class RowStamps:
+class RowStamps(Proof):
     """The row triggers and stamp of one copy (module docstring). `key_name` is the text its
     key is hashed from (the copy's qualified name), `trigger` its triggers' name (one per
     event: `<trigger>_ins`, `_upd`, `_del`), `shared` statements making tables the layout's

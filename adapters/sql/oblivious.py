@@ -24,14 +24,12 @@ from topk_middleware.access import Rows
 def _layout(t: Any, run: Any) -> int | None:
     """Once per run: pin the plans and probe the layout; the rows per heap page where ranks
     have fixed addresses (integer ids), else None."""
-    pinned = getattr(t, "_pinned", None)
-    if pinned is not None and pinned[0] is run:
-        return pinned[1]
-    sql = t.dialect.oblivious_sql
-    probe = t.driver.one(sql.layout_probe(run.ranks, run.m), prepare=False)
-    per_page = sql.rows_per_page(probe, run.m) if t.integer_ids else None
-    t._pinned = (run, per_page)
-    return per_page
+    if not run.probed:
+        sql = t.dialect.oblivious_sql
+        probe = t.driver.one(sql.layout_probe(run.ranks, run.m), prepare=False)
+        run.rows_per_page = sql.rows_per_page(probe, run.m) if t.integer_ids else None
+        run.probed = True
+    return run.rows_per_page
 
 
 def oblivious_sorted(t: Any, run: Any, start: int, stop: int) -> Rows | None:

@@ -66,7 +66,7 @@ class RecordedCopy(NamedCopy):
     def reads_around(self) -> bool:
         """Whether the proof keeps a change log (around.py): its stamp line then follows the
         write log's in the copy's row of topk_write_stamps."""
-        return getattr(self.t.proof, "changes", None) is not None
+        return self.t.proof.changes is not None
 
     def __init__(self, t: Any, names: RecordedNames, *, index_source: bool = True) -> None:
         super().__init__(t, names)

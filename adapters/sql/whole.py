@@ -154,7 +154,7 @@ class WholeReads:
         driver returns them (Decimals). An integer column the driver read as doubles (a 128-bit
         integer through a numpy fetch: inexact past 2^53) is asked of the table by id instead."""
         if self.raw.dtype.kind == "f" and self.t.integer_scores:
-            return self.t._by_id(ids, exact=True)
+            return self.t.scores_by_id(ids)
         if self._exact is None:
             self._exact = dict(zip(self.ids.tolist(), self.raw.tolist(), strict=True))
         asked = [bytes(i) if isinstance(i, bytearray) else i for i in ids]

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from adapters.dialects.duckdb import DuckDBDialect
-from adapters.dialects.mysql import MySQLDialect
+from adapters.dialects.mysql import MySQLDialect, is_mariadb
 from adapters.dialects.postgres import PostgresDialect
 from adapters.dialects.sqlite import SQLiteDialect
 from adapters.sql.around import ChangeLog
@@ -34,11 +34,12 @@ from adapters.sql.recorded import RecordedCopy, RecordedNames
 
 from .table import DEFAULT_MAX_PARAMS, SQLAlchemyTable, _digest, _fit, _runs_name, engine_of
 
-# The SQLAlchemy dialects on the engine, and the engine's dialect for each engine.
+# The SQLAlchemy dialects on the engine, and the engine's dialect for each engine: the one place
+# an SQLAlchemy engine's dialect is chosen (copies, from_votes' counts and their copies).
 DIALECTS: dict[str, Callable[[Engine], Dialect]] = {
     "postgresql": lambda engine: PostgresDialect(),
     "sqlite": lambda engine: SQLiteDialect(),
-    "mysql": lambda engine: MySQLDialect(bool(getattr(engine.dialect, "is_mariadb", False))),
+    "mysql": lambda engine: MySQLDialect(is_mariadb(engine)),
     "mariadb": lambda engine: MySQLDialect(True),
     "duckdb": lambda engine: DuckDBDialect(named_schema=True),
 }

@@ -19,7 +19,6 @@ Core; identifiers are quoted by SQLAlchemy, never pasted.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -31,6 +30,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from adapters._sql import (
     HIDE_STATISTICS,
+    StatisticsChannel,
     id_array,
     sql_name_spellings,
     statistics_accepted,
@@ -48,7 +48,7 @@ from .table import DEFAULT_MAX_PARAMS, OLD_SQLITE_MAX_PARAMS, SQLAlchemyTable, e
 __all__ = ["LiveBase", "catalog_name"]
 
 
-class LiveBase(SQLAlchemyTable):
+class LiveBase(StatisticsChannel, SQLAlchemyTable):
     """A table of counts in an SQLAlchemy database, found and checked (module docstring); the
     arguments are SQLAlchemyTable's. Subclasses write a run's first query (`_open_run`) and
     end (`_close_run`), and the reads."""
@@ -275,11 +275,6 @@ class LiveBase(SQLAlchemyTable):
         return self._hides_statistics
 
     _hides_statistics: tuple[bool, str] | None = None  # _statistics_role(), once asked
-    # The operator accepts that another role sees the blocks oblivious runs read where the
-    # engine's role may not set track_counts: they run and warn instead of being refused
-    # (StoreTraits.oblivious_reads_seen; docs/promise.md).
-    accept_statistics_channel: bool = False
-    _warned_statistics = False  # oblivious_reads() said the channel is open
 
     def _oblivious_reads_seen(self, accepted: bool = False) -> str | None:
         """StoreTraits.oblivious_reads_seen on PostgreSQL where the role may not set
@@ -315,25 +310,8 @@ class LiveBase(SQLAlchemyTable):
         with self.engine.connect() as conn:
             yield conn
 
-    _oblivious = False  # inside oblivious_reads()
     store_costs: StoreCosts | None = None  # None: the planner's generic guess
     reads_copy = True  # the CLI prepares before a run (live mode: the positions)
-
-    @contextmanager
-    def oblivious_reads(self) -> Iterator[None]:
-        """access.ObliviousReads: runs opened inside do not read the runs of tied scores (their
-        number is the number of distinct scores). Where the operator accepted the statistics
-        channel and it is open, it says so once per source."""
-        if self.accept_statistics_channel and not self._warned_statistics:
-            seen = self._oblivious_reads_seen(accepted=True)
-            if seen is not None:
-                self._warned_statistics = True
-                warnings.warn(seen, stacklevel=3)
-        saved, self._oblivious = self._oblivious, True
-        try:
-            yield
-        finally:
-            self._oblivious = saved
 
     def traits(self) -> StoreTraits:
         """access.StoreTraits: the declared sensitivity and bound, the score column's type,

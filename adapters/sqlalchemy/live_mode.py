@@ -511,26 +511,12 @@ class SQLAlchemyLiveTable(LiveBase):
             )
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
-        """Scores of the named items, in the order given: `id IN (...)` on the unique index."""
-        wanted = plain_values(ids)
-        key = self._match_key(self._id_column)
-        query = sa.select(self._id_column, self._score_column).where(
-            self._live.one_of(key, "ids", self._id_column.type)
-        )
-        found: dict[Any, Any] = {}
-        with self._connection() as conn:
-            for chunk in self._chunks(list(dict.fromkeys(wanted))):
-                for item, score in conn.execute(query, {"ids": chunk}):
-                    found[item] = score
-        try:
-            scores = [found[item] for item in wanted]
-        except KeyError as missing:
-            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
-        return self._checked(np.asarray(scores, dtype=np.float64))
+        """Scores of the named items, in the order given (read_exact_scores), as doubles."""
+        return self._checked(np.asarray(self.read_exact_scores(ids), dtype=np.float64))
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """ExactScores: the scores of the named items as the driver returns them, from the
-        table itself."""
+        table itself: `id IN (...)` on the unique index, in chunks of max_params."""
         wanted = plain_values(ids)
         key = self._match_key(self._id_column)
         query = sa.select(self._id_column, self._score_column).where(

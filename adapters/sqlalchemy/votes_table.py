@@ -32,7 +32,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from adapters import contributions as law
-from adapters.dialects.votes import sqlalchemy_dialect
 from adapters.sql.dialect import FLOAT, INTEGER, Column
 from adapters.sql.driver import SQLAlchemyDriver
 from adapters.sql.engine import SQLTable
@@ -165,7 +164,13 @@ class SQLAlchemyVotesTable(SQLAlchemyCopyTable):
         """SQLAlchemyTable.from_votes (its docstring): the checks that read no vote, then the copy's
         definition (module docstring); nothing is written before prepare()."""
         engine = engine_of(engine)
-        words, driver = sqlalchemy_dialect(engine), SQLAlchemyDriver(engine)
+        dialect_of = DIALECTS.get(engine.dialect.name)
+        if dialect_of is None:
+            raise ValueError(
+                "from_votes through SQLAlchemy counts on PostgreSQL, SQLite, MariaDB / MySQL and "
+                f"DuckDB; this engine's dialect is {engine.dialect.name!r}"
+            )
+        words, driver = dialect_of(engine), SQLAlchemyDriver(engine)
         with driver.session():
             counts = count_votes(
                 words,

@@ -125,7 +125,10 @@ def literal(text: str) -> str:
 
 
 def kind_of(type_name: str) -> str:
-    """INTEGER, FLOAT, TEXT, or the type's own name, for a DuckDB column type."""
+    """INTEGER, FLOAT, TEXT, or the type's own name, for a DuckDB column type (a list or an
+    array of numbers or text is neither)."""
+    if type_name.endswith("]"):
+        return type_name
     if type_name.startswith(INTEGER_TYPES):
         return INTEGER
     if type_name.startswith(NUMERIC_TYPES):
@@ -162,10 +165,13 @@ class DuckDBDialect(Dialect):
         "WHERE database_name = current_database()"
     )
 
-    def __init__(self, named_schema: bool = False) -> None:
+    def __init__(self, named_schema: bool = False, caller_connection: bool = False) -> None:
+        """`caller_connection`: statements run on the caller's own connection (from_votes, which
+        counts from the frames it registered), whose temporary tables and views `columns`
+        finds first and reads, where a source's runs (cursors of their own) refuse them."""
         from .table import CatalogHints
 
-        self.named_schema = named_schema
+        self.named_schema, self.caller_connection = named_schema, caller_connection
         self.hints = CatalogHints()  # what runs of this dialect's table keep of the catalog
 
     def layout(self, t: Any) -> Any:
@@ -206,10 +212,39 @@ class DuckDBDialect(Dialect):
         return namespace, table
 
     # ----- catalog ---------------------------------------------------------------------------
+    def _find(self, driver: Driver, namespace: Any, table: str) -> tuple[Any, ...] | None:
+        """(database, schema, name, is a view) of the relation the name means on the caller's
+        connection: its temporary ones first, names compared without case. One catalog scan."""
+        return driver.one(
+            "SELECT database_name, schema_name, name, view FROM (SELECT database_name, "
+            "schema_name, table_name AS name, false AS view FROM duckdb_tables() UNION ALL "
+            "SELECT database_name, schema_name, view_name, true FROM duckdb_views() "
+            "WHERE NOT internal) WHERE database_name IN (current_database(), 'temp') "
+            "AND lower(schema_name) = lower(coalesce(:schema, current_schema())) "
+            "AND lower(name) = lower(:name) ORDER BY database_name = 'temp' DESC LIMIT 1",
+            {"schema": namespace, "name": table},
+        )
+
+    def is_table(self, driver: Driver, namespace: Any, table: str) -> bool:
+        found = self._find(driver, namespace, table)
+        return found is not None and not found[3]
+
     def columns(self, driver: Driver, namespace: Any, table: str) -> dict[str, Column] | None:
         """The columns DuckDB describes (None where the name finds nothing). A temporary table
-        or view of the caller's connection (con.register() of a frame makes one) is refused:
-        runs read through cursors of their own, which do not see it."""
+        or view of the caller's connection (con.register() of a frame makes one) is read where
+        statements run on that connection (`caller_connection`: the catalog's columns of the
+        relation `_find` finds), else refused: runs read through cursors of their own, which do
+        not see it."""
+        if self.caller_connection:
+            found = self._find(driver, namespace, table)
+            if found is None:
+                return None
+            rows = driver.execute(
+                "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = :d "
+                "AND schema_name = :s AND table_name = :t ORDER BY column_index",
+                {"d": found[0], "s": found[1], "t": found[2]},
+            )
+            return {str(name): Column(kind_of(str(kind)), str(kind)) for name, kind in rows}
         source = self.qualified(namespace, table)
         if driver.in_transaction and not driver.scalar(f"SELECT {self.exists_sql(source)}"):
             return None  # looked up first: a failed DESCRIBE would end the transaction
@@ -287,9 +322,15 @@ class DuckDBDialect(Dialect):
             return f'{expr} COLLATE "binary" IN (SELECT unnest(:{param}) COLLATE "binary")'
         return f"{expr} IN (SELECT unnest(:{param}))"
 
+    def keyed_hash(self, key: str, message: str) -> str | None:
+        return f"sha256({key} || {message})"
+
     def keyed_uniform(self, key_param: str, position: str) -> str:
         digits = f"('0x' || substr(sha256(:{key_param} || ':' || {position}::VARCHAR), 1, 13))"
         return uniform_from_hex_sql(f"{digits}::UBIGINT::DOUBLE")
+
+    def exceedances_sql(self) -> str:
+        return "SELECT unnest(CAST(:positions AS BIGINT[])), unnest(CAST(:noises AS DOUBLE[]))"
 
     def oneshot_sql(self, ranks: str, noise_sql: str, bound: float, k: int, cap: float) -> str:
         """keyed_noise.oneshot_query over a declared rank table (rank, id, score), the
@@ -298,7 +339,7 @@ class DuckDBDialect(Dialect):
             ranks,
             "rank",
             noise_sql,
-            "SELECT unnest(CAST(:positions AS BIGINT[])), unnest(CAST(:noises AS DOUBLE[]))",
+            self.exceedances_sql(),
             bound,
             ":k",
             "MATERIALIZED ",

@@ -121,6 +121,10 @@ class CopyReads:
     def oneshot_positions(self) -> int:
         return self.m
 
+    def read_exact_scores(self, ids: list[Any]) -> list[Any] | None:
+        """None: the copy holds doubles, so exact scores are asked of the table by id."""
+        return None
+
     def count_at_least(self, score: float) -> int | None:
         return None
 

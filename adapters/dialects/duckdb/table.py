@@ -243,6 +243,10 @@ class TableReads:
     def read_position_scores(self, positions: np.ndarray) -> Any:
         return None
 
+    def read_exact_scores(self, ids: list[Any]) -> list[Any] | None:
+        """None: exact scores are asked of the table by id (the engine's scores_by_id)."""
+        return None
+
     def oneshot_positions(self) -> int:
         """The row id range (row ids of deleted rows stay unused: each position is still an
         exceedance with probability q, independently), or m on a view."""

@@ -9,6 +9,9 @@ inside the server): the SQL is written once here and in the modules beside it.
 * catalog: columns from pg_attribute (scores of a numeric type, ids of any type with an
   equality and an order; text ids compared with COLLATE "C", in byte order), the table's
   comment (from_votes' record);
+* from_votes' counts (adapters/sql/votes.py) in the same words through psycopg and SQLAlchemy:
+  ids matched in byte order, the keyed hash sha256() of the UTF-8 bytes, a table (not a view)
+  where pg_class says so;
 * the copy (copies.NamedCopy): `CREATE TABLE .. AS` in canonical order with NOT NULL and CHECK
   constraints and unique B-trees on rank and id, its runs table (run, first_rank, score),
   its record in the rank table's comment, its fingerprint the identity (oid) of the table and
@@ -169,12 +172,20 @@ class PostgresDialect(Dialect):
                 kind = INTEGER
             elif category == "N" and type_name.startswith(SCORE_TYPES):
                 kind = FLOAT
-            elif collatable:
+            elif collatable and category == "S":  # a string type (not an array of strings)
                 kind = TEXT
             else:
                 kind = type_name
             out[name] = Column(kind, type_name, type_name.split("(")[0] not in UNORDERED_ID_TYPES)
         return out
+
+    def is_table(self, driver: Driver, namespace: Any, table: str) -> bool:
+        """Whether the relation is a table (plain or partitioned), not a view: one lookup."""
+        kind = driver.scalar(
+            "SELECT relkind FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass(:name)",
+            {"name": self.qualified(namespace, table)},
+        )
+        return kind in ("r", "p")
 
     def literal(self, text: str) -> str:
         return literal(text)
@@ -280,8 +291,17 @@ class PostgresDialect(Dialect):
             return float_array_literal(values)
         return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
+    def text(self, expr: str) -> str:
+        return f"CAST({expr} AS text)"
+
+    def keyed_hash(self, key: str, message: str) -> str | None:
+        return f"sha256(convert_to({key} || {message}, 'UTF8'))"
+
     def keyed_uniform(self, key_param: str, position: str) -> str:
         return uniform_from_hex_sql(KEYED_DIGITS.format(key=key_param, position=position))
+
+    def exceedances_sql(self) -> str:
+        return "SELECT * FROM unnest(CAST(:positions AS bigint[]), CAST(:noises AS float8[]))"
 
     def oneshot_sql(self, ranks: str, noise_sql: str, bound: float, k: int, cap: float) -> str:
         """keyed_noise.oneshot_query over the rank table, the rows that can win found by binary
@@ -290,7 +310,7 @@ class PostgresDialect(Dialect):
             ranks,
             "rank",
             noise_sql,
-            "SELECT * FROM unnest(CAST(:positions AS bigint[]), CAST(:noises AS float8[]))",
+            self.exceedances_sql(),
             bound,
             ":k",
             materialized="MATERIALIZED ",
@@ -393,7 +413,7 @@ class PostgresDialect(Dialect):
     def _statistics_role(self, driver: Driver) -> tuple[bool, str]:
         """(whether the connection's role may set track_counts, its name): one catalog query
         per connection (a fact of the role, not of the data)."""
-        connection = getattr(driver, "conn", driver)
+        connection = driver.session_key
         if self._hides is not None and self._hides[0] is connection:
             return self._hides[1], self._hides[2]
         allowed, role = driver.one(may_hide_statistics_sql(driver.server_version))
