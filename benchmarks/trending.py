@@ -24,12 +24,15 @@ precision@k at a tick is the share of the released items whose count at that tic
 the true k-th count (ties count as right). Each (stream, mechanism) runs --reps times.
 
 PostgreSQL (TOPK_PG_DSN): a --pg-m-row Zipf table (benchmarks/common.py) loaded and prepared in
-live mode; --pg-reps gated streams (a selection, standing ticks, a tick after one item's count
-jumps) and as many independent ones, 7 ticks each, on a SQLite ledger file and on a PostgreSQL
-ledger (a database of its own), timed against the store's own one-shot query (ORDER BY score +
-Gumbel noise LIMIT k, the same scale) run twice before and twice after the ticks; each tick's
-time split into its phases (ledger read, charge, store; the gap's read; the selection; `PHASES`);
-rows read per tick against sqrt(mk).
+live mode (or --pg-table: one loaded so before, reused and kept: a load and prepare of 10^7 rows
+take minutes); --pg-reps gated streams (a selection, standing ticks, a tick after one item's
+count jumps) and as many independent ones, 7 ticks each, on a SQLite ledger file and on a
+PostgreSQL ledger (a database of its own), each tick timed against the store's own one-shot
+query (ORDER BY score + Gumbel noise LIMIT k, the same scale) run just before it, so that both
+see the same load (and twice before and twice after all ticks); each tick's time split into its
+phases (ledger read, charge, store; the gap's read; the selection; `PHASES`), its CPU time and
+a bare durable commit's time just before it (the disk's fsync latency then); rows read per tick
+against sqrt(mk); the seconds to make each stream, with delta = 0 and delta = 1e-6.
 Results: trending.json and trending.png (precision), trending_postgres.json (PostgreSQL) in
 benchmarks/results/ (--quick: T = 48, 1 rep, m = 10^5, in benchmarks/scratch/), or in --out.
 """
@@ -57,6 +60,7 @@ from topk_middleware.streams import trending_top_k
 from . import common
 
 FLIGHTS_WEEK = np.datetime64("2013-03-04T00:00")
+MECHS = ("gated", "independent")
 
 
 # ----- the streams ------------------------------------------------------------------------------
@@ -205,18 +209,51 @@ def phase_timers(phases: dict[str, float]) -> Iterator[None]:
             setattr(target, name, original)
 
 
-def ticks_on(source: Any, ledger_url: str, dsn: str, table: str, args: argparse.Namespace) -> Any:
+def commit_probe() -> float:
+    """Seconds of one bare durable commit (a row into a scratch SQLite file in write-ahead-log
+    mode, synchronous = FULL, as the ledger keeps its file): the disk's fsync latency of the
+    moment, the floor of each of a tick's commits."""
+    import sqlite3
+
+    with tempfile.TemporaryDirectory() as folder:
+        con = sqlite3.connect(Path(folder) / "probe.db", isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = FULL")
+            con.execute("CREATE TABLE t (a TEXT)")
+            begin = time.perf_counter()
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT INTO t VALUES (?)", ("x" * 300,))
+            con.execute("COMMIT")
+            return time.perf_counter() - begin
+        finally:
+            con.close()
+
+
+def ticks_on(
+    source: Any, ledger_url: str, dsn: str, table: str, args: argparse.Namespace, oneshot: Any
+) -> Any:
     """--pg-reps streams of each mechanism, 7 ticks each (gated: one item jumps above the list
-    before tick 7), on one ledger: every tick's seconds, phases (ms), rows read; each stream's
-    construction (its plan, the table's m) apart, in "construct_s"."""
+    before tick 7), on one ledger: every tick's seconds, CPU seconds, phases (ms), rows read,
+    and the store's one-shot query run just before it (`oneshot`: its seconds) with the
+    1-minute load average then and a bare durable commit's seconds (commit_probe); each
+    stream's construction apart ("construct_s"), and that of a stream of the same total with
+    delta = 1e-6 (zCDP: "construct_delta_s"), not ticked."""
     import psycopg
 
     ledger = PrivacyLedger(ledger_url)
     budget = ledger.budget(f"bench-{uuid.uuid4().hex[:8]}", 1000.0)
     ticks: dict[str, list[dict[str, Any]]] = {"gated": [], "independent": []}
     construct: list[float] = []  # trending_top_k(...): its plan and the table's m
+    construct_delta: list[float] = []
     for rep in range(args.pg_reps):
         for mechanism in ("gated", "independent"):
+            begin = time.perf_counter()
+            trending_top_k(
+                source, args.k, args.epsilon, 168, budget=budget, delta=1e-6,
+                name=f"{mechanism}-{rep}-zcdp", mechanism=mechanism,
+            )  # fmt: skip
+            construct_delta.append(time.perf_counter() - begin)
             begin = time.perf_counter()
             stream = trending_top_k(
                 source, args.k, args.epsilon, 168, budget=budget, name=f"{mechanism}-{rep}",
@@ -224,40 +261,55 @@ def ticks_on(source: Any, ledger_url: str, dsn: str, table: str, args: argparse.
             )  # fmt: skip
             construct.append(time.perf_counter() - begin)
             for t in range(1, 8):
-                if t == 7 and mechanism == "gated":
+                if t == 7 and mechanism == "gated":  # above every count, by the zipf top
                     with psycopg.connect(dsn, autocommit=True) as con:
                         con.execute(
-                            f"UPDATE {table} SET score = (SELECT max(score) FROM {table}) * 10 "
+                            f"UPDATE {table} SET score = (SELECT max(score) FROM {table}) "
+                            f"+ {common.ZIPF_TOP} "
                             f"WHERE id = (SELECT id FROM {table} ORDER BY score LIMIT 1)"
                         )
+                store_s = oneshot()
+                load = os.getloadavg()[0]
+                probe_s = commit_probe()
                 phases: dict[str, float] = {}
                 with phase_timers(phases):
-                    begin = time.perf_counter()
+                    begin, cpu = time.perf_counter(), time.process_time()
                     tick = stream.tick(t)
-                    seconds = time.perf_counter() - begin
+                    seconds, cpu = time.perf_counter() - begin, time.process_time() - cpu
                 ticks[mechanism].append(
                     {
                         "rep": rep,
                         "tick": t,
                         "seconds": seconds,
+                        "cpu_s": cpu,  # this process's (the client's) CPU time in the tick
+                        "oneshot_s": store_s,
+                        "ratio": store_s / seconds,
+                        "load_1min": load,
+                        "bare_commit_s": probe_s,
                         "fresh": tick.fresh,
                         "rows_read": tick.diagnostics["rows_read"],
                         "phases_ms": {k: round(v * 1e3, 3) for k, v in phases.items()},
                     }
                 )
     ledger.close()
-    return {**ticks, "construct_s": construct}
+    return {**ticks, "construct_s": construct, "construct_delta_s": construct_delta}
 
 
 def summary(rows: list[dict[str, Any]], oneshot: float) -> dict[str, Any]:
-    """Median and slowest tick, their ratios to the one-shot query, mean phases (ms) of the
-    ticks that stood and of those that selected."""
+    """Median and slowest tick, their ratios to the one-shot query's median over the run; each
+    tick's ratio to the one-shot query run just before it (median and smallest); mean phases
+    (ms) of the ticks that stood and of those that selected."""
     seconds = [r["seconds"] for r in rows]
+    ratios = [r["ratio"] for r in rows]
+    slowest = max(rows, key=lambda r: r["seconds"])
     out: dict[str, Any] = {
         "median_tick_s": statistics.median(seconds),
-        "slowest_tick_s": max(seconds),
+        "slowest_tick_s": slowest["seconds"],
         "ratio_oneshot_over_median_tick": oneshot / statistics.median(seconds),
-        "ratio_oneshot_over_slowest_tick": oneshot / max(seconds),
+        "ratio_oneshot_over_slowest_tick": oneshot / slowest["seconds"],
+        "median_tick_ratio": statistics.median(ratios),
+        "smallest_tick_ratio": min(ratios),
+        "slowest_tick_ratio": slowest["ratio"],
         "most_rows_read": max(r["rows_read"] for r in rows),
     }
     for kind, fresh in (("standing", False), ("selecting", True)):
@@ -274,9 +326,10 @@ def summary(rows: list[dict[str, Any]], oneshot: float) -> dict[str, Any]:
 
 
 def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
-    """The --pg-m-row table loaded and prepared in live mode; the store's one-shot query timed
-    twice before and twice after the ticks (median of the four); ticks on a SQLite ledger file
-    (write-ahead log) and on a PostgreSQL ledger in the same database."""
+    """The --pg-m-row table loaded (or --pg-table, loaded so before: kept) and prepared in live
+    mode; the store's one-shot query run just before every tick (and twice before and twice
+    after all of them); ticks on a SQLite ledger file (write-ahead log) and on a PostgreSQL
+    ledger in a database of its own."""
     import psycopg
     import sqlalchemy as sa
     from psycopg.conninfo import conninfo_to_dict
@@ -288,28 +341,31 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
 
     dsn = os.environ.get("TOPK_PG_DSN", "host=127.0.0.1 port=5432 dbname=test")
     m, k = args.pg_m, args.k
-    table = f"topk_trend_bench_{uuid.uuid4().hex[:8]}"
+    reused = args.pg_table is not None
+    table = args.pg_table or f"topk_trend_bench_{uuid.uuid4().hex[:8]}"
     engine = engine_for(dsn)
     started = time.perf_counter()
-    load(engine, table, common.shuffled_ids(m, 0), common.family_scores("zipf", m, k))
+    if not reused:
+        load(engine, table, common.shuffled_ids(m, 0), common.family_scores("zipf", m, k))
     load_s = time.perf_counter() - started
     source = PostgresTable(dsn, table, mode="live")
     started = time.perf_counter()
     source.prepare()
     prepare_s = time.perf_counter() - started
+    if source.domain_size() != m:
+        raise ValueError(f"{table} holds {source.domain_size()} rows, not --pg-m = {m}")
     out: dict[str, Any] = {"m": m, "k": k, "load_s": load_s, "prepare_s": prepare_s}
+    out["table_reused"] = reused
     scale = gumbel_scale(k, args.epsilon, m)
     query = f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC LIMIT {k}"
+    store = psycopg.connect(dsn)
 
-    def oneshot_runs() -> list[float]:
-        times = []
-        with psycopg.connect(dsn) as con:
-            for _ in range(2):
-                begin = time.perf_counter()
-                con.execute(query).fetchall()
-                times.append(time.perf_counter() - begin)
-                con.rollback()
-        return times
+    def oneshot() -> float:
+        begin = time.perf_counter()
+        store.execute(query).fetchall()
+        seconds = time.perf_counter() - begin
+        store.rollback()
+        return seconds
 
     params = conninfo_to_dict(dsn)
     ledger_db = f"topk_trend_ledger_{uuid.uuid4().hex[:8]}"  # the PostgreSQL ledger's own
@@ -324,41 +380,55 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(f"CREATE DATABASE {ledger_db}")
     try:
-        oneshot = oneshot_runs()
+        runs_s = [oneshot(), oneshot()]
         load_before = os.getloadavg()
         with tempfile.TemporaryDirectory() as folder:
             ledgers = {
                 "sqlite": f"sqlite:///{Path(folder) / 'ledger.db'}",
                 "postgresql": pg_ledger.render_as_string(hide_password=False),
             }
-            runs = {name: ticks_on(source, url, dsn, table, args) for name, url in ledgers.items()}
+            runs = {
+                name: ticks_on(source, url, dsn, table, args, oneshot)
+                for name, url in ledgers.items()
+            }
         load_after = os.getloadavg()
-        oneshot += oneshot_runs()
-        median = statistics.median(oneshot)
-        out.update(oneshot_sql_median_s=median, oneshot_sql_s=oneshot, sqrt_mk=math.sqrt(m * k))
+        runs_s += [oneshot(), oneshot()]
+        interleaved = [r["oneshot_s"] for ticks in runs.values() for x in MECHS for r in ticks[x]]
+        every = runs_s + interleaved  # 2 before, 2 after, then one before each tick
+        median = statistics.median(every)
+        out.update(oneshot_sql_median_s=median, oneshot_sql_s=every, sqrt_mk=math.sqrt(m * k))
         out["load_average_during_ticks"] = [list(load_before), list(load_after)]
         out["client_nice"] = os.nice(0)  # the niceness ticks ran at (the server's is 0)
         out["ledgers"] = {}
         for name, ticks in runs.items():
             construct = ticks.pop("construct_s")
-            out["ledgers"][name] = {"ticks": ticks, "construct_s": construct}
+            construct_delta = ticks.pop("construct_delta_s")
+            out["ledgers"][name] = {
+                "ticks": ticks, "construct_s": construct, "construct_delta_s": construct_delta
+            }  # fmt: skip
             for mechanism, rows in ticks.items():
                 found = summary(rows, median)
                 out["ledgers"][name][mechanism] = found
                 print(
                     f"PG m={m}, {name} ledger, {mechanism}: median tick "
                     f"{found['median_tick_s'] * 1e3:.1f} ms, slowest "
-                    f"{found['slowest_tick_s'] * 1e3:.1f} ms; one-shot SQL {median * 1e3:.0f} ms "
-                    f"({found['ratio_oneshot_over_slowest_tick']:.0f}x the slowest tick); most "
-                    f"rows {found['most_rows_read']} (sqrt(mk) = {math.sqrt(m * k):.0f})",
+                    f"{found['slowest_tick_s'] * 1e3:.1f} ms; each tick against the one-shot "
+                    f"query just before it: median {found['median_tick_ratio']:.0f}x, smallest "
+                    f"{found['smallest_tick_ratio']:.0f}x, the slowest tick's "
+                    f"{found['slowest_tick_ratio']:.0f}x; most rows {found['most_rows_read']} "
+                    f"(sqrt(mk) = {math.sqrt(m * k):.0f})",
                     flush=True,
                 )
-    finally:  # the table (its indexes and triggers with it), then the position table and
-        # the triggers' function (uninstall: nothing of it left on the shared server)
+    finally:  # a table made here (its indexes and triggers with it), then the position table
+        # and the triggers' function (uninstall: nothing of it left on the shared server); a
+        # reused table stays as it is, prepared
+        store.close()
         with psycopg.connect(dsn, autocommit=True) as con:
-            con.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+            if not reused:
+                con.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
             con.execute(f"DROP DATABASE IF EXISTS {ledger_db} WITH (FORCE)")
-        source.uninstall()
+        if not reused:
+            source.uninstall()
         source.close()
         engine.dispose()
     return out
@@ -405,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=168)
     parser.add_argument("--pg-m", type=int, default=10**7)
     parser.add_argument("--pg-reps", type=int, default=3, help="streams per mechanism and ledger")
+    parser.add_argument(
+        "--pg-table",
+        default=None,
+        help="a table of --pg-m zipf rows loaded before (benchmarks/common.py): reused and kept",
+    )
     parser.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL part")
     parser.add_argument(
         "--pg-name", default="trending_postgres", help="the PostgreSQL part's JSON file name"
