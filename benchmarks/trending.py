@@ -356,6 +356,7 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"{table} holds {source.domain_size()} rows, not --pg-m = {m}")
     out: dict[str, Any] = {"m": m, "k": k, "load_s": load_s, "prepare_s": prepare_s}
     out["table_reused"] = reused
+    out["table"] = table
     scale = gumbel_scale(k, args.epsilon, m)
     query = f"SELECT id FROM {table} ORDER BY score - {scale!r} * ln(-ln(random())) DESC LIMIT {k}"
     store = psycopg.connect(dsn)
@@ -369,6 +370,7 @@ def bench_postgres(args: argparse.Namespace) -> dict[str, Any]:
 
     params = conninfo_to_dict(dsn)
     ledger_db = f"topk_trend_ledger_{uuid.uuid4().hex[:8]}"  # the PostgreSQL ledger's own
+    out["ledger_database"] = ledger_db
     pg_ledger = sa.URL.create(
         "postgresql+psycopg",
         username=params.get("user", os.environ.get("PGUSER", "root")),

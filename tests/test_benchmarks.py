@@ -375,13 +375,16 @@ def test_trending_harness(tmp_path: Path) -> None:
             assert found["most_rows_read"] < pg["sqrt_mk"]
         gated = [t["fresh"] for t in pg["ledgers"][name]["ticks"]["gated"]]
         assert gated[0] and gated[-1]  # the first list, and the one after the jump
+    # this run's own table and ledger database (another run on the server may hold its own)
+    table, ledger = pg["table"], pg["ledger_database"]
     with psycopg.connect(PG_DSN, autocommit=True) as con:
         left = con.execute(
-            "SELECT (SELECT count(*) FROM pg_class WHERE relname LIKE 'topk_trend_bench_%'), "
-            "(SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%topk_trend_bench_%'), "
-            "(SELECT count(*) FROM pg_database WHERE datname LIKE 'topk_trend_ledger_%')"
+            "SELECT (SELECT count(*) FROM pg_class WHERE relname LIKE %(t)s), "
+            "(SELECT count(*) FROM pg_proc WHERE prosrc LIKE %(in_t)s), "
+            "(SELECT count(*) FROM pg_database WHERE datname = %(ledger)s)",
+            {"t": table + "%", "in_t": "%" + table + "%", "ledger": ledger},
         ).fetchone()
-    assert left == (0, 0, 0)
+    assert table.startswith("topk_trend_bench_") and left == (0, 0, 0)
 
 
 def test_engine_ab_harness(tmp_path: Path) -> None:
