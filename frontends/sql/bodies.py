@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frontends.sql.functions import SQL_FUNCTIONS, _parameters
 from frontends.sql.keys import Keyed, check_key, keyed_run
 from frontends.sql.ledger import (
     LOCK_TIMEOUT,
@@ -180,238 +182,177 @@ def _charged_release(
     return rows
 
 
-def server_release(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    k: Any,
-    epsilon: Any,
-    delta: Any,
-    noise: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[int, str | None]]:
-    """topk.private_top_k: check, charge session_user, release; the rows (position, item).
-    `oblivious` (default true): reads and wall time fixed by public facts
-    (mechanisms/oblivious.py), charged oblivious_cost. `release_key`: `keyed_run`."""
-    from topk_middleware.api import NOISES, private_top_k
-    from topk_middleware.validation import check_common
+@dataclass(frozen=True)
+class Release:
+    """What one release function has of its own; `_release` does the rest for every one.
 
-    no_nulls(
-        plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise, oblivious=oblivious
-    )
+    `server` names its SqlFunction (functions.py), whose parameters are the arguments the body
+    passes, in order. `check(a)` raises the mechanism's ValueError or TypeError for arguments
+    `a` (by name); `run(table, a, **options)` runs the mechanism with the call's seed and
+    budget (and, where it reads obliviously, `oblivious` and `deadline`) in `options`.
+    `refused_obliviously` names a mechanism that cannot read obliviously (refused under the
+    oblivious default), None where it can; `last_check` is work known to be excessive, checked
+    after that refusal. The key's arguments are every argument but the table and the key (and
+    `oblivious` where it must be false). Cost: a dictionary of the arguments per call."""
 
-    def check() -> None:
-        check_common(k, epsilon, delta)
-        check_release_k(k)
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
-        check_key(release_key)
-
-    checked(plpy, check)
-    arguments = {"k": k, "epsilon": epsilon, "delta": delta, "noise": noise}
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: private_top_k(
-            table,
-            k,
-            epsilon,
-            delta,
-            noise,
-            seed=seed,
-            budget=budget,
-            oblivious=bool(oblivious),
-            deadline=table.deadline if oblivious else None,
-        ),
-        Keyed(release_key, "private_top_k", {**arguments, "oblivious": bool(oblivious)}),
-    )
+    server: str
+    function: str  # its name under a release key (keys.Keyed)
+    check: Callable[[dict[str, Any]], Any]
+    run: Callable[..., Any]
+    refused_obliviously: str | None = None
+    last_check: Callable[[dict[str, Any]], Any] | None = None
+    with_counts: bool = False
 
 
-def server_release_with_counts(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    k: Any,
-    epsilon: Any,
-    delta: Any,
-    noise: Any,
-    counts_share: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[Any, ...]]:
-    """topk.private_top_k_with_counts: topk.private_top_k plus each item's noisy count and the
-    95% half-width (private_top_k(..., with_counts=True))."""
-    from topk_middleware.api import NOISES, private_top_k
+def _check_top_k(a: dict[str, Any]) -> None:
+    from topk_middleware.api import NOISES
     from topk_middleware.noisy_counts import check_counts_share
     from topk_middleware.validation import check_common
 
-    no_nulls(plpy, source=source, k=k, epsilon=epsilon, delta=delta, noise=noise)
-    no_nulls(plpy, counts_share=counts_share, oblivious=oblivious)
-
-    def check() -> None:
-        check_common(k, epsilon, delta)
-        check_release_k(k)
-        check_counts_share(counts_share)
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {noise!r}")
-        check_key(release_key)
-
-    checked(plpy, check)
-    arguments = {"k": k, "epsilon": epsilon, "delta": delta, "noise": noise}
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: private_top_k(
-            table,
-            k,
-            epsilon,
-            delta,
-            noise,
-            seed=seed,
-            budget=budget,
-            with_counts=True,
-            counts_share=counts_share,
-            oblivious=bool(oblivious),
-            deadline=table.deadline if oblivious else None,
-        ),
-        Keyed(
-            release_key,
-            "private_top_k_with_counts",
-            {**arguments, "counts_share": counts_share, "oblivious": bool(oblivious)},
-        ),
-        with_counts=True,
-    )
+    check_common(a["k"], a["epsilon"], a["delta"])
+    check_release_k(a["k"])
+    if "counts_share" in a:
+        check_counts_share(a["counts_share"])
+    if a["noise"] not in NOISES:
+        raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {a['noise']!r}")
 
 
-def server_exponential(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    epsilon: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[int, str | None]]:
-    """topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i) (mechanisms/exponential.py;
-    charged accounting.oneshot_cost("gumbel", 1, m, epsilon), as its `budget=` does)."""
+def _top_k(table: Any, a: dict[str, Any], **options: Any) -> Any:
+    from topk_middleware.api import private_top_k
+
+    if "counts_share" in a:
+        options.update(with_counts=True, counts_share=a["counts_share"])
+    return private_top_k(table, a["k"], a["epsilon"], a["delta"], a["noise"], **options)
+
+
+def _check_unbounded(a: dict[str, Any]) -> None:
+    """The checks of the exponential mechanism, peeling and joint: k and epsilon, no delta."""
+    from topk_middleware.validation import check_common
+
+    check_common(a.get("k", 1), a["epsilon"], 0.0)
+
+
+def _exponential(table: Any, a: dict[str, Any], **options: Any) -> Any:
     from topk_middleware.mechanisms.exponential import exponential_mechanism
-    from topk_middleware.validation import check_common
 
-    no_nulls(plpy, source=source, epsilon=epsilon, oblivious=oblivious)
-    checked(plpy, check_common, 1, epsilon, 0.0)
-    checked(plpy, check_key, release_key)
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: exponential_mechanism(
-            table,
-            epsilon,
-            seed=seed,
-            budget=budget,
-            oblivious=bool(oblivious),
-            deadline=table.deadline if oblivious else None,
-        ),
-        Keyed(
-            release_key,
-            "exponential_mechanism",
-            {"epsilon": epsilon, "oblivious": bool(oblivious)},
-        ),
-    )
+    return exponential_mechanism(table, a["epsilon"], **options)
 
 
-def server_peeling(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    k: Any,
-    epsilon: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[int, str | None]]:
-    """topk.peeling_top_k: k exponential-mechanism steps of epsilon/k (mechanisms/peeling.py;
-    charged peeling_cost(k, epsilon))."""
+def _peeling(table: Any, a: dict[str, Any], **options: Any) -> Any:
     from topk_middleware.mechanisms.peeling import peeling_top_k
-    from topk_middleware.validation import check_common
 
-    no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
-    checked(plpy, check_common, k, epsilon, 0.0)
-    checked(plpy, check_key, release_key)
-    not_oblivious(plpy, "peeling", oblivious)
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: peeling_top_k(table, k, epsilon, seed=seed, budget=budget),
-        Keyed(release_key, "peeling_top_k", {"k": k, "epsilon": epsilon}),
-    )
+    return peeling_top_k(table, a["k"], a["epsilon"], **options)
 
 
-def server_joint(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    k: Any,
-    epsilon: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[int, str | None]]:
-    """topk.joint_top_k: a k-set from the joint exponential mechanism, in random order
-    (mechanisms/joint.py; charged joint_cost(epsilon))."""
-    from topk_middleware.mechanisms.joint import check_joint_size, joint_top_k
-    from topk_middleware.validation import check_common
+def _joint(table: Any, a: dict[str, Any], **options: Any) -> Any:
+    from topk_middleware.mechanisms.joint import joint_top_k
 
-    no_nulls(plpy, source=source, k=k, epsilon=epsilon, oblivious=oblivious)
-    checked(plpy, check_common, k, epsilon, 0.0)
-    checked(plpy, check_key, release_key)
-    not_oblivious(plpy, "joint", oblivious)
-    checked(plpy, check_joint_size, k)  # work known to be excessive, before anything
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: joint_top_k(table, k, epsilon, seed=seed, budget=budget),
-        Keyed(release_key, "joint_top_k", {"k": k, "epsilon": epsilon}),
-    )
+    return joint_top_k(table, a["k"], a["epsilon"], **options)
 
 
-def server_limited_domain(
-    plpy: Any,
-    GD: dict[str, Any],
-    source: Any,
-    k: Any,
-    k_bar: Any,
-    epsilon: Any,
-    delta: Any,
-    oblivious: Any = True,
-    release_key: Any = None,
-) -> list[tuple[int, str | None]]:
-    """topk.limited_domain_top_k: Durfee-Rogers Algorithm 1 (mechanisms/limited_domain.py;
-    charged limited_domain_cost(k, epsilon, delta)); a bottom symbol is a last row with item
-    NULL."""
-    from topk_middleware.mechanisms.limited_domain import check_limited_domain, limited_domain_top_k
+def _joint_size(a: dict[str, Any]) -> None:
+    from topk_middleware.mechanisms.joint import check_joint_size
 
-    no_nulls(
-        plpy, source=source, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta, oblivious=oblivious
-    )
-    checked(plpy, check_limited_domain, k, k_bar, epsilon, delta, None)
-    checked(plpy, check_key, release_key)
-    not_oblivious(plpy, "limited_domain", oblivious)
-    return _charged_release(
-        plpy,
-        GD,
-        source,
-        lambda table, budget, seed: limited_domain_top_k(
-            table, k, k_bar, epsilon, delta, seed=seed, budget=budget
-        ),
-        Keyed(
-            release_key,
-            "limited_domain_top_k",
-            {"k": k, "k_bar": k_bar, "epsilon": epsilon, "delta": delta},
-        ),
-    )
+    check_joint_size(a["k"])
+
+
+def _check_limited_domain(a: dict[str, Any]) -> None:
+    from topk_middleware.mechanisms.limited_domain import check_limited_domain
+
+    check_limited_domain(a["k"], a["k_bar"], a["epsilon"], a["delta"], None)
+
+
+def _limited_domain(table: Any, a: dict[str, Any], **options: Any) -> Any:
+    from topk_middleware.mechanisms.limited_domain import limited_domain_top_k
+
+    return limited_domain_top_k(table, a["k"], a["k_bar"], a["epsilon"], a["delta"], **options)
+
+
+# topk.private_top_k and _with_counts: Gumbel or Laplace noise (api.private_top_k), the counts'
+# share of epsilon; topk.exponential_mechanism: one item, P(i) ~ exp(epsilon h_i); both read
+# obliviously by default (mechanisms/oblivious.py, charged oblivious_cost). topk.peeling_top_k:
+# k exponential mechanisms of epsilon/k; topk.joint_top_k: a k-set in random order;
+# topk.limited_domain_top_k: Durfee-Rogers Algorithm 1, a bottom symbol as a last row with item
+# NULL. Each is charged its module's own cost through `budget=`.
+RELEASES = (
+    Release("server_release", "private_top_k", _check_top_k, _top_k),
+    Release(
+        "server_release_with_counts",
+        "private_top_k_with_counts",
+        _check_top_k,
+        _top_k,
+        with_counts=True,
+    ),
+    Release("server_exponential", "exponential_mechanism", _check_unbounded, _exponential),
+    Release("server_peeling", "peeling_top_k", _check_unbounded, _peeling, "peeling"),
+    Release("server_joint", "joint_top_k", _check_unbounded, _joint, "joint", _joint_size),
+    Release(
+        "server_limited_domain",
+        "limited_domain_top_k",
+        _check_limited_domain,
+        _limited_domain,
+        "limited_domain",
+    ),
+)
+
+
+def _release(plpy: Any, GD: dict[str, Any], spec: Release, a: dict[str, Any]) -> list[Any]:
+    """One release function's call (`a`: its arguments by name): no NULL but the key, the
+    mechanism's checks and the key's, the refusal of oblivious reads where the mechanism has
+    none, then `_charged_release` of the mechanism, under the key if one is given."""
+    key = a.pop("release_key")
+    no_nulls(plpy, **a)
+    checked(plpy, lambda: (spec.check(a), check_key(key)))
+    oblivious = bool(a["oblivious"])
+    if spec.refused_obliviously is not None:
+        not_oblivious(plpy, spec.refused_obliviously, oblivious)
+        del a["oblivious"]  # false: neither an option of the mechanism nor of the key
+    if spec.last_check is not None:
+        checked(plpy, spec.last_check, a)
+    source = a.pop("source")
+
+    def run(table: Any, budget: Any, seed: Any) -> Any:
+        options: dict[str, Any] = {"seed": seed, "budget": budget}
+        if "oblivious" in a:
+            options.update(oblivious=oblivious, deadline=table.deadline if oblivious else None)
+        return spec.run(table, a, **options)
+
+    if "oblivious" in a:
+        a["oblivious"] = oblivious  # the key's argument, as a boolean
+    keyed = Keyed(key, spec.function, dict(a))
+    return _charged_release(plpy, GD, source, run, keyed, with_counts=spec.with_counts)
+
+
+# What a body installed before the last parameters existed leaves out.
+OMITTED = {"oblivious": True, "release_key": None}
+
+
+def _server(spec: Release) -> Callable[..., list[Any]]:
+    """The entry point `spec.server` (plpy, GD, then the SQL function's arguments in order; a
+    body of an earlier install passes fewer, OMITTED's defaults)."""
+    found = next(_parameters(f.params)[1] for f in SQL_FUNCTIONS if f.server == spec.server)
+    names = found.split(", ")
+
+    def server(plpy: Any, GD: dict[str, Any], *values: Any) -> list[Any]:
+        if len(values) > len(names):
+            raise TypeError(f"{spec.server} takes {len(names)} arguments, got {len(values)}")
+        a = dict(zip(names, values, strict=False))
+        a.update((name, OMITTED[name]) for name in names[len(values) :])
+        return _release(plpy, GD, spec, a)
+
+    server.__name__ = server.__qualname__ = spec.server
+    server.__doc__ = f"topk.{spec.function}: `_release` of its Release."
+    return server
+
+
+(
+    server_release,
+    server_release_with_counts,
+    server_exponential,
+    server_peeling,
+    server_joint,
+    server_limited_domain,
+) = (_server(spec) for spec in RELEASES)
 
 
 def _guarantee_row(release: Any) -> tuple[Any, ...]:
