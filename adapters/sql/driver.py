@@ -1,10 +1,10 @@
 """How a statement reaches a store: the Driver of the SQL store engine, and one per driver.
 
 A dialect (dialect.py) is the SQL flavour; a driver is how its statements reach the store, as in
-SQLAlchemy's `postgresql+psycopg`: PostgreSQL through psycopg, through any SQLAlchemy Engine, or
-(later) through SPI inside the server is one dialect over three drivers. The engine and the
-dialects write every statement with one placeholder style, `:name` (DB-API "named"), and the
-driver binds it its own way:
+SQLAlchemy's `postgresql+psycopg`: PostgreSQL through psycopg, any SQLAlchemy Engine, or SPI
+inside the server (SPIDriver, in the dialect's folder: `$1`, `$2`) is one dialect over three
+drivers. The engine and the dialects write every statement with one placeholder style, `:name`
+(DB-API "named"), and the driver binds it its own way:
 
 * `PsycopgDriver` (psycopg 3): `%(name)s`, bound by the server (extended query protocol), `%`
   doubled; server-side prepared statements on request (`prepare=True`, `prepares`), results in

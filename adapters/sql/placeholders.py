@@ -3,8 +3,9 @@
 Placeholders are found outside quoted text ('...', E'...', "...", `...`) and comments, so a
 colon inside a literal or a quoted name is never taken for one, and `::` is a cast. Styles:
 "pyformat" (`%(name)s`, every `%` doubled), "text" (sqlalchemy.text(): `:name` kept, in
-parentheses before a `::` cast, the colons of quoted pieces escaped), "dollar" (`$name`), "brace"
-(`{name}`, which the driver types). What a statement becomes is cached.
+parentheses before a `::` cast, the colons of quoted pieces escaped), "dollar" (`$name`),
+"numbered" (`$1`, `$2`, ... by each name's first appearance), "brace" (`{name}`, which the driver
+types). What a statement becomes is cached.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def _segments(sql: str) -> Iterator[tuple[str, bool]]:
 @functools.lru_cache(maxsize=4096)
 def convert(sql: str, style: str) -> tuple[str, tuple[str, ...]]:
     """`sql` with its `:name` placeholders written in `style` ("pyformat", "text", "dollar",
-    "brace"), and the names in order of appearance. "pyformat" doubles every `%`; "text" escapes
-    the colons of quoted pieces (sqlalchemy.text() would read them); "brace" leaves `{name}`
-    for the driver to type."""
+    "numbered", "brace"), and the names in order of appearance. "pyformat" doubles every `%`;
+    "text" escapes the colons of quoted pieces (sqlalchemy.text() would read them); "brace"
+    leaves `{name}` for the driver to type."""
     names: list[str] = []
     out: list[str] = []
 
@@ -66,6 +67,8 @@ def convert(sql: str, style: str) -> tuple[str, tuple[str, ...]]:
             return f"%({name})s"
         if style == "dollar":
             return f"${name}"
+        if style == "numbered":
+            return f"${list(dict.fromkeys(names)).index(name) + 1}"
         if style == "brace":
             return "{" + name + "}"
         if match.string.startswith("::", match.end()):  # sqlalchemy.text() binds no `:name::`

@@ -28,7 +28,9 @@ inside the server): the SQL is written once here and in the modules beside it.
   parameter (`{1,2,3}`, cast), or in binary where the driver sends int8 arrays so; the keyed
   uniform from sha256(); oblivious runs hide their reads from the statistics views where the
   role may set track_counts, and pin their plans (oblivious.py);
-* EXPLAIN (FORMAT JSON) for check(), with sequential scans off; the measured costs.
+* EXPLAIN (FORMAT JSON) for check(), with sequential scans off; the measured costs;
+* a live table's reads by id and by position, its oblivious reads and keyset pages, for psycopg
+  and SPI alike (live_reads.py); SPI's driver (spi.py).
 """
 
 from __future__ import annotations

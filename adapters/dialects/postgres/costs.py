@@ -52,6 +52,26 @@ LIVE_OBLIVIOUS_COSTS = ObliviousCosts(
     full_row=3e-6,
 )
 
+# What reads through SPI cost inside the server (frontends/plpython.py: rows come back as Python
+# dicts, a few microseconds each): the oblivious deadline's model, generous on a busy server; an
+# oblivious release through SPI measured on the test server at m = 10^5 to 10^6 under load (90th
+# percentiles of the work).
+SPI_COSTS = StoreCosts(
+    round_trip=5e-4,
+    sorted_row=1e-5,
+    random_batch=2e-3,
+    random_row=2e-5,
+    full_read_row=1e-5,
+)
+SPI_OBLIVIOUS_COSTS = ObliviousCosts(
+    fixed=5e-3,
+    sorted_row=2e-6,
+    random_row=6e-6,
+    random_miss=1.2e-5,
+    cached_rows=8e5,
+    full_row=5e-6,
+)
+
 # The table itself, at m = 10^6 (benchmarks/freshness_copy.py): an aggregate pass or a filtered
 # scan about 25-40 ms (3e-8 s a row), a rebuild of the copy 2.3-6 s (prepare(refresh=True):
 # 2.5e-6 s a row), a keyed hash about 0.6 us a row.
@@ -110,6 +130,8 @@ def around_seconds(entries: int) -> float:
 
 __all__ = [
     "OBLIVIOUS_COSTS",
+    "SPI_COSTS",
+    "SPI_OBLIVIOUS_COSTS",
     "STALE_OBLIVIOUS_COSTS",
     "STORE_COSTS",
     "WHOLE_READ_ROWS",

@@ -60,9 +60,11 @@ PINNED_PLAN_SETTINGS = (
     ("jit", "off"),
 )
 
+# named apart: a driver returning rows by column name (SPI) would merge columns of one name
 PACKED_COLUMNS = (
-    "string_agg(int8send(r.rank), ''::bytea), string_agg(int8send(r.id::int8), ''::bytea), "
-    "string_agg(float8send(r.score::float8), ''::bytea)"
+    "string_agg(int8send(r.rank), ''::bytea) AS ranks, "
+    "string_agg(int8send(r.id::int8), ''::bytea) AS ids, "
+    "string_agg(float8send(r.score::float8), ''::bytea) AS scores"
 )
 
 

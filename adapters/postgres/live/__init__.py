@@ -17,7 +17,8 @@ statements.py  the sorted reads down the (score DESC, id) B-tree, with or withou
 ties.py        runs of tied scores, learnt where the scores are few: positions are then the
                canonical ranks, and a row at a rank is a walk along its run's B-tree entries
 draws.py       ranks deep in a long tied run named by uniform draws of its unread items
-oblivious.py   oblivious runs: pinned plans, fixed-size reads, each drawn position read alone
+(oblivious runs pin their plans in run.py's first statement; their reads, and the reads by id
+and by position, are the dialect's: adapters/dialects/postgres/live_reads.py, shared with SPI)
 
 By default positions are not ranks: nothing is inferred from tied neighbours and no runs of
 tied scores are used (access.py), so each random access of a run is a real read (~20-30 us a row

@@ -29,13 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from adapters._sql import HIDE_STATISTICS
 from adapters.dialects.postgres import oblivious as oblivious_sql
+from adapters.dialects.postgres.live_reads import check_facts
 from topk_middleware.planner import PROBE_ROWS
 
 from .positions import triggers_sql
@@ -349,15 +349,7 @@ def facts_and_rows(
     # a trigger disabled (and maybe enabled again) or replaced since the positions were filled:
     # writes meanwhile may be missing from them (open_run has them filled again)
     t._positions_unchanged = bool(unchanged)
-    if m is None:
-        raise ValueError(f"{t.where} is empty: there is no item to select")
-    column = f"{t.where} column {t.score_column!r}"
-    if top is None:  # NULL sorts first in a descending B-tree
-        raise ValueError(f"{column} has NULL score(s)")
-    if not np.isfinite(top):  # so do NaN and Infinity
-        raise ValueError(f"{column} has non-finite score(s) (NaN or infinite)")
-    if bottom < 0:
-        raise ValueError(f"{column} has negative score(s), e.g. {bottom!r}")
+    m = check_facts(t.where, t.score_column, m, top, bottom)
     # m distinct integer ids (a unique B-tree) from 0 to m - 1 are exactly 0..m-1
-    t._dense_ids = low == 0 and high == int(m) - 1
-    return int(m), None if distinct is None else float(distinct), records
+    t._dense_ids = low == 0 and high == m - 1
+    return m, None if distinct is None else float(distinct), records

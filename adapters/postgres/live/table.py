@@ -6,8 +6,8 @@ opened from a conninfo string and reconnected when lost, or the caller's); its n
 record and refusals are the PostgreSQL dialect's and the engine's (adapters/dialects/postgres,
 adapters/sql/checks.py), as in copy mode. What is live mode's own lies beside this module:
 the position keeper (positions.py), the run's transaction and first statement (run.py), the
-runs of tied scores (ties.py), draws deep in a long run (draws.py), oblivious reads
-(oblivious.py).
+runs of tied scores (ties.py), draws deep in a long run (draws.py); its reads by id and by
+position and its oblivious reads are the dialect's (adapters/dialects/postgres/live_reads.py).
 
 Reads: sorted access is a server-side cursor over the (score DESC, id) B-tree joined to the
 position table (FETCH FORWARD n per read, in binary for integer ids, which numpy converts in one
@@ -32,17 +32,23 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from adapters._sql import AccessCheck, AccessPath, plain_values, rows_from_records, scores_in_order
+from adapters._sql import AccessCheck, AccessPath, rows_from_records
 from adapters.contributions import parse_record
-from adapters.dialects.postgres import PostgresDialect, seq_scans
+from adapters.dialects.postgres import PostgresDialect, live_reads, seq_scans
 from adapters.dialects.postgres.costs import LIVE_OBLIVIOUS_COSTS, STORE_COSTS
+from adapters.dialects.postgres.live_reads import (
+    LiveNames,
+    read_depths,
+    read_each_position,
+    read_top_ids,
+)
 from adapters.sql.checks import refuse_columns, validate
 from adapters.sql.dialect import INTEGER, TEXT
 from adapters.sql.driver import PsycopgDriver
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins, StoreCosts, StoreTraits
 from topk_middleware.privacy import resolve_declared
 
-from . import draws, oblivious, positions, run, ties
+from . import draws, positions, run, ties
 from .statements import numeric_rows, sorted_live_query, sorted_ranked_query
 
 
@@ -127,6 +133,14 @@ class LivePostgresTable:
             self._base = sql.Identifier(self.namespace, self.table)
         self._id, self._score = sql.Identifier(id), sql.Identifier(score)
         positions.name_objects(self)
+        self.names = LiveNames(  # the dialect's live reads (live_reads.py)
+            self.source,
+            self.dialect.qualified(self.namespace, self.position_table),
+            self.id_sql,
+            self.score_sql,
+            self.text_ids,
+            self.integer_ids,
+        )
 
     # ----- the connection (the driver's: after a reconnect, the new one) ----------------------
     @property
@@ -262,7 +276,7 @@ class LivePostgresTable:
         """access.ObliviousReads: runs opened inside take no runs of tied scores (their probe
         and their walks read as many rows as the data has runs; the probe's plan follows the
         number of distinct scores, which pg_stat_user_tables shows): positions come from the
-        position table, read in batches of a fixed size (oblivious.py)."""
+        position table, read in batches of a fixed size (the dialect's live_reads.py)."""
         saved = self.max_score_runs, self._oblivious
         self.max_score_runs, self._oblivious = 0, True
         try:
@@ -306,7 +320,7 @@ class LivePostgresTable:
         if stop <= start:
             return rows_from_records([])
         if self._oblivious and live.runs is None:
-            return oblivious.sorted_rows(self, live.dense, start, stop)
+            return read_depths(self.driver, self.names, live.dense, start, stop, self.where)
         drawn = [mid.first for mid in live.middles.values() if mid is not None and mid.named]
         if drawn and stop > min(drawn):
             raise AccessError(
@@ -346,23 +360,15 @@ class LivePostgresTable:
         count = min(int(count), live.m)
         if not (self._oblivious and live.runs is None):
             return self.read_sorted(0, count)
-        return oblivious.sorted_ids(self, count)
+        return read_top_ids(self.driver, self.names, count, self.where)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
         live = self._live_state()
         if live.runs is not None:
             return ties.read_ranks(self, live, live.runs, np.asarray(positions, dtype=np.int64))
         if self._oblivious and len(positions):
-            return oblivious.positions(self, live.dense, np.asarray(positions, dtype=np.int64))
-        wanted = plain_values(np.asarray(positions, dtype=np.int64))
-        if not wanted:
-            return rows_from_records([])
-        query = sql.SQL(
-            "SELECT p.position, b.{id}, b.{score}::float8 FROM {pos} AS p JOIN {base} AS b "
-            "ON b.{id} = p.id WHERE p.position = ANY(%s::bigint[])"
-        ).format(id=self._id, score=self._score, base=self._base, pos=self._pos)
-        with self._reading() as cur:
-            return rows_from_records(cur.execute(query, [wanted]).fetchall())
+            return read_each_position(self.driver, self.names, live.dense, positions, self.where)
+        return live_reads.read_positions(self.driver, self.names, positions)
 
     def read_ranks_exchangeable(self, ranks: np.ndarray, rng: np.random.Generator) -> Rows:
         """access.ExchangeableTies: rows for ranks beyond the fetched prefix, a rank deep in a
@@ -391,31 +397,12 @@ class LivePostgresTable:
         return ties.full_runs(self, live)
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
-        wanted = plain_values(ids)
-        if not wanted:
-            return np.empty(0, dtype=np.float64)
-        query = sql.SQL("SELECT {id}, {score}::float8 FROM {base} WHERE {id} = ANY(%s)").format(
-            id=self._id, score=self._score, base=self._base
-        )
-        with self._reading() as cur:
-            found = dict(cur.execute(query, [wanted]).fetchall())
-        return scores_in_order(found, wanted, self.where)
+        return live_reads.read_ids(self.driver, self.names, ids, self.where)
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """access.ExactScores: the scores of the named items in the table's own type (bigint as
         Python ints, numeric as Decimals), from the table itself."""
-        wanted = plain_values(ids)
-        if not wanted:
-            return []
-        query = sql.SQL("SELECT {id}, {score} FROM {base} WHERE {id} = ANY(%s)").format(
-            id=self._id, score=self._score, base=self._base
-        )
-        with self._reading() as cur:
-            found = dict(cur.execute(query, [wanted]).fetchall())
-        try:
-            return [found[item] for item in wanted]
-        except KeyError as missing:
-            raise AccessError(f"{self.where} has no item with id {missing.args[0]!r}") from None
+        return live_reads.read_exact_scores(self.driver, self.names, ids, self.where)
 
     def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
         """access.ScoreHistogramRead: the scores of the table at or below `bins.top`, binned, by
