@@ -118,7 +118,8 @@ def reference_for(store: Any, scores: Any, ids: Any = None) -> ArraySource:
 def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
     """reference_for(store, scores, ids) with the optional capabilities of `store`: it keeps the
     runs of tied scores (ScoreRuns) only if the store does, reads ahead as far
-    (sorted_read_rows) and has as many first rows in hand (sorted_rows_in_hand), so that
+    (sorted_read_rows), has as many first rows in hand (sorted_rows_in_hand) and the same
+    costs (auto's plan), so that
     rows_fetched and round_trips, not only the answer and the access counts, must come out
     equal. (CountingSource forwards only the Source protocol, so wrapping hides them.)"""
     reference = reference_for(store, scores, ids)
@@ -128,6 +129,7 @@ def reference_like(store: Any, scores: Any, ids: Any = None) -> Source:
         reference, traits.sorted_read_rows, traits.sorted_rows_in_hand
     )
     like.score_runs_in_hand = keeps_runs and traits.score_runs_in_hand
+    like.store_costs = traits.costs  # auto prices its runs as the store's
     return like
 
 

@@ -18,6 +18,7 @@ from psycopg import sql
 
 from adapters.dialects.postgres import PostgresDialect
 from adapters.postgres import PostgresTable
+from adapters.sql.whole import MEMORY_COSTS
 from adapters.sqlalchemy import SQLAlchemyTable
 from tests.helpers import plateau_histogram, reference_like
 from tests.stores_postgres import ID_COLUMN, SCORE_COLUMN, _connect, create_table
@@ -84,6 +85,7 @@ def pg(pg_conninfo: str, pg_schema: str) -> Iterator[Any]:
 
 def _released_as_array_source(source: Any, ids: Any, sent: Any) -> None:
     reference = reference_like(source, SCORES, np.asarray(ids, dtype=object))
+    reference.store_costs = MEMORY_COSTS  # auto prices it as the rows read whole
     for seed in range(3):
         for method in ("threshold", "oneshot", "auto"):
             before = dict(sent())
@@ -189,9 +191,10 @@ def test_sqlite_small_table_runs_are_one_statement(tmp_path: Any) -> None:
 
 
 def test_a_plateau_read_whole_is_released_as_array_source_chooses(tmp_path: Any) -> None:
-    """The planner prices the rows in memory as ArraySource's: on a tied plateau auto takes
-    the one-shot over the rows read, as ArraySource's auto does (fails with reads priced at
-    microseconds: the threshold run, 4.5 ms of Python against 0.13 ms at 10^3 rows)."""
+    """The planner prices the rows in memory by what runs over them cost in Python: on a tied
+    plateau auto takes the one-shot over the rows read, as an ArraySource priced alike does
+    (fails with reads priced at microseconds: the threshold run, 4.5 ms of Python against
+    0.13 ms at 10^3 rows)."""
     scores = plateau_histogram(M, 10)
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'plateau.sqlite'}")
     with engine.begin() as conn:
@@ -204,6 +207,7 @@ def test_a_plateau_read_whole_is_released_as_array_source_chooses(tmp_path: Any)
     source.prepare()
     private_top_k(source, k=10, epsilon=1.0, seed=0)
     reference = reference_like(source, scores, np.arange(M))
+    reference.store_costs = MEMORY_COSTS  # auto prices it as the rows read whole
     for seed in range(1, 3):
         got = private_top_k(source, k=10, epsilon=1.0, seed=seed)
         want = private_top_k(reference, k=10, epsilon=1.0, seed=seed)

@@ -23,6 +23,11 @@ first (Spark: `StoreCosts.copy_refresh`), has a threshold run that goes past the
 end of the block holding its estimated stop) priced with that refresh and then on the copy, and
 a full read likewise; its in-store one-shot reads the table and pays none.
 
+Where the full read costs no more than the cheapest threshold run (one block: two round trips
+and k sorted rows) and no more than the least the in-store one-shot can cost, nothing the top
+rows show changes the choice: the full read is taken without reading them (a table read whole
+into memory at 10^3 rows, where a threshold run's Python outweighs the one-shot's).
+
 The estimate of the threshold run's steps. At step s TA's threshold is h[s] plus the (s+1)-th
 largest of m noises, about b ln(m / (s + 1)) for Gumbel(b); the k-th best value it has seen is at
 least about h[k-1] + 0.37 b (the median Gumbel noise, on the k best scores) and at least
@@ -168,6 +173,12 @@ def plan_run(access: CountedAccess, k: int, scale: float) -> Plan:
         # a scan as dear as the one-shot's own, so the one-shot, without reading first.
         fixed = costs.oneshot_fixed if costs.oneshot_fixed is not None else costs.round_trip
         return Plan("oneshot_in_store", 0, 0, math.inf, fixed, "oneshot_in_store")
+    full = _full_read_seconds(costs, m)
+    least = 2 * costs.round_trip + k * costs.sorted_row  # the cheapest threshold run: one block
+    if full <= least and costs.copy_refresh is None and full <= _least_in_store(access, k, costs):
+        # Nothing a read of the top rows shows can make another way cheaper: the full read,
+        # without that read (a table read whole at 10^3 rows: rows in hand, Python the cost).
+        return Plan("oneshot_full_read", 0, 0, least, full, "oneshot_full_read")
     probe = min(m, max(2 * k, PROBE_ROWS))
     access.fetch_sorted_until(probe)
     scores = np.asarray(access.prefix_scores()[:probe], dtype=np.float64)
@@ -214,10 +225,7 @@ def _oneshot_choice(
 ) -> tuple[str, float]:
     """The cheaper one-shot (in the store where it can run, or over a full read) and its cost.
     A full read a store serves only from a refreshed copy (`copy_refresh`) pays the refresh."""
-    full = costs.round_trip + m * costs.full_read_row
-    if costs.copy_refresh is not None:
-        copy = costs.copy_refresh.costs
-        full = costs.copy_refresh.seconds + copy.round_trip + m * copy.full_read_row
+    full = _full_read_seconds(costs, m)
     if offers_in_store(access.source):
         source = access.source
         counter = source.count_at_least if implements(source, CountAtLeast) else None  # type: ignore[attr-defined]
@@ -225,3 +233,22 @@ def _oneshot_choice(
         if in_store < full:
             return "oneshot_in_store", in_store
     return "oneshot_full_read", full
+
+
+def _full_read_seconds(costs: StoreCosts, m: int) -> float:
+    """Modelled cost of the one-shot over a full read: a round trip and m rows, after the
+    copy's refresh where only a refreshed copy serves it (`copy_refresh`)."""
+    if costs.copy_refresh is not None:
+        copy = costs.copy_refresh.costs
+        return costs.copy_refresh.seconds + copy.round_trip + m * copy.full_read_row
+    return costs.round_trip + m * costs.full_read_row
+
+
+def _least_in_store(access: CountedAccess, k: int, costs: StoreCosts) -> float:
+    """A lower bound on the in-store one-shot's modelled cost (in_store_seconds with k rows
+    hashed, no lookups), infinite where the store does not offer it."""
+    if not offers_in_store(access.source):
+        return math.inf
+    if costs.oneshot_fixed is not None:
+        return costs.oneshot_fixed + k * costs.oneshot_row
+    return costs.round_trip + costs.oneshot_query + k * costs.oneshot_row

@@ -19,9 +19,11 @@ infinite or negative score, not empty; scores of a numeric type), in the project
 sorted into the canonical order (score descending, ties by id ascending: byte order for text,
 which is the order of Python's str and bytes), so positions are ranks. Reads are slices of that
 order, counted as ArraySource's are (a round trip a batch, though the rows are in hand); the
-planner then prices the threshold run and the one-shot over the full read in memory as it
-prices ArraySource's (`MEMORY_COSTS`): the in-store one-shot is not offered, the full read is
-the one-shot. Cost: one read of m rows and two stable sorts (O(m log m)).
+planner then prices the threshold run and the one-shot over the full read in memory from what
+they cost in Python (`MEMORY_COSTS`: a threshold run's round trips cost about 0.5 ms each, the
+one-shot 0.07 us a row, so up to about 10^4 rows the one-shot over the rows read is chosen):
+the in-store one-shot is not offered, the full read is the one-shot. Cost: one read of m rows
+and two stable sorts (O(m log m)).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from adapters._sql import TableFacts, raise_if_invalid, scores_in_order
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise
 
-# The rows are in memory: ArraySource's record (the default StoreCosts, whose round trip of
-# 0.1 ms prices a threshold step's Python: 0.6-4.5 ms for a threshold run at 10^3 rows against
-# 0.13 ms for the one-shot over the rows), the in-store one-shot not offered.
-MEMORY_COSTS = StoreCosts(oneshot_row=1.0)
+# The rows are in memory: what a run over them costs in Python (ArraySource-like reads, measured
+# at 10^3-2*10^4 rows on the 2-core machine, load 4-6): the one-shot over the rows 0.07 us a row
+# past a fixed 0.1-0.2 ms (0.13-0.24 ms at 10^3, 1.3-1.9 ms at 2*10^4), a threshold run about
+# 0.5 ms a round trip of its blocks (1.2-20 ms at 3-7 round trips, every family), so a round trip
+# priced at 0.5 ms and a batch of random reads alike; the in-store one-shot not offered.
+MEMORY_COSTS = StoreCosts(round_trip=5e-4, random_batch=5e-4, full_read_row=7e-8, oneshot_row=1.0)
 
 
 def _column(values: Any) -> tuple[np.ndarray, np.ndarray]:
