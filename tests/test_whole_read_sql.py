@@ -156,6 +156,57 @@ def test_postgres_past_the_crossover_opens_its_transaction(
     assert counts["transactions"] == 2
 
 
+def test_postgres_live_small_table_runs_are_one_statement(pg_conninfo: str, pg_schema: str) -> None:
+    """Live mode: the first run opens on the position table; every later one is the one read
+    of the table, no transaction, the release ArraySource's, a write seen by the next run (fails
+    without: BEGIN and the facts, the runs of tied scores, reads, COMMIT). An oblivious run
+    takes no such shortcut; after uninstall() a run refuses again (call prepare())."""
+    conn = _connect(pg_conninfo)
+    name = f"whole_{uuid.uuid4().hex[:8]}"
+    ids = list(range(M))
+    create_table(conn, pg_schema, name, SCORES, ids)
+    source = PostgresTable(
+        pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+    )
+    try:
+        source.prepare()
+        first = private_top_k(source, k=5, epsilon=0.5, seed=0)
+        assert "read" not in first.plan["freshness"]
+        counts = count_calls(source)
+        sent = {"cursors": 0}
+        cursor = source._conn.cursor
+
+        def counted_cursor(*args: Any, **kwargs: Any) -> Any:
+            sent["cursors"] += 1
+            return cursor(*args, **kwargs)
+
+        source._conn.cursor = counted_cursor
+        _released_as_array_source(source, ids, lambda: counts)
+        table = sql.Identifier(pg_schema, name)
+        conn.execute(
+            sql.SQL("UPDATE {} SET {} = {} + 1000 WHERE {} = 3").format(
+                table, *map(sql.Identifier, (SCORE_COLUMN, SCORE_COLUMN, ID_COLUMN))
+            )
+        )
+        before = dict(counts)
+        got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+        assert got.items == [3] and got.plan["freshness"]["read"] == "table whole"
+        assert counts["statements"] - before["statements"] == 1
+        assert counts["transactions"] == 0
+        assert sent["cursors"] == counts["statements"]  # nothing beside the driver's reads
+        source._conn.cursor = cursor
+        hidden = private_top_k(source, k=5, epsilon=0.5, seed=0, oblivious=True)
+        assert "read" not in (hidden.plan.get("freshness") or {})
+        source.uninstall()
+        with pytest.raises(ValueError, match="prepare"):
+            private_top_k(source, k=5, epsilon=0.5, seed=0)
+    finally:
+        source.uninstall()
+        source.close()
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, name)))
+        conn.close()
+
+
 def test_sqlite_small_table_runs_are_one_statement(tmp_path: Any) -> None:
     """SQLAlchemyTable on SQLite: every run after the first is one statement on the DBAPI
     cursor (SQLAlchemy's before_cursor_execute), the release ArraySource's; a write is seen by

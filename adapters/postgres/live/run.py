@@ -14,6 +14,14 @@ COMMIT. The statistics (pg_stats.n_distinct of the score, from the last ANALYZE)
 every STATISTICS_TTL seconds and at prepare(): a stale estimate changes the cost, never an
 answer.
 
+A run after one that found at most the dialect's `whole_read_rows` rows, not oblivious, reads
+the table whole in one statement outside any transaction (adapters/sql/whole.py `alone_run`:
+one statement reads one snapshot; its rows are checked, sorted and released from memory, the
+positions their ranks): no transaction, no facts, no cursor, no runs of tied scores. At 10^3
+rows a run on the position table is several round trips (BEGIN and the facts, the runs of
+tied scores, reads, COMMIT) where the read of every row is one. prepare() and uninstall()
+forget the size, so the next run opens on the position table (and refuses without it).
+
 A run whose first statement finds the triggers changed since the positions were filled (one
 disabled, enabled again or replaced: writes may be missing from the positions) has them filled
 again (prepare(), outside the run's transaction) and opens again. A connection lost before the
@@ -36,6 +44,7 @@ from psycopg.pq import TransactionStatus
 from adapters._sql import HIDE_STATISTICS
 from adapters.dialects.postgres import oblivious as oblivious_sql
 from adapters.dialects.postgres.live_reads import check_facts
+from adapters.sql.whole import alone_run
 from topk_middleware.planner import PROBE_ROWS
 
 from .positions import triggers_sql
@@ -131,7 +140,7 @@ def _repeatable_read(conn: psycopg.Connection[Any]) -> None:
 @contextmanager
 def snapshot(t: Any) -> Iterator[None]:
     """The run of table `t` (module docstring): one REPEATABLE READ READ ONLY transaction."""
-    if t._run is not None:  # nested: the outer snapshot already holds the transaction
+    if t._run is not None or t._whole is not None:  # nested: the outer snapshot holds
         yield
         return
     t.driver.ensure()
@@ -141,6 +150,14 @@ def snapshot(t: Any) -> Iterator[None]:
             f"{t.where}: the connection is inside a transaction; snapshot() needs to open "
             "its own REPEATABLE READ READ ONLY transaction"
         )
+    whole = alone_run(t)
+    if whole is not None:  # a small table: one statement, its own snapshot (module docstring)
+        t._whole = whole
+        try:
+            yield
+        finally:
+            t._whole = None
+        return
     saved = conn.isolation_level, conn.read_only
     _repeatable_read(conn)
     yielded = False
@@ -155,6 +172,7 @@ def snapshot(t: Any) -> Iterator[None]:
                         if t._oblivious:
                             hide_statistics(t, conn)
                         t._run = open_run(t, conn)
+                        t.last_m = t._run.m
                         yielded = True
                         try:
                             yield

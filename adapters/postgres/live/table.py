@@ -32,7 +32,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from adapters._sql import AccessCheck, AccessPath, rows_from_records
+from adapters._sql import AccessCheck, AccessPath, plain_values, rows_from_records
 from adapters.contributions import parse_record
 from adapters.dialects.postgres import PostgresDialect, live_reads, seq_scans
 from adapters.dialects.postgres.costs import LIVE_OBLIVIOUS_COSTS, STORE_COSTS
@@ -45,6 +45,7 @@ from adapters.dialects.postgres.live_reads import (
 from adapters.sql.checks import refuse_columns, validate
 from adapters.sql.dialect import INTEGER, TEXT
 from adapters.sql.driver import PsycopgDriver
+from adapters.sql.whole import WholeReads
 from topk_middleware.access import AccessError, Rows, RunTraits, ScoreBins, StoreCosts, StoreTraits
 from topk_middleware.privacy import resolve_declared
 
@@ -101,6 +102,8 @@ class LivePostgresTable:
         self.dialect = PostgresDialect()
         self.driver = PsycopgDriver(conninfo_or_connection, self.where)
         self._run: run.LiveRun | None = None  # the run in progress, inside snapshot()
+        self._whole: WholeReads | None = None  # or the small table's rows, read whole (run.py)
+        self.last_m: int | None = None  # the size the last run saw (whole.alone_run)
         self._oblivious = False  # inside oblivious_reads(): no probe of the runs of ties
         self._estimate: float | None = None  # pg_stats' distinct scores, read at ...
         self._estimate_read_at: float | None = None  # ... this time.monotonic(), if read
@@ -194,7 +197,9 @@ class LivePostgresTable:
 
     def run_traits(self) -> RunTraits:
         """access.RunTraits: ranks where the run serves them from its runs, which it read with
-        m, and the first rows its first statement fetched."""
+        m, and the first rows its first statement fetched; a table read whole, its rows'."""
+        if self._whole is not None:
+            return self._whole.traits()
         return RunTraits(
             positions_are_ranks=self.positions_are_ranks,
             score_runs_in_hand=self.score_runs_in_hand,
@@ -213,12 +218,14 @@ class LivePostgresTable:
     def positions_are_ranks(self) -> bool:
         """Whether runs serve positions = canonical ranks: inside a run, that run's choice;
         outside, the choice a run would make now (one short snapshot)."""
+        if self._whole is not None:
+            return True
         if self._run is not None:
             return self._run.runs is not None
         if self.max_score_runs < 1:
             return False
         with self.snapshot():
-            return self._live_state().runs is not None
+            return self._whole is not None or self._live_state().runs is not None
 
     def hides_statistics(self) -> bool:
         """Whether oblivious runs keep their reads out of the statistics views any role reads
@@ -229,7 +236,10 @@ class LivePostgresTable:
         return self.dialect.hides_statistics(self.driver)
 
     def run_freshness(self) -> dict[str, Any] | None:
-        """access.RunFreshness: a live run reads the table as it is (nothing to prove)."""
+        """access.RunFreshness: a live run reads the table as it is (nothing to prove); a small
+        one says it read it whole."""
+        if self._whole is not None:
+            return {key: v for key, v in self._whole.report.items() if key != "copy"}
         return None if self._run is None else {}
 
     # ----- preparation (positions.py) -------------------------------------------------------
@@ -241,9 +251,9 @@ class LivePostgresTable:
         """Install the B-trees, the position table and its triggers if they are missing
         (idempotent; `refresh` is accepted for symmetry and changes nothing: a live table needs
         no rebuild). The table is validated first."""
-        if self._run is not None:
+        if self._run is not None or self._whole is not None:
             raise RuntimeError("prepare() cannot run inside snapshot()")
-        self._estimate_read_at = None  # read the statistics again at the next run
+        self._estimate_read_at = self.last_m = None  # the next run reads the statistics
         self.validate()
         positions.prepare(self)
 
@@ -253,10 +263,10 @@ class LivePostgresTable:
         the unique B-tree on id if prepare() made it (DROP INDEX CONCURRENTLY: writers are not
         blocked). The table and its rows are not touched; an index the table had before is
         kept. Idempotent; runs need prepare() again afterwards."""
-        if self._run is not None:
+        if self._run is not None or self._whole is not None:
             raise RuntimeError("uninstall() cannot run inside snapshot()")
         positions.uninstall(self)
-        self._estimate_read_at = None
+        self._estimate_read_at = self.last_m = None
 
     def is_stale(self) -> bool:
         """Never: a live run reads the table as it is."""
@@ -297,6 +307,8 @@ class LivePostgresTable:
         return self._run
 
     def domain_size(self) -> int:
+        if self._whole is not None:
+            return self._whole.m
         if self._run is not None:
             return self._run.m
         with self._reading() as cur:
@@ -304,7 +316,9 @@ class LivePostgresTable:
 
     def score_run_count(self) -> int | None:
         """The number of runs of tied scores a run serving ranks learnt, None otherwise
-        (outside a run: what a run would learn now)."""
+        (outside a run: what a run would learn now); None reading the table whole."""
+        if self._whole is not None:
+            return None
         if self._run is None:
             if self.max_score_runs < 1:
                 return None
@@ -315,6 +329,10 @@ class LivePostgresTable:
 
     # ----- the Source protocol --------------------------------------------------------------
     def read_sorted(self, start: int, count: int) -> Rows:
+        if self._whole is not None:
+            whole = self._whole
+            start = max(0, int(start))
+            return whole.read_sorted(start, max(start, min(start + int(count), whole.m)))
         live = self._live_state()
         start, stop = int(start), min(int(start) + int(count), live.m)
         if stop <= start:
@@ -356,6 +374,8 @@ class LivePostgresTable:
         """access.SortedIds, in an oblivious run: the top `count` rows' ids and scores from the
         (score DESC, id) B-tree alone, without the position table (positions -1; integer ids
         packed). Outside one: read_sorted's rows (with their positions)."""
+        if self._whole is not None:
+            return self.read_sorted(0, count)
         live = self._live_state()
         count = min(int(count), live.m)
         if not (self._oblivious and live.runs is None):
@@ -363,6 +383,8 @@ class LivePostgresTable:
         return read_top_ids(self.driver, self.names, count, self.where)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
+        if self._whole is not None:
+            return self._whole.read_positions(np.asarray(positions, dtype=np.int64))
         live = self._live_state()
         if live.runs is not None:
             return ties.read_ranks(self, live, live.runs, np.asarray(positions, dtype=np.int64))
@@ -374,6 +396,8 @@ class LivePostgresTable:
         """access.ExchangeableTies: rows for ranks beyond the fetched prefix, a rank deep in a
         long run named by a uniform draw from the run's unread middle (draws.py), the others by
         their canonical rows."""
+        if self._whole is not None:
+            return self.read_positions(ranks)
         live = self._live_state()
         ranks = np.asarray(ranks, dtype=np.int64)
         if live.runs is None or not len(ranks):
@@ -397,11 +421,19 @@ class LivePostgresTable:
         return ties.full_runs(self, live)
 
     def read_ids(self, ids: Sequence[Any]) -> np.ndarray:
+        if self._whole is not None:
+            return self._whole.read_ids(plain_values(ids))
         return live_reads.read_ids(self.driver, self.names, ids, self.where)
 
     def read_exact_scores(self, ids: Sequence[Any]) -> list[Any]:
         """access.ExactScores: the scores of the named items in the table's own type (bigint as
-        Python ints, numeric as Decimals), from the table itself."""
+        Python ints, numeric as Decimals), from the table itself (or the rows read whole)."""
+        if self._whole is not None:
+            return self._whole.read_exact_scores(plain_values(ids))
+        return self._by_id(ids, exact=True)
+
+    def _by_id(self, ids: Sequence[Any], exact: bool = True) -> list[Any]:
+        """The scores of the named items in the table's own type, by one query."""
         return live_reads.read_exact_scores(self.driver, self.names, ids, self.where)
 
     def read_score_histogram(self, bins: ScoreBins) -> tuple[np.ndarray, np.ndarray] | None:
@@ -409,7 +441,10 @@ class LivePostgresTable:
         one aggregate in the run's snapshot (each bin's largest score and size; one scan). The
         run turns sequential scans off (its reads all have an index path); this one is a scan,
         which a B-tree walk made slower (4.1-4.5 s against 2.3-3.1 s for a parallel sequential
-        scan at m = 10^7, load average 19), so it turns them on for its statement."""
+        scan at m = 10^7, load average 19), so it turns them on for its statement. A table
+        read whole bins the rows in hand."""
+        if self._whole is not None:
+            return self._whole.read_score_histogram(bins)
         self._live_state()
         query = sql.SQL(
             "SELECT max(s), count(*) FROM (SELECT {score}::float8 AS s FROM {base}) AS t "
