@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -173,13 +174,26 @@ class Side:
 
 
 def _load_postgres(dsn: str, name: str, ids: np.ndarray, scores: np.ndarray) -> None:
-    import psycopg
+    """The base table, by COPY of CSV that pyarrow writes (C++: seconds at 10^7 rows)."""
+    import io
 
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    buffer = io.BytesIO()
+    options = pacsv.WriteOptions(include_header=False)
+    pacsv.write_csv(pa.table({"id": ids, "score": scores}), buffer, options)
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(f"CREATE TABLE {name} (id bigint NOT NULL, score bigint NOT NULL)")
-        with con.cursor() as cur, cur.copy(f"COPY {name} (id, score) FROM STDIN") as copy:
-            for row in zip(ids.tolist(), scores.tolist(), strict=True):
-                copy.write_row(row)
+        with (
+            con.cursor() as cur,
+            cur.copy(f"COPY {name} (id, score) FROM STDIN (FORMAT csv)") as copy,
+        ):
+            view = buffer.getbuffer()
+            for at in range(0, len(view), 1 << 22):
+                copy.write(view[at : at + (1 << 22)])
+            del view
 
 
 def _clone_postgres(dsn: str, base: str, name: str) -> None:
@@ -314,6 +328,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> Path:
     args.m = int(args.m)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a kill still drops what was built
     dsn = os.environ.get("TOPK_PG_DSN", common.DEFAULT_PG_DSN)
     before = subprocess.run(
         ["git", "rev-parse", args.before], cwd=ROOT, check=True, capture_output=True, text=True
