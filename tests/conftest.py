@@ -115,13 +115,15 @@ def _small_tables_read_as_large_ones(
     """PostgreSQL and SQLite read a table of at most `whole_read_rows` rows whole
     (adapters/sql/whole.py: 5,000, measured); the suite's tables of those stores are far
     smaller, and its tests of the copy, of the table's reads and of reading around the writes
-    are about the tables past the crossover. So they run with whole_read_rows = 0 (what a
-    table past it gets), and a test marked `whole_reads` (tests/test_whole_read_sql.py) with
-    the dialects' measured crossover. DuckDB's (20,000) holds everywhere."""
+    are about the tables past the crossover. So they run with whole_read_rows = 0 and
+    whole_read_alone_rows = 0 (what a table past both gets), and a test marked `whole_reads`
+    (tests/test_whole_read_sql.py) with the dialects' measured crossovers. DuckDB's (20,000)
+    holds everywhere."""
     if request.node.get_closest_marker("whole_reads") is not None:
         return
     from adapters.dialects.postgres import PostgresDialect
     from adapters.dialects.sqlite import SQLiteDialect
 
     monkeypatch.setattr(PostgresDialect, "whole_read_rows", 0)
+    monkeypatch.setattr(PostgresDialect, "whole_read_alone_rows", 0)
     monkeypatch.setattr(SQLiteDialect, "whole_read_rows", 0)

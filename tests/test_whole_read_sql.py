@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -205,6 +206,68 @@ def test_postgres_live_small_table_runs_are_one_statement(pg_conninfo: str, pg_s
         source.close()
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(pg_schema, name)))
         conn.close()
+
+
+def test_postgres_after_a_stale_copy_a_larger_table_is_read_whole_alone(
+    pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past whole_read_rows and at most whole_read_alone_rows: while the copy is current each
+    run is the copy's, in its transaction; after a run that found it written since, each run
+    is one packed statement and no transaction, released as ArraySource releases; a refreshed
+    copy is proven again (fails without whole_read_alone_rows: every run after the write reads
+    the table in a transaction of 6-10 statements)."""
+    monkeypatch.setattr(PostgresDialect, "whole_read_rows", M // 2)
+    monkeypatch.setattr(PostgresDialect, "whole_read_alone_rows", M)
+    ids = list(range(M))
+    source, run = pg(ids)
+    counts = count_calls(source)
+    for seed in range(2):
+        got = private_top_k(source, k=5, epsilon=0.5, seed=seed)
+        assert got.plan["freshness"]["copy"] == "current"
+    assert counts["transactions"] == 2
+    run("UPDATE {t} SET {score} = {score} WHERE {id} = 3")  # the write log: stale
+    got = private_top_k(source, k=5, epsilon=0.5, seed=2)
+    assert got.plan["freshness"]["copy"] == "stale"
+    assert got.plan["freshness"]["read"] == "table"
+    assert counts["transactions"] == 3
+    _released_as_array_source(source, ids, lambda: counts)
+    source.prepare(refresh=True)
+    before = counts["transactions"]
+    got = private_top_k(source, k=5, epsilon=0.5, seed=3)
+    assert got.plan["freshness"]["copy"] == "current"
+    assert counts["transactions"] == before + 1
+
+
+PACKED_CASES = [
+    ("UPDATE {t} SET {id} = NULL WHERE {id} = 2", "has 1 NULL id"),
+    ("UPDATE {t} SET {score} = -1 WHERE {id} = 2", "has 1 negative score"),
+    ("UPDATE {t} SET {id} = 1 WHERE {id} = 2", r"has duplicate ids \(1 extra row"),
+    ("DELETE FROM {t}", "is empty"),
+    ("ALTER TABLE {t} ALTER {score} TYPE numeric USING {score} + 0.5", None),
+]
+
+
+@pytest.mark.parametrize(("statement", "match"), PACKED_CASES)
+def test_postgres_packed_whole_reads_check_what_the_rows_hold(
+    pg: Any, statement: str, match: str | None
+) -> None:
+    """Integer ids and counts read whole alone come packed; a NULL, a negative count, a
+    repeated id or an empty table is refused in the project's words, and a count column altered
+    to fractions since is read as it is (the rows that do not pack are read as rows)."""
+    counts = np.floor(SCORES).astype(np.int64)
+    source, run = pg(list(range(M)))
+    run("UPDATE {t} SET {score} = floor({score})")
+    assert private_top_k(source, k=1, epsilon=1e4, seed=1).plan["freshness"]["copy"] == "stale"
+    run(statement)
+    if match is not None:
+        with pytest.raises(ValueError, match=match):
+            private_top_k(source, k=1, epsilon=1e4, seed=1)
+        return
+    top = int(np.argmax(counts))
+    got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+    assert got.items == [top] and got.plan["freshness"]["read"] == "table whole"
+    with source.snapshot():
+        assert source.read_exact_scores([top]) == [Decimal(int(counts[top])) + Decimal("0.5")]
 
 
 def test_sqlite_small_table_runs_are_one_statement(tmp_path: Any) -> None:

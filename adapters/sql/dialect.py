@@ -97,6 +97,7 @@ class Dialect:
     max_id_bytes: int | None = None
     whole_read_rows = 0  # a table read as it is now is read whole up to this many rows (whole.py)
     whole_read_alone = False  # a run after a small one is that read alone (whole.alone_run)
+    whole_read_alone_rows = 0  # alone, up to this many rows (where above whole_read_rows)
     id_length_unit = "bytes"  # what `id_length` counts
     refresh_beside = False  # a declared copy's refresh builds beside it and swaps (recorded.py)
     indexes_tables = True  # prepare() indexes the table of counts (score, id) where asked
@@ -475,6 +476,12 @@ class Dialect:
                 column[:] = values
             out[name] = column
         return out
+
+    def read_whole(self, driver: Driver, t: Any, sql: str, alone: bool) -> dict[str, Any]:
+        """Every row of table `t` as arrays "id" and "score" (whole.py): `sql`'s rows
+        (read_arrays). `alone`: the read is a statement of its own outside any transaction, so
+        a statement that fails costs only itself (a dialect may then try a faster one first)."""
+        return self.read_arrays(driver, sql, ("id", "score"))
 
     def read_ranks(self, driver: Driver, ranks: str, start: int, stop: int, packed: bool) -> Rows:
         """Ranks [start, stop) of the copy, in rank order."""

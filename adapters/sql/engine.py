@@ -228,6 +228,7 @@ class SQLTable:
             raise RuntimeError("prepare() cannot run inside snapshot()")
         self.driver.ensure()
         self.copies.prepare(refresh, **options)
+        self.last_freshness = None  # the copy may be current now: a run proves it (whole.py)
 
     def uninstall(self) -> None:
         """Drop everything prepare() made for this table (never the table itself)."""

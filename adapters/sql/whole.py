@@ -43,6 +43,9 @@ from topk_middleware.keyed_noise import KeyedNoise
 # priced at 0.5 ms and a batch of random reads alike; the in-store one-shot not offered.
 MEMORY_COSTS = StoreCosts(round_trip=5e-4, random_batch=5e-4, full_read_row=7e-8, oneshot_row=1.0)
 
+# What a run's freshness says of a copy it did not read as current (engine.Run.freshness).
+STALE = ("stale", "none", "unprovable", "not read")
+
 
 def _column(values: Any) -> tuple[np.ndarray, np.ndarray]:
     """(values, is NULL) of a column as a driver returns it (numpy, masked where NULL, or a
@@ -91,11 +94,13 @@ class WholeReads:
         self.report: dict[str, Any] = {}  # the run's freshness where it runs alone (alone_run)
 
     @classmethod
-    def open(cls, t: Any) -> WholeReads | None:
+    def open(cls, t: Any, cap: int | None = None, alone: bool = False) -> WholeReads | None:
         """The table read whole and checked (module docstring), or None where the dialect does
         not read whole, the last run found the table larger, the table has more rows than the
-        dialect reads whole, or the read failed (the dialect's own reads then say why)."""
-        cap, last = int(t.dialect.whole_read_rows), t.last_m
+        dialect reads whole (`cap`: its whole_read_rows), or the read failed (the dialect's own
+        reads then say why). `alone`: no transaction is open (Dialect.read_whole)."""
+        cap = int(t.dialect.whole_read_rows if cap is None else cap)
+        last = t.last_m
         if t._oblivious or cap <= 0 or (last is not None and last > cap):
             return None
         sql = f"SELECT {t.id_sql} AS id, {t.score_sql} AS score FROM {t.source}"
@@ -104,7 +109,7 @@ class WholeReads:
                 t.last_m = last = int(t.driver.scalar(f"SELECT count(*) FROM {t.source}"))
                 if last > cap:
                     return None
-            got = t.dialect.read_arrays(t.driver, sql, ("id", "score"))
+            got = t.dialect.read_whole(t.driver, t, sql, alone)
         except t.driver.errors:
             return None
         ids, id_nulls = _column(got["id"])
@@ -195,16 +200,22 @@ class WholeReads:
 
 def alone_run(t: Any) -> WholeReads | None:
     """The reads of a run of a table the last run found small (at most the dialect's
-    whole_read_rows rows) that reads it whole in one statement outside any transaction: one
-    statement reads one snapshot in every SQL store, and a table read as it is now needs no
+    whole_read_rows rows; or at most its whole_read_alone_rows where the last run found no
+    current copy: a copy written since, or none read, and a read alone may take a faster
+    statement, Dialect.read_whole) that reads it whole in one statement outside any
+    transaction: one statement reads one snapshot in every SQL store, and a table read as it
+    is now needs no
     copy, no proof of freshness and no count, so the run is one round trip; `report` is the
     run's freshness. None where the run is oblivious, the dialect reads no table whole or not
     alone (`Dialect.whole_read_alone`), no run has counted the table yet or found it larger,
     or the read failed (the run then opens as any other)."""
-    cap, last = int(t.dialect.whole_read_rows), t.last_m
-    if t._oblivious or not t.dialect.whole_read_alone or cap <= 0 or last is None or last > cap:
+    d, last = t.dialect, t.last_m
+    cap = int(d.whole_read_rows)
+    if last is not None and last > cap and (t.last_freshness or {}).get("copy") in STALE:
+        cap = max(cap, int(d.whole_read_alone_rows))  # the last run read no current copy
+    if t._oblivious or not d.whole_read_alone or cap <= 0 or last is None or last > cap:
         return None
-    whole = WholeReads.open(t)
+    whole = WholeReads.open(t, cap, alone=True)
     if whole is not None:
         whole.report = {"copy": "not read", "read": "table whole", "whole_read_rows": cap}
     return whole

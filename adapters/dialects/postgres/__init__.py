@@ -69,6 +69,7 @@ from .costs import (
     OBLIVIOUS_COSTS,
     STALE_OBLIVIOUS_COSTS,
     STORE_COSTS,
+    WHOLE_READ_ALONE_ROWS,
     WHOLE_READ_ROWS,
     around_seconds,
     refresh_seconds,
@@ -127,6 +128,7 @@ class PostgresDialect(Dialect):
     costs = STORE_COSTS
     whole_read_rows = WHOLE_READ_ROWS  # a table read as it is now, up to this many rows
     whole_read_alone = True  # and a run after a small one reads it alone (~1 round trip, not 5)
+    whole_read_alone_rows = WHOLE_READ_ALONE_ROWS  # after a run that found the copy stale
     writes = writes  # the write log's SQL (freshness.WriteLog)
     trigger_proof = WriteLog
     changes = changes  # the change log's (around.py)
@@ -438,6 +440,12 @@ class PostgresDialect(Dialect):
             warnings.warn(statistics_accepted(where, role), stacklevel=4)
 
     # ----- reads --------------------------------------------------------------------------------
+    def read_whole(self, driver: Driver, t: Any, sql: str, alone: bool) -> dict[str, Any]:
+        """Alone, packed (tables.packed_whole: a statement that fails costs only itself); else,
+        or where the rows do not pack, the rows of `sql`."""
+        got = tables.packed_whole(driver, t) if alone else None
+        return super().read_whole(driver, t, sql, alone) if got is None else got
+
     def read_ranks(self, driver: Driver, ranks: str, start: int, stop: int, packed: bool) -> Rows:
         """Ranks [start, stop) of the copy: a range of its rank B-tree; packed into one bytea a
         column where `packed` (integer ids) and the range is large: a full read of 10^7 rows in

@@ -116,6 +116,14 @@ def refresh_seconds(m: int) -> float:
 # facts). Measured after 1% of the rows written (median of 11 releases, load 12): 1,000 rows
 # 2.9 ms whole against 42 ms, 2,000 20 against 50, 5,000 46 against 108, 10,000 35 against 29.
 WHOLE_READ_ROWS = 5_000
+# After a run that found the copy written since (or read none), a table of at most this many
+# rows is read whole alone, packed (tables.packed_whole): SQLAlchemy on psycopg, zipf, after 1%
+# of the rows written, median of 9-11 releases at a load average of 8-9: 10,000 rows 23 ms
+# against the table's run's 49 ms, 20,000 26 against 66, 100,000 142 against 138 (PostgreSQL's
+# own query 12-17 ms at 10^4 and 2 x 10^4, 50-65 ms at 10^5). A current copy's run is faster
+# (10^4: 14 ms; 2 x 10^4: 16 against 26-51 ms whole), so a run after one that read it opens as
+# before.
+WHOLE_READ_ALONE_ROWS = 50_000
 
 
 def table_seconds(m: int, hashed: int) -> float:
@@ -134,6 +142,7 @@ __all__ = [
     "SPI_OBLIVIOUS_COSTS",
     "STALE_OBLIVIOUS_COSTS",
     "STORE_COSTS",
+    "WHOLE_READ_ALONE_ROWS",
     "WHOLE_READ_ROWS",
     "around_seconds",
     "refresh_seconds",

@@ -21,6 +21,8 @@ import math
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
+
 from adapters._sql import TableFacts, int_array_literal, raise_if_invalid, tid_array_literal
 from adapters.sql.table_read import TableState
 from topk_middleware.keyed_noise import KeyedNoise, capped_sql
@@ -29,6 +31,36 @@ from topk_middleware.keyed_noise import KeyedNoise, capped_sql
 # aggregate: about 40 ms at 10^5 rows, 0.2-0.4 s at 10^6); above, the rows read are checked.
 DISTINCT_CHECK_MAX = 100_000
 INTEGER_TYPES = ("smallint", "integer", "bigint")
+
+
+def packed_whole(driver: Any, t: Any) -> dict[str, Any] | None:
+    """Every (id, score) of table `t` in one row: each row's id and score as 16 bytes
+    (int8send, then int8send or float8send), concatenated by one aggregate so both columns keep
+    the same row order, unpacked by numpy; beside them the rows no pack holds as read (a NULL,
+    an id or integer score that is not a whole int8, from a column altered since). None where
+    there are any, or the columns are not integer ids and integer or float scores (numeric:
+    not exactly a double). Cost: one scan and 16 bytes a row on the wire, no Python object a
+    row (a row read as tuples costs about 1 us of Python; this about 10 ns)."""
+    score_type = t.score_info.type
+    if not t.integer_ids or score_type not in (*INTEGER_TYPES, "real", "double precision"):
+        return None
+    i, s = t.id_sql, t.score_sql
+    if t.integer_scores:
+        send, odd = f"int8send({s}::int8)", f" OR {s}::int8 <> {s}"
+    else:
+        send, odd = f"float8send({s}::float8)", ""
+    row = driver.one(
+        f"SELECT count(*) FILTER (WHERE {i} IS NULL OR {s} IS NULL OR {i}::int8 <> {i}{odd}), "
+        f"string_agg(int8send({i}::int8) || {send}, ''::bytea) FROM {t.source}"
+    )
+    if row is None or row[0]:
+        return None
+    kind = ">i8" if t.integer_scores else ">f8"
+    packed = np.frombuffer(bytes(row[1] or b""), dtype=[("id", ">i8"), ("score", kind)])
+    return {
+        "id": packed["id"].astype(np.int64),
+        "score": packed["score"].astype(np.int64 if t.integer_scores else np.float64),
+    }
 
 
 def slots_per_page(block_size: int) -> int:
