@@ -77,8 +77,10 @@ from .costs import (
     table_seconds,
 )
 
-# Sorted reads of at least this many rows with integer ids come packed in one bytea per column.
-PACKED_MIN_ROWS = 50_000
+# Sorted reads of at least this many rows with integer ids come packed in one bytea per column:
+# through SQLAlchemy on psycopg (load 5), 1,000 ranks 1.3 ms packed against 2.2 ms as rows,
+# 10,000 7.5 against 17 ms, 20,000 14 against 35 ms; 500 1.0 against 1.3 ms.
+PACKED_MIN_ROWS = 1_000
 # Score column types: numbers that convert to float8 (money and oid are 'N' types, not counts).
 SCORE_TYPES = ("smallint", "integer", "bigint", "real", "double precision", "numeric")
 INTEGER_TYPES = ("smallint", "integer", "bigint")
