@@ -204,11 +204,10 @@ def alone_run(t: Any) -> WholeReads | None:
     current copy: a copy written since, or none read, and a read alone may take a faster
     statement, Dialect.read_whole) that reads it whole in one statement outside any
     transaction: one statement reads one snapshot in every SQL store, and a table read as it
-    is now needs no
-    copy, no proof of freshness and no count, so the run is one round trip; `report` is the
-    run's freshness. None where the run is oblivious, the dialect reads no table whole or not
-    alone (`Dialect.whole_read_alone`), no run has counted the table yet or found it larger,
-    or the read failed (the run then opens as any other)."""
+    is now needs no copy, no proof of freshness and no count, so the run is one round trip;
+    `report` is the run's freshness. None where the run is oblivious, the dialect reads no
+    table whole or not alone (`Dialect.whole_read_alone`), no run has counted the table yet or
+    found it larger, or the read failed (the run then opens as any other)."""
     d, last = t.dialect, t.last_m
     cap = int(d.whole_read_rows)
     if last is not None and last > cap and (t.last_freshness or {}).get("copy") in STALE:
