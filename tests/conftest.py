@@ -60,6 +60,7 @@ pytest_plugins = [
     "tests.stores_clickhouse",
     "tests.sql_sessions",
     "tests.xdist_groups",
+    "tests.temp_root",
 ]
 
 # Live stores: their plugins build them with positions equal to the input indexes (the reference
