@@ -116,6 +116,13 @@ def pg(pg_conninfo: str, pg_schema: str) -> Iterator[tuple[str, str]]:
                 [(c, i, w) for (c, i), w in zip(VOTES.tolist(), WEIGHTS.tolist(), strict=True)],
             )
     yield pg_conninfo, pg_schema
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:  # a worker may come back to it
+        for name in ("items", "votes"):
+            conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {}.{} CASCADE").format(
+                    sql.Identifier(pg_schema), sql.Identifier(name)
+                )
+            )
 
 
 # What the SQLAlchemy tests made on their servers: dropped at the end of the module.
