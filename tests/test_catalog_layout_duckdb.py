@@ -21,6 +21,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from adapters.dialects.duckdb.fingerprint import WHOLE_HEAD_ROWS
 from adapters.duckdb import DuckDBTable
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
@@ -71,8 +72,11 @@ def fingerprint(definition: str, rows: int | None, runs: int, head: Any) -> str:
 
 
 def head_of(ids: list[Any], text: bool) -> dict[str, Any]:
-    """The first 64 rows of the canonical order, as the fingerprint holds them."""
-    order = sorted(range(M), key=lambda i: (-SCORES[i], ids[i]))[:64]
+    """The rows of the canonical order the fingerprint holds: every row of a copy this small
+    (at most WHOLE_HEAD_ROWS), else the first 64."""
+    order = sorted(range(M), key=lambda i: (-SCORES[i], ids[i]))[
+        : M if M <= WHOLE_HEAD_ROWS else 64
+    ]
     return {
         "dtype": "text" if text else "<i8",
         "ids": [ids[i] for i in order],

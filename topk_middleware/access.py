@@ -840,12 +840,13 @@ class CountedAccess:
 
     def read_all(self) -> Rows:
         """A full read in canonical order: m sorted accesses (the one-shot mechanism's cost).
-        Rows already fetched are not read again."""
+        Rows already fetched are not read again; rows the store has in hand (all m of them:
+        sorted_rows_in_hand) cost no round trip, as in fetch_sorted_until."""
         start = self.prefix_fetched
         rows = self._capped_rows(self.source.read_sorted(start, self.m - start))
         if len(rows) != self.m - start:
             raise AccessError(f"store returned {len(rows)} rows for a full read of m = {self.m}")
-        self._count_fetch(rows)
+        self._count_fetch(rows, 0 if start == 0 and self.m <= self._rows_in_hand else None)
         self.stats.sorted += self.m
         self._depth = self.m
         self._prefix.append(rows)

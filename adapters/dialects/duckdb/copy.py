@@ -185,13 +185,13 @@ class DuckDBCopy:
     def stamp(self) -> None:
         """Write the fingerprint of the table, as the open transaction sees it, on the rank
         table (its comment), with a new build mark, the counts of the base and of its runs
-        of tied scores, and the base's first HEAD_ROWS rows (what a run reads instead of
-        counting or reading them)."""
+        of tied scores, and the base's first rows, all of them in a small copy (what a run reads
+        instead of counting or reading them)."""
         _, oid, ddl, rows = self.facts()
         base, runs = self.driver.one(
             f"SELECT (SELECT count(*) FROM {self.ranks}), (SELECT count(*) FROM {self.runs})"
         )
-        head = head_of(self.driver, self.ranks)
+        head = head_of(self.driver, self.ranks, int(base))
         text = self.fingerprints.text(ddl, rows, int(base), int(runs), head)
         self.driver.execute(f"COMMENT ON TABLE {self.ranks} IS {literal(text)}")
         self._stamped_oid = oid

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from adapters._sql import scores_in_order
+from adapters.sql.whole import MEMORY_COSTS
 from topk_middleware.access import Rows, RunTraits, StoreCosts
 from topk_middleware.keyed_noise import KeyedNoise, oneshot_query
 
@@ -47,12 +48,18 @@ class CopyReads:
         self.reads: str | None = None  # what the last in-store one-shot read
 
     def costs(self) -> StoreCosts:
-        return STORE_COSTS
+        """The store's costs; a run whose fingerprint held every row of the copy (a small one,
+        fingerprint.WHOLE_HEAD_ROWS) has them in memory and is priced as rows read whole
+        (whole.MEMORY_COSTS: the one-shot over the rows in hand, no statement)."""
+        return MEMORY_COSTS if self._whole_in_hand() else STORE_COSTS
+
+    def _whole_in_hand(self) -> bool:
+        return self.head is not None and len(self.head) >= self.m
 
     def traits(self) -> RunTraits:
         return RunTraits(
             positions_are_ranks=self.positions_are_ranks,
-            sorted_read_rows=SORTED_READ_ROWS,
+            sorted_read_rows=self.m if self._whole_in_hand() else SORTED_READ_ROWS,
             sorted_rows_in_hand=0 if self.head is None else len(self.head),
             costs=self.costs(),
             oblivious_costs=self.t.oblivious_costs,
