@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from adapters.dialects.postgres import PostgresDialect
+from adapters.dialects.postgres.tables import packed_whole
 from adapters.postgres import PostgresTable
 from adapters.sql.whole import MEMORY_COSTS
 from adapters.sqlalchemy import SQLAlchemyTable
@@ -330,3 +331,53 @@ def test_a_plateau_read_whole_is_released_as_array_source_chooses(tmp_path: Any)
         assert got.accesses == want.accesses
     source.uninstall()
     engine.dispose()
+
+
+def test_postgres_integer_columns_are_read_packed_and_a_null_is_refused(
+    pg_conninfo: str, pg_schema: str
+) -> None:
+    """Integer ids and scores read alone come back as one bytea of int8 pairs
+    (tables.packed_whole): the arrays are the table's, the release and access counts
+    ArraySource's, exact scores Python ints; with a NULL score nothing is packed, the rows are
+    read as rows and the run refuses as validate() does."""
+    conn = _connect(pg_conninfo)
+    name = f"whole_{uuid.uuid4().hex[:8]}"
+    scores = np.floor(SCORES * 3).astype(np.int64)
+    ids = np.random.default_rng(3).permutation(M)
+    create_table(conn, pg_schema, name, scores, ids)
+    source = PostgresTable(
+        pg_conninfo, name, id=ID_COLUMN, score=SCORE_COLUMN, schema=pg_schema, mode="live"
+    )
+    table = sql.Identifier(pg_schema, name)
+    try:
+        source.prepare()
+        private_top_k(source, k=5, epsilon=0.5, seed=0)  # counts the table
+        got = packed_whole(source.driver, source)
+        assert got is not None and got["id"].dtype == got["score"].dtype == np.int64
+        by_id = dict(zip(got["id"].tolist(), got["score"].tolist(), strict=True))
+        assert by_id == dict(zip(ids.tolist(), scores.tolist(), strict=True))
+        reference = reference_like(source, scores, ids)
+        reference.store_costs = MEMORY_COSTS
+        for seed in range(2):
+            for method in ("threshold", "auto"):
+                mine = private_top_k(source, k=5, epsilon=0.5, method=method, seed=seed)
+                want = private_top_k(reference, k=5, epsilon=0.5, method=method, seed=seed)
+                assert mine.items == want.items and mine.accesses == want.accesses
+                assert mine.plan["freshness"]["read"] == "table whole"
+        top = int(ids[np.argmax(scores)])
+        with source.snapshot():
+            exact = source.read_exact_scores([top])
+        assert exact == [int(scores.max())] and type(exact[0]) is int
+        conn.execute(
+            sql.SQL("UPDATE {} SET {} = NULL WHERE {} = 5").format(
+                table, sql.Identifier(SCORE_COLUMN), sql.Identifier(ID_COLUMN)
+            )
+        )
+        assert packed_whole(source.driver, source) is None
+        with pytest.raises(ValueError, match="NULL"):
+            private_top_k(source, k=5, epsilon=0.5, seed=1)
+    finally:
+        source.uninstall()
+        source.close()
+        conn.execute(sql.SQL("DROP TABLE {}").format(table))
+        conn.close()

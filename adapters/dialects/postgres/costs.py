@@ -111,18 +111,24 @@ def refresh_seconds(m: int) -> float:
 
 
 # A table read as it is now is read whole (adapters/sql/whole.py) up to this many rows: one
-# read of (id, score) and a release in memory against the table's run (the in-store one-shot
-# on its slots, or the copy read around the changes, each priced first by a query of its
-# facts). Measured after 1% of the rows written (median of 11 releases, load 12): 1,000 rows
-# 2.9 ms whole against 42 ms, 2,000 20 against 50, 5,000 46 against 108, 10,000 35 against 29.
-WHOLE_READ_ROWS = 5_000
+# read of (id, score) (alone: packed, tables.packed_whole) and a release in memory against the
+# run on the copy or the position table (a transaction of several round trips, more on a
+# plateau or a spread of scores: the in-store one-shot on its slots, or the copy read around
+# the changes, each priced first by a query of its facts). Measured by benchmarks/sizes.py
+# with PostgresTable (psycopg), copy and live modes, current and after 1% writes, five
+# families, 5 releases each (load 4-6): the geometric mean of the store's query time over the
+# release's, the run's against the read whole, 0.18 / 0.37 at 10^4 rows, 0.21 / 0.53 at
+# 1.5 * 10^4, 0.21 / 0.44 at 2 * 10^4 (the read whole faster at 13 points of 19), 0.34 / 0.41
+# at 3 * 10^4 (11 of 20). The run stays faster on skewed scores (zipf, sparse: 3-8 ms against
+# 7-15 ms at 10^4-2 * 10^4); the read whole bounds the rest (the run's 10-130 ms on plateaus
+# and spreads, read whole 6-18 ms).
+WHOLE_READ_ROWS = 20_000
 # After a run that found the copy written since (or read none), a table of at most this many
 # rows is read whole alone, packed (tables.packed_whole): SQLAlchemy on psycopg, zipf, after 1%
 # of the rows written, median of 9-11 releases at a load average of 8-9: 10,000 rows 23 ms
 # against the table's run's 49 ms, 20,000 26 against 66, 100,000 142 against 138 (PostgreSQL's
 # own query 12-17 ms at 10^4 and 2 x 10^4, 50-65 ms at 10^5). A current copy's run is faster
-# (10^4: 14 ms; 2 x 10^4: 16 against 26-51 ms whole), so a run after one that read it opens as
-# before.
+# on zipf (10^4: 14 ms; 2 x 10^4: 16 against 26-51 ms whole).
 WHOLE_READ_ALONE_ROWS = 50_000
 
 
