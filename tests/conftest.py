@@ -113,8 +113,8 @@ def make_store(request: pytest.FixtureRequest) -> Callable[[Any, Any], Any]:
 def _small_tables_read_as_large_ones(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL and SQLite read a table of at most `whole_read_rows` rows whole
-    (adapters/sql/whole.py: 5,000, measured); the suite's tables of those stores are far
+    """PostgreSQL, MariaDB and SQLite read a table of at most `whole_read_rows` rows whole
+    (adapters/sql/whole.py: 3,000-5,000, measured); the suite's tables of those stores are far
     smaller, and its tests of the copy, of the table's reads and of reading around the writes
     are about the tables past the crossover. So they run with whole_read_rows = 0 and
     whole_read_alone_rows = 0 (what a table past both gets), and a test marked `whole_reads`
@@ -122,9 +122,11 @@ def _small_tables_read_as_large_ones(
     holds everywhere."""
     if request.node.get_closest_marker("whole_reads") is not None:
         return
+    from adapters.dialects.mysql import MySQLDialect
     from adapters.dialects.postgres import PostgresDialect
     from adapters.dialects.sqlite import SQLiteDialect
 
-    monkeypatch.setattr(PostgresDialect, "whole_read_rows", 0)
-    monkeypatch.setattr(PostgresDialect, "whole_read_alone_rows", 0)
+    for dialect in (PostgresDialect, MySQLDialect):
+        monkeypatch.setattr(dialect, "whole_read_rows", 0)
+        monkeypatch.setattr(dialect, "whole_read_alone_rows", 0)
     monkeypatch.setattr(SQLiteDialect, "whole_read_rows", 0)

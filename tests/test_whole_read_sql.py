@@ -305,6 +305,68 @@ def test_sqlite_small_table_runs_are_one_statement(tmp_path: Any) -> None:
     engine.dispose()
 
 
+def test_mariadb_small_table_runs_are_one_statement(
+    sqlalchemy_mariadb_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLAlchemyTable on MariaDB: at most whole_read_rows rows, every run after the first is
+    one statement on the DBAPI cursor and no run transaction, the release ArraySource's, a
+    write seen by the next run; past it, a current copy's run opens its transaction, and after
+    a run that found the copy written since each run is the one read again, up to
+    whole_read_alone_rows (fails with MariaDB's whole reads off: BEGIN, the snapshot, the
+    catalog, the proof, the read, COMMIT)."""
+    from adapters.dialects.mysql import MySQLDialect
+
+    engine = sqlalchemy_mariadb_engine
+    name = f"whole_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, score BIGINT NOT NULL)")
+        conn.execute(
+            sa.table(name, sa.column("id"), sa.column("score")).insert(),
+            [{"id": i, "score": int(s)} for i, s in enumerate(SCORES)],
+        )
+    source = SQLAlchemyTable(engine, name)
+    sent = {"statements": 0}
+
+    def cursor_execute(*_: Any) -> None:
+        sent["statements"] += 1
+
+    try:
+        source.prepare()
+        private_top_k(source, k=5, epsilon=0.5, seed=0)
+        sa.event.listen(engine, "before_cursor_execute", cursor_execute)
+        counts = count_calls(source)
+        _released_as_array_source(
+            source, list(range(M)), lambda: {**sent, "transactions": counts["transactions"]}
+        )
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {name} SET score = score + 1000 WHERE id = 3")
+        before = sent["statements"]
+        assert private_top_k(source, k=1, epsilon=1e4, seed=1).items == [3]
+        assert sent["statements"] - before == 1
+        monkeypatch.setattr(MySQLDialect, "whole_read_rows", M // 2)
+        monkeypatch.setattr(MySQLDialect, "whole_read_alone_rows", M)
+        source.prepare(refresh=True)
+        got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+        assert got.plan["freshness"]["copy"] == "current"
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {name} SET score = score + 5000 WHERE id = 4")
+        got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+        assert got.items == [4] and got.plan["freshness"]["copy"] == "stale"
+        before = dict(sent), counts["transactions"]
+        got = private_top_k(source, k=1, epsilon=1e4, seed=1)
+        assert got.items == [4] and got.plan["freshness"]["read"] == "table whole"
+        assert (sent["statements"], counts["transactions"]) == (
+            before[0]["statements"] + 1,
+            before[1],
+        )
+    finally:
+        if sa.event.contains(engine, "before_cursor_execute", cursor_execute):
+            sa.event.remove(engine, "before_cursor_execute", cursor_execute)
+        source.uninstall()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {name}")
+
+
 def test_a_plateau_read_whole_is_released_as_array_source_chooses(tmp_path: Any) -> None:
     """The planner prices the rows in memory by what runs over them cost in Python: on a tied
     plateau auto takes the one-shot over the rows read, as an ArraySource priced alike does

@@ -174,6 +174,16 @@ class MySQLDialect(Dialect):
     score_types = "integers, floating point or decimal numbers"
     id_types = "integers or text"
     costs = StoreCosts()  # a copy's reads: the generic record (measured alike)
+    # A table read as it is now is read whole (adapters/sql/whole.py) up to whole_read_rows rows:
+    # one read of every row and a release in memory. MariaDB through SQLAlchemy (pymysql),
+    # distinct counts, median of 7 releases at a load average of 5: 1,000 rows 4.2 ms whole
+    # against 10.2 ms for a current copy's run and 16 ms for the table's after writes; 10,000
+    # rows 31 against 17 ms current. After writes at 10,000 rows (benchmarks/sizes.py, load 4-5)
+    # the whole read took 34-96 ms (pymysql turns each row into Python objects) against the
+    # table's 13-25 ms on zipf and sparse counts and 51-258 ms on the others: no larger read
+    # alone (whole_read_alone_rows 0).
+    whole_read_rows = 3_000
+    whole_read_alone = True
 
     def __init__(self, mariadb: bool = True) -> None:
         self.name = "MariaDB" if mariadb else "MySQL"
