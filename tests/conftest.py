@@ -114,7 +114,7 @@ def _small_tables_read_as_large_ones(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PostgreSQL, MariaDB and SQLite read a table of at most `whole_read_rows` rows whole
-    (adapters/sql/whole.py: 3,000-5,000, measured); the suite's tables of those stores are far
+    (adapters/sql/whole.py: 3,000-20,000, measured); the suite's tables of those stores are far
     smaller, and its tests of the copy, of the table's reads and of reading around the writes
     are about the tables past the crossover. So they run with whole_read_rows = 0 and
     whole_read_alone_rows = 0 (what a table past both gets), and a test marked `whole_reads`
