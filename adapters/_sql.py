@@ -9,6 +9,7 @@ sampling (a uniform rank) are both reads by rank.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
@@ -149,11 +150,13 @@ class StatisticsChannel:
             self._oblivious = saved
 
 
+@functools.lru_cache(maxsize=1024)
 def rank_table_name(table: str, id_column: str, score_column: str) -> str:
     """The default name of the rank table of `table` ordered by (score_column, id_column).
 
     A short hash of the three names keeps rank tables of different columns apart and the name
-    within PostgreSQL's 63-byte limit.
+    within PostgreSQL's 63-byte limit. Kept per names (a run asks for it and the names built
+    on it about ten times a run: about 1 us each, 0.1 us kept).
     """
     digest = hashlib.sha1(
         "\x00".join((table, id_column, score_column)).encode("utf-8")
