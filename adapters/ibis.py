@@ -12,6 +12,10 @@ expressions compiled by the expression's backend:
 * random access by id: `WHERE id IN (...)`;
 * the runs of tied scores (ScoreRuns): one GROUP BY score.
 
+On DuckDB, PostgreSQL and SQLite each of these shapes is compiled by Ibis once per IbisTable
+and run on the backend's connection, what varies (depth, offset, the last row, ranks, ids)
+bound by the driver (adapters/ibis_statements.py); other backends execute the expression.
+
 Text ids compare by the bytes of their UTF-8 text (`key(id)`): `encode(id)` on DuckDB,
 `convert_to(id, 'UTF8')` on PostgreSQL, the text itself on SQLite (whose default collation
 compares bytes). A backend with no known byte key refuses text ids. All reads of a run happen
@@ -37,13 +41,14 @@ full into the client (`oneshot_in_store` and check() say why). SQLite has no SHA
 Where the one-shot runs in the backend, `auto` takes it without reading first (run_traits):
 every sorted or random read sorts the expression anyway.
 
-Ibis writes every value a read asks for (ranks, ids) into the statement text: on a backend
-outside this process (PostgreSQL) an oblivious release reads the whole expression and sends no
-drawn rank (traits: parameters_in_text). On PostgreSQL an oblivious run sets track_counts off
-for its transaction where the connection's role may (a superuser, or a role granted SET on it);
-where it may not, the blocks it reads would show in pg_statio_user_tables, and the store says
-so (traits: oblivious_reads_seen), so the release is refused unless the operator set
-`accept_statistics_channel` (docs/promise.md).
+The values a read asks for (ranks, ids) are counted as seen by a server (PostgreSQL): Ibis
+writes them into the statement text, and a bound one shows in the server's statement log (and
+in the text under a ClientCursor), so an oblivious release there reads the whole expression
+and sends no drawn rank (traits: parameters_in_text). On PostgreSQL an oblivious run sets
+track_counts off for its transaction where the connection's role may (a superuser, or a role
+granted SET on it); where it may not, the blocks it reads would show in pg_statio_user_tables,
+and the store says so (traits: oblivious_reads_seen), so the release is refused unless the
+operator set `accept_statistics_channel` (docs/promise.md).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from topk_middleware.privacy import resolve_declared
 from ._sql import AccessCheck, AccessPath, float_array_literal, int_array_literal
 from .dialects.duckdb import DuckDBDialect
 from .dialects.postgres import PostgresDialect
+from .ibis_statements import PLACEHOLDERS, Statements
 from .sql.dialect import Dialect
 from .sql.placeholders import convert
 
@@ -207,6 +213,12 @@ class IbisTable(StatisticsChannel):
         )
         t = self._table
         self._order = [ibis.desc(t.score), self._key(t.id).asc()]
+        # each read's shape compiled once, its values bound by the driver (ibis_statements.py)
+        self._statements = (
+            Statements(self.backend, t, self._order, self._key)
+            if self.backend_name in PLACEHOLDERS
+            else None
+        )
         # row numbers in the canonical order (a window); without them, one query a rank
         self.numbers_rows = self.backend.has_operation(
             ops.RowNumber
@@ -307,10 +319,10 @@ class IbisTable(StatisticsChannel):
 
     # ----- the Source protocol ------------------------------------------------------------------
     def traits(self) -> StoreTraits:
-        """access.StoreTraits: the declared sensitivity and bound. Ibis writes every value a
-        read asks for (ranks, ids) into the statement text, which on a server backend its
-        observers read: there `parameters_in_text` (an oblivious release reads the whole
-        expression and sends no drawn position); a backend in this process has no observer."""
+        """access.StoreTraits: the declared sensitivity and bound. The values a read asks for
+        (ranks, ids) reach a server backend's statement text or log, which its observers read:
+        there `parameters_in_text` (an oblivious release reads the whole expression and sends
+        no drawn position); a backend in this process has no observer."""
         return StoreTraits(
             self.sensitivity,
             self.max_items_per_client,
@@ -357,54 +369,64 @@ class IbisTable(StatisticsChannel):
         sort beats a hash aggregate of m groups (1.3 s against 6.9 s at 10^6 distinct doubles
         on PostgreSQL, under load 19)."""
         t = self._table
-        if t.score.type().is_integer():
-            runs = t.group_by("score").aggregate(n=t.count())
-            query = runs.aggregate(m=ibis.coalesce(runs.n.sum(), 0), runs=runs.count())
+
+        def query() -> Any:
+            if t.score.type().is_integer():
+                runs = t.group_by("score").aggregate(n=t.count())
+                return runs.aggregate(m=ibis.coalesce(runs.n.sum(), 0), runs=runs.count())
+            return t.aggregate(m=t.count(), runs=t.score.nunique())
+
+        if self._statements is not None:
+            ((m, runs),) = self._statements.run("count", {}, query)
         else:
-            query = t.aggregate(m=t.count(), runs=t.score.nunique())
-        frame = query.execute()
-        self._m, self._runs = int(frame["m"].iloc[0]), int(frame["runs"].iloc[0])
+            frame = query().execute()
+            m, runs = frame["m"].iloc[0], frame["runs"].iloc[0]
+        self._m, self._runs = int(m), int(runs)
 
     def read_sorted(self, start: int, count: int) -> Rows:
         start, count = int(start), int(count)
         if count <= 0:
             return _rows([], [], start)
-        t = self._table
-        query = t.order_by(self._order)
-        if self._next is not None and self._next[0] == start and start > 0:
-            _, score, last = self._next
-            query = (
-                t.filter(
-                    (t.score < score)
-                    | ((t.score == score) & (self._key(t.id) > self._key(ibis.literal(last))))
-                )
-                .order_by(self._order)
-                .limit(count)
-            )
+        keyset = self._next is not None and self._next[0] == start and start > 0
+        score, last = self._next[1:] if keyset else (None, None)  # type: ignore[index]
+        if self._statements is not None:
+            shape, params = ("keyset", {"score": score, "last": last, "n": count}) if keyset else (
+                "sorted", {"n": count, "start": start})  # fmt: skip
+            records = self._statements.run(shape, params)
         else:
-            query = query.limit(count, offset=start)
-        frame = query.execute()
-        ids, scores = frame["id"].tolist(), frame["score"].to_numpy(dtype=np.float64)
-        if len(ids):
-            self._next = (start + len(ids), float(frame["score"].iloc[-1]), ids[-1])
-        return _rows(ids, scores, start)
+            t = self._table
+            query = t.order_by(self._order).limit(count, offset=start)
+            if keyset:
+                after = (t.score < score) | (
+                    (t.score == score) & (self._key(t.id) > self._key(ibis.literal(last)))
+                )
+                query = t.filter(after).order_by(self._order).limit(count)
+            frame = query.execute()
+            records = list(zip(frame["id"].tolist(), frame["score"].tolist(), strict=True))
+        if records:  # the last row read, in the column's own type (a keyset read's bound)
+            self._next = (start + len(records), records[-1][1], records[-1][0])
+        return _rows([r[0] for r in records], [r[1] for r in records], start)
 
     def read_positions(self, positions: np.ndarray) -> Rows:
         wanted = np.asarray(positions, dtype=np.int64)
         if len(wanted) == 0:
             return Rows(wanted, np.asarray([], dtype=object), np.asarray([], dtype=np.float64))
-        t = self._table
         if not self.numbers_rows:
             return self._read_ranks_one_by_one(np.unique(wanted))
-        ranked = t.mutate(rank=ibis.row_number().over(order_by=self._order))
-        frame = (
-            ranked.filter(ranked.rank.isin([int(r) for r in np.unique(wanted)]))
-            .order_by(ranked.rank)
-            .execute()
+        ranks = [int(r) for r in np.unique(wanted)]
+        if self._statements is not None:
+            records = self._statements.run("ranks", {"ranks": ranks})
+        else:
+            t = self._table
+            ranked = t.mutate(rank=ibis.row_number().over(order_by=self._order))
+            frame = ranked.filter(ranked.rank.isin(ranks)).order_by(ranked.rank).execute()
+            columns = (frame["id"].tolist(), frame["score"].tolist(), frame["rank"].tolist())
+            records = list(zip(*columns, strict=True))
+        return Rows(
+            np.asarray([r[2] for r in records], dtype=np.int64),
+            _id_array([r[0] for r in records]),
+            np.asarray([r[1] for r in records], dtype=np.float64),
         )
-        got = frame["rank"].to_numpy(dtype=np.int64)
-        ids = _id_array(frame["id"].tolist())
-        return Rows(got, ids, frame["score"].to_numpy(dtype=np.float64))
 
     def _read_ranks_one_by_one(self, ranks: np.ndarray) -> Rows:
         """A backend without window functions: the row at each rank by ORDER BY .. LIMIT 1
@@ -427,11 +449,16 @@ class IbisTable(StatisticsChannel):
         if not wanted:
             return np.asarray([], dtype=np.float64)
         t = self._table
-        try:
-            frame = t.filter(t.id.isin(list(dict.fromkeys(wanted)))).execute()
-        except Exception as error:  # a value the id column cannot hold: no such item
-            raise AccessError(f"{self.where} cannot look up these ids: {error}") from None
-        found = dict(zip(frame["id"].tolist(), frame["score"].tolist(), strict=True))
+        if self._statements is not None:  # a value the id column cannot hold is not sent
+            asked = [value for value in dict.fromkeys(wanted) if self._statements.fits(value)]
+            records = self._statements.run("ids", {"ids": asked}) if asked else []
+            found = {record[0]: record[1] for record in records}
+        else:
+            try:
+                frame = t.filter(t.id.isin(list(dict.fromkeys(wanted)))).execute()
+            except Exception as error:  # a value the id column cannot hold: no such item
+                raise AccessError(f"{self.where} cannot look up these ids: {error}") from None
+            found = dict(zip(frame["id"].tolist(), frame["score"].tolist(), strict=True))
         missing = [value for value in wanted if value not in found]
         if missing:
             raise AccessError(f"{self.where} has no item with id {missing[0]!r}")
@@ -536,10 +563,16 @@ class IbisTable(StatisticsChannel):
 
     def read_score_runs(self) -> tuple[np.ndarray, np.ndarray]:
         t = self._table
-        frame = t.group_by("score").aggregate(n=t.count()).order_by(ibis.desc("score")).execute()
-        sizes = frame["n"].to_numpy(dtype=np.int64)
+        query = t.group_by("score").aggregate(n=t.count()).order_by(ibis.desc("score"))
+        if self._statements is not None:
+            records = self._statements.run("runs", {}, lambda: query)
+        else:
+            frame = query.execute()
+            records = list(zip(frame["score"].tolist(), frame["n"].tolist(), strict=True))
+        scores = np.asarray([r[0] for r in records], dtype=np.float64)
+        sizes = np.asarray([r[1] for r in records], dtype=np.int64)
         first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        return first, frame["score"].to_numpy(dtype=np.float64)
+        return first, scores
 
 
 def _id_array(values: list[Any]) -> np.ndarray:

@@ -1,7 +1,8 @@
 """IbisTable's own behaviour (the conformance suite runs it on DuckDB, SQLite and PostgreSQL:
 tests/stores_ibis.py): refusals in the project's words before anything is read, and a backend
 whose transactions the adapter does not know (Ibis's Polars backend) served only on the
-caller's promise that the data do not change. About 1 s."""
+caller's promise that the data do not change; on DuckDB, SQLite and PostgreSQL each kind of
+read compiled once and its values bound. About 5 s."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from adapters.ibis import IbisTable
 from adapters.memory import ArraySource
 from topk_middleware import private_top_k
+from topk_middleware.access import AccessError
 
 
 @pytest.fixture
@@ -114,3 +116,44 @@ def test_the_benchmark_runs_as_the_docs_show(tmp_path) -> None:
         if r["method"] == "oneshot_in_store"
     }
     assert in_store == {("duckdb", True, True), ("sqlite", False, True)}
+
+
+@pytest.mark.parametrize("store", ["duckdb", "sqlite", "postgres"])
+@pytest.mark.parametrize("text_ids", [False, True])
+def test_each_kind_of_read_is_compiled_once_and_binds_its_values(
+    request: pytest.FixtureRequest, store: str, text_ids: bool
+) -> None:
+    """On the backends whose driver binds values, a read's statement is compiled at its first
+    use and reused by every later read of that kind: the same rows as the canonical order of
+    the data, the asked values absent from the statement text, and an id the column cannot
+    hold is no item (not sent: a PostgreSQL transaction goes on)."""
+    rng = np.random.default_rng(5)
+    scores = rng.integers(0, 6, 300)  # many ties: keyset reads cross runs of equal scores
+    ids = np.asarray([f"é{i}" for i in range(300)]) if text_ids else rng.permutation(10**6)[:300]
+    source = request.getfixturevalue(f"make_ibis_{store}_source")(scores, ids)
+    reference = ArraySource(scores, ids)
+    want = reference.read_sorted(0, 300)
+    asked = want.ids[[4, 150, 299]].tolist()
+    texts: dict[str, str] = {}
+    for _ in range(2):
+        with source.snapshot():
+            got = [
+                source.read_sorted(0, 7),
+                source.read_sorted(7, 100),
+                source.read_sorted(107, 193),
+            ]
+            assert np.concatenate([r.ids for r in got]).tolist() == want.ids.tolist()
+            assert np.concatenate([r.scores for r in got]).tolist() == want.scores.tolist()
+            by_rank = source.read_positions(np.asarray([299, 3, 150]))
+            assert by_rank.positions.tolist() == [3, 150, 299]
+            assert by_rank.ids.tolist() == want.ids[[3, 150, 299]].tolist()
+            assert source.read_ids(asked).tolist() == want.scores[[4, 150, 299]].tolist()
+            with pytest.raises(AccessError, match="no item with id"):
+                source.read_ids([3.5 if text_ids else "x"])
+            assert source.domain_size() == 300
+        if texts:
+            assert source._statements._sql == texts  # nothing compiled the second time
+        texts = dict(source._statements._sql)
+    assert {"sorted", "keyset", "ranks", "ids", "count"} <= set(texts)
+    for value in [*asked, "150"]:
+        assert all(repr(value) not in text and f"'{value}'" not in text for text in texts.values())
