@@ -29,16 +29,21 @@ transaction: one commit). So threads and processes sharing a ledger never oversp
 process killed after the charge leaves it charged. DuckDB allows one writing process per
 database file: share a DuckDB ledger between threads, or use PostgreSQL / SQLite for several
 processes. A new SQLite or DuckDB ledger file is created readable by its owner only (0600); a
-SQLite ledger file is kept in write-ahead-log mode (`_immediate_transactions`).
+SQLite ledger file is kept in write-ahead-log mode (adapters/ledger_files.py).
+
+Statements: a charge on PostgreSQL is BEGIN, the principal's row locked (with its window), its
+keys and stored costs in one read, one write (the principal's count, a multi-row insert of its
+new keys, an update of its claimed keys, a multi-row insert of its charges, in one WITH
+statement), COMMIT; SQLite and DuckDB read the row and the keys in one statement, the costs in
+another, and run the four writes one by one. A read of one statement (a stream's keys, a total)
+runs outside any transaction (`one_read`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 import random
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -50,22 +55,18 @@ import sqlalchemy as sa
 from topk_middleware.accounting import ComposedGuarantee
 from topk_middleware.release_keys import Charged, ChargeEntry, key_conflict
 
-PRINCIPALS = "topk_ledger_principals"
-CHARGES = "topk_ledger_charges"
-KEYS = "topk_ledger_keys"
-WINDOWS = "topk_ledger_windows"
+from .ledger_files import (
+    create_private,
+    duckdb_turns,
+    immediate_transactions,
+    ledger_file,
+    one_read,
+    owner_only,
+)
+from .ledger_schema import CHARGES, KEYS, PRINCIPALS, WINDOWS, ledger_tables
+
 DUCKDB_RETRIES = 200
 _JITTER = random.SystemRandom()  # the retries' pauses (no noise is drawn from it)
-
-
-_TURNS: dict[str, threading.Lock] = {}
-_TURNS_LOCK = threading.Lock()
-
-
-def _duckdb_turns(ledger: str) -> threading.Lock:
-    """The lock this process's writers to one DuckDB ledger (its file) take turns with."""
-    with _TURNS_LOCK:
-        return _TURNS.setdefault(ledger, threading.Lock())
 
 
 def _now() -> dt.datetime:
@@ -83,16 +84,16 @@ class SQLLedgerStore:
             url = sa.make_url(url_or_engine)
             engine = None
         self.dialect = url.get_backend_name()
-        self._file = _ledger_file(url)
+        self._file = ledger_file(url)
         if self._file is not None:
-            _create_private(self._file, self.dialect)
+            create_private(self._file, self.dialect)
         if engine is None:
             kwargs: dict[str, Any] = {}
             if self.dialect == "sqlite":
                 kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
             engine = sa.create_engine(url, **kwargs)
             if self.dialect == "sqlite":
-                _immediate_transactions(engine, wal=self._file is not None)
+                immediate_transactions(engine, wal=self._file is not None)
             # an engine of its own: its pooled connections are closed when the store goes
             self._dispose = weakref.finalize(self, engine.dispose)
         else:
@@ -100,57 +101,9 @@ class SQLLedgerStore:
         self.engine = engine
         # DuckDB fails a transaction that conflicts at commit instead of waiting: this process's
         # writers to one ledger take turns, and only other processes' writes cause a retry.
-        self._turns = _duckdb_turns(str(self._file or url)) if self.dialect == "duckdb" else None
+        self._turns = duckdb_turns(str(self._file or url)) if self.dialect == "duckdb" else None
         meta = sa.MetaData()
-        self.principals = sa.Table(
-            PRINCIPALS,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("epsilon", sa.Float(53), nullable=False),
-            sa.Column("delta", sa.Float(53), nullable=False),
-            sa.Column("charges", sa.Integer, nullable=False),
-            # a total no budget may have is never stored (NaN compares above every float in
-            # PostgreSQL, and SQLite stores it as NULL); topk_middleware/ledger.py refuses one
-            # that an older table holds
-            sa.CheckConstraint(
-                "epsilon > 0 AND epsilon <= 1.7976931348623157e308 AND delta >= 0 AND delta < 1",
-                name="topk_ledger_total_is_a_budget",
-            ),
-        )
-        self.charges = sa.Table(
-            CHARGES,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("seq", sa.Integer, primary_key=True),
-            sa.Column("charged_at", sa.DateTime, nullable=False),
-            sa.Column("mechanism", sa.String, nullable=False),
-            sa.Column("cost", sa.Text, nullable=False),
-            sa.Column("epsilon_after", sa.Float(53), nullable=False),
-            sa.Column("delta_after", sa.Float(53), nullable=False),
-            sa.Column("rule", sa.Text, nullable=False),
-            sa.Column("released_at", sa.DateTime),
-            sa.Column("guarantee", sa.Text),
-            sa.Column("source", sa.Text),
-            sa.Column("diagnostics", sa.Text),
-        )
-        self.keys = sa.Table(
-            KEYS,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("release_key", sa.String, primary_key=True),
-            sa.Column("fingerprint", sa.String, nullable=False),
-            sa.Column("noise_key", sa.String, nullable=False),
-            sa.Column("seq", sa.Integer),
-            sa.Column("claimed_at", sa.DateTime, nullable=False),
-            sa.Column("release", sa.Text),
-            sa.Column("released_at", sa.DateTime),
-        )
-        self.windows = sa.Table(
-            WINDOWS,
-            meta,
-            sa.Column("principal", sa.String, primary_key=True),
-            sa.Column("window_name", sa.String, nullable=False),
-        )
+        self.principals, self.charges, self.keys, self.windows = ledger_tables(meta)
         self._retry(lambda conn: meta.create_all(conn, checkfirst=True))
 
     def close(self) -> None:
@@ -168,7 +121,7 @@ class SQLLedgerStore:
                 with self._turns or contextlib.nullcontext(), self.engine.begin() as conn:
                     done = work(conn)
                 if self._file is not None and self.dialect == "duckdb":
-                    _owner_only(Path(f"{self._file}.wal"))
+                    owner_only(Path(f"{self._file}.wal"))
                 return done
             except sa.exc.DBAPIError as error:
                 conflict = "conflict" in str(error).lower() or "already exists" in str(error)
@@ -215,18 +168,76 @@ class SQLLedgerStore:
 
     def window(self, principal: str) -> str | None:
         w = self.windows
-        with self.engine.connect() as conn:
+        with one_read(self.engine, self.dialect) as conn:
             return conn.execute(
                 sa.select(w.c.window_name).where(w.c.principal == principal)
             ).scalar_one_or_none()
 
     def total(self, principal: str) -> tuple[float, float] | None:
         p = self.principals
-        with self.engine.connect() as conn:
+        with one_read(self.engine, self.dialect) as conn:
             row = conn.execute(
                 sa.select(p.c.epsilon, p.c.delta).where(p.c.principal == principal)
             ).first()
         return None if row is None else (float(row.epsilon), float(row.delta))
+
+    def _locked(
+        self, conn: sa.Connection, principal: str, names: Sequence[str], costs: bool = False
+    ) -> tuple[Any, dict[str, Any], list[str] | None]:
+        """The principal's row (total, charge count, window) taken first, with the keys of
+        `names` that exist and, with `costs` and no window, every cost charged: (the row or
+        None, {key: its row}, the costs in order or None: not read). SQLite (BEGIN IMMEDIATE)
+        and DuckDB (the charge's update of the row) serialise writers by their transaction: one
+        statement, the keys left-joined to the row. PostgreSQL locks the row (FOR UPDATE OF it)
+        in a statement of its own, and reads the keys and costs in one more, begun after the
+        lock: under READ COMMITTED each statement takes its own snapshot, and the locking
+        statement's view of other tables predates the charge it waited for. Cost: 1 statement
+        (2 on PostgreSQL)."""
+        p, w, k = self.principals, self.windows, self.keys
+        head = sa.select(p.c.epsilon, p.c.delta, p.c.charges, w.c.window_name).where(
+            p.c.principal == principal
+        )
+        joined = p.outerjoin(w, w.c.principal == p.c.principal)
+        keyed = (k.c.principal == principal) & k.c.release_key.in_(list(names))
+        if self.dialect != "postgresql":
+            if names:
+                joined = joined.outerjoin(k, keyed & (k.c.principal == p.c.principal))
+                head = head.add_columns(
+                    k.c.release_key, k.c.fingerprint, k.c.noise_key, k.c.seq, k.c.release
+                )
+            rows = conn.execute(head.select_from(joined)).all()
+            found = {r.release_key: r for r in rows if names and r.release_key is not None}
+            return (rows[0] if rows else None), found, None
+        row = conn.execute(head.select_from(joined).with_for_update(of=p)).first()
+        prefetch = costs and row is not None and row.window_name is None
+        if row is None or not (names or prefetch):
+            return row, {}, None
+        parts = []
+        if names:
+            parts.append(
+                sa.select(
+                    sa.literal_column("0").label("part"), k.c.release_key, k.c.fingerprint,
+                    k.c.noise_key, k.c.seq, k.c.release, sa.null().label("cost"),
+                ).where(keyed)
+            )  # fmt: skip
+        if prefetch:
+            c = self.charges.c
+            nothing = [sa.null().label(name) for name in ("k", "f", "n")]
+            parts.append(
+                sa.select(
+                    sa.literal_column("1").label("part"), *nothing, c.seq.label("seq"),
+                    sa.null().label("r"), c.cost.label("cost"),
+                ).where(c.principal == principal)
+            )  # fmt: skip
+        query = parts[0] if len(parts) == 1 else sa.union_all(*parts)
+        rows = conn.execute(query.order_by(sa.literal_column("part"), sa.literal_column("seq")))
+        found, stored = {}, []
+        for r in rows:
+            if r.part == 0:
+                found[r.release_key] = r
+            else:
+                stored.append(r.cost)
+        return row, found, (stored if prefetch else None)
 
     def append_charges(
         self,
@@ -239,131 +250,175 @@ class SQLLedgerStore:
     ) -> Charged:
         """The LedgerStore's charge (topk_middleware/ledger.py): one transaction holding the
         principal's row locked (every dialect writes it; PostgreSQL locks it FOR UPDATE first),
-        the keys it names read in one query, its window read; each keyed entry checked (and,
-        with `claim`, claimed) and `claims` made before decide() sees the stored costs and the
-        new ones."""
-        k = self.keys.c
+        read with its window, the keys it names and its costs (`_locked`); each keyed
+        entry checked (and, with `claim`, claimed) and `claims` made before decide() sees the
+        stored costs and the new ones; the keys new to the ledger inserted in one statement
+        (a charged entry's with its charge number), the claimed ones given theirs in one, the
+        charges in one. Statements (PostgreSQL): the lock, the keys and costs, and the writes
+        (count, new keys, claimed keys, charges) as one (`_write`); a principal with a window
+        has its costs read apart."""
         p = self.principals
         names = [e.key for e in entries if e.key is not None] + [c[0] for c in claims]
         names += [unless_stored] if unless_stored is not None else []
 
         def work(conn: sa.Connection) -> Charged:
-            query = sa.select(p.c.epsilon, p.c.delta, p.c.charges).where(p.c.principal == principal)
-            if self.dialect == "postgresql":
-                query = query.with_for_update()
-            row = conn.execute(query).first()
+            row, found, stored_costs = self._locked(conn, principal, names, costs=True)
             if row is None:
                 raise KeyError(f"principal {principal!r} has no budget in this ledger")
-            found = {}
-            if names:
-                found = {
-                    r.release_key: r
-                    for r in conn.execute(
-                        sa.select(
-                            k.release_key, k.fingerprint, k.noise_key, k.seq, k.release
-                        ).where((k.principal == principal) & k.release_key.in_(names))
-                    )
-                }
             stored = found.get(unless_stored)
             if stored is not None and stored.release is not None:  # answered meanwhile
                 return Charged([], None, str(stored.release), {})
-            noise_keys = {}
+            noise_keys, now = {}, _now()
+            new: dict[str, dict[str, Any]] = {}  # keys to insert, by name
             for key, fingerprint, noise_key, release in claims:
                 held = found.get(key)
                 if held is None:
-                    self._insert_key(conn, principal, key, fingerprint, noise_key, release)
+                    new[key] = self._key_row(principal, key, fingerprint, noise_key, now, release)
                 elif held.fingerprint != fingerprint:
                     raise key_conflict(principal, key)
                 noise_keys[key] = noise_key if held is None else str(held.noise_key)
             seqs: list[int | None] = []
+            reclaimed: dict[str, ChargeEntry] = {}  # claimed keys the entries charge
             for entry in entries:
-                held = None if entry.key is None else found.get(entry.key)
-                seqs.append(
-                    None
-                    if entry.key is None
-                    else self._key_paid(conn, principal, entry, held, claim)
-                )
+                if entry.key is None:
+                    seqs.append(None)
+                    continue
+                if any(entry.key == e.key for e in entries[: len(seqs)]):
+                    raise ValueError(f"release key {entry.key!r} is charged twice in one charge")
+                paid, fresh = self._key_paid(principal, entry, found.get(entry.key), claim)
+                seqs.append(paid)
+                if fresh:
+                    new[entry.key] = self._key_row(
+                        principal, entry.key, str(entry.fingerprint), entry.noise_key, now
+                    )
+                elif paid is None:
+                    reclaimed[entry.key] = entry
             due = [e for e, seq in zip(entries, seqs, strict=True) if seq is None]
             if not due:
+                self._write(conn, self._insert_keys(list(new.values())))
                 return Charged(
                     [int(seq) for seq in seqs if seq is not None], None, None, noise_keys
                 )
-            w = self.windows.c
-            window = conn.execute(
-                sa.select(w.window_name).where(w.principal == principal)
-            ).scalar_one_or_none()
-            conn.execute(
-                p.update().where(p.c.principal == principal).values(charges=p.c.charges + len(due))
-            )
             after = decide(
                 float(row.epsilon),
                 float(row.delta),
-                window,
-                lambda since: self._costs(conn, principal, since),
+                row.window_name,
+                lambda since: (
+                    stored_costs
+                    if since is None and stored_costs is not None
+                    else self._costs(conn, principal, since)
+                ),
                 [e.cost for e in due],
             )
-            seq, now, rows = int(row.charges), _now(), []
+            count = p.update().where(p.c.principal == principal)
+            writes = [count.values(charges=p.c.charges + len(due))]
+            seq, rows, numbered = int(row.charges), [], {}
             for i, entry in enumerate(entries):
                 if seqs[i] is None:
                     seq += 1
                     seqs[i] = seq
                     rows.append({"seq": seq, "mechanism": entry.mechanism, "cost": entry.cost})
                     if entry.key is not None:
-                        keyed = (k.principal == principal) & (k.release_key == entry.key)
-                        conn.execute(self.keys.update().where(keyed).values(seq=seq))
+                        numbered[entry.key] = seq
+            for key, row_of_key in new.items():
+                row_of_key["seq"] = numbered.get(key)
+            writes += self._insert_keys(list(new.values()))
+            if reclaimed:
+                writes.append(self._number_keys(principal, reclaimed, numbered, found))
             composed = {"epsilon_after": after.epsilon, "delta_after": after.delta}
-            conn.execute(
-                self.charges.insert().values(
-                    principal=principal, charged_at=now, rule=after.rule, **composed
-                ),
-                rows,
-            )
+            values = [
+                {"principal": principal, "charged_at": now, "rule": after.rule, **composed, **r}
+                for r in rows
+            ]
+            self._write(conn, [*writes, self.charges.insert().values(values)])
             return Charged([int(s) for s in seqs if s is not None], after, None, noise_keys)
 
         return self._retry(work)
+
+    @staticmethod
+    def _key_row(
+        principal: str, key: str, fingerprint: str, noise_key: str, now: dt.datetime,
+        release: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A new key's row (its charge number, `seq`, filled in by the charge)."""
+        return {
+            "principal": principal,
+            "release_key": key,
+            "fingerprint": fingerprint,
+            "noise_key": noise_key,
+            "seq": None,
+            "claimed_at": now,
+            "release": release,
+            "released_at": None if release is None else now,
+        }
+
+    def _write(self, conn: sa.Connection, statements: list[Any]) -> None:
+        """Run the writes in order; on PostgreSQL as one statement, the others data-modifying
+        WITH clauses of the last (one round trip: they write different rows and read nothing
+        another writes; all see the statement's snapshot, taken after the charge's lock)."""
+        if self.dialect == "postgresql" and len(statements) > 1:
+            last = statements[-1]
+            for i, statement in enumerate(statements[:-1]):
+                last = last.add_cte(statement.cte(f"topk_write_{i}"))
+            statements = [last]
+        for statement in statements:
+            conn.execute(statement)
+
+    def _insert_keys(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """The rows (`_key_row`) in one INSERT of several VALUES (none: no statement)."""
+        return [self.keys.insert().values(rows)] if rows else []
+
+    def _number_keys(
+        self,
+        principal: str,
+        entries: dict[str, ChargeEntry],
+        numbered: dict[str, int],
+        found: dict[str, Any],
+    ) -> Any:
+        """One UPDATE giving each claimed key its charge number and, where the entry reclaims
+        it (another fingerprint: `_key_paid` allowed it), the entry's fingerprint and noise key;
+        the values chosen per key by CASE, all of them bound parameters."""
+        k = self.keys.c
+        again = {key: e for key, e in entries.items() if e.fingerprint != found[key].fingerprint}
+
+        def per_key(values: dict[str, Any], column: Any) -> Any:
+            return sa.case(values, value=k.release_key, else_=column) if values else column
+
+        fingerprints = {key: e.fingerprint for key, e in again.items()}
+        return (
+            self.keys.update()
+            .where((k.principal == principal) & k.release_key.in_(list(entries)))
+            .values(
+                seq=per_key({key: numbered[key] for key in entries}, k.seq),
+                fingerprint=per_key(fingerprints, k.fingerprint),
+                noise_key=per_key({key: e.noise_key for key, e in again.items()}, k.noise_key),
+            )
+        )
 
     def _insert_key(
         self, conn: sa.Connection, principal: str, key: str, fingerprint: Any, noise_key: str,
         release: str | None = None,
     ) -> None:  # fmt: skip
-        now = _now()
-        conn.execute(
-            self.keys.insert().values(
-                principal=principal,
-                release_key=key,
-                fingerprint=fingerprint,
-                noise_key=noise_key,
-                claimed_at=now,
-                release=release,
-                released_at=None if release is None else now,
-            )
-        )
+        row = self._key_row(principal, key, fingerprint, noise_key, _now(), release)
+        self._write(conn, self._insert_keys([row]))
 
     def _key_paid(
-        self, conn: sa.Connection, principal: str, entry: ChargeEntry, held: Any, claim: bool
-    ) -> int | None:
-        """The charge number of the entry's key (its row `held`, or None) if it is charged
-        already (nothing more to pay), else None; ReleaseKeyConflict if it holds another
-        fingerprint; with `claim`, a key absent (or claimed, never charged nor answered) is
-        claimed with the entry's."""
-        k = self.keys.c
+        self, principal: str, entry: ChargeEntry, held: Any, claim: bool
+    ) -> tuple[int | None, bool]:
+        """(the charge number of the entry's key (its row `held`, or None) if it is charged
+        already (nothing more to pay), else None; whether the key is new and must be inserted).
+        ReleaseKeyConflict if it holds another fingerprint; with `claim`, a key absent (or
+        claimed, never charged nor answered) is claimed with the entry's."""
         if held is None:
             if not claim:
                 raise KeyError(f"release key {entry.key!r} was not claimed")
-            self._insert_key(conn, principal, str(entry.key), entry.fingerprint, entry.noise_key)
-            return None
+            return None, True
         if held.fingerprint != entry.fingerprint:
             unused = held.seq is None and held.release is None
             if not (claim and unused):  # reclaimed with other parameters meanwhile
                 raise key_conflict(principal, str(entry.key))
-            keyed = (k.principal == principal) & (k.release_key == entry.key)
-            conn.execute(
-                self.keys.update()
-                .where(keyed)
-                .values(fingerprint=entry.fingerprint, noise_key=entry.noise_key)
-            )
-            return None
-        return None if held.seq is None else int(held.seq)
+            return None, False
+        return (None if held.seq is None else int(held.seq)), False
 
     def claim_key(
         self, principal: str, release_key: str, fingerprint: str, noise_key: str
@@ -402,7 +457,7 @@ class SQLLedgerStore:
         self, principal: str, release_keys: Sequence[str]
     ) -> dict[str, tuple[str, str, int | None, str | None]]:
         k = self.keys.c
-        with self.engine.connect() as conn:
+        with one_read(self.engine, self.dialect) as conn:
             rows = conn.execute(
                 sa.select(k.release_key, k.fingerprint, k.noise_key, k.seq, k.release).where(
                     (k.principal == principal) & k.release_key.in_(list(release_keys))
@@ -420,12 +475,18 @@ class SQLLedgerStore:
             & (k.fingerprint == fingerprint)
         )
 
+        returning = self.dialect in ("postgresql", "sqlite")  # UPDATE ... RETURNING
+
         def store(conn: sa.Connection) -> str:
-            conn.execute(
+            update = (
                 self.keys.update()
                 .where(keyed & k.release.is_(None))
                 .values(release=release, released_at=_now())
             )
+            if returning and conn.execute(update.returning(k.release)).first() is not None:
+                return release  # ours: stored by this statement
+            if not returning:
+                conn.execute(update)
             stored = conn.execute(sa.select(k.release).where(keyed)).first()
             if stored is None:  # reclaimed with other parameters meanwhile
                 raise key_conflict(principal, release_key)
@@ -448,18 +509,18 @@ class SQLLedgerStore:
         names = [release_key] + ([unless_charged] if unless_charged is not None else [])
 
         def store(conn: sa.Connection) -> str | None:
-            if unless_charged is not None:
-                p = self.principals.c
-                lock = sa.select(p.charges).where(p.principal == principal)  # as a charge does
-                conn.execute(lock.with_for_update() if self.dialect == "postgresql" else lock)
-            found = {
-                r.release_key: r
-                for r in conn.execute(
-                    sa.select(k.release_key, k.fingerprint, k.seq, k.release).where(
-                        (k.principal == principal) & k.release_key.in_(names)
+            row = None
+            if unless_charged is not None:  # locked as a charge locks it, keys read with it
+                row, found, _ = self._locked(conn, principal, names)
+            if row is None:
+                found = {
+                    r.release_key: r
+                    for r in conn.execute(
+                        sa.select(k.release_key, k.fingerprint, k.seq, k.release).where(
+                            (k.principal == principal) & k.release_key.in_(names)
+                        )
                     )
-                )
-            }
+                }
             paid = found.get(unless_charged)
             if paid is not None and paid.seq is not None:
                 return None
@@ -520,80 +581,13 @@ class SQLLedgerStore:
         return self._retry(work)
 
     def charge_rows(self, principal: str) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with one_read(self.engine, self.dialect) as conn:
             rows = conn.execute(
                 sa.select(self.charges)
                 .where(self.charges.c.principal == principal)
                 .order_by(self.charges.c.seq)
             )
             return [dict(r._mapping) for r in rows]
-
-
-def _ledger_file(url: sa.URL) -> Path | None:
-    """The database file of a SQLite / DuckDB ledger URL (None: a server, or in memory)."""
-    if url.get_backend_name() not in ("sqlite", "duckdb"):
-        return None
-    database = url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:") or database.startswith("md:"):
-        return None
-    return Path(database)
-
-
-def _owner_only(path: Path) -> None:
-    """chmod 0600 a file this process owns, if it exists (a DuckDB write-ahead log, which DuckDB
-    creates with the process umask; it holds charges until the next checkpoint)."""
-    try:
-        if path.stat().st_uid == os.geteuid():
-            path.chmod(0o600)
-    except FileNotFoundError:
-        pass
-
-
-def _create_private(path: Path, dialect: str) -> None:
-    """Create a new ledger file readable and writable by its owner only (0600): SQLite accepts
-    an empty file as a new database (its journals take the database file's mode); DuckDB does
-    not, so it creates the file itself under the umask 077. An existing file is left as it is."""
-    if path.exists():
-        return
-    if dialect == "sqlite":
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            pass
-        return
-    import duckdb
-
-    with _UMASK_LOCK:
-        old = os.umask(0o077)
-        try:
-            duckdb.connect(str(path)).close()
-        finally:
-            os.umask(old)
-    _owner_only(path)
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def _immediate_transactions(engine: sa.Engine, wal: bool) -> None:
-    """SQLite: let SQLAlchemy (not pysqlite) open transactions, and open them with BEGIN
-    IMMEDIATE, which takes the database's write lock at once (one charge at a time). A ledger
-    file is kept in write-ahead-log mode with synchronous = FULL: a commit is one fsync of the
-    log (about 3 ms here, against about 17 ms for the rollback journal's several), still
-    durable before it returns (invariant 10). The log and its index (-wal, -shm) take the
-    database file's mode (0600); the file must be on a local disk (SQLite's WAL needs shared
-    memory)."""
-
-    @sa.event.listens_for(engine, "connect")
-    def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        if wal:
-            dbapi_connection.execute("PRAGMA journal_mode = WAL")
-            dbapi_connection.execute("PRAGMA synchronous = FULL")
-
-    @sa.event.listens_for(engine, "begin")
-    def _begin_immediate(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 __all__ = ["CHARGES", "KEYS", "PRINCIPALS", "WINDOWS", "SQLLedgerStore"]

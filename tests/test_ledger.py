@@ -371,6 +371,47 @@ def test_a_used_up_ledger_budget_refuses_the_smallest_release(ledger_url: str) -
     assert len(ledger.log(principal)) == 1
 
 
+def test_a_charge_and_a_read_send_few_statements(ledger_url: str) -> None:
+    """What a charge costs in statements, counted as the driver receives them: on PostgreSQL
+    the lock, one read of the keys and costs and one write (count, keys, charges), inside BEGIN
+    and COMMIT; SQLite and DuckDB one read of the row and keys, one of the costs and the writes
+    one by one. A read of the keys is one statement (on SQLite without BEGIN IMMEDIATE)."""
+    ledger = PrivacyLedger(ledger_url)
+    principal = fresh_principal()
+    ledger.budget(principal, 1.0)
+    engine = ledger.store.engine
+    sent: list[str] = []
+
+    def counted(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    cost = PrivacyCost(mechanism="test", epsilon=0.1)
+    sa.event.listen(engine, "before_cursor_execute", counted)
+    try:
+        ledger.charge_keyed(
+            principal, [("a", "f", cost), ("b", "f", cost)], claims=[("s", "f", "n", "{}")]
+        )
+        charged = [s for s in sent if not s.startswith("BEGIN")]
+        sent.clear()
+        assert ledger.lookup_releases(principal, ["a", "s"]).keys() == {"a", "s"}
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", counted)
+    assert len(charged) == (3 if ledger.store.dialect == "postgresql" else 5), charged
+    assert len(sent) == 1 and sent[0].lstrip().startswith("SELECT"), sent
+    assert ledger.spent(principal).epsilon == pytest.approx(0.2)
+    assert [r["seq"] for r in ledger.log(principal)] == [1, 2]
+    # claimed keys numbered in one update: a reclaim takes the charge's fingerprint and noise
+    # key, a key charged under its own fingerprint keeps the noise key it was claimed with
+    ledger.store.claim_key(principal, "c", "old", "n-old")
+    ledger.store.claim_key(principal, "d", "f", "n-d")
+    assert ledger.charge_keyed(principal, [("c", "new", cost)]).seqs == [3]
+    assert ledger.charge(principal, cost, "d", "f")[0] == 4
+    found = ledger.lookup_releases(principal, ["c", "d"])
+    assert (found["c"].fingerprint, found["c"].charged, found["c"].noise_key) == ("new", True, "")
+    assert (found["d"].fingerprint, found["d"].charged, found["d"].noise_key) == ("f", True, "n-d")
+    ledger.close()
+
+
 def test_costs_charged_together_are_all_or_nothing(ledger_url: str) -> None:
     """PrivacyLedger.charge_keyed (a trending stream's selection and its gate): both charged in
     one transaction with their keys claimed (and a claim made with them: the stream's secret,

@@ -241,10 +241,18 @@ def test_a_tick_whose_selection_is_charged_has_fired_on_retry(
     assert stream.tick(3).items == retry.items and stream.tick(3).diagnostics["stored"]
 
 
-def test_workers_racing_on_one_tick_pay_once_and_answer_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_workers_racing_on_one_tick_pay_once_and_answer_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Six workers (each with its own ledger connection and stream object) answer the same
-    firing tick at once: one answer, one selection and one gate charged."""
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+    firing tick at once: one answer, one selection and one gate charged (on PostgreSQL the
+    keys are read in a statement begun after the principal's lock)."""
+    url = (
+        request.getfixturevalue("postgres_url")
+        if backend == "postgres"
+        else f"sqlite:///{tmp_path / 'l.db'}"
+    )
     principal = fresh_principal()
     counts = zipf_counts(2000, 2)
     options = {"name": "s", "refreshes": 3, "paced": False}
