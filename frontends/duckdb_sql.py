@@ -13,7 +13,7 @@ item) and `private_top_k` is a temporary table macro that unnests it; the macro 
 argument as text with its SQL type (`typeof`), so that the project's checks, not DuckDB's binder,
 answer a mistyped one. DuckDB refuses a function
 that queries the connection running it ("code running inside a query cannot use that query's
-connection", tests/test_duckdb_sql.py): every registered table is read through a cursor of
+connection", tests/frontends/test_duckdb_sql.py): every registered table is read through a cursor of
 `con` opened at registration (a second connection to the same database, with a snapshot of its
 own). Cost: one release of private_top_k plus one call of a Python function.
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Data the test suite reads from Debian's packages, installed where it is missing:
 #   * wordnet-base (/usr/share/wordnet): the "senses" data set of benchmarks/utility_data.py,
-#     a long tail of zeros, which tests/test_preview_accuracy.py measures.
+#     a long tail of zeros, which tests/core/test_preview_accuracy.py measures.
 # Idempotent and quiet when in place; called by `make test`. Needs root (or password-less sudo)
 # only when something is missing.
 set -eu

@@ -4,10 +4,10 @@ Store fixtures for the conformance suite live in one plugin module per store (te
 Each defines a fixture `make_<name>_source` (name with '-' as '_') that returns a function
 `(scores, ids) -> Source` building that store over the given histogram, and cleans up afterwards,
 and a fixture `write_<name>_source` returning `(source, item_id, new_score) -> bool`: a concurrent
-writer for the snapshot test (see tests/test_conformance.py). A plugin may add a session-scoped
-`shared_<name>_source` of the same signature that builds one source per distinct histogram for
-the whole session (tests/helpers.py shared_sources): tests that only read get it through
-`make_store` or `read_only_maker`; a test that writes asks for `make_<name>_source`.
+writer for the snapshot test (see tests/stores/test_conformance.py). A plugin may add a
+session-scoped `shared_<name>_source` of the same signature that builds one source per distinct
+histogram for the whole session (tests/helpers.py shared_sources): tests that only read get it
+through `make_store` or `read_only_maker`; a test that writes asks for `make_<name>_source`.
 
 Parallel runs. `make test` and plain `pytest` run the suite on one worker process per core plus one
 (pytest-xdist; the options are in pyproject.toml: `-n auto --dist loadgroup`, and
@@ -39,9 +39,10 @@ before the single tests, so a group also starts at the beginning of the run. Use
 Today's groups: "sql-function", "sql-hardening", "sql-observer", "sql-keys" (the SQL functions'
 tests: one worker's PL/Python sessions, kept between tests, serve each file), "spark",
 "bench-harness"
-(tests/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep),
-"mariadb-general-log" (tests/test_secrets.py: MariaDB's general log, a server-wide setting),
-"redteam" (tests/test_redteam.py: one database of the red team benchmark, its module fixtures).
+(tests/project/test_benchmarks.py: its fixed `topk_bench_*` tables and the module-scoped sweep),
+"mariadb-general-log" (tests/privacy/test_secrets.py: MariaDB's general log, a server-wide setting),
+"redteam" (tests/privacy/test_redteam.py: one database of the red team benchmark,
+its module fixtures).
 """
 
 from collections.abc import Callable
@@ -118,7 +119,7 @@ def _small_tables_read_as_large_ones(
     smaller, and its tests of the copy, of the table's reads and of reading around the writes
     are about the tables past the crossover. So they run with whole_read_rows = 0 and
     whole_read_alone_rows = 0 (what a table past both gets), and a test marked `whole_reads`
-    (tests/test_whole_read_sql.py) with the dialects' measured crossovers. DuckDB's (20,000)
+    (tests/stores/test_whole_read_sql.py) with the dialects' measured crossovers. DuckDB's (20,000)
     holds everywhere."""
     if request.node.get_closest_marker("whole_reads") is not None:
         return

@@ -164,7 +164,7 @@ def random_histograms(rng: np.random.Generator):
 
 def same_on_store(make_store: Callable[[Any, Any], Source], data: str, run: Callable) -> None:
     """With one seed the store gives the items and access counts ArraySource gives."""
-    from tests.test_conformance import dataset
+    from tests.stores.test_conformance import dataset
 
     scores, ids = dataset(data)
     source = make_store(scores, ids)

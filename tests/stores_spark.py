@@ -70,7 +70,7 @@ def spark(spark_dir: Path) -> Iterator[Any]:
         # short jobs on small tables: the JIT's first tier only, the serial GC with a heap
         # sized up front, compiled code never flushed (the sweeper would evict it and the JIT
         # compile it again) and the jars' bytecode not verified (they are pyspark's own). The
-        # JVM's CPU over tests/test_spark.py: 104 s, against 141 s with the first two alone
+        # JVM's CPU over tests/stores/test_spark.py: 104 s, against 141 s with the first two alone
         # (one idle run each, one process).
         .config("spark.driver.extraJavaOptions", " ".join(TEST_JVM_OPTIONS))
         .getOrCreate()

@@ -19,7 +19,7 @@ that would take the total past the budget is refused (`BudgetExceeded`) before i
 mechanism here computes its cost from its parameters alone and charges the budget before it
 opens the source.
 
-Every formula names its source; tests/test_accounting.py checks them against independent
+Every formula names its source; tests/core/test_accounting.py checks them against independent
 computations and against Google's dp-accounting package.
 """
 

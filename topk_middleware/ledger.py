@@ -14,7 +14,7 @@ deadline and whether it missed: OBLIVIOUS_LOG): operator-side only.
 Where the rows live is a `LedgerStore`. A URL or an SQLAlchemy engine opens the SQL store of
 adapters/ledger.py (PostgreSQL, SQLite, DuckDB; its docstring gives the tables and how each
 dialect locks), loaded on first use by the name SQL_STORE: the core imports no store driver, and
-that declared name is its one reference to the layer above (tests/test_layers.py).
+that declared name is its one reference to the layer above (tests/project/test_layers.py).
 """
 
 from __future__ import annotations

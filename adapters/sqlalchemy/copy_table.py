@@ -5,8 +5,9 @@ RecordedCopy: its rank table names, the shared tables topk_rank_fingerprints and
 topk_write_stamps, the indexes on the table of counts), proven current by the dialect's
 triggers (PostgreSQL's write log, shared with PostgresTable; SQLite's and MariaDB's row stamps;
 DuckDB has none: the copy compared with the table, freshness.Compared): one catalog layout,
-whichever code prepared the table (tests/test_catalog_layout.py,
-tests/test_catalog_layout_sqlalchemy.py, tests/test_catalog_layout_sqlalchemy_duckdb.py pin it).
+whichever code prepared the table (tests/stores/test_catalog_layout.py,
+tests/stores/test_catalog_layout_sqlalchemy.py,
+tests/stores/test_catalog_layout_sqlalchemy_duckdb.py pin it).
 
 SQLAlchemyTable(engine, ...) builds this class where the engine's dialect is in `DIALECTS` and
 the mode is "copy"; an engine of any other dialect is refused (table.SQLAlchemyTable.__new__).

@@ -11,7 +11,7 @@ Each of those modules registers its class here (`copy_classes`, `mode_classes`,
 
 Beside the class: how a URL becomes an Engine (`engine_of`), and the names the copies of
 SQLAlchemyTable's catalog layout derive (`_digest`, `_fit`, `_runs_name`: a contract with
-tables prepared before, pinned by tests/test_catalog_layout_sqlalchemy*.py).
+tables prepared before, pinned by tests/stores/test_catalog_layout_sqlalchemy*.py).
 """
 
 from __future__ import annotations

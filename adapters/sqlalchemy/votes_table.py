@@ -12,7 +12,7 @@ and items tables, `<votes>__<items>__topk_votes_<digest>` (a digest of the schem
 both tables' names, the three columns and, where the count is not one vote per client and
 item, the weight and the record of the bounds), carries that record (its comment; SQLite: a
 comment in its CREATE statement), and its mark in topk_rank_fingerprints names the votes
-table, the items table and the copy (tests/test_catalog_layout_sqlalchemy_votes.py pins it).
+table, the items table and the copy (tests/stores/test_catalog_layout_sqlalchemy_votes.py pins it).
 Nothing is put on the votes or items tables. A run proves the copy current by comparing it
 with the counts in its first query (freshness.Compared: the counting statement, one pass over
 the votes, joined with the copy); a copy that is not current is rebuilt before the run reads

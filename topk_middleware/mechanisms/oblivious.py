@@ -114,7 +114,7 @@ def miss_probability(m: int, k: int, d: int) -> float:
     first, at x0 = 0 and d <= LOG1P_TERMS: the product over i < d of (m - d - i) / (m - i), a
     sum of log1p terms, each exact to an ulp (differences of lgamma near m lose digits: a
     relative 1e-6 at m = 1e10); else C(d, x0) C(m - d, d - x0) / C(m, d) from lgamma. Agrees
-    with scipy.stats.hypergeom.cdf (tests/test_oblivious.py), which is not imported here:
+    with scipy.stats.hypergeom.cdf (tests/core/test_oblivious.py), which is not imported here:
     scipy.stats costs half a second of CPU in every process that releases, each PostgreSQL
     session of the SQL functions included."""
     if d >= m:
