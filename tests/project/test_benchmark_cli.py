@@ -31,6 +31,7 @@ COMMANDS = [
     "utility",
     "sizes",
     "redteam",
+    "engine-ab",
 ]
 MODULES = [
     "exponential",
